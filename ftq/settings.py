@@ -1,0 +1,165 @@
+"""All of ftq's settings, from environment variables with the `FTQ_` prefix.
+
+One `Settings` object serves the API, the worker and the CLI's server commands. The defaults are the
+embedded ones (`ftq up` on a bare machine): a SQLite file and a broker needing no server, both inside
+the data directory. Unsafe combinations are refused at start-up, not discovered later.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES_DIR = REPO_ROOT / "examples"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FTQ_", extra="ignore")
+
+    env: str = Field("development", description="development | production")
+    data_dir: Path = Field(Path(".ftq"), description="Run directories, the SQLite store, the embedded broker.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite in data_dir.")
+    broker_url: str | None = Field(None, description="Celery broker; default a filesystem broker in data_dir.")
+    api_tokens: str = Field("", description="`token1:alice,token2:bob`; empty turns auth off (loopback only).")
+    local_roots: str | None = Field(None, description="Colon-separated folders specs may read local paths from.")
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    # Local launcher
+    gpu_pool: str = Field("", description="GPU indices jobs may use, e.g. `0,1,2,3`; empty: none.")
+    cpu_slots: int = Field(4, ge=1, description="CPU worker processes that local CPU jobs may use at once.")
+    cancel_grace_seconds: float = Field(20.0, ge=0)
+    python: str = Field(sys.executable, description="Interpreter that runs `accelerate launch` for jobs.")
+
+    # SLURM launcher (operator settings; never from a job spec)
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_setup: str = Field("", description="Lines run before srun in every batch script (module load ...).")
+    slurm_extra_args: str = Field("", description="Extra `#SBATCH` options, one per line, e.g. `--qos=high`.")
+    slurm_cpus_per_task: int | None = None
+    slurm_bin_dir: str = ""
+
+    # Preflight
+    gpu_memory_gb: float = Field(80.0, gt=0)
+    gpu_memory_gb_by_partition: str = Field("", description="`part1:40,part2:80`")
+
+    # Secrets passed to launches via the environment (names of operator env vars, e.g. `HF_TOKEN`)
+    pass_env: str = Field("HF_TOKEN,WANDB_API_KEY", description="Env vars handed to launches, never stored.")
+
+    # Limits
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_active_jobs_per_owner: int = Field(100, ge=1)
+    post_rate_per_minute: int = Field(120, ge=1)
+    idempotency_ttl_hours: float = Field(24.0, gt=0)
+
+    # Periodic work
+    reconcile_interval_seconds: float = Field(2.0, gt=0)
+    ingest_interval_seconds: float = Field(1.0, gt=0)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: str) -> str:
+        if v not in ("development", "production", "test"):
+            raise ValueError("FTQ_ENV must be development, production or test")
+        return v
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> Settings:
+        if self.env == "production" and not self.tokens:
+            raise ValueError("FTQ_ENV=production needs FTQ_API_TOKENS")
+        if self.env == "production" and self.sqlalchemy_url.startswith("sqlite"):
+            raise ValueError("FTQ_ENV=production needs FTQ_DATABASE_URL (PostgreSQL)")
+        return self
+
+    # Derived values -------------------------------------------------------------------------------
+    @property
+    def data_path(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_path / "runs"
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            # Accept the URL forms operators paste (postgres://, postgresql://) and use psycopg 3.
+            for prefix in ("postgres://", "postgresql://"):
+                if url.startswith(prefix):
+                    return "postgresql+psycopg://" + url[len(prefix) :]
+            return url
+        return f"sqlite:///{self.data_path / 'ftq.db'}"
+
+    @property
+    def celery_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def uses_embedded_broker(self) -> bool:
+        return self.celery_broker_url.startswith("filesystem://")
+
+    @property
+    def tokens(self) -> dict[str, str]:
+        """token -> owner."""
+        out: dict[str, str] = {}
+        for item in self.api_tokens.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            token, _, owner = item.partition(":")
+            if not token or not owner:
+                raise ValueError("FTQ_API_TOKENS items are `token:owner`")
+            out[token] = owner
+        return out
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.tokens)
+
+    def owner_for_token(self, token: str) -> str | None:
+        # Compare against every token in constant time so timing says nothing about near misses.
+        found = None
+        for known, owner in self.tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                found = owner
+        return found
+
+    @property
+    def allowed_roots(self) -> list[Path]:
+        if self.local_roots:
+            roots = [Path(p) for p in self.local_roots.split(":") if p]
+        else:
+            roots = [self.data_path, EXAMPLES_DIR]
+        return [p.expanduser().resolve() for p in roots]
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        return [int(x) for x in self.gpu_pool.split(",") if x.strip()]
+
+    @property
+    def pass_env_names(self) -> list[str]:
+        return [x.strip() for x in self.pass_env.split(",") if x.strip()]
+
+    def gpu_memory_bytes_for(self, partition: str | None) -> int:
+        gb = self.gpu_memory_gb
+        for item in self.gpu_memory_gb_by_partition.split(","):
+            name, _, value = item.partition(":")
+            if partition and name.strip() == partition and value:
+                gb = float(value)
+        return int(gb * 1024**3)
+
+    def secret_values(self) -> list[str]:
+        return [os.environ[n] for n in self.pass_env_names if os.environ.get(n)]
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

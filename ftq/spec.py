@@ -1,0 +1,315 @@
+"""The job spec: the one schema the service and the trainer share.
+
+The service validates a client's spec with `JobSpec`; the worker writes the validated spec (with local
+paths resolved) into the run directory as `spec.json`; the trainer reads it back with `JobSpec` too.
+So this module imports nothing heavy and nothing from `service/`, `worker/` or `trainer/`.
+
+Every field is strict: unknown keys are refused, numbers have ranges, choices are enums, and rules that
+span fields are checked here, so that a bad spec is a 422 at POST time and never a failed GPU job.
+Strings that may reach a batch script (SLURM partition, account, time limit) are limited to the
+characters such names can have; everything else reaches the trainer as data, never as a script line.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# A hub id is `name` or `owner/name`; names are limited as the hub limits them.
+HUB_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95})?$"
+# Partition, account, revision and split names: what SLURM and git allow, minus anything a shell reads.
+SAFE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+# Column and module names: identifiers, optionally dotted (`model.layers.0.q_proj`).
+IDENT_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z0-9_]{1,128}){0,16}$"
+# SLURM --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+SLURM_TIME_RE = r"^(\d{1,5}|\d{1,5}:\d{2}|\d{1,4}:\d{2}:\d{2}|\d{1,3}-\d{1,2}(:\d{2}(:\d{2})?)?)$"
+
+JobName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._\-]{1,64}$")]
+SafeName = Annotated[str, StringConstraints(pattern=SAFE_NAME_RE)]
+Ident = Annotated[str, StringConstraints(pattern=IDENT_RE)]
+PathOrHubId = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+
+LOCAL_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
+
+
+def looks_local(name_or_path: str) -> bool:
+    """A name is a local path when it is written as one; anything else must be a hub id.
+
+    Absolute paths and `./`, `../` relative ones are local; so is a bare data file name. The service
+    resolves relative ones under the allowed roots (see `service.paths`).
+    """
+    return (
+        name_or_path.startswith(("/", "./", "../"))
+        or name_or_path in (".", "..")
+        or name_or_path.lower().endswith(LOCAL_FILE_SUFFIXES)
+    )
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, use_enum_values=True, validate_default=True)
+
+
+class AttnImplementation(StrEnum):
+    auto = "auto"
+    flash_attention_2 = "flash_attention_2"
+    flash_attention_3 = "flash_attention_3"
+    sdpa = "sdpa"
+    eager = "eager"
+
+
+class MixedPrecision(StrEnum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    no = "no"
+
+
+class LRScheduler(StrEnum):
+    linear = "linear"
+    cosine = "cosine"
+    cosine_with_restarts = "cosine_with_restarts"
+    cosine_with_min_lr = "cosine_with_min_lr"
+    polynomial = "polynomial"
+    constant = "constant"
+    constant_with_warmup = "constant_with_warmup"
+    inverse_sqrt = "inverse_sqrt"
+    warmup_stable_decay = "warmup_stable_decay"
+
+
+class Strategy(StrEnum):
+    none = "none"
+    ddp = "ddp"
+    fsdp = "fsdp"
+    deepspeed = "deepspeed"
+
+
+class Offload(StrEnum):
+    none = "none"
+    cpu = "cpu"
+    nvme = "nvme"
+
+
+class Launcher(StrEnum):
+    local = "local"
+    slurm = "slurm"
+
+
+class Device(StrEnum):
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class DatasetFormat(StrEnum):
+    auto = "auto"  # `messages` column when the dataset has one, else `text_field`
+    text = "text"
+    messages = "messages"
+
+
+class ModelSpec(_Strict):
+    name_or_path: PathOrHubId = Field(description="Hub id (`owner/name`) or a local path under FTQ_LOCAL_ROOTS.")
+    revision: SafeName | None = None
+    trust_remote_code: bool = False
+    attn_implementation: AttnImplementation = AttnImplementation.auto
+
+    @field_validator("name_or_path")
+    @classmethod
+    def _hub_id_or_path(cls, v: str) -> str:
+        return _check_hub_id_or_path(v)
+
+
+class DatasetSpec(_Strict):
+    name_or_path: PathOrHubId = Field(
+        description="Hub id, a local dataset dir (save_to_disk or data files), or a .jsonl/.json/.parquet file."
+    )
+    format: DatasetFormat = DatasetFormat.auto
+    text_field: Ident = "text"
+    messages_field: Ident = "messages"
+    train_split: SafeName = "train"
+    eval_split: SafeName | None = None
+
+    @field_validator("name_or_path")
+    @classmethod
+    def _hub_id_or_path(cls, v: str) -> str:
+        return _check_hub_id_or_path(v)
+
+
+def _check_hub_id_or_path(v: str) -> str:
+    if "\x00" in v or "\n" in v or "\r" in v:
+        raise ValueError("must not contain NUL or line breaks")
+    if looks_local(v):
+        return v
+    if not re.match(HUB_ID_RE, v) or ".." in v:
+        raise ValueError(
+            "must be a hub id like `owner/name`, or a local path written as `/abs/path` or `./relative/path`"
+        )
+    return v
+
+
+class TrainingSpec(_Strict):
+    max_seq_len: int = Field(2048, ge=8, le=1_048_576)
+    max_steps: int | None = Field(None, ge=1, le=100_000_000)
+    num_train_epochs: float | None = Field(None, gt=0, le=10_000)
+    per_device_train_batch_size: int = Field(1, ge=1, le=4096)
+    per_device_eval_batch_size: int | None = Field(None, ge=1, le=4096)
+    gradient_accumulation_steps: int = Field(1, ge=1, le=65_536)
+    learning_rate: float = Field(5.0e-5, gt=0, le=1.0)
+    lr_scheduler_type: LRScheduler = LRScheduler.cosine
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0, le=10)
+    max_grad_norm: float = Field(1.0, ge=0, le=1e6)
+    logging_steps: int = Field(10, ge=1, le=1_000_000)
+    eval_steps: int | None = Field(None, ge=1, le=1_000_000)
+    save_steps: int | None = Field(500, ge=1, le=1_000_000)
+    save_total_limit: int | None = Field(None, ge=1, le=10_000)
+    packing: bool = False
+    gradient_checkpointing: bool = False
+    mixed_precision: MixedPrecision = MixedPrecision.bf16
+    seed: int = Field(42, ge=0, le=2**32 - 1)
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingSpec:
+        if self.max_steps is None and self.num_train_epochs is None:
+            raise ValueError("set one of max_steps or num_train_epochs")
+        if self.max_steps is not None and self.num_train_epochs is not None:
+            raise ValueError("set max_steps or num_train_epochs, not both")
+        return self
+
+
+class LoraSpec(_Strict):
+    r: int = Field(16, ge=1, le=4096)
+    alpha: float = Field(32, gt=0, le=65_536)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[Ident] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names (e.g. [q_proj, v_proj]) or `all-linear`."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("name at least one module, or use `all-linear`")
+            if len(v) > 256:
+                raise ValueError("at most 256 modules")
+        return v
+
+
+class DeepSpeedSpec(_Strict):
+    zero_stage: int = Field(3, ge=0, le=3)
+    offload_optimizer: Offload = Offload.none
+    offload_params: Offload = Offload.none
+    zero3_init: bool = True
+    save_16bit_model: bool = True
+
+    @model_validator(mode="after")
+    def _offload_needs_stage(self) -> DeepSpeedSpec:
+        if self.offload_params != Offload.none and self.zero_stage != 3:
+            raise ValueError("offload_params needs zero_stage 3")
+        if self.offload_optimizer != Offload.none and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
+        return self
+
+
+class FsdpSpec(_Strict):
+    version: Literal[1, 2] = 2
+    reshard_after_forward: bool = True
+    cpu_ram_efficient_loading: bool = True
+    state_dict_type: Literal["sharded", "full"] = "sharded"
+    offload_params: bool = False
+    activation_checkpointing: bool = False
+
+
+class DistributedSpec(_Strict):
+    strategy: Strategy = Strategy.none
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
+
+
+class SlurmSpec(_Strict):
+    partition: SafeName | None = None
+    account: SafeName | None = None
+    time_limit: Annotated[str, StringConstraints(pattern=SLURM_TIME_RE)] | None = Field(
+        None, description="SLURM --time: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."
+    )
+
+
+class ResourcesSpec(_Strict):
+    launcher: Launcher = Launcher.local
+    device: Device = Device.cuda
+    num_nodes: int = Field(1, ge=1, le=1024)
+    processes_per_node: int = Field(1, ge=1, le=128)
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.processes_per_node
+
+
+class ResumeFrom(_Strict):
+    job_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
+    checkpoint: Literal["latest"] | Annotated[int, Field(ge=0)] = "latest"
+
+
+class JobSpec(_Strict):
+    name: JobName | None = None
+    model: ModelSpec
+    dataset: DatasetSpec
+    training: TrainingSpec
+    lora: LoraSpec | None = None
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    resume_from: ResumeFrom | None = None
+    allow_oversubscribe: bool = Field(
+        False, description="Launch even when the memory estimate says the job will not fit."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> JobSpec:
+        res, dist, tr = self.resources, self.distributed, self.training
+        if res.num_nodes > 1 and res.launcher != Launcher.slurm:
+            raise _field_error(("resources", "num_nodes"), "num_nodes > 1 needs resources.launcher: slurm")
+        if dist.strategy == Strategy.none and res.world_size > 1:
+            raise _field_error(
+                ("distributed", "strategy"),
+                "strategy none runs a single process; use ddp, fsdp or deepspeed for "
+                f"{res.world_size} processes",
+            )
+        if self.model.attn_implementation in ("flash_attention_2", "flash_attention_3") and (
+            res.device != Device.cuda
+        ):
+            raise _field_error(
+                ("model", "attn_implementation"),
+                f"{self.model.attn_implementation} needs resources.device: cuda; use sdpa or auto on cpu",
+            )
+        if tr.mixed_precision == MixedPrecision.fp16 and res.device == Device.cpu:
+            raise _field_error(("training", "mixed_precision"), "fp16 needs cuda; use bf16 or no on cpu")
+        if dist.strategy == Strategy.fsdp and dist.fsdp.activation_checkpointing and tr.gradient_checkpointing:
+            raise _field_error(
+                ("distributed", "fsdp", "activation_checkpointing"),
+                "FSDP activation_checkpointing and training.gradient_checkpointing cannot both be on "
+                "(transformers refuses the pair); keep one",
+            )
+        if dist.strategy == Strategy.deepspeed and res.device == Device.cpu:
+            for field in ("offload_optimizer", "offload_params"):
+                if getattr(dist.deepspeed, field) == Offload.nvme:
+                    raise _field_error(("distributed", "deepspeed", field), "nvme offload needs cuda")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.model.name_or_path.rstrip("/").split("/")[-1]
+
+
+class SpecFieldError(ValueError):
+    """A cross-field rule that names the field it is about (the 422 body carries this path)."""
+
+    def __init__(self, loc: tuple[str, ...], message: str):
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+def _field_error(loc: tuple[str, ...], message: str) -> SpecFieldError:
+    return SpecFieldError(loc, message)

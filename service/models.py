@@ -1,0 +1,104 @@
+"""The store's tables. Alembic migrations in `migrations/` create them; nothing calls create_all."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    # `seq` orders jobs (newest first) and is the list cursor: new rows only ever get larger values,
+    # so a page boundary never shifts while jobs are being added.
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
+    name: Mapped[str] = mapped_column(String(64), nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    launcher: Mapped[str] = mapped_column(String(16), nullable=False)
+    device: Mapped[str] = mapped_column(String(8), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    # What the launcher knows about the run: SLURM job id, or the local process group's pid and its
+    # start time (a pid alone can be reused by an unrelated process after a reboot or wrap-around).
+    external_id: Mapped[str | None] = mapped_column(String(64))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_start_ticks: Mapped[int | None] = mapped_column(BigInteger)
+    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # GPUs or CPU slots held
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+    # Progress, kept current by ingest.
+    metrics_offset: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    progress_step: Mapped[int | None] = mapped_column(Integer)
+    progress_max_steps: Mapped[int | None] = mapped_column(Integer)
+    progress_epoch: Mapped[float | None] = mapped_column(Float)
+    eta_seconds: Mapped[float | None] = mapped_column(Float)
+    latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    error_code: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (
+        Index("ix_jobs_owner_seq", "owner", "seq"),
+        Index("ix_jobs_owner_status_seq", "owner", "status", "seq"),
+        Index("ix_jobs_status", "status"),
+    )
+
+
+class MetricPoint(Base):
+    __tablename__ = "metric_points"
+
+    # (job_id, step) is the primary key: the index that serves `after_step` polls, and what makes
+    # ingest idempotent (a line read twice updates the same row).
+    job_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[float | None] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+    learning_rate: Mapped[float | None] = mapped_column(Float)
+    grad_norm: Mapped[float | None] = mapped_column(Float)
+    eval_loss: Mapped[float | None] = mapped_column(Float)
+    tokens_per_second: Mapped[float | None] = mapped_column(Float)
+    time: Mapped[float | None] = mapped_column(Float)
+
+
+class IdempotencyKey(Base):
+    __tablename__ = "idempotency_keys"
+
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    job_id: Mapped[str | None] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, index=True)
+
+
+class Dispatch(Base):
+    """The outbox: written in the same transaction as the job; the relay sends what was not sent."""
+
+    __tablename__ = "dispatches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # submit | cancel
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+    __table_args__ = (Index("ix_dispatches_unsent", "sent_at", "id"),)

@@ -1,0 +1,65 @@
+"""The launch interface: `submit`, `poll`, `cancel`. Nothing outside `worker/launchers/` knows which
+implementation (local process group or SLURM batch job) it is talking to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    job_id: str
+    run_dir: Path
+    spec: dict[str, Any]           # the validated JobSpec as JSON (paths already resolved)
+    plan: dict[str, Any]           # the rendered Plan (see worker.render)
+    resources: dict[str, Any] = field(default_factory=dict)  # e.g. {"gpus": [0, 1]} or {"cpu_slots": 2}
+    env: dict[str, str] = field(default_factory=dict)        # secrets and site env, never stored
+
+
+@dataclass(frozen=True)
+class LaunchHandle:
+    external_id: str | None = None   # SLURM job id
+    pid: int | None = None           # local: leader of the run's process group
+    pid_start_ticks: int | None = None
+
+
+@dataclass(frozen=True)
+class RunRef:
+    job_id: str
+    run_dir: Path
+    external_id: str | None
+    pid: int | None
+    pid_start_ticks: int | None
+
+
+class RunPhase(StrEnum):
+    pending = "pending"      # accepted but not started (SLURM PENDING, CONFIGURING)
+    running = "running"
+    exited = "exited"        # ended; exit_code / signal / reason say how
+    lost = "lost"            # no trace of it: no process, not in the scheduler, no exit status
+
+
+@dataclass(frozen=True)
+class RunState:
+    phase: RunPhase
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None    # scheduler's word for the end: TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY...
+    requeued: bool = False
+
+
+class Launcher(Protocol):
+    name: str
+
+    def submit(self, req: LaunchRequest) -> LaunchHandle: ...
+
+    def poll(self, runs: list[RunRef]) -> dict[str, RunState]:
+        """State of every run in one batched look (one squeue call, one /proc scan)."""
+        ...
+
+    def cancel(self, run: RunRef) -> None:
+        """Ask the run to stop. Returns at once; `poll` says when it has gone."""
+        ...
