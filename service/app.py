@@ -1,0 +1,185 @@
+"""The FastAPI app: routes, the one error handler, the body-size cap, health and readiness."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ftq import __version__
+from ftq.settings import get_settings
+from ftq.spec import JobSpec
+from service.db import get_engine
+from service.errors import FtqError, PayloadTooLarge
+from service.jobs.router import router as jobs_router
+from service.jobs.schemas import Health
+
+log = logging.getLogger(__name__)
+
+
+class BodySizeLimit:
+    """Refuse bodies over FTQ_MAX_BODY_BYTES before they are read into memory (413)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await _send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+                return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_error(send: Send, err: FtqError) -> None:
+    import json
+
+    body = json.dumps(err.body()).encode()
+    await send({
+        "type": "http.response.start",
+        "status": err.status_code,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app() -> FastAPI:
+    settings = get_settings()
+    app = FastAPI(
+        title="ftq",
+        version=__version__,
+        description=(
+            "Fine-tuning jobs as a service: POST a spec, ftq renders the accelerate launch (FSDP, DeepSpeed "
+            "ZeRO, DDP), runs it locally or on SLURM, and serves its logs, loss and learning-rate curves."
+        ),
+        separate_input_output_schemas=False,
+    )
+
+    @app.exception_handler(FtqError)
+    async def _ftq_error(_: Request, exc: FtqError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), "type": e.get("type", "value_error")}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(DBAPIError)
+    async def _store_down(_: Request, exc: Exception) -> JSONResponse:
+        # The store is unreachable (restarting, network): tell clients to come back, do not 500.
+        log.warning("store unavailable: %s", str(exc).splitlines()[0])
+        return JSONResponse(
+            {"detail": "the job store is unavailable; retry shortly", "code": "unavailable"},
+            status_code=503,
+            headers={"Retry-After": "2"},
+        )
+
+    app.include_router(jobs_router)
+
+    @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
+    def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=Health,
+        tags=["health"],
+        summary="Readiness: the store and the broker answer",
+        responses={503: {"model": Health, "description": "Not ready"}},
+    )
+    def readyz() -> Any:
+        checks = {"store": _check_store(), "broker": _check_broker()}
+        ok = all(v == "ok" for v in checks.values())
+        body = Health(status="ok" if ok else "unavailable", checks=checks)
+        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+    try:
+        from service.ui.router import router as ui_router
+
+        app.include_router(ui_router)
+    except ImportError:  # the dashboard package is optional while it is being built
+        pass
+    try:
+        from service.observability import router as metrics_router
+
+        app.include_router(metrics_router)
+    except ImportError:
+        pass
+
+    def custom_openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        # The spec body is read by hand (JSON or YAML), so its schema is added explicitly.
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in spec_schema.pop("$defs", {}).items():
+            components.setdefault(name, sub)
+        components["JobSpec"] = spec_schema
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = custom_openapi  # type: ignore[method-assign]
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def _check_store() -> str:
+    try:
+        with get_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return "ok"
+    except Exception as exc:
+        return f"error: {str(exc).splitlines()[0][:200]}"
+
+
+def _check_broker() -> str:
+    settings = get_settings()
+    try:
+        if settings.uses_embedded_broker:
+            folder = settings.data_path / "broker" / "queue"
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".ready-probe"
+            probe.write_text("ok")
+            probe.unlink()
+            return "ok"
+        from worker.celery_app import celery_app
+
+        with celery_app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+        return "ok"
+    except Exception as exc:
+        return f"error: {str(exc).splitlines()[0][:200]}"

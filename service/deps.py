@@ -1,0 +1,49 @@
+"""Typed FastAPI dependencies: settings, a session per request, and the calling owner."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from ftq.settings import Settings, get_settings
+from service.db import new_session
+from service.errors import Unauthorized
+from service.jobs.repository import JobRepository
+
+ANONYMOUS_OWNER = "local"
+
+
+def get_session() -> Iterator[Session]:
+    session = new_session()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def current_owner(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> str:
+    if not settings.auth_enabled:
+        return ANONYMOUS_OWNER
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized()
+    owner = settings.owner_for_token(token.strip())
+    if owner is None:
+        raise Unauthorized()
+    return owner
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+OwnerDep = Annotated[str, Depends(current_owner)]
+
+
+def job_repository(session: SessionDep, owner: OwnerDep) -> JobRepository:
+    return JobRepository(session, owner)
+
+
+RepoDep = Annotated[JobRepository, Depends(job_repository)]

@@ -1,0 +1,57 @@
+"""Sending dispatch records to the broker. Called after the API commits, and by the worker's relay for
+whatever was not sent (broker down, API died between commit and send)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from service.db import session_scope
+from service.jobs import repository
+
+log = logging.getLogger(__name__)
+
+_TASK_FOR_KIND = {"submit": "ftq.submit", "cancel": "ftq.cancel"}
+
+
+def _send(job_id: str, kind: str) -> None:
+    from worker.celery_app import celery_app
+
+    # retry=False: with the broker down this fails fast and the relay sends it later.
+    celery_app.send_task(_TASK_FOR_KIND[kind], args=[job_id], retry=False)
+
+
+def send_for_job(job_id: str) -> int:
+    """Send this job's unsent dispatches now; returns how many went out."""
+    sent = 0
+    with session_scope() as session:
+        pending = [(d.id, d.kind) for d in repository.pending_dispatches_for(session, job_id)]
+    for dispatch_id, kind in pending:
+        try:
+            _send(job_id, kind)
+        except Exception as exc:  # broker unreachable: the relay will try again
+            log.warning("dispatch %s of %s not sent yet: %s", kind, job_id, exc)
+            with session_scope() as session:
+                repository.mark_dispatch_failed(session, dispatch_id)
+            continue
+        with session_scope() as session:
+            repository.mark_dispatch_sent(session, dispatch_id)
+        sent += 1
+    return sent
+
+
+def relay(older_than: timedelta = timedelta(seconds=2)) -> int:
+    """Send every dispatch still unsent after `older_than` (the API normally sends at once)."""
+    with session_scope() as session:
+        pending = [(d.id, d.job_id, d.kind) for d in repository.unsent_dispatches(session, older_than=older_than)]
+    sent = 0
+    for dispatch_id, job_id, kind in pending:
+        try:
+            _send(job_id, kind)
+        except Exception as exc:
+            log.warning("relay: broker still unreachable (%s)", exc)
+            break
+        with session_scope() as session:
+            repository.mark_dispatch_sent(session, dispatch_id)
+        sent += 1
+    return sent

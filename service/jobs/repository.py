@@ -1,0 +1,308 @@
+"""Every SQL statement about jobs, their points, idempotency keys and dispatches.
+
+`JobRepository(session, owner)` is what the API uses: every read goes through `_readable()`, the one
+place the owner filter is applied, so a new query cannot forget it. The module-level functions below
+it are the system's own operations (worker, relay, ingest): state changes are compare-and-set
+updates named after their transition, so a task delivered twice changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from service.jobs.schemas import ACTIVE, TERMINAL, JobStatus
+from service.models import Dispatch, IdempotencyKey, Job, MetricPoint
+
+POINT_FIELDS = ("epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "tokens_per_second", "time")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class JobRepository:
+    def __init__(self, session: Session, owner: str):
+        self.session = session
+        self.owner = owner
+
+    def _readable(self) -> Select[tuple[Job]]:
+        return select(Job).where(Job.owner == self.owner)
+
+    def get(self, job_id: str) -> Job | None:
+        return self.session.scalars(self._readable().where(Job.id == job_id)).first()
+
+    def list(self, *, statuses: Sequence[str] | None, limit: int, before_seq: int | None) -> list[Job]:
+        stmt = self._readable()
+        if statuses:
+            stmt = stmt.where(Job.status.in_(list(statuses)))
+        if before_seq is not None:
+            stmt = stmt.where(Job.seq < before_seq)
+        return list(self.session.scalars(stmt.order_by(Job.seq.desc()).limit(limit)))
+
+    def count_active(self) -> int:
+        stmt = select(func.count()).select_from(Job).where(
+            Job.owner == self.owner, Job.status.in_([s.value for s in ACTIVE])
+        )
+        return int(self.session.scalar(stmt) or 0)
+
+    def add_with_dispatch(self, job: Job) -> Dispatch:
+        """The job and its dispatch record in the caller's transaction: neither exists without the other."""
+        self.session.add(job)
+        self.session.flush()
+        dispatch = Dispatch(job_id=job.id, kind="submit", created_at=job.created_at, attempts=0)
+        self.session.add(dispatch)
+        self.session.flush()
+        return dispatch
+
+    def metrics_after(self, job_id: str, after_step: int, limit: int) -> list[MetricPoint]:
+        # The caller has already checked ownership through get(); this is a pure index range scan.
+        stmt = (
+            select(MetricPoint)
+            .where(MetricPoint.job_id == job_id, MetricPoint.step > after_step)
+            .order_by(MetricPoint.step)
+            .limit(limit)
+        )
+        return list(self.session.scalars(stmt))
+
+    # Idempotency keys -----------------------------------------------------------------------------
+    def get_idempotency(self, key: str) -> IdempotencyKey | None:
+        return self.session.get(IdempotencyKey, (self.owner, key))
+
+    def reserve_idempotency(self, key: str, request_hash: str, ttl: timedelta) -> IdempotencyKey:
+        now = utcnow()
+        row = IdempotencyKey(
+            owner=self.owner, key=key, request_hash=request_hash, job_id=None, created_at=now, expires_at=now + ttl
+        )
+        self.session.add(row)
+        self.session.flush()
+        return row
+
+    def drop_idempotency(self, key: str) -> None:
+        self.session.execute(
+            delete(IdempotencyKey).where(IdempotencyKey.owner == self.owner, IdempotencyKey.key == key)
+        )
+
+
+# System operations (no owner: the worker acts for every owner) -------------------------------------
+
+
+def get_job(session: Session, job_id: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.id == job_id)).first()
+
+
+def _cas(session: Session, job_id: str, from_: Iterable[str], to: str, **values: Any) -> bool:
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_([str(s) for s in from_]))
+        .values(status=to, updated_at=utcnow(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    return (session.execute(stmt).rowcount or 0) == 1  # type: ignore[attr-defined]
+
+
+def mark_starting(session: Session, job_id: str, *, resources: dict[str, Any] | None) -> bool:
+    """queued -> starting: the worker that wins this owns the launch; any other copy backs off."""
+    return _cas(session, job_id, [JobStatus.queued], JobStatus.starting, resources=resources)
+
+
+def mark_running(
+    session: Session,
+    job_id: str,
+    *,
+    external_id: str | None,
+    pid: int | None,
+    pid_start_ticks: int | None,
+    plan: dict[str, Any] | None = None,
+) -> bool:
+    values: dict[str, Any] = {
+        "external_id": external_id,
+        "pid": pid,
+        "pid_start_ticks": pid_start_ticks,
+        "started_at": utcnow(),
+    }
+    if plan is not None:
+        values["plan"] = plan
+    return _cas(session, job_id, [JobStatus.starting], JobStatus.running, **values)
+
+
+def record_launch(
+    session: Session, job_id: str, *, external_id: str | None, pid: int | None, pid_start_ticks: int | None
+) -> bool:
+    """Store the launch handle while the job may already be `cancelling` (cancel raced the launch)."""
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling]))
+        .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
+    )
+    return (session.execute(stmt).rowcount or 0) == 1  # type: ignore[attr-defined]
+
+
+def requeue(session: Session, job_id: str, *, attempt_increment: int = 0) -> bool:
+    """starting/running -> queued: no resources free yet, or a preempted run going round again."""
+    values: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
+    if attempt_increment:
+        values["attempt"] = Job.attempt + attempt_increment
+    return _cas(session, job_id, [JobStatus.starting, JobStatus.running], JobStatus.queued, **values)
+
+
+def mark_finished(
+    session: Session,
+    job_id: str,
+    status: JobStatus,
+    *,
+    error_code: str | None = None,
+    error_message: str | None = None,
+    exit_code: int | None = None,
+) -> bool:
+    """-> succeeded | failed | cancelled, from any non-terminal state; releases held resources."""
+    assert status in TERMINAL
+    return _cas(
+        session,
+        job_id,
+        [JobStatus.queued, JobStatus.starting, JobStatus.running, JobStatus.cancelling],
+        status,
+        finished_at=utcnow(),
+        error_code=error_code,
+        error_message=error_message,
+        exit_code=exit_code,
+        resources=None,
+    )
+
+
+def request_cancel(session: Session, job_id: str) -> str | None:
+    """queued -> cancelled at once (nothing runs yet); starting/running -> cancelling. Returns the new
+    status, or None when the job was already cancelling or finished (cancel is idempotent)."""
+    now = utcnow()
+    if _cas(
+        session,
+        job_id,
+        [JobStatus.queued],
+        JobStatus.cancelled,
+        finished_at=now,
+        cancel_requested_at=now,
+        error_code="cancelled",
+        error_message="cancelled before it started",
+    ):
+        return JobStatus.cancelled
+    if _cas(session, job_id, [JobStatus.starting, JobStatus.running], JobStatus.cancelling, cancel_requested_at=now):
+        session.add(Dispatch(job_id=job_id, kind="cancel", created_at=now, attempts=0))
+        return JobStatus.cancelling
+    return None
+
+
+def jobs_in(session: Session, statuses: Iterable[str], *, launcher: str | None = None) -> list[Job]:
+    stmt = select(Job).where(Job.status.in_(list(statuses)))
+    if launcher:
+        stmt = stmt.where(Job.launcher == launcher)
+    return list(session.scalars(stmt.order_by(Job.seq)))
+
+
+def held_resources(session: Session) -> list[dict[str, Any]]:
+    stmt = select(Job.resources).where(
+        Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling]), Job.resources.is_not(None)
+    )
+    return [r for r in session.scalars(stmt) if r]
+
+
+# Dispatch outbox ---------------------------------------------------------------------------------------
+
+
+def unsent_dispatches(session: Session, *, older_than: timedelta, limit: int = 100) -> list[Dispatch]:
+    cutoff = utcnow() - older_than
+    stmt = (
+        select(Dispatch)
+        .where(Dispatch.sent_at.is_(None), Dispatch.created_at <= cutoff)
+        .order_by(Dispatch.id)
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))
+
+
+def pending_dispatches_for(session: Session, job_id: str) -> list[Dispatch]:
+    stmt = select(Dispatch).where(Dispatch.job_id == job_id, Dispatch.sent_at.is_(None)).order_by(Dispatch.id)
+    return list(session.scalars(stmt))
+
+
+def mark_dispatch_sent(session: Session, dispatch_id: int) -> None:
+    session.execute(
+        update(Dispatch)
+        .where(Dispatch.id == dispatch_id)
+        .values(sent_at=utcnow(), attempts=Dispatch.attempts + 1)
+    )
+
+
+def mark_dispatch_failed(session: Session, dispatch_id: int) -> None:
+    session.execute(update(Dispatch).where(Dispatch.id == dispatch_id).values(attempts=Dispatch.attempts + 1))
+
+
+def purge_expired_idempotency(session: Session) -> int:
+    res = session.execute(delete(IdempotencyKey).where(IdempotencyKey.expires_at < utcnow()))
+    return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# Ingest ------------------------------------------------------------------------------------------------
+
+
+def upsert_points(session: Session, job_id: str, points: Sequence[dict[str, Any]]) -> None:
+    """Insert points, or merge into the row of the same step (a train and an eval point share a step).
+
+    A field already stored is only replaced by a non-null value, so reading a line twice is harmless.
+    """
+    if not points:
+        return
+    merged: dict[int, dict[str, Any]] = {}
+    for p in points:
+        row = merged.setdefault(int(p["step"]), {"job_id": job_id, "step": int(p["step"])})
+        for f in POINT_FIELDS:
+            if p.get(f) is not None:
+                row[f] = p[f]
+    rows = [{f: r.get(f) for f in ("job_id", "step", *POINT_FIELDS)} for r in merged.values()]
+    dialect = session.get_bind().dialect.name
+    ins: Any = postgresql.insert(MetricPoint) if dialect == "postgresql" else sqlite.insert(MetricPoint)
+    excluded = ins.excluded
+    stmt = ins.values(rows).on_conflict_do_update(
+        index_elements=[MetricPoint.job_id, MetricPoint.step],
+        set_={f: func.coalesce(getattr(excluded, f), getattr(MetricPoint, f)) for f in POINT_FIELDS},
+    )
+    session.execute(stmt)
+
+
+def update_progress(
+    session: Session,
+    job_id: str,
+    *,
+    metrics_offset: int,
+    step: int | None,
+    max_steps: int | None,
+    epoch: float | None,
+    eta_seconds: float | None,
+    latest: dict[str, Any] | None,
+) -> None:
+    values: dict[str, Any] = {"metrics_offset": metrics_offset}
+    if step is not None:
+        values["progress_step"] = step
+    if max_steps is not None:
+        values["progress_max_steps"] = max_steps
+    if epoch is not None:
+        values["progress_epoch"] = epoch
+    if eta_seconds is not None:
+        values["eta_seconds"] = eta_seconds
+    if latest is not None:
+        values["latest_metrics"] = latest
+    session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def latest_point(session: Session, job_id: str) -> MetricPoint | None:
+    stmt = select(MetricPoint).where(MetricPoint.job_id == job_id).order_by(MetricPoint.step.desc()).limit(1)
+    return session.scalars(stmt).first()
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+    return {str(s): int(n) for s, n in rows}

@@ -1,0 +1,257 @@
+"""HTTP routes for jobs: parse, call the service, shape the response."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from ftq.spec import JobSpec
+from service.db import new_session
+from service.deps import RepoDep, SessionDep, SettingsDep
+from service.errors import BadRequest, TooManyRequests, UnsupportedMediaType, spec_field_error
+from service.jobs import dispatch
+from service.jobs import service as jobs
+from service.jobs.repository import JobRepository
+from service.jobs.schemas import (
+    TERMINAL,
+    CheckpointList,
+    ErrorBody,
+    JobList,
+    JobPublic,
+    JobStatus,
+    LogChunk,
+    MetricsPage,
+    PlanPublic,
+)
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job_0123456789abcdef")]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
+    404: {"model": ErrorBody, "description": "No such job for this owner"},
+}
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+_SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The job spec, as JSON or YAML.",
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+            "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+        },
+    }
+}
+
+
+async def _read_spec_body(request: Request) -> Any:
+    raw = await request.body()
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if not raw.strip():
+        raise BadRequest("the request body is empty; send a job spec as JSON or YAML")
+    if ctype in YAML_TYPES:
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise BadRequest(f"the body is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if ctype in ("application/json", "") or ctype.endswith("+json"):
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    raise UnsupportedMediaType(f"content type {ctype} is not supported; use application/json or application/yaml")
+
+
+class _RateLimiter:
+    """Sliding one-minute window per owner for POST /jobs (per API process)."""
+
+    def __init__(self) -> None:
+        self._hits: dict[str, deque[float]] = defaultdict(deque)
+        self._lock = threading.Lock()
+
+    def check(self, owner: str, per_minute: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            hits = self._hits[owner]
+            while hits and now - hits[0] > 60:
+                hits.popleft()
+            if len(hits) >= per_minute:
+                raise TooManyRequests(
+                    f"more than {per_minute} job submissions in a minute", retry_after=int(60 - (now - hits[0])) + 1
+                )
+            hits.append(now)
+
+
+rate_limiter = _RateLimiter()
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    openapi_extra=_SPEC_BODY,
+    responses={
+        200: {"model": PlanPublic, "description": "dry_run=true: the plan; nothing is stored or launched"},
+        400: {"model": ErrorBody, "description": "The body is not JSON or YAML"},
+        409: {"model": ErrorBody, "description": "A request with this Idempotency-Key is in progress"},
+        413: {"model": ErrorBody, "description": "The body is too large"},
+        415: {"model": ErrorBody, "description": "Unsupported content type"},
+        429: {"model": ErrorBody, "description": "Rate or active-job limit reached"},
+        **_ERRORS,
+    },
+    summary="Submit a job",
+)
+async def create_job(
+    request: Request,
+    response: Response,
+    background: BackgroundTasks,
+    session: SessionDep,
+    repo: RepoDep,
+    settings: SettingsDep,
+    dry_run: bool = Query(False, description="Validate and render the plan only; store nothing."),
+    idempotency_key: str | None = Header(
+        None, alias="Idempotency-Key", max_length=255, description="Retries with the same key and body return the same job."
+    ),
+) -> Any:
+    body = await _read_spec_body(request)
+    if dry_run:
+        plan = await asyncio.to_thread(jobs.dry_run, body, repo, settings)
+        return Response(content=plan.model_dump_json(), media_type="application/json", status_code=200)
+    rate_limiter.check(repo.owner, settings.post_rate_per_minute)
+    job, replayed = await asyncio.to_thread(jobs.create_job, session, repo, settings, body, idempotency_key)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        background.add_task(dispatch.send_for_job, job.id)
+    response.headers["Location"] = f"/jobs/{job.id}"
+    return jobs.to_public(job)
+
+
+@router.get("", response_model=JobList, responses={401: _ERRORS[401], 400: {"model": ErrorBody}}, summary="List jobs")
+def list_jobs(
+    repo: RepoDep,
+    status: str | None = Query(None, description="Comma-separated statuses, e.g. queued,running"),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, max_length=32, description="next_cursor of the previous page"),
+) -> JobList:
+    statuses = None
+    if status:
+        statuses = [s.strip() for s in status.split(",") if s.strip()]
+        bad = [s for s in statuses if s not in JobStatus.__members__]
+        if bad:
+            raise spec_field_error(["status"], f"unknown status {bad[0]!r}; one of {', '.join(JobStatus)}")
+    before = None
+    if cursor:
+        if not cursor.isdigit():
+            raise BadRequest("cursor is not one this server gave out")
+        before = int(cursor)
+    rows = repo.list(statuses=statuses, limit=limit + 1, before_seq=before)
+    page = rows[:limit]
+    next_cursor = str(page[-1].seq) if len(rows) > limit else None
+    return JobList(data=[jobs.to_public(j) for j in page], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=_ERRORS, summary="Get a job")
+def get_job(job_id: JobId, repo: RepoDep) -> JobPublic:
+    return jobs.to_public(jobs.get_or_404(repo, job_id))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=_ERRORS, summary="Cancel a job")
+def cancel_job(job_id: JobId, session: SessionDep, repo: RepoDep, background: BackgroundTasks) -> JobPublic:
+    job = jobs.cancel(session, repo, job_id)
+    background.add_task(dispatch.send_for_job, job.id)
+    return jobs.to_public(job)
+
+
+@router.get("/{job_id}/plan", response_model=PlanPublic, responses=_ERRORS, summary="What was rendered for a job")
+def get_plan(job_id: JobId, repo: RepoDep) -> PlanPublic:
+    job = jobs.get_or_404(repo, job_id)
+    return PlanPublic.model_validate(job.plan or {})
+
+
+@router.get("/{job_id}/logs", response_model=LogChunk, responses=_ERRORS, summary="Read train.log by byte offset")
+def get_logs(
+    job_id: JobId,
+    repo: RepoDep,
+    settings: SettingsDep,
+    offset: int = Query(0, ge=0, le=2**62),
+    limit: int = Query(65536, ge=1, le=jobs.LOG_CHUNK_MAX),
+) -> LogChunk:
+    job = jobs.get_or_404(repo, job_id)
+    return jobs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values())
+
+
+@router.get(
+    "/{job_id}/logs/stream",
+    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "train.log as server-sent events"}},
+    response_class=StreamingResponse,
+    summary="Follow train.log until the job ends",
+)
+def stream_logs(
+    job_id: JobId,
+    repo: RepoDep,
+    settings: SettingsDep,
+    offset: int = Query(0, ge=0, le=2**62),
+) -> StreamingResponse:
+    job = jobs.get_or_404(repo, job_id)
+    owner = repo.owner
+
+    async def events() -> AsyncIterator[bytes]:
+        pos = offset
+        while True:
+            # A fresh session per poll: the request's session is closed once this generator starts.
+            def poll() -> tuple[Any, bool]:
+                with new_session() as s:
+                    current = JobRepository(s, owner).get(job.id)
+                    if current is None:
+                        return None, True
+                    chunk = jobs.read_log(current, settings, offset=pos, limit=65536, secrets_=settings.secret_values())
+                    return chunk, JobStatus(current.status) in TERMINAL
+
+            chunk, _terminal = await asyncio.to_thread(poll)
+            if chunk is None:
+                return
+            if chunk.text:
+                payload = json.dumps({"offset": chunk.offset, "next_offset": chunk.next_offset, "text": chunk.text})
+                yield f"id: {chunk.next_offset}\nevent: log\ndata: {payload}\n\n".encode()
+                pos = chunk.next_offset
+            if chunk.complete:
+                yield b"event: end\ndata: {}\n\n"
+                return
+            if not chunk.text:
+                yield b": keep-alive\n\n"
+                await asyncio.sleep(0.5)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/{job_id}/metrics", response_model=MetricsPage, responses=_ERRORS, summary="Metric points after a step")
+def get_metrics(
+    job_id: JobId,
+    repo: RepoDep,
+    after_step: int = Query(-1, ge=-1, le=2**31 - 1),
+    limit: int = Query(1000, ge=1, le=10000),
+) -> MetricsPage:
+    job = jobs.get_or_404(repo, job_id)
+    return jobs.metrics_page(repo, job, after_step=after_step, limit=limit)
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS, summary="Saved checkpoints")
+def get_checkpoints(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> CheckpointList:
+    job = jobs.get_or_404(repo, job_id)
+    return CheckpointList(data=jobs.list_checkpoints(job, settings))
+
+
+# Keep the JobSpec schema in components/schemas for the request body's $ref.
+SPEC_SCHEMA_MODELS = [JobSpec]

@@ -1,0 +1,419 @@
+"""The rules of the jobs API: validate, preflight, create, cancel, and read a job's run directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ftq import runs
+from ftq.settings import Settings
+from ftq.spec import JobSpec, SpecFieldError
+from service.errors import Conflict, NotFound, SpecError, TooManyRequests, spec_field_error
+from service.jobs import repository
+from service.jobs.repository import JobRepository, utcnow
+from service.jobs.schemas import (
+    TERMINAL,
+    Checkpoint,
+    JobError,
+    JobPublic,
+    JobStatus,
+    LogChunk,
+    MetricsPage,
+    PlanPublic,
+    Point,
+    Progress,
+)
+from service.models import Job
+from service.paths import PathRefused, resolve_local
+
+LOG_CHUNK_MAX = 1_048_576
+
+
+# Validation -------------------------------------------------------------------------------------------
+
+
+def parse_spec(body: Any) -> JobSpec:
+    if not isinstance(body, dict):
+        raise spec_field_error([], "the body must be a JSON or YAML object (a job spec)", "type_error")
+    try:
+        return JobSpec.model_validate(body)
+    except ValidationError as exc:
+        raise SpecError(_errors_from(exc)) from None
+
+
+def _errors_from(exc: ValidationError) -> list[dict[str, Any]]:
+    errors: list[dict[str, Any]] = []
+    for err in exc.errors(include_url=False):
+        loc = list(err.get("loc", ()))
+        msg = err.get("msg", "invalid")
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecFieldError):
+            # Cross-field rules name the field they are about; pydantic alone would point at the model.
+            loc = [*loc, *cause.loc]
+            msg = cause.message
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        errors.append({"loc": ["body", *loc], "msg": msg, "type": err.get("type", "value_error")})
+    return errors
+
+
+def resolve_paths(spec: JobSpec, settings: Settings) -> JobSpec:
+    """Local model and dataset paths become absolute, symlink-free paths under the allowed roots."""
+    roots = settings.allowed_roots
+    resolved = spec.model_copy(deep=True)
+    for section in ("model", "dataset"):
+        part = getattr(resolved, section)
+        try:
+            part.name_or_path = resolve_local(part.name_or_path, roots)
+        except PathRefused as exc:
+            raise spec_field_error([section, "name_or_path"], str(exc), "path_refused") from None
+    return resolved
+
+
+def preflight(spec: JobSpec, settings: Settings) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The memory and disk estimate for the plan, and the refusals it implies (empty when it fits)."""
+    from worker import estimate as est
+
+    config, reason = est.load_model_config(spec.model.name_or_path)
+    device_bytes = settings.gpu_memory_bytes_for(
+        spec.resources.slurm.partition or settings.slurm_partition
+    )
+    refusals: list[dict[str, Any]] = []
+    if config is None:
+        return {"per_device_bytes": None, "device_memory_bytes": device_bytes, "fits": None,
+                "breakdown": {}, "reason": reason}, refusals
+    estimate = est.estimate_memory(spec, config, device_memory_bytes=device_bytes)
+    if spec.resources.device == "cuda" and estimate.get("fits") is False and not spec.allow_oversubscribe:
+        fix = est.suggest_fix(spec, config, device_bytes)
+        need = estimate["per_device_bytes"] / 1024**3
+        have = device_bytes / 1024**3
+        msg = f"estimated {need:.1f} GiB per GPU does not fit {have:.0f} GiB"
+        msg += f"; {fix}" if fix else ""
+        msg += " (set allow_oversubscribe: true to launch anyway)"
+        refusals.append({"loc": ["body", "resources"], "msg": msg, "type": "does_not_fit"})
+    disk = est.estimate_disk(spec, config)
+    estimate["disk"] = disk
+    settings.runs_dir.mkdir(parents=True, exist_ok=True)
+    import shutil
+
+    free = shutil.disk_usage(settings.runs_dir).free
+    estimate["disk"]["free_bytes"] = free
+    need_disk = int(disk.get("total_bytes") or 0)
+    if need_disk > free and not spec.allow_oversubscribe:
+        refusals.append({
+            "loc": ["body", "training", "save_steps"],
+            "msg": f"checkpoints and final model need about {need_disk / 1024**3:.1f} GiB but "
+                   f"{free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or set "
+                   "save_total_limit",
+            "type": "disk_full",
+        })
+    return estimate, refusals
+
+
+def render(spec: JobSpec, *, job_id: str, settings: Settings, estimate: dict[str, Any] | None) -> dict[str, Any]:
+    from worker.render import render_plan
+
+    plan = render_plan(
+        spec, job_id=job_id, run_dir=runs.run_dir(settings.runs_dir, job_id), settings=settings, estimate=estimate
+    )
+    return plan.model_dump(mode="json")
+
+
+def _resume_checkpoint(spec: JobSpec, repo: JobRepository, settings: Settings) -> str | None:
+    if spec.resume_from is None:
+        return None
+    source = repo.get(spec.resume_from.job_id)
+    if source is None:
+        raise spec_field_error(["resume_from", "job_id"], "no such job", "not_found")
+    ckpts = [c for c in list_checkpoints(source, settings) if c.resumable]
+    if not ckpts:
+        raise spec_field_error(["resume_from", "job_id"], "that job has no resumable checkpoint", "not_found")
+    want = spec.resume_from.checkpoint
+    if want == "latest":
+        return ckpts[-1].path
+    for c in ckpts:
+        if c.step == want:
+            return c.path
+    steps = ", ".join(str(c.step) for c in ckpts)
+    raise spec_field_error(["resume_from", "checkpoint"], f"no resumable checkpoint at step {want} (have {steps})")
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(8)
+
+
+def request_hash(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# Create --------------------------------------------------------------------------------------------------
+
+
+def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
+    spec = resolve_paths(parse_spec(body), settings)
+    resume = _resume_checkpoint(spec, repo, settings)
+    estimate, refusals = preflight(spec, settings)
+    if refusals:
+        raise SpecError(refusals)
+    from worker.render import render_plan
+
+    plan = render_plan(
+        spec,
+        job_id=job_id,
+        run_dir=runs.run_dir(settings.runs_dir, job_id),
+        settings=settings,
+        estimate=estimate,
+        resume_from_checkpoint=resume,
+    )
+    return spec, plan.model_dump(mode="json")
+
+
+def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
+    spec = resolve_paths(parse_spec(body), settings)
+    resume = _resume_checkpoint(spec, repo, settings)
+    # A dry run always answers with the plan, fits or not, so the user can see why.
+    estimate, _ = preflight(spec, settings)
+    from worker.render import render_plan
+
+    plan = render_plan(
+        spec,
+        job_id="dry-run",
+        run_dir=runs.run_dir(settings.runs_dir, "dry-run"),
+        settings=settings,
+        estimate=estimate,
+        resume_from_checkpoint=resume,
+    )
+    return PlanPublic.model_validate(plan.model_dump(mode="json"))
+
+
+def create_job(
+    session: Session, repo: JobRepository, settings: Settings, body: Any, idempotency_key: str | None
+) -> tuple[Job, bool]:
+    """Returns (job, replayed). The job row and its dispatch record commit together."""
+    job_id = new_job_id()
+    spec, plan = plan_for(body, repo, settings, job_id=job_id)
+
+    if repo.count_active() >= settings.max_active_jobs_per_owner:
+        raise TooManyRequests(
+            f"{repo.owner} already has {settings.max_active_jobs_per_owner} jobs queued or running; "
+            "wait for some to finish",
+            retry_after=30,
+        )
+
+    digest = request_hash(body)
+    if idempotency_key is not None:
+        replay = _claim_idempotency(session, repo, idempotency_key, digest, settings)
+        if replay is not None:
+            return replay, True
+
+    now = utcnow()
+    job = Job(
+        id=job_id,
+        name=spec.display_name[:64],
+        owner=repo.owner,
+        status=JobStatus.queued,
+        spec=spec.model_dump(mode="json"),
+        plan=plan,
+        launcher=spec.resources.launcher,
+        device=spec.resources.device,
+        created_at=now,
+        updated_at=now,
+        attempt=0,
+        metrics_offset=0,
+        progress_max_steps=spec.training.max_steps,
+    )
+    try:
+        repo.add_with_dispatch(job)
+        if idempotency_key is not None:
+            row = repo.get_idempotency(idempotency_key)
+            assert row is not None
+            row.job_id = job.id
+        session.commit()
+    except BaseException:
+        session.rollback()
+        if idempotency_key is not None:
+            repo.drop_idempotency(idempotency_key)
+            session.commit()
+        raise
+    return job, False
+
+
+def _claim_idempotency(
+    session: Session, repo: JobRepository, key: str, digest: str, settings: Settings
+) -> Job | None:
+    """Reserve the key (committed at once, so a concurrent duplicate sees it) or return the first job."""
+    for _ in range(2):
+        existing = repo.get_idempotency(key)
+        if existing is not None and existing.expires_at.replace(tzinfo=existing.expires_at.tzinfo or utcnow().tzinfo) < utcnow():
+            repo.drop_idempotency(key)
+            session.commit()
+            existing = None
+        if existing is not None:
+            if existing.request_hash != digest:
+                raise SpecError([{
+                    "loc": ["header", "Idempotency-Key"],
+                    "msg": "this Idempotency-Key was used with a different request body",
+                    "type": "idempotency_mismatch",
+                }])
+            if existing.job_id is None:
+                raise Conflict("a request with this Idempotency-Key is still being processed; retry shortly")
+            job = repo.get(existing.job_id)
+            if job is None:
+                raise NotFound("the job created with this Idempotency-Key no longer exists")
+            return job
+        try:
+            repo.reserve_idempotency(key, digest, timedelta(hours=settings.idempotency_ttl_hours))
+            session.commit()
+            return None
+        except IntegrityError:
+            session.rollback()
+    raise Conflict("a request with this Idempotency-Key is still being processed; retry shortly")
+
+
+# Reads -----------------------------------------------------------------------------------------------------
+
+
+def to_public(job: Job) -> JobPublic:
+    error = None
+    if job.error_code:
+        error = JobError(code=job.error_code, message=job.error_message or "", exit_code=job.exit_code)  # type: ignore[arg-type]
+    return JobPublic(
+        id=job.id,
+        name=job.name,
+        owner=job.owner,
+        status=JobStatus(job.status),
+        spec=JobSpec.model_validate(job.spec),
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        launcher=job.launcher,
+        external_id=job.external_id,
+        progress=Progress(
+            step=job.progress_step,
+            max_steps=job.progress_max_steps,
+            epoch=job.progress_epoch,
+            eta_seconds=job.eta_seconds,
+        ),
+        latest_metrics=Point.model_validate(job.latest_metrics) if job.latest_metrics else None,
+        error=error,
+    )
+
+
+def get_or_404(repo: JobRepository, job_id: str) -> Job:
+    job = repo.get(job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def cancel(session: Session, repo: JobRepository, job_id: str) -> Job:
+    job = get_or_404(repo, job_id)
+    new_status = repository.request_cancel(session, job.id)
+    session.commit()
+    if new_status is not None:
+        session.refresh(job)
+    return job
+
+
+def run_dir_of(job: Job, settings: Settings) -> Path:
+    return runs.run_dir(settings.runs_dir, job.id)
+
+
+def read_log(job: Job, settings: Settings, *, offset: int, limit: int, secrets_: list[str]) -> LogChunk:
+    """Bytes [offset, offset+limit) of train.log, cut back to a whole UTF-8 character."""
+    path = run_dir_of(job, settings) / runs.TRAIN_LOG
+    limit = max(1, min(limit, LOG_CHUNK_MAX))
+    terminal = JobStatus(job.status) in TERMINAL
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(min(offset, size))
+            data = f.read(limit)
+    except FileNotFoundError:
+        return LogChunk(offset=offset, next_offset=offset, text="", complete=terminal)
+    if offset + len(data) < size:
+        data = _trim_partial_utf8(data)
+    next_offset = offset + len(data)
+    text = data.decode("utf-8", errors="replace")
+    for value in secrets_:
+        if value:
+            text = text.replace(value, "***")
+    return LogChunk(offset=offset, next_offset=next_offset, text=text, complete=terminal and next_offset >= size)
+
+
+def _trim_partial_utf8(data: bytes) -> bytes:
+    # Drop an incomplete multi-byte sequence at the end; the next poll starts on its first byte.
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
+            continue
+        if b & 0x80 == 0:  # ASCII
+            return data
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4
+        return data if back >= need else data[:-back]
+    return data
+
+
+def metrics_page(repo: JobRepository, job: Job, *, after_step: int, limit: int) -> MetricsPage:
+    rows = repo.metrics_after(job.id, after_step, limit)
+    points = [
+        Point(
+            step=r.step,
+            epoch=r.epoch,
+            loss=r.loss,
+            learning_rate=r.learning_rate,
+            grad_norm=r.grad_norm,
+            eval_loss=r.eval_loss,
+            tokens_per_second=r.tokens_per_second,
+            time=r.time,
+        )
+        for r in rows
+    ]
+    next_after = points[-1].step if points else after_step
+    # Ingest finishes before a job turns terminal, so a terminal job with a short page is complete.
+    complete = JobStatus(job.status) in TERMINAL and len(points) < limit
+    return MetricsPage(data=points, next_after_step=next_after, complete=complete)
+
+
+RESUMABLE_MARKERS = ("trainer_state.json",)
+
+
+def _is_resumable(path: Path) -> bool:
+    names = {p.name for p in path.iterdir()}
+    if not {"trainer_state.json", "scheduler.pt"} <= names:
+        return False
+    has_rng = any(n.startswith("rng_state") for n in names)
+    # The optimizer is a file (single process/DDP), a folder (FSDP sharded), or ZeRO's global_stepN.
+    has_optimizer = any(
+        n.startswith(("optimizer", "global_step")) for n in names
+    )
+    has_model = any(
+        n.startswith(("adapter_model", "model", "pytorch_model", "pytorch_model_fsdp", "global_step"))
+        for n in names
+    )
+    return has_rng and has_optimizer and has_model
+
+
+def list_checkpoints(job: Job, settings: Settings) -> list[Checkpoint]:
+    root = run_dir_of(job, settings) / runs.CHECKPOINTS
+    out: list[Checkpoint] = []
+    if not root.is_dir():
+        return out
+    for child in root.iterdir():
+        name = child.name
+        if not child.is_dir() or not name.startswith("checkpoint-"):
+            continue
+        try:
+            step = int(name.split("-", 1)[1])
+        except ValueError:
+            continue
+        out.append(Checkpoint(step=step, path=str(child), resumable=_is_resumable(child)))
+    return sorted(out, key=lambda c: c.step)

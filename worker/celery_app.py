@@ -1,0 +1,61 @@
+"""The Celery app. Tasks are short (submit, cancel, reconcile, ingest, relay); a run never lives in one.
+
+Broker: `FTQ_BROKER_URL` (Redis in production); by default kombu's filesystem transport in the data
+dir, which needs no server. Late acks and prefetch 1 so a task whose worker dies is delivered again;
+every task is safe to run twice because state changes are compare-and-set in the store.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from ftq.settings import get_settings
+
+TASK_SUBMIT = "ftq.submit"
+TASK_CANCEL = "ftq.cancel"
+TASK_RECONCILE = "ftq.reconcile"
+TASK_INGEST = "ftq.ingest"
+TASK_RELAY = "ftq.relay"
+
+
+def make_celery() -> Celery:
+    settings = get_settings()
+    app = Celery("ftq", broker=settings.celery_broker_url, include=["worker.tasks"])
+    transport_options: dict[str, object] = {}
+    if settings.uses_embedded_broker:
+        folder = settings.data_path / "broker"
+        (folder / "queue").mkdir(parents=True, exist_ok=True)
+        (folder / "processed").mkdir(parents=True, exist_ok=True)
+        transport_options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+            "polling_interval": 0.1,
+        }
+    else:
+        transport_options = {"visibility_timeout": 3600}
+    app.conf.update(
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=3,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_backend=None,
+        task_serializer="json",
+        accept_content=["json"],
+        timezone="UTC",
+        enable_utc=True,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "relay": {"task": TASK_RELAY, "schedule": max(1.0, settings.reconcile_interval_seconds)},
+            "reconcile": {"task": TASK_RECONCILE, "schedule": settings.reconcile_interval_seconds},
+            "ingest": {"task": TASK_INGEST, "schedule": settings.ingest_interval_seconds},
+        },
+    )
+    return app
+
+
+celery_app = make_celery()
