@@ -18,6 +18,7 @@ from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from service.db import get_engine
 from service.errors import FtqError, PayloadTooLarge
+from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
 
@@ -83,6 +84,8 @@ def create_app() -> FastAPI:
         ),
         separate_input_output_schemas=False,
     )
+
+    app.state.rate_limiter = RateLimiter()
 
     @app.exception_handler(FtqError)
     async def _ftq_error(_: Request, exc: FtqError) -> JSONResponse:

@@ -73,7 +73,7 @@ async def _read_spec_body(request: Request) -> Any:
     raise UnsupportedMediaType(f"content type {ctype} is not supported; use application/json or application/yaml")
 
 
-class _RateLimiter:
+class RateLimiter:
     """Sliding one-minute window per owner for POST /jobs (per API process)."""
 
     def __init__(self) -> None:
@@ -93,7 +93,6 @@ class _RateLimiter:
             hits.append(now)
 
 
-rate_limiter = _RateLimiter()
 
 
 @router.post(
@@ -128,7 +127,7 @@ async def create_job(
     if dry_run:
         plan = await asyncio.to_thread(jobs.dry_run, body, repo, settings)
         return Response(content=plan.model_dump_json(), media_type="application/json", status_code=200)
-    rate_limiter.check(repo.owner, settings.post_rate_per_minute)
+    request.app.state.rate_limiter.check(repo.owner, settings.post_rate_per_minute)
     job, replayed = await asyncio.to_thread(jobs.create_job, session, repo, settings, body, idempotency_key)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
