@@ -1,0 +1,431 @@
+"""Render a job spec into its launch: the accelerate config, the argv, `launch.sh` and `job.sbatch`.
+
+Pure functions: no I/O, no torch, no clock. The same spec, job id, run dir and settings always give the
+same plan, so a dry run shows exactly what a real run will start, and golden files can pin it.
+
+Safety: every value that reaches a script is quoted (`shlex.quote` in shell lines, sbatch's own quoting
+in `#SBATCH` lines). Spec text becomes argv words or YAML data, never a script line of its own. The only
+verbatim script text is operator-owned (`FTQ_SLURM_SETUP`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from ftq import runs
+from ftq.settings import Settings
+from ftq.spec import JobSpec
+
+ACCELERATE_LAUNCH = ["-m", "accelerate.commands.launch"]
+TRAINER_MODULE = "trainer"
+# Node-local folder for DeepSpeed NVMe offload (never the shared run dir: it must be fast local disk).
+NVME_OFFLOAD_ROOT = "/tmp/ftq-offload"
+PORT_BASE = 29500
+PORT_SPAN = 20000
+
+
+class Estimate(BaseModel):
+    """Preflight memory estimate per device (see worker.estimate); numbers are None when skipped."""
+
+    model_config = ConfigDict(extra="allow")
+
+    per_device_bytes: int | None = None
+    device_memory_bytes: int | None = None
+    fits: bool | None = None
+    breakdown: dict[str, Any] = Field(default_factory=dict)
+    reason: str | None = None
+
+
+class Plan(BaseModel):
+    """Everything rendered for one job; what `GET /jobs/{id}/plan` and a dry run return."""
+
+    accelerate_config: dict[str, Any]
+    accelerate_config_yaml: str
+    command: list[str]
+    sbatch_script: str | None
+    trainer_args: dict[str, Any]
+    estimate: Estimate | None = None
+    launch_script: str
+
+
+# Accelerate config ----------------------------------------------------------------------------------------
+
+
+def accelerate_config(spec: JobSpec) -> dict[str, Any]:
+    """The accelerate config file a careful `accelerate config` session would write for this spec.
+
+    Every key is one `ClusterConfig.from_yaml_file` accepts (it refuses unknown keys).
+    """
+    res, dist, tr = spec.resources, spec.distributed, spec.training
+    world = res.num_nodes * res.processes_per_node
+    cpu = res.device == "cpu"
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": str(tr.mixed_precision),
+        "num_machines": res.num_nodes,
+        "num_processes": world,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": cpu,
+    }
+    strategy = str(dist.strategy)
+    if strategy == "fsdp":
+        cfg["distributed_type"] = "FSDP"
+        cfg["fsdp_config"] = _fsdp_config(spec)
+    elif strategy == "deepspeed":
+        cfg["distributed_type"] = "DEEPSPEED"
+        cfg["deepspeed_config"] = _deepspeed_config(spec)
+    elif strategy == "ddp" and world > 1:
+        # MULTI_GPU on CPU too: accelerate launches MULTI_CPU with its simple launcher, one process per
+        # machine (more only through mpirun), while MULTI_GPU goes through torchrun and starts all of them;
+        # with `use_cpu` the processes then join over gloo as MULTI_CPU.
+        cfg["distributed_type"] = "MULTI_GPU"
+    else:
+        # One process (strategy none, or ddp over a world of one, which `--multi_gpu` refuses).
+        cfg["distributed_type"] = "NO"
+    return cfg
+
+
+def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
+    fsdp = spec.distributed.fsdp
+    state_dict = "SHARDED_STATE_DICT" if fsdp.state_dict_type == "sharded" else "FULL_STATE_DICT"
+    common = {
+        "fsdp_activation_checkpointing": fsdp.activation_checkpointing,
+        # Wraps each decoder layer (the model's `_no_split_modules`), as the Llama 2 70B article did.
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        # Meta-device init on every rank, real weights on rank 0 only: the 70B CPU RAM fix.
+        "fsdp_cpu_ram_efficient_loading": fsdp.cpu_ram_efficient_loading,
+        "fsdp_offload_params": fsdp.offload_params,
+        # Sharded intermediate checkpoints are fast and resumable; the trainer gathers a full state
+        # dict only for final/.
+        "fsdp_state_dict_type": state_dict,
+        "fsdp_version": fsdp.version,
+    }
+    if fsdp.version == 2:
+        return {**common, "fsdp_reshard_after_forward": fsdp.reshard_after_forward}
+    return {
+        **common,
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_forward_prefetch": False,
+        # FSDP1 spells "reshard after forward" as a sharding strategy.
+        "fsdp_sharding_strategy": "FULL_SHARD" if fsdp.reshard_after_forward else "SHARD_GRAD_OP",
+        # Rank 0's weights are broadcast to the others; needed with cpu_ram_efficient_loading.
+        "fsdp_sync_module_states": True,
+        # PEFT (frozen and trainable params in one FSDP unit) needs the original parameters.
+        "fsdp_use_orig_params": True,
+    }
+
+
+def _deepspeed_config(spec: JobSpec) -> dict[str, Any]:
+    ds = spec.distributed.deepspeed
+    cfg: dict[str, Any] = {
+        # `standard`: one torchrun per node, started by us (srun), not pdsh over ssh.
+        "deepspeed_multinode_launcher": "standard",
+        # Must equal the trainer's value: transformers refuses a mismatch with the DeepSpeed config.
+        "gradient_accumulation_steps": spec.training.gradient_accumulation_steps,
+        "offload_optimizer_device": str(ds.offload_optimizer),
+        "offload_param_device": str(ds.offload_params),
+        "zero3_init_flag": ds.zero_stage == 3 and ds.zero3_init,
+        "zero_stage": ds.zero_stage,
+    }
+    if ds.zero_stage == 3:
+        cfg["zero3_save_16bit_model"] = ds.save_16bit_model
+    if ds.offload_optimizer == "nvme":
+        cfg["offload_optimizer_nvme_path"] = NVME_OFFLOAD_ROOT
+    if ds.offload_params == "nvme":
+        cfg["offload_param_nvme_path"] = NVME_OFFLOAD_ROOT
+    return cfg
+
+
+def config_yaml(cfg: dict[str, Any]) -> str:
+    # Sorted keys, block style: the form `accelerate config` writes and a reviewer can diff.
+    return yaml.safe_dump(cfg, sort_keys=True, default_flow_style=False)
+
+
+# Launch argv ------------------------------------------------------------------------------------------------
+
+
+def default_port(job_id: str) -> int:
+    """A rendezvous port from the job id: stable across renders, spread so concurrent jobs rarely share."""
+    digest = hashlib.sha256(job_id.encode()).digest()
+    return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
+
+
+def trainer_argv(run_dir: Path, resume_from_checkpoint: str | None) -> list[str]:
+    argv = ["-m", TRAINER_MODULE, "--spec", str(run_dir / runs.SPEC), "--output_dir", str(run_dir)]
+    if resume_from_checkpoint:
+        argv += ["--resume_from_checkpoint", resume_from_checkpoint]
+    return argv
+
+
+def launch_argv(
+    spec: JobSpec, *, run_dir: Path, settings: Settings, port: int, resume_from_checkpoint: str | None
+) -> list[str]:
+    """The local launch: one `accelerate launch` on this host."""
+    res = spec.resources
+    return [
+        settings.python,
+        *ACCELERATE_LAUNCH,
+        "--config_file", str(run_dir / runs.ACCELERATE_CONFIG),
+        "--num_processes", str(res.num_nodes * res.processes_per_node),
+        "--num_machines", str(res.num_nodes),
+        "--main_process_port", str(port),
+        *trainer_argv(run_dir, resume_from_checkpoint),
+    ]  # fmt: skip
+
+
+# launch.sh ----------------------------------------------------------------------------------------------
+
+
+def _q(words: list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _argv_lines(argv: list[str], head: int, indent: str = "  ") -> str:
+    """argv as one shell command: the first `head` words, then one `--flag value` per line; all quoted."""
+    groups: list[list[str]] = [argv[:head]]
+    for word in argv[head:]:
+        if word.startswith("-"):
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return (" \\\n" + indent).join(_q(g) for g in groups)
+
+
+def _pairs(words: list[str]) -> list[list[str]]:
+    return [words[i : i + 2] for i in range(0, len(words), 2)]
+
+
+def launch_script(run_dir: Path, argv: list[str]) -> str:
+    """`launch.sh`: run the launch, log to train.log, then record its exit status atomically.
+
+    The environment (CUDA_VISIBLE_DEVICES, secrets) comes from the launcher's process, never this file.
+    """
+    rd = shlex.quote(str(run_dir))
+    status, tmp = runs.EXIT_STATUS, f".{runs.EXIT_STATUS}.tmp"
+    return f"""#!/usr/bin/env bash
+# Rendered by ftq; the launcher runs it in its own process group with the job's environment.
+set -u
+cd -- {rd} || exit 1
+rm -f -- {status}
+
+{_argv_lines(argv, 1 + len(ACCELERATE_LAUNCH))} \\
+  >> {runs.TRAIN_LOG} 2>&1 &
+pid=$!
+
+# A cancel sends SIGTERM to the whole group. Forward it (in case only this shell got it) and keep
+# waiting: this shell must outlive the launch to record how it ended.
+trap 'kill -TERM "$pid" 2>/dev/null || true' TERM INT
+# `wait` returns early when a trapped signal arrives, so wait until the launch is really gone.
+wait "$pid"
+while kill -0 "$pid" 2>/dev/null; do
+  wait "$pid"
+done
+# bash keeps an ended child's status: this is the launch's own, even after an interrupted wait.
+wait "$pid"
+status=$?
+
+printf '%s\\n' "$status" > {tmp} && mv -f -- {tmp} {status}
+exit "$status"
+"""
+
+
+# job.sbatch -------------------------------------------------------------------------------------------------
+
+_SBATCH_BARE = re.compile(r"^[A-Za-z0-9_.:/=,+@%-]+$")
+
+
+def _sbatch_value(value: str) -> str:
+    """A value as sbatch reads `#SBATCH` lines: blanks split, `"` quotes, `\\` escapes, `#` comments."""
+    if "\n" in value or "\r" in value or "\x00" in value:
+        raise ValueError(f"#SBATCH value {value!r} contains a line break")
+    if _SBATCH_BARE.match(value):
+        return value
+    escaped = re.sub(r'([\\"#])', r"\\\1", value)
+    return f'"{escaped}"'
+
+
+def _sbatch_path(path: Path) -> str:
+    # `%` starts a filename pattern (%j, %N) in --output; `%%` is a literal percent sign.
+    return _sbatch_value(str(path).replace("%", "%%"))
+
+
+def _extra_sbatch_args(text: str) -> list[str]:
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if not line.startswith("--") or "\x00" in line:
+            raise ValueError(f"FTQ_SLURM_EXTRA_ARGS lines must be sbatch options (`--...`): {line!r}")
+        out.append(line)
+    return out
+
+
+def sbatch_script(
+    spec: JobSpec,
+    *,
+    job_id: str,
+    run_dir: Path,
+    settings: Settings,
+    port: int,
+    resume_from_checkpoint: str | None,
+) -> str:
+    """`job.sbatch`: one `accelerate launch` per node under srun, as an expert writes it by hand."""
+    res, slurm = spec.resources, spec.resources.slurm
+    world = res.num_nodes * res.processes_per_node
+    cpus_per_task = settings.slurm_cpus_per_task or (res.processes_per_node if res.device == "cpu" else None)
+    partition = slurm.partition or settings.slurm_partition
+    account = slurm.account or settings.slurm_account
+
+    header = [
+        f"--job-name={_sbatch_value('ftq-' + job_id)}",
+        f"--nodes={res.num_nodes}",
+        "--ntasks-per-node=1",
+    ]
+    if res.device == "cuda":
+        header.append(f"--gres=gpu:{res.processes_per_node}")
+    if cpus_per_task:
+        header.append(f"--cpus-per-task={cpus_per_task}")
+    if slurm.time_limit:
+        header.append(f"--time={_sbatch_value(slurm.time_limit)}")
+    if partition:
+        header.append(f"--partition={_sbatch_value(partition)}")
+    if account:
+        header.append(f"--account={_sbatch_value(account)}")
+    header += [
+        f"--chdir={_sbatch_path(run_dir)}",
+        f"--output={_sbatch_path(run_dir / runs.TRAIN_LOG)}",
+        "--open-mode=append",
+        # Preempted or failed-node jobs go back in the queue and resume from their newest checkpoint.
+        "--requeue",
+    ]
+    header += _extra_sbatch_args(settings.slurm_extra_args)
+
+    rd = shlex.quote(str(run_dir))
+    default_resume = "()"
+    if resume_from_checkpoint:
+        default_resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
+    srun_opts = ["--nodes", str(res.num_nodes), "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if cpus_per_task:
+        # srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05).
+        srun_opts.append(f"--cpus-per-task={cpus_per_task}")
+    accel_args = [
+        "--config_file", str(run_dir / runs.ACCELERATE_CONFIG),
+        "--num_processes", str(world),
+        "--num_machines", str(res.num_nodes),
+    ]  # fmt: skip
+    per_node = 'exec "$0" -m accelerate.commands.launch --machine_rank "$SLURM_NODEID" "$@"'
+    srun_words = [
+        "srun " + _q(srun_opts),
+        "bash -c " + shlex.quote(per_node),
+        shlex.quote(settings.python),
+        *(_q(pair) for pair in _pairs(accel_args)),
+        '--main_process_ip "$MASTER_ADDR"',
+        '--main_process_port "$MASTER_PORT"',
+        "--rdzv_backend static",
+        "--same_network",
+        *(_q(pair) for pair in _pairs(trainer_argv(run_dir, None))),
+        '"${RESUME_ARGS[@]}"',
+    ]
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {h}" for h in header),
+        "# Rendered by ftq.",
+        "",
+        "set -euo pipefail",
+        f"RUN_DIR={rd}",
+        "",
+        "write_exit_status() {",
+        "  # Atomic, so the service never reads a half-written file; how it learns the end without sacct.",
+        f'  printf \'%s\\n\' "$1" > "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" \\',
+        f'    && mv -f "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" "$RUN_DIR/{runs.EXIT_STATUS}"',
+        "}",
+        "trap 'write_exit_status $?' EXIT",
+        "# scancel and the time limit send SIGTERM to every step and to this script: let srun pass it on",
+        "# and return, so the EXIT trap records the launch's status before SLURM's SIGKILL.",
+        "trap 'echo \"ftq: SIGTERM received, waiting for srun\" >&2' TERM",
+        f'rm -f "$RUN_DIR/{runs.EXIT_STATUS}"',
+        "",
+    ]
+    setup = settings.slurm_setup.strip("\n")
+    if setup:
+        lines += ["# Site setup (FTQ_SLURM_SETUP)", setup, ""]
+    lines += [
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'export MASTER_ADDR="${MASTER_ADDR:?could not resolve the first node of $SLURM_JOB_NODELIST}"',
+        f"export MASTER_PORT={port}",
+        "",
+        f"RESUME_ARGS={default_resume}",
+        "# A requeued job (preemption, node failure) continues from this run's newest checkpoint.",
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] \\',
+        f'    && ls -d "$RUN_DIR"/{runs.CHECKPOINTS}/checkpoint-* > /dev/null 2>&1; then',
+        "  RESUME_ARGS=(--resume_from_checkpoint latest)",
+        "fi",
+        "",
+        "# One `accelerate launch` per node. The single-quoted part runs on each node, so $SLURM_NODEID",
+        "# is that node's rank; every other word is a plain argument ($0 is the interpreter).",
+        " \\\n  ".join(srun_words),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# Plan ---------------------------------------------------------------------------------------------------
+
+
+def render_plan(
+    spec: JobSpec,
+    *,
+    job_id: str,
+    run_dir: Path,
+    settings: Settings,
+    estimate: dict[str, Any] | None = None,
+    main_process_port: int | None = None,
+    resume_from_checkpoint: str | None = None,
+) -> Plan:
+    """The whole plan for one job. Dry runs and real runs call this with the same inputs."""
+    run_dir = Path(run_dir)
+    port = main_process_port if main_process_port is not None else default_port(job_id)
+    cfg = accelerate_config(spec)
+    argv = launch_argv(
+        spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
+    )
+    sbatch = None
+    if spec.resources.launcher == "slurm":
+        sbatch = sbatch_script(
+            spec,
+            job_id=job_id,
+            run_dir=run_dir,
+            settings=settings,
+            port=port,
+            resume_from_checkpoint=resume_from_checkpoint,
+        )
+    return Plan(
+        accelerate_config=cfg,
+        accelerate_config_yaml=config_yaml(cfg),
+        command=argv,
+        sbatch_script=sbatch,
+        trainer_args={
+            "spec": str(run_dir / runs.SPEC),
+            "output_dir": str(run_dir),
+            "resume_from_checkpoint": resume_from_checkpoint,
+        },
+        estimate=Estimate.model_validate(estimate) if estimate is not None else None,
+        launch_script=launch_script(run_dir, argv),
+    )
