@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Annotated
 
 import typer
@@ -56,15 +58,65 @@ def _die_with_parent() -> None:
 
 
 def worker_argv(*, beat: bool, concurrency: int) -> list[str]:
-    settings = get_settings()
     argv = [
         sys.executable, "-m", "celery", "-A", "worker.celery_app:celery_app", "worker",
         "--pool", "threads", "--concurrency", str(concurrency), "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]
     if beat:
-        argv += ["--beat", "--schedule", str(settings.data_path / "celerybeat-schedule")]
+        # The periodic schedule lives in memory: its intervals are seconds, so there is nothing worth
+        # keeping across restarts, and no shelve file for two workers (or a SIGKILL) to corrupt.
+        argv += ["--beat", "--scheduler", "celery.beat:Scheduler"]
     return argv
+
+
+class WorkerSupervisor:
+    """Runs the worker of `ftq up` and starts it again if it dies, until `stop()`."""
+
+    def __init__(self, argv: list[str]):
+        self.argv = argv
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="worker-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self.proc = self._spawn()
+        self._thread.start()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            assert self.proc is not None
+            code = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            typer.echo(f"ftq: worker exited with {code}; starting it again", err=True)
+            # Runs are unaffected (their own sessions); the new worker re-adopts them.
+            time.sleep(1.0)
+            if not self._stopping.is_set():
+                self.proc = self._spawn()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _serve(host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        "service.app:create_app", factory=True, host=host, port=port, log_level="info", access_log=False
+    )
 
 
 @server_app.command("migrate")
@@ -77,43 +129,49 @@ def migrate() -> None:
 @server_app.command("api")
 def api(host: HostOpt = None, port: PortOpt = None) -> None:
     """Serve the HTTP API (and the dashboard)."""
-    import uvicorn
 
     settings = get_settings()
     host = host or settings.host
     port = port or settings.port
     _check_listen(host)
     _migrate()
-    uvicorn.run("service.app:create_app", factory=True, host=host, port=port, log_level="info", access_log=False)
+    _serve(host, port)
 
 
 @server_app.command("worker")
 def worker(
-    beat: Annotated[bool, typer.Option("--beat/--no-beat", help="Also run the periodic scheduler.")] = True,
+    beat: Annotated[
+        bool,
+        typer.Option(
+            "--beat/--no-beat",
+            help="Also run the periodic scheduler (reconcile, ingest, relay). One worker with it is enough; "
+            "a second does no harm.",
+        ),
+    ] = True,
     concurrency: Annotated[int, typer.Option(help="Tasks run at once.")] = 4,
 ) -> None:
-    """Run a Celery worker (submit, cancel, reconcile, ingest, relay). Run one with --beat."""
+    """Run a Celery worker (submit, cancel, reconcile, ingest, relay)."""
     _migrate()
-    os.execv(sys.executable, worker_argv(beat=beat, concurrency=concurrency))
+    argv = worker_argv(beat=beat, concurrency=concurrency)
+    os.execv(sys.executable, argv)  # noqa: S606 (an argv list, no shell)
 
 
 @server_app.command("up")
 def up(host: HostOpt = None, port: PortOpt = None) -> None:
     """API + worker + scheduler with the embedded defaults: one command on a bare machine."""
-    import uvicorn
 
     settings = get_settings()
     host = host or settings.host
     port = port or settings.port
     _check_listen(host)
     _migrate()
-    worker_proc = subprocess.Popen(worker_argv(beat=True, concurrency=4), preexec_fn=_die_with_parent)
-    typer.echo(f"ftq: API on http://{host}:{port}  data in {settings.data_path}  worker pid {worker_proc.pid}")
+    supervisor = WorkerSupervisor(worker_argv(beat=True, concurrency=4))
+    supervisor.start()
+    assert supervisor.proc is not None
+    typer.echo(
+        f"ftq: API on http://{host}:{port}  data in {settings.data_path}  worker pid {supervisor.proc.pid}"
+    )
     try:
-        uvicorn.run("service.app:create_app", factory=True, host=host, port=port, log_level="info", access_log=False)
+        _serve(host, port)
     finally:
-        worker_proc.terminate()
-        try:
-            worker_proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker_proc.kill()
+        supervisor.stop()

@@ -49,10 +49,23 @@ def make_celery() -> Celery:
         timezone="UTC",
         enable_utc=True,
         worker_hijack_root_logger=False,
+        # A sweep that waited in the queue past a few of its intervals is stale: the next one is coming.
         beat_schedule={
-            "relay": {"task": TASK_RELAY, "schedule": max(1.0, settings.reconcile_interval_seconds)},
-            "reconcile": {"task": TASK_RECONCILE, "schedule": settings.reconcile_interval_seconds},
-            "ingest": {"task": TASK_INGEST, "schedule": settings.ingest_interval_seconds},
+            "relay": {
+                "task": TASK_RELAY,
+                "schedule": max(1.0, settings.reconcile_interval_seconds),
+                "options": {"expires": max(5.0, 5 * settings.reconcile_interval_seconds)},
+            },
+            "reconcile": {
+                "task": TASK_RECONCILE,
+                "schedule": settings.reconcile_interval_seconds,
+                "options": {"expires": max(5.0, 5 * settings.reconcile_interval_seconds)},
+            },
+            "ingest": {
+                "task": TASK_INGEST,
+                "schedule": settings.ingest_interval_seconds,
+                "options": {"expires": max(5.0, 5 * settings.ingest_interval_seconds)},
+            },
         },
     )
     return app

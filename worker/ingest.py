@@ -1,0 +1,165 @@
+"""Tail each active run's metrics.jsonl into the store.
+
+Reading starts at the job's stored byte offset and takes only complete lines: a line the trainer is
+still writing waits for the next pass. Points are upserted by (job, step), so a pass that runs twice
+(two schedulers, a retried task) stores the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from ftq import runs
+from ftq.settings import get_settings
+from service.db import session_scope
+from service.jobs import repository
+from service.jobs.repository import POINT_FIELDS
+from service.jobs.schemas import JobStatus
+from service.models import Job
+
+log = logging.getLogger(__name__)
+
+MAX_READ = 8 * 1024 * 1024
+INGESTING = (JobStatus.running, JobStatus.cancelling)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    f = float(value)
+    # NaN/inf cannot be sent as JSON; a diverged loss shows as null rather than breaking every read.
+    return f if math.isfinite(f) else None
+
+
+def parse_point(line: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step = obj.get("step")
+    if isinstance(step, bool) or not isinstance(step, int | float) or not math.isfinite(step):
+        return None
+    point: dict[str, Any] = {"step": int(step)}
+    for f in POINT_FIELDS:
+        point[f] = _number(obj.get(f))
+    if isinstance(obj.get("max_steps"), int) and not isinstance(obj.get("max_steps"), bool):
+        point["max_steps"] = obj["max_steps"]
+    return point
+
+
+def read_new_lines(path: Any, offset: int) -> tuple[list[bytes], int]:
+    """Complete lines from `offset`, and the offset just past the last one read."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size <= offset:
+                return [], offset
+            f.seek(offset)
+            data = f.read(min(MAX_READ, size - offset))
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    return data[: end + 1].splitlines(), offset + end + 1
+
+
+def _latest(previous: dict[str, Any] | None, points: list[dict[str, Any]]) -> dict[str, Any]:
+    newest = max(p["step"] for p in points)
+    merged: dict[str, Any] = {}
+    if previous and previous.get("step") == newest:
+        merged.update(previous)
+    merged["step"] = newest
+    for p in points:
+        if p["step"] != newest:
+            continue
+        for f in POINT_FIELDS:
+            if p.get(f) is not None:
+                merged[f] = p[f]
+    for f in POINT_FIELDS:
+        merged.setdefault(f, None)
+    return merged
+
+
+def _eta(job: Job, step: int, max_steps: int | None, points: list[dict[str, Any]]) -> float | None:
+    if not max_steps or step <= 0:
+        return None
+    if step >= max_steps:
+        return 0.0
+    # Rate from recent points (the trainer's clock); else the whole run's average since it started.
+    timed = [(p["step"], p["time"]) for p in points if p.get("time") is not None]
+    prev = job.latest_metrics or {}
+    if prev.get("time") is not None and prev.get("step") is not None:
+        timed.insert(0, (int(prev["step"]), float(prev["time"])))
+    timed.sort()
+    rate = None
+    if len(timed) >= 2 and timed[-1][0] > timed[0][0] and timed[-1][1] > timed[0][1]:
+        rate = (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
+    elif job.started_at is not None:
+        started = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=UTC)
+        elapsed = (datetime.now(UTC) - started).total_seconds()
+        if elapsed > 0:
+            rate = step / elapsed
+    if not rate:
+        return job.eta_seconds
+    return round((max_steps - step) / rate, 1)
+
+
+def ingest_job(job_id: str) -> int:
+    """One pass over one job's new metric lines; returns how many points were stored."""
+    settings = get_settings()
+    total = 0
+    with session_scope() as session:
+        job = repository.get_job(session, job_id)
+        if job is None:
+            return 0
+        path = runs.run_dir(settings.runs_dir, job.id) / runs.METRICS
+        offset = job.metrics_offset or 0
+        while True:
+            lines, new_offset = read_new_lines(path, offset)
+            if new_offset == offset:
+                break
+            points = [p for p in (parse_point(ln) for ln in lines if ln.strip()) if p is not None]
+            if len(points) < len([ln for ln in lines if ln.strip()]):
+                log.warning("job %s: skipped malformed metrics lines before byte %s", job.id, new_offset)
+            step = max_steps = epoch = eta = latest = None
+            if points:
+                repository.upsert_points(session, job.id, [
+                    {k: v for k, v in p.items() if k != "max_steps"} for p in points
+                ])
+                latest = _latest(job.latest_metrics, points)
+                step = latest["step"]
+                if job.progress_step is not None and job.progress_step > step:
+                    step = job.progress_step
+                declared = [p["max_steps"] for p in points if p.get("max_steps")]
+                spec_steps = ((job.spec or {}).get("training") or {}).get("max_steps")
+                max_steps = declared[-1] if declared else (job.progress_max_steps or spec_steps)
+                epoch = latest.get("epoch")
+                eta = _eta(job, step, max_steps, points)
+            repository.update_progress(
+                session, job.id, metrics_offset=new_offset, step=step, max_steps=max_steps,
+                epoch=epoch, eta_seconds=eta, latest=latest,
+            )
+            session.flush()
+            session.refresh(job)
+            total += len(points)
+            offset = new_offset
+    return total
+
+
+def ingest_all() -> int:
+    with session_scope() as session:
+        ids = [j.id for j in repository.jobs_in(session, INGESTING)]
+    total = 0
+    for job_id in ids:
+        try:
+            total += ingest_job(job_id)
+        except Exception:
+            log.exception("ingest of %s failed; the next pass retries", job_id)
+    return total

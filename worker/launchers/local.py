@@ -1,0 +1,245 @@
+"""The local launcher: each run is `bash launch.sh` in its own session (process group) on this host.
+
+What the launcher knows about a run survives a worker restart because it is all on disk or in /proc:
+- `run_dir/launch.json` (written atomically right after the start): pid of the group leader, its start
+  time in clock ticks (/proc/<pid>/stat field 22) and the pgid. A pid alone can be reused; pid plus
+  start ticks cannot.
+- `run_dir/exit_status`, written by launch.sh when the launch ends.
+- `run_dir/cancel.json`: when SIGTERM was sent, so that a later look escalates to SIGKILL after the
+  grace period, whichever worker makes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftq import runs
+from ftq.settings import REPO_ROOT, Settings, get_settings
+from worker.launchers.base import LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+
+log = logging.getLogger(__name__)
+
+LAUNCH_RECORD = "launch.json"
+CANCEL_RECORD = "cancel.json"
+# Operator settings that hold credentials; a training run has no use for them.
+_WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    state: str
+    pgid: int
+    start_ticks: int
+
+
+def read_stat(pid: int) -> ProcInfo | None:
+    """State, pgid and start time of one process, or None when it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    rest = raw[raw.rfind(")") + 2 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return ProcInfo(pid=pid, state=rest[0], pgid=int(rest[2]), start_ticks=int(rest[19]))
+
+
+def scan_proc() -> list[ProcInfo]:
+    """Every live (non-zombie) process: one pass over /proc for all runs."""
+    out: list[ProcInfo] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        info = read_stat(int(entry.name))
+        if info is not None and info.state not in ("Z", "X", "x"):
+            out.append(info)
+    return out
+
+
+def group_members(pgid: int, procs: list[ProcInfo] | None = None) -> list[int]:
+    return [p.pid for p in (procs if procs is not None else scan_proc()) if p.pgid == pgid]
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_exit_status(run_dir: Path) -> int | None:
+    try:
+        text = (run_dir / runs.EXIT_STATUS).read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def read_launch_record(run_dir: Path) -> LaunchHandle | None:
+    try:
+        data = json.loads((run_dir / LAUNCH_RECORD).read_text())
+        return LaunchHandle(external_id=None, pid=int(data["pid"]), pid_start_ticks=int(data["start_ticks"]))
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _cwd_matches(pid: int, run_dir: Path) -> bool:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd")) == run_dir
+    except OSError:
+        return False
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    # The worker is the run's parent until it exits: wait so the ended run is not left a zombie.
+    with contextlib.suppress(Exception):
+        proc.wait()
+
+
+class LocalLauncher:
+    name = "local"
+
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or get_settings()
+
+    # Environment -----------------------------------------------------------------------------------
+    def run_env(self, req: LaunchRequest) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _WITHHELD_ENV}
+        gpus = req.resources.get("gpus")
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        else:
+            # A CPU job must not grab a GPU the pool hands to someone else.
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            slots = max(1, int(req.resources.get("cpu_slots", 1)))
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            # Each CPU slot gets an equal share of the cores, so concurrent jobs do not oversubscribe.
+            per_proc = max(1, cpus // max(self.settings.cpu_slots, slots))
+            env["OMP_NUM_THREADS"] = str(per_proc)
+            env["MKL_NUM_THREADS"] = str(per_proc)
+        for name in self.settings.pass_env_names:
+            if os.environ.get(name):
+                env[name] = os.environ[name]
+        env.update(req.env)
+        path = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env["FTQ_JOB_ID"] = req.job_id
+        return env
+
+    # Launcher protocol -----------------------------------------------------------------------------
+    def submit(self, req: LaunchRequest) -> LaunchHandle:
+        """Start `bash launch.sh` in a new session. The caller has written the run directory."""
+        run_dir = req.run_dir
+        script = run_dir / runs.LAUNCH_SCRIPT
+        if not script.is_file():
+            raise FileNotFoundError(f"{script} is missing")
+        with open(run_dir / runs.TRAIN_LOG, "ab") as logf:
+            proc = subprocess.Popen(
+                ["bash", str(script)],
+                cwd=run_dir,
+                env=self.run_env(req),
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        threading.Thread(target=_reap, args=(proc,), name=f"reap-{proc.pid}", daemon=True).start()
+        info = read_stat(proc.pid)
+        # The process may already have ended (and been reaped); its ticks then no longer matter.
+        ticks = info.start_ticks if info is not None else 0
+        _write_atomic(
+            run_dir / LAUNCH_RECORD,
+            json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "started": time.time()}),
+        )
+        return LaunchHandle(external_id=None, pid=proc.pid, pid_start_ticks=ticks)
+
+    def find(self, run_dir: Path) -> LaunchHandle | None:
+        """A launch already made from this run directory (by a worker that died before recording it)."""
+        record = read_launch_record(run_dir)
+        if record is not None:
+            return record
+        if read_exit_status(run_dir) is not None:
+            return LaunchHandle(external_id=None, pid=None, pid_start_ticks=None)
+        # The start happened but launch.json was not written: find the group by its working directory.
+        for p in scan_proc():
+            if p.pid == p.pgid and _cwd_matches(p.pid, run_dir):
+                return LaunchHandle(external_id=None, pid=p.pid, pid_start_ticks=p.start_ticks)
+        return None
+
+    def poll(self, refs: list[RunRef]) -> dict[str, RunState]:
+        procs = scan_proc()
+        by_pid = {p.pid: p for p in procs}
+        groups: dict[int, int] = {}
+        for p in procs:
+            groups[p.pgid] = groups.get(p.pgid, 0) + 1
+        out: dict[str, RunState] = {}
+        for ref in refs:
+            out[ref.job_id] = self._state(ref, by_pid, groups)
+        return out
+
+    def _state(self, ref: RunRef, by_pid: dict[int, ProcInfo], groups: dict[int, int]) -> RunState:
+        if ref.pid:
+            leader = by_pid.get(ref.pid)
+            leader_alive = leader is not None and (
+                not ref.pid_start_ticks or leader.start_ticks == ref.pid_start_ticks
+            )
+            # The group outlives its leader while any member is left; Linux does not hand out a pid
+            # that is still some group's id, so members with pgid == pid are this run's.
+            if leader_alive or groups.get(ref.pid, 0) > 0:
+                return RunState(phase=RunPhase.running)
+        code = read_exit_status(ref.run_dir)
+        if code is not None:
+            return RunState(phase=RunPhase.exited, exit_code=code)
+        return RunState(phase=RunPhase.lost, reason="no process and no exit status")
+
+    def cancel(self, run: RunRef) -> None:
+        """SIGTERM to the whole group the first time; SIGKILL once the grace period has passed."""
+        if not run.pid:
+            return
+        record = run.run_dir / CANCEL_RECORD
+        try:
+            sent = float(json.loads(record.read_text())["term_sent"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            sent = None
+        if sent is None:
+            self._signal_group(run, signal.SIGTERM)
+            _write_atomic(record, json.dumps({"term_sent": time.time()}))
+            return
+        if time.time() - sent >= self.settings.cancel_grace_seconds:
+            self._signal_group(run, signal.SIGKILL)
+
+    def kill_leftovers(self, run: RunRef) -> None:
+        """After a run ended, SIGKILL what is left of its group (stray dataloader or compile workers)."""
+        if run.pid and group_members(run.pid):
+            self._signal_group(run, signal.SIGKILL)
+
+    def _signal_group(self, run: RunRef, sig: signal.Signals) -> None:
+        assert run.pid
+        members = group_members(run.pid)
+        leader = read_stat(run.pid)
+        leader_ok = leader is not None and (
+            not run.pid_start_ticks or leader.start_ticks == run.pid_start_ticks
+        )
+        if not members and not leader_ok:
+            return
+        log.info("sending %s to process group %s (job %s)", sig.name, run.pid, run.job_id)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pid, sig)

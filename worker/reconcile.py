@@ -1,0 +1,354 @@
+"""The worker's runtime: claim resources, launch, cancel, and bring every job in line with reality.
+
+Every function here is safe to run twice or concurrently: the store's compare-and-set transitions
+decide who acts, `worker.store` locks keep two claims from handing out one GPU and two launches of
+one job from both starting, and what a launch left behind (run directory, /proc, the scheduler) is
+looked at before anything new is started. A worker killed at any point is made whole by the next
+`reconcile()`, in this worker or any other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ftq import runs
+from ftq.settings import get_settings
+from service.db import session_scope
+from service.jobs import repository
+from service.jobs.schemas import JobStatus
+from service.models import Job
+from worker import failures, ingest, scheduling, store
+from worker.launchers.base import LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+
+log = logging.getLogger(__name__)
+
+# A `starting` job younger than this may be between its claim and its launch: leave it alone.
+STARTING_GRACE_SECONDS = 15.0
+NON_TERMINAL_LAUNCHED = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
+
+
+@lru_cache
+def get_launcher(name: str) -> Any:
+    from worker.launchers import get_launcher as make
+
+    return make(name)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a sweep needs of a job row, read once so no session is held across launcher calls."""
+
+    id: str
+    status: str
+    launcher: str
+    external_id: str | None
+    pid: int | None
+    pid_start_ticks: int | None
+    updated_at: datetime
+    run_dir: Path
+
+    @property
+    def launched(self) -> bool:
+        return bool(self.pid or self.external_id)
+
+    def ref(self) -> RunRef:
+        return RunRef(self.id, self.run_dir, self.external_id, self.pid, self.pid_start_ticks)
+
+
+def _view(job: Job) -> JobView:
+    return JobView(
+        id=job.id, status=job.status, launcher=job.launcher, external_id=job.external_id, pid=job.pid,
+        pid_start_ticks=job.pid_start_ticks, updated_at=job.updated_at,
+        run_dir=runs.run_dir(get_settings().runs_dir, job.id),
+    )
+
+
+def _age(ts: datetime) -> float:
+    ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - ts).total_seconds()
+
+
+def _find(launcher: Any, view: JobView) -> LaunchHandle | None:
+    """A launch made earlier from this run directory (optional launcher method `find(run_dir)`)."""
+    find = getattr(launcher, "find", None)
+    return find(view.run_dir) if find is not None else None
+
+
+# Scheduling ---------------------------------------------------------------------------------------------
+
+
+def schedule() -> list[str]:
+    """Claim resources for queued jobs, oldest first; returns the ids now `starting` to launch."""
+    settings = get_settings()
+    claimed: list[str] = []
+    with session_scope() as session, store.scheduler_lock(session):
+        queued = repository.jobs_in(session, [JobStatus.queued])
+        if not queued:
+            return claimed
+        held = repository.held_resources(session)
+        for d in scheduling.decide([(j.id, j.spec) for j in queued], held, settings):
+            if d.impossible is not None:
+                repository.mark_finished(
+                    session, d.job_id, JobStatus.failed, error_code="launch_error", error_message=d.impossible
+                )
+            elif repository.mark_starting(session, d.job_id, resources=d.resources):
+                claimed.append(d.job_id)
+        # Commit inside the lock: the next claimant must see these resources as held.
+        session.commit()
+    return claimed
+
+
+# Launch ---------------------------------------------------------------------------------------------------
+
+
+def write_run_dir(job: Job, run_dir: Path) -> None:
+    plan = job.plan or {}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / runs.CHECKPOINTS).mkdir(exist_ok=True)
+    files = {
+        runs.SPEC: json.dumps(job.spec, indent=2, sort_keys=True) + "\n",
+        runs.ACCELERATE_CONFIG: plan.get("accelerate_config_yaml") or "",
+    }
+    if plan.get("launch_script"):
+        files[runs.LAUNCH_SCRIPT] = plan["launch_script"]
+    if plan.get("sbatch_script"):
+        files[runs.SBATCH_SCRIPT] = plan["sbatch_script"]
+    for name, text in files.items():
+        tmp = run_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.chmod(0o755 if name in (runs.LAUNCH_SCRIPT, runs.SBATCH_SCRIPT) else 0o644)
+        tmp.replace(run_dir / name)
+    # Leftovers of an attempt that never started must not be read as this attempt's end.
+    for stale in (runs.EXIT_STATUS, "launch.json", "cancel.json"):
+        (run_dir / stale).unlink(missing_ok=True)
+
+
+def launch(job_id: str) -> None:
+    """Start the run of a `starting` job, or adopt the one a previous attempt already started."""
+    settings = get_settings()
+    run_dir = runs.run_dir(settings.runs_dir, job_id)
+    with session_scope() as session:
+        job = repository.get_job(session, job_id)
+        if job is None or job.status not in (JobStatus.starting, JobStatus.cancelling):
+            return
+    with store.run_lock(run_dir), session_scope() as session:
+        job = repository.get_job(session, job_id)  # again, under the lock: the truth now
+        if job is None or job.status not in (JobStatus.starting, JobStatus.cancelling):
+            return
+        view = _view(job)
+        launcher = get_launcher(job.launcher)
+        handle: LaunchHandle | None = None
+        if view.launched:
+            handle = LaunchHandle(job.external_id, job.pid, job.pid_start_ticks)
+        else:
+            handle = _find(launcher, view)
+        if handle is None:
+            if job.status == JobStatus.cancelling:
+                repository.mark_finished(
+                    session, job_id, JobStatus.cancelled, error_code="cancelled",
+                    error_message="cancelled before it started",
+                )
+                return
+            try:
+                write_run_dir(job, run_dir)
+                req = LaunchRequest(
+                    job_id=job.id, run_dir=run_dir, spec=job.spec, plan=job.plan or {},
+                    resources=job.resources or {}, env={},
+                )
+                handle = launcher.submit(req)
+            except Exception as exc:
+                log.exception("launch of %s failed", job_id)
+                repository.mark_finished(
+                    session, job_id, JobStatus.failed, error_code="launch_error",
+                    error_message=f"the run could not be started: {exc}"[:2000],
+                )
+                return
+            log.info("job %s launched: %s", job_id, handle)
+        else:
+            log.info("job %s: adopting the launch found in its run directory: %s", job_id, handle)
+        repository.record_launch(
+            session, job_id, external_id=handle.external_id, pid=handle.pid,
+            pid_start_ticks=handle.pid_start_ticks,
+        )
+        # Commit the handle before anything else can fail: it is what makes the run adoptable.
+        session.commit()
+        repository.mark_running(
+            session, job_id, external_id=handle.external_id, pid=handle.pid,
+            pid_start_ticks=handle.pid_start_ticks,
+        )
+        session.commit()
+        job = repository.get_job(session, job_id)
+        if job is not None and job.status == JobStatus.cancelling:
+            # A cancel came in while the launch was under way: act on it now.
+            launcher.cancel(_view(job).ref())
+
+
+def submit(job_id: str) -> None:
+    """The `ftq.submit` task: schedule (this job and whatever else fits), then launch what was claimed."""
+    for claimed in schedule():
+        launch(claimed)
+    # A redelivered submit of a job left `starting` (its worker died) is for reconcile to sort out.
+    del job_id
+
+
+# Cancel ---------------------------------------------------------------------------------------------------
+
+
+def cancel(job_id: str) -> None:
+    """The `ftq.cancel` task: SIGTERM (or scancel) now; reconcile escalates and records the end."""
+    with session_scope() as session:
+        job = repository.get_job(session, job_id)
+        if job is None or job.status != JobStatus.cancelling:
+            return
+        view = _view(job)
+    launcher = get_launcher(view.launcher)
+    if view.launched:
+        launcher.cancel(view.ref())
+        return
+    _settle_unlaunched_cancel(view, launcher)
+
+
+def _settle_unlaunched_cancel(view: JobView, launcher: Any) -> None:
+    with store.try_run_lock(view.run_dir) as free:
+        if not free:
+            return  # a launch is under way; it sees `cancelling` and cancels what it started
+        handle = _find(launcher, view)
+        with session_scope() as session:
+            if handle is None:
+                repository.mark_finished(
+                    session, view.id, JobStatus.cancelled, error_code="cancelled",
+                    error_message="cancelled before it started",
+                )
+            else:
+                repository.record_launch(
+                    session, view.id, external_id=handle.external_id, pid=handle.pid,
+                    pid_start_ticks=handle.pid_start_ticks,
+                )
+
+
+# Reconcile ---------------------------------------------------------------------------------------------
+
+
+def reconcile() -> None:
+    """The periodic sweep: settle launched jobs, then start queued ones as resources allow."""
+    with store.singleton("reconcile") as mine:
+        if not mine:
+            return
+        with session_scope() as session:
+            views = [_view(j) for j in repository.jobs_in(session, NON_TERMINAL_LAUNCHED)]
+        by_launcher: dict[str, list[JobView]] = {}
+        for v in views:
+            by_launcher.setdefault(v.launcher, []).append(v)
+        for name, group in by_launcher.items():
+            try:
+                launcher = get_launcher(name)
+                states = launcher.poll([v.ref() for v in group if v.launched])
+            except Exception:
+                log.exception("polling the %s launcher failed; trying again next sweep", name)
+                continue
+            for v in group:
+                try:
+                    _reconcile_one(v, launcher, states.get(v.id))
+                except Exception:
+                    log.exception("reconciling job %s failed; trying again next sweep", v.id)
+        for claimed in schedule():
+            try:
+                launch(claimed)
+            except Exception:
+                log.exception("launching job %s failed", claimed)
+
+
+def _reconcile_one(v: JobView, launcher: Any, state: RunState | None) -> None:
+    if not v.launched:
+        if v.status == JobStatus.starting and _age(v.updated_at) < STARTING_GRACE_SECONDS:
+            return
+        _settle_unlaunched(v, launcher)
+        return
+    if state is None:
+        return
+    if state.phase in (RunPhase.pending, RunPhase.running):
+        if v.status == JobStatus.starting:
+            _mark_running(v)
+        elif v.status == JobStatus.cancelling:
+            launcher.cancel(v.ref())
+        return
+    finish(v, launcher, state)
+
+
+def _settle_unlaunched(v: JobView, launcher: Any) -> None:
+    """A `starting`/`cancelling` job with no launch recorded: its worker died mid-launch, or it is slow."""
+    with store.try_run_lock(v.run_dir) as free:
+        if not free:
+            return  # a launch is in progress right now
+        handle = _find(launcher, v)
+        with session_scope() as session:
+            if handle is not None:
+                log.info("job %s: adopting a launch its worker did not record: %s", v.id, handle)
+                repository.record_launch(
+                    session, v.id, external_id=handle.external_id, pid=handle.pid,
+                    pid_start_ticks=handle.pid_start_ticks,
+                )
+                repository.mark_running(
+                    session, v.id, external_id=handle.external_id, pid=handle.pid,
+                    pid_start_ticks=handle.pid_start_ticks,
+                )
+            elif v.status == JobStatus.cancelling:
+                repository.mark_finished(
+                    session, v.id, JobStatus.cancelled, error_code="cancelled",
+                    error_message="cancelled before it started",
+                )
+            elif repository.requeue(session, v.id):
+                log.info("job %s was claimed but never launched (its worker stopped); queued again", v.id)
+
+
+def _mark_running(v: JobView) -> None:
+    with session_scope() as session:
+        repository.mark_running(
+            session, v.id, external_id=v.external_id, pid=v.pid, pid_start_ticks=v.pid_start_ticks
+        )
+
+
+def finish(v: JobView, launcher: Any, state: RunState) -> None:
+    """The run has ended: take in its last metrics, then record how it ended."""
+    # Ingest first, so a terminal job's metrics are complete the moment clients see it terminal.
+    ingest.ingest_job(v.id)
+    kill = getattr(launcher, "kill_leftovers", None)
+    if kill is not None:
+        kill(v.ref())
+    with session_scope() as session:
+        job = repository.get_job(session, v.id)
+        if job is None:
+            return
+        status = job.status
+        if status == JobStatus.cancelling:
+            repository.mark_finished(
+                session, v.id, JobStatus.cancelled, error_code="cancelled",
+                error_message="cancelled on request", exit_code=state.exit_code,
+            )
+        elif state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
+            repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
+        elif status in (JobStatus.starting, JobStatus.running):
+            tail = failures.read_tail(v.run_dir / runs.TRAIN_LOG)
+            if state.phase == RunPhase.lost and state.exit_code is None:
+                failure = failures.classify(exit_code=None, log_tail=tail, reason=state.reason if state.reason
+                                            and state.reason != "no process and no exit status" else None)
+                if failure.code == "unknown":
+                    failure = failures.Failure(
+                        "unknown",
+                        "the run's processes are gone and it left no exit status: it was killed (SIGKILL, "
+                        "e.g. by the out-of-memory killer) or the host restarted; submit it again, with "
+                        "resume_from to continue from its last checkpoint",
+                    )
+            else:
+                failure = failures.classify(exit_code=state.exit_code, log_tail=tail, reason=state.reason)
+            repository.mark_finished(
+                session, v.id, JobStatus.failed, error_code=failure.code, error_message=failure.message,
+                exit_code=state.exit_code,
+            )
+    log.info("job %s ended: %s", v.id, state)
