@@ -51,8 +51,8 @@ EXIT_REFUSED = 1
 EXIT_INPUT = 2
 EXIT_UNREACHABLE = 3
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 P = ParamSpec("P")
 R = TypeVar("R")

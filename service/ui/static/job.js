@@ -1,0 +1,185 @@
+/* ftq dashboard, `/ui/jobs/{id}`: live loss / eval-loss / LR charts, log tail, plan, cancel.
+
+Polling is incremental: metrics with after_step, the log with byte offsets; each stops once the
+API says it is complete. The one exception is the last metric point, asked for again each time,
+because a step's eval_loss can be stored after its train loss (they share a row).
+*/
+"use strict";
+
+(() => {
+  const { h } = FTQ;
+  const POLL_MS = 1500;
+  const LOG_KEEP_CHARS = 400000; // the tail kept on the page; older text is dropped from the DOM
+  const jobId = decodeURIComponent(window.location.pathname.split("/").filter(Boolean).pop());
+  const enc = encodeURIComponent(jobId);
+
+  const state = {
+    job: null,
+    points: new Map(), // step -> Point
+    lastStep: -1,
+    metricsComplete: false,
+    logOffset: 0,
+    logComplete: false,
+    planShown: false,
+  };
+
+  document.getElementById("crumb-id").textContent = jobId;
+  const cancelButton = document.getElementById("cancel");
+  cancelButton.addEventListener("click", cancel);
+
+  async function cancel() {
+    if (!window.confirm(`Cancel ${jobId}? A running training is stopped (its checkpoints stay).`)) return;
+    cancelButton.disabled = true;
+    try {
+      const job = await FTQ.api(`/jobs/${enc}/cancel`, { method: "POST" });
+      showJob(job);
+    } catch (e) {
+      FTQ.banner("error", [h("strong", {}, "Cancel failed: "), e.message]);
+      cancelButton.disabled = false;
+    }
+  }
+
+  function meta(label, value, title) {
+    return h("div", {}, h("dt", {}, label), h("dd", { title: title || String(value) }, value));
+  }
+
+  function showJob(job) {
+    state.job = job;
+    document.title = `ftq · ${job.name}`;
+    document.getElementById("job-name").textContent = job.name;
+    document.getElementById("job-status").replaceWith(
+      Object.assign(FTQ.badge(job.status), { id: "job-status" }));
+    const terminal = FTQ.TERMINAL.includes(job.status);
+    cancelButton.hidden = terminal;
+    cancelButton.disabled = job.status === "cancelling";
+    cancelButton.textContent = job.status === "cancelling" ? "Cancelling…" : "Cancel job";
+
+    const fill = document.getElementById("progress-fill");
+    fill.className = `fill ${job.status}`;
+    fill.style.width = `${(100 * FTQ.progressFraction(job)).toFixed(1)}%`;
+    const p = job.progress || {};
+    const eta = job.status === "running" && p.eta_seconds != null ? ` · eta ${FTQ.duration(p.eta_seconds)}` : "";
+    const epoch = p.epoch != null ? ` · epoch ${FTQ.num(p.epoch, 3)}` : "";
+    document.getElementById("progress-text").textContent = `${FTQ.progressText(job)}${epoch}${eta}`;
+
+    const spec = job.spec || {};
+    const latest = job.latest_metrics || {};
+    const res = spec.resources || {};
+    const dist = spec.distributed || {};
+    document.getElementById("job-meta").replaceChildren(
+      meta("job id", job.id),
+      meta("owner", job.owner),
+      meta("model", (spec.model || {}).name_or_path || "–"),
+      meta("dataset", (spec.dataset || {}).name_or_path || "–"),
+      meta("launch", `${res.launcher} · ${res.device} · ${res.num_nodes}×${res.processes_per_node} · ${dist.strategy}`),
+      meta("external id", job.external_id || "–"),
+      meta("created", FTQ.age(job.created_at), job.created_at),
+      meta("ran for", FTQ.took(job)),
+      meta("latest loss", FTQ.num(latest.loss)),
+      meta("latest lr", FTQ.num(latest.learning_rate)),
+    );
+    const errorBox = document.getElementById("error-box");
+    if (job.error) {
+      const exit = job.error.exit_code != null ? ` (exit code ${job.error.exit_code})` : "";
+      errorBox.replaceChildren(h("strong", {}, job.error.code), `: ${job.error.message}${exit}`);
+      errorBox.hidden = false;
+    } else {
+      errorBox.hidden = true;
+    }
+    const specEl = document.getElementById("spec");
+    if (!specEl.textContent) specEl.textContent = JSON.stringify(job.spec, null, 2);
+  }
+
+  async function pollMetrics() {
+    // Ask again for the last point we hold (see the note at the top); every other point is new.
+    let after = state.lastStep >= 0 ? state.lastStep - 1 : -1;
+    let changed = false;
+    for (;;) {
+      const page = await FTQ.api(`/jobs/${enc}/metrics?after_step=${after}&limit=1000`);
+      for (const pt of page.data) {
+        state.points.set(pt.step, pt);
+        state.lastStep = Math.max(state.lastStep, pt.step);
+        changed = true;
+      }
+      if (page.complete) state.metricsComplete = true;
+      if (page.data.length < 1000 || page.next_after_step === after) break;
+      after = page.next_after_step;
+    }
+    if (changed || !document.querySelector("#chart-loss svg")) drawCharts();
+  }
+
+  function drawCharts() {
+    const pts = [...state.points.values()].sort((a, b) => a.step - b.step);
+    const series = (key) => pts.filter((p) => p[key] != null).map((p) => [p.step, p[key]]);
+    Charts.render(document.getElementById("chart-loss"), {
+      series: [
+        { name: "train loss", key: "loss", color: "#2563eb", points: series("loss") },
+        { name: "eval loss", key: "eval_loss", color: "#ea580c", points: series("eval_loss"), markers: true },
+      ],
+    });
+    Charts.render(document.getElementById("chart-lr"), {
+      series: [{ name: "learning rate", key: "learning_rate", color: "#16a34a", points: series("learning_rate") }],
+      yFormat: (v) => (v === 0 ? "0" : v.toExponential(1)),
+    });
+  }
+
+  async function pollLog() {
+    const log = document.getElementById("log");
+    for (;;) {
+      const chunk = await FTQ.api(`/jobs/${enc}/logs?offset=${state.logOffset}&limit=262144`);
+      if (chunk.text) {
+        const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
+        let text = log.textContent + chunk.text;
+        if (text.length > LOG_KEEP_CHARS) text = `[… earlier lines dropped …]\n${text.slice(-LOG_KEEP_CHARS)}`;
+        log.textContent = text;
+        if (atBottom) log.scrollTop = log.scrollHeight;
+      }
+      state.logOffset = chunk.next_offset;
+      state.logComplete = chunk.complete;
+      document.getElementById("log-size").textContent = `${(state.logOffset / 1024).toFixed(1)} KiB`;
+      if (!chunk.text || chunk.complete) break;
+    }
+    if (!log.textContent && state.logComplete) log.textContent = "(the job wrote no log)";
+  }
+
+  async function showPlan() {
+    const plan = await FTQ.api(`/jobs/${enc}/plan`);
+    const parts = [];
+    const est = plan.estimate || {};
+    if (est.per_device_bytes != null) {
+      const gib = (b) => (b == null ? "–" : `${(b / 1024 ** 3).toFixed(2)} GiB`);
+      const fits = est.fits === true ? h("span", { class: "fits" }, "fits")
+        : est.fits === false ? h("span", { class: "no-fit" }, "does not fit") : "unknown";
+      const rows = [h("tr", {}, h("td", {}, "per device"),
+        h("td", {}, `${gib(est.per_device_bytes)} of ${gib(est.device_memory_bytes)} `, fits))];
+      for (const [k, v] of Object.entries(est.breakdown || {})) {
+        rows.push(h("tr", {}, h("td", {}, k), h("td", {}, typeof v === "number" && k.endsWith("bytes") ? gib(v) : String(v))));
+      }
+      parts.push(h("h3", {}, "memory estimate"), h("table", { class: "estimate" }, ...rows));
+    } else if (est.reason) {
+      parts.push(h("h3", {}, "memory estimate"), h("p", { class: "muted" }, est.reason));
+    }
+    const quote = (a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\"'\"'")}'`);
+    parts.push(h("h3", {}, "command"), h("pre", { class: "code", id: "plan-command" }, (plan.command || []).map(quote).join(" ")));
+    parts.push(h("h3", {}, "accelerate_config.yaml"), h("pre", { class: "code" }, plan.accelerate_config_yaml || ""));
+    if (plan.sbatch_script) parts.push(h("h3", {}, "job.sbatch"), h("pre", { class: "code" }, plan.sbatch_script));
+    else if (plan.launch_script) parts.push(h("h3", {}, "launch.sh"), h("pre", { class: "code" }, plan.launch_script));
+    document.getElementById("plan").replaceChildren(...parts);
+    state.planShown = true;
+  }
+
+  async function poll() {
+    const job = await FTQ.api(`/jobs/${enc}`);
+    showJob(job);
+    if (!state.planShown) await showPlan();
+    if (!state.metricsComplete) await pollMetrics();
+    if (!state.logComplete) await pollLog();
+    const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete;
+    document.body.dataset.loaded = "true";
+    FTQ.setRefreshState(done ? `${job.status}; no more updates` : `updated ${new Date().toLocaleTimeString()}`);
+    return !done;
+  }
+
+  drawCharts();
+  FTQ.every(POLL_MS, poll);
+})();
