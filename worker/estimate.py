@@ -1,0 +1,553 @@
+"""Preflight: will the job fit in device memory, and how much disk will it write?
+
+Everything is computed from the model's `config.json` alone (no weights, no torch), so a 180B job can be
+checked on a laptop before it waits a day in a queue. The numbers are estimates of the usual accounting:
+
+- weights, gradients and Adam state (full fine-tuning: 16 bytes per parameter in all; LoRA: the frozen
+  base in the compute dtype plus 16 bytes per adapter parameter), divided by the world size where ZeRO
+  or FSDP shards them, and dropped from the device where they are offloaded;
+- activations for `max_seq_len x per_device_train_batch_size` tokens per layer (Korthikanti et al.,
+  "Reducing Activation Recomputation in Large Transformer Models", with the MLP and attention shapes of
+  the actual model), or with gradient checkpointing one hidden state per layer plus one layer's worth;
+- the logits for the loss, communication buffers (gathered layers under ZeRO-3 / FSDP, reduce buckets)
+  and the CUDA context.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftq.spec import JobSpec, LoraSpec, looks_local
+
+GiB = 1024**3
+CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # CUDA/NCCL context and cuBLAS workspaces
+# Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
+ADAM_MASTER_AND_MOMENTS = 12
+ADAM_MOMENTS = 8
+
+LLAMA_LIKE = {
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
+    "granite", "internlm2", "yi", "cohere", "stablelm", "starcoder2", "smollm3", "deepseek",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Linear:
+    name: str
+    d_in: int
+    d_out: int
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The shapes that memory depends on, read from a config.json."""
+
+    model_type: str
+    hidden: int
+    layers: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    gated_mlp: bool
+    linears: tuple[Linear, ...]  # the Linear modules of one decoder layer
+    layer_other_params: int  # norms and biases of one layer
+    embedding_params: int  # token (and position) embeddings
+    head_params: int  # untied lm_head; 0 when tied to the embeddings
+    final_norm_params: int
+    note: str | None = None
+
+    @property
+    def layer_params(self) -> int:
+        return sum(lin.d_in * lin.d_out for lin in self.linears) + self.layer_other_params
+
+    @property
+    def num_params(self) -> int:
+        return (
+            self.layers * self.layer_params
+            + self.embedding_params
+            + self.head_params
+            + self.final_norm_params
+        )
+
+
+def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def parse_arch(config: dict[str, Any]) -> Arch | None:
+    """The model's shapes, or None when the config is not a decoder this module knows how to count."""
+    text_config = config.get("text_config")
+    cfg: dict[str, Any] = text_config if isinstance(text_config, dict) else config
+    model_type = str(cfg.get("model_type") or config.get("model_type") or "").lower()
+    try:
+        if model_type in ("falcon", "refinedweb", "refinedwebmodel"):
+            return _falcon(cfg, model_type)
+        if model_type == "gpt_neox":
+            return _gpt_neox(cfg)
+        if model_type == "gpt2":
+            return _gpt2(cfg)
+        if model_type in LLAMA_LIKE or all(
+            k in cfg for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
+        ):
+            arch = _llama_like(cfg, model_type or "unknown")
+            if model_type not in LLAMA_LIKE:
+                note = f"{model_type or 'unknown'} counted as a Llama-style decoder"
+                return Arch(**{**arch.__dict__, "note": note})
+            return arch
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def _llama_like(cfg: dict[str, Any], model_type: str) -> Arch:
+    h = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv = int(_get(cfg, "num_key_value_heads", default=heads))
+    hd = int(_get(cfg, "head_dim", default=h // heads))
+    inter = int(cfg["intermediate_size"])
+    layers = int(cfg["num_hidden_layers"])
+    vocab = int(cfg["vocab_size"])
+    q, kvd = heads * hd, kv * hd
+    linears = (
+        Linear("q_proj", h, q), Linear("k_proj", h, kvd), Linear("v_proj", h, kvd), Linear("o_proj", q, h),
+        Linear("gate_proj", h, inter), Linear("up_proj", h, inter), Linear("down_proj", inter, h),
+    )  # fmt: skip
+    qkv_bias = model_type == "qwen2" or bool(cfg.get("attention_bias"))
+    other = 2 * h + ((q + 2 * kvd) if qkv_bias else 0) + (2 * hd if model_type == "qwen3" else 0)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    return Arch(
+        model_type=model_type, hidden=h, layers=layers, vocab=vocab, heads=heads, kv_heads=kv, head_dim=hd,
+        intermediate=inter, gated_mlp=True, linears=linears, layer_other_params=other,
+        embedding_params=vocab * h, head_params=0 if tied else vocab * h, final_norm_params=h,
+    )  # fmt: skip
+
+
+def _falcon(cfg: dict[str, Any], model_type: str) -> Arch:
+    h = int(_get(cfg, "hidden_size", "d_model"))
+    heads = int(_get(cfg, "num_attention_heads", "n_head"))
+    layers = int(_get(cfg, "num_hidden_layers", "n_layer"))
+    vocab = int(cfg["vocab_size"])
+    hd = h // heads
+    new_arch = bool(cfg.get("new_decoder_architecture", False))
+    multi_query = bool(cfg.get("multi_query", True))
+    if new_arch:
+        kv = int(_get(cfg, "num_kv_heads", "n_head_kv", default=heads))
+    else:
+        kv = 1 if multi_query else heads
+    qkv_out = (heads + 2 * kv) * hd
+    ffn = int(_get(cfg, "ffn_hidden_size", default=4 * h))
+    bias = bool(cfg.get("bias", False))
+    linears = (
+        Linear("query_key_value", h, qkv_out), Linear("dense", h, h),
+        Linear("dense_h_to_4h", h, ffn), Linear("dense_4h_to_h", ffn, h),
+    )  # fmt: skip
+    if new_arch:
+        norms = int(_get(cfg, "num_ln_in_parallel_attn", default=2))
+    else:
+        norms = 1 if cfg.get("parallel_attn", True) else 2
+    other = norms * 2 * h + ((qkv_out + h + ffn + h) if bias else 0)
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    return Arch(
+        model_type=model_type, hidden=h, layers=layers, vocab=vocab, heads=heads, kv_heads=kv, head_dim=hd,
+        intermediate=ffn, gated_mlp=False, linears=linears, layer_other_params=other,
+        embedding_params=vocab * h, head_params=0 if tied else vocab * h, final_norm_params=2 * h,
+    )  # fmt: skip
+
+
+def _gpt_neox(cfg: dict[str, Any]) -> Arch:
+    h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    inter = int(_get(cfg, "intermediate_size", default=4 * h))
+    linears = (
+        Linear("query_key_value", h, 3 * h), Linear("dense", h, h),
+        Linear("dense_h_to_4h", h, inter), Linear("dense_4h_to_h", inter, h),
+    )  # fmt: skip
+    vocab = int(cfg["vocab_size"])
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    return Arch(
+        model_type="gpt_neox", hidden=h, layers=int(cfg["num_hidden_layers"]), vocab=vocab, heads=heads,
+        kv_heads=heads, head_dim=h // heads, intermediate=inter, gated_mlp=False, linears=linears,
+        layer_other_params=4 * h + (3 * h + h + inter + h), embedding_params=vocab * h,
+        head_params=0 if tied else vocab * h, final_norm_params=2 * h,
+    )  # fmt: skip
+
+
+def _gpt2(cfg: dict[str, Any]) -> Arch:
+    h, heads = int(cfg["n_embd"]), int(cfg["n_head"])
+    inter = int(_get(cfg, "n_inner", default=4 * h))
+    linears = (
+        Linear("c_attn", h, 3 * h), Linear("c_proj", h, h),
+        Linear("c_fc", h, inter), Linear("c_proj", inter, h),
+    )  # fmt: skip
+    vocab, positions = int(cfg["vocab_size"]), int(_get(cfg, "n_positions", default=1024))
+    return Arch(
+        model_type="gpt2", hidden=h, layers=int(cfg["n_layer"]), vocab=vocab, heads=heads, kv_heads=heads,
+        head_dim=h // heads, intermediate=inter, gated_mlp=False, linears=linears,
+        layer_other_params=4 * h + (3 * h + h + inter + h), embedding_params=(vocab + positions) * h,
+        head_params=0, final_norm_params=2 * h,
+    )  # fmt: skip
+
+
+def lora_targets(arch: Arch, lora: LoraSpec) -> list[Linear]:
+    """The Linear modules of one layer that LoRA adapts (`all-linear`: all of them, not the lm_head)."""
+    if lora.target_modules == "all-linear":
+        return list(arch.linears)
+    wanted = list(lora.target_modules)
+    return [lin for lin in arch.linears if any(t == lin.name or t.endswith("." + lin.name) for t in wanted)]
+
+
+def lora_params(arch: Arch, lora: LoraSpec) -> int:
+    return arch.layers * sum(lora.r * (lin.d_in + lin.d_out) for lin in lora_targets(arch, lora))
+
+
+# Memory ---------------------------------------------------------------------------------------------------
+
+
+def _compute_bytes(spec: JobSpec) -> int:
+    return 2 if spec.training.mixed_precision in ("bf16", "fp16") else 4
+
+
+def _activation_bytes(spec: JobSpec, arch: Arch) -> dict[str, int]:
+    """Bytes of activations kept for the backward pass, per device."""
+    tr = spec.training
+    tokens = tr.max_seq_len * tr.per_device_train_batch_size
+    scale = _compute_bytes(spec) / 2  # the per-token figures below are for 16-bit activations
+    h, q_dim, kv_dim = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
+    # Attention: qkv input, q, k, v, attention output (the o_proj input).
+    attn = 2 * h + 2 * (q_dim + 2 * kv_dim) + 2 * q_dim
+    if spec.model.attn_implementation == "eager":
+        # Scores, softmax output and dropout mask: 5 bytes per head per key (Korthikanti's 5as/h term).
+        attn += 5 * arch.heads * tr.max_seq_len
+    # MLP: gated (SwiGLU) keeps gate, up, act(gate) and their product; plain keeps fc1 and act outputs.
+    mlp = 2 * h + (8 * arch.intermediate if arch.gated_mlp else 4 * arch.intermediate)
+    norms = 4 * h
+    lora_extra = 0
+    if spec.lora is not None:
+        # Each adapted Linear keeps its (dropped-out) input and the rank-r intermediate.
+        dropout_copy = 2 if spec.lora.dropout > 0 else 0
+        lora_extra = sum(dropout_copy * lin.d_in + 2 * spec.lora.r for lin in lora_targets(arch, spec.lora))
+    per_layer = int((attn + mlp + norms + lora_extra) * tokens * scale)
+    checkpointing = tr.gradient_checkpointing or (
+        spec.distributed.strategy == "fsdp" and spec.distributed.fsdp.activation_checkpointing
+    )
+    if checkpointing:
+        # Each layer's input is kept; one layer at a time is recomputed in full during backward.
+        activations = arch.layers * int(2 * h * tokens * scale) + per_layer
+    else:
+        activations = arch.layers * per_layer
+    # Logits in the compute dtype, their fp32 copy for the loss, and its gradient.
+    logits = tokens * arch.vocab * (_compute_bytes(spec) + 4 + 4)
+    return {"activations": activations, "logits": logits}
+
+
+def estimate_memory(
+    spec: JobSpec, model_config: dict[str, Any] | None, *, device_memory_bytes: int
+) -> dict[str, Any]:
+    """Peak memory per device for this job: per_device_bytes, fits, and a breakdown in bytes."""
+    arch = parse_arch(model_config) if model_config else None
+    if arch is None:
+        kind = (model_config or {}).get("model_type", "unknown")
+        reason = (
+            f"model type {kind!r} is not one the estimate can count" if model_config else "no model config"
+        )
+        return {
+            "per_device_bytes": None,
+            "device_memory_bytes": device_memory_bytes,
+            "fits": None,
+            "breakdown": {},
+            "reason": f"{reason}; estimate skipped",
+        }
+    res, dist = spec.resources, spec.distributed
+    world = res.num_nodes * res.processes_per_node
+    cb = _compute_bytes(spec)
+    total = arch.num_params
+    strategy = str(dist.strategy)
+
+    # Load dtypes as the trainer chooses them (trainer.model.load_dtype): FSDP and full fine-tuning
+    # outside DeepSpeed keep fp32 weights (the compute dtype comes from FSDP's policy or autocast);
+    # DeepSpeed and LoRA elsewhere load in the half dtype.
+    if spec.lora is None:
+        trainable = total
+        if strategy == "deepspeed" and cb == 2:
+            # 16-bit weights and gradients; DeepSpeed's optimizer holds the fp32 master copy.
+            p_bytes, g_bytes, o_bytes = cb, cb, ADAM_MASTER_AND_MOMENTS
+        else:
+            p_bytes, g_bytes, o_bytes = 4, 4, ADAM_MOMENTS
+        params = total * p_bytes
+        grads = trainable * g_bytes
+        optimizer = trainable * o_bytes
+    else:
+        trainable = lora_params(arch, spec.lora)
+        # Frozen base weights; adapters in fp32 (PEFT keeps them so) with fp32 grads and Adam moments.
+        base_bytes = 4 if strategy == "fsdp" else cb
+        params = total * base_bytes + trainable * 4
+        grads = trainable * 4
+        optimizer = trainable * ADAM_MOMENTS
+
+    # Sharding: which of the three is divided over the world, and what is offloaded off the device.
+    shard_params = shard_grads = shard_opt = False
+    if strategy == "deepspeed":
+        stage = dist.deepspeed.zero_stage
+        shard_opt, shard_grads, shard_params = stage >= 1, stage >= 2, stage >= 3
+    elif strategy == "fsdp":
+        shard_params = shard_grads = shard_opt = True
+    if shard_params:
+        params //= world
+    if shard_grads:
+        grads //= world
+    if shard_opt:
+        optimizer //= world
+    if strategy == "deepspeed":
+        if dist.deepspeed.offload_optimizer != "none":
+            optimizer = 0
+        if dist.deepspeed.offload_params != "none":
+            params = 0
+    elif strategy == "fsdp" and dist.fsdp.offload_params:
+        # FSDP CPU offload keeps parameter shards and gradients on the host; the optimizer steps there.
+        params = grads = optimizer = 0
+
+    # Communication buffers: the layers gathered at once under ZeRO-3 / FSDP, reduce buckets otherwise.
+    largest_unit = max(arch.layer_params, arch.embedding_params + arch.head_params)
+    trainable_layer = arch.layer_params if spec.lora is None else trainable // max(arch.layers, 1)
+    if shard_params:
+        # The layer being computed plus the one being prefetched, in the compute dtype, and the
+        # unsharded gradients of one layer before they are reduce-scattered.
+        comm = 2 * largest_unit * cb + trainable_layer * cb
+        if strategy == "fsdp" and not dist.fsdp.reshard_after_forward:
+            # Without resharding after forward, every gathered layer stays until its backward.
+            comm += total * cb
+    elif strategy == "deepspeed" and dist.deepspeed.zero_stage in (1, 2):
+        comm = 2 * arch.hidden * arch.hidden * cb + min(trainable, int(5e8)) * cb
+    elif strategy == "ddp" and world > 1:
+        # DDP's gradient buckets are a second copy of the gradients.
+        comm = trainable * (4 if spec.lora is not None or cb == 4 else cb)
+    else:
+        comm = 0
+
+    breakdown = {
+        "params": int(params),
+        "grads": int(grads),
+        "optimizer": int(optimizer),
+        **_activation_bytes(spec, arch),
+        "comm_buffers": int(comm),
+        "cuda_context": CUDA_CONTEXT_BYTES if res.device == "cuda" else 0,
+    }
+    per_device = sum(breakdown.values())
+    out: dict[str, Any] = {
+        "per_device_bytes": per_device,
+        "device_memory_bytes": device_memory_bytes,
+        "fits": per_device <= device_memory_bytes,
+        "breakdown": breakdown,
+        "reason": None,
+        "model_type": arch.model_type,
+        "num_parameters": total,
+        "trainable_parameters": trainable,
+        "world_size": world,
+    }
+    if arch.note:
+        out["note"] = arch.note
+    return out
+
+
+def _fits(spec: JobSpec, arch_config: dict[str, Any], device_memory_bytes: int) -> tuple[bool, int]:
+    est = estimate_memory(spec, arch_config, device_memory_bytes=device_memory_bytes)
+    return bool(est["fits"]), int(est["per_device_bytes"] or 0)
+
+
+def suggest_fix(spec: JobSpec, model_config: dict[str, Any] | None, device_memory_bytes: int) -> str | None:
+    """One sentence: the smallest change (tried in order, then combined) that makes the job fit."""
+    if not model_config or parse_arch(model_config) is None:
+        return None
+    steps = _fix_steps(spec)
+    # A single change first, in order of how little it costs.
+    for label, apply in steps:
+        candidate = spec.model_copy(deep=True)
+        apply(candidate)
+        ok, need = _fits(candidate, model_config, device_memory_bytes)
+        if ok:
+            return f"it would fit with {label} (about {need / GiB:.1f} GiB per device)"
+    # Then the changes combined, cheapest first, and finally more nodes.
+    combined = spec.model_copy(deep=True)
+    labels: list[str] = []
+    for label, apply in steps:
+        apply(combined)
+        labels.append(label)
+        ok, need = _fits(combined, model_config, device_memory_bytes)
+        if ok:
+            return f"it would fit with {_join(labels)} (about {need / GiB:.1f} GiB per device)"
+    if combined.distributed.strategy in ("fsdp", "deepspeed"):
+        nodes = combined.resources.num_nodes
+        while nodes < 1024:
+            nodes *= 2
+            combined.resources.num_nodes = nodes
+            ok, need = _fits(combined, model_config, device_memory_bytes)
+            if ok:
+                more = f"resources.num_nodes: {nodes} (launcher slurm)"
+                return f"it would fit with {_join([*labels, more])} (about {need / GiB:.1f} GiB per device)"
+    return None
+
+
+def _join(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def _fix_steps(spec: JobSpec) -> list[tuple[str, Any]]:
+    steps: list[tuple[str, Any]] = []
+    tr, dist, res = spec.training, spec.distributed, spec.resources
+    world = res.num_nodes * res.processes_per_node
+    fsdp_ac = dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing
+    if not tr.gradient_checkpointing and not fsdp_ac:
+
+        def checkpointing(s: JobSpec) -> None:
+            s.training.gradient_checkpointing = True
+
+        steps.append(("training.gradient_checkpointing: true", checkpointing))
+    if tr.per_device_train_batch_size > 1:
+        accum = tr.gradient_accumulation_steps * tr.per_device_train_batch_size
+
+        def micro_batch(s: JobSpec) -> None:
+            s.training.per_device_train_batch_size = 1
+            s.training.gradient_accumulation_steps = accum
+
+        steps.append(
+            (f"training.per_device_train_batch_size: 1 and gradient_accumulation_steps: {accum}", micro_batch)
+        )
+    if world > 1:
+        if dist.strategy == "ddp":
+
+            def to_fsdp(s: JobSpec) -> None:
+                s.distributed.strategy = "fsdp"  # type: ignore[assignment]
+
+            steps.append(("distributed.strategy: fsdp", to_fsdp))
+        elif dist.strategy == "deepspeed" and dist.deepspeed.zero_stage < 3:
+
+            def to_zero3(s: JobSpec) -> None:
+                s.distributed.deepspeed.zero_stage = 3
+
+            steps.append(("distributed.deepspeed.zero_stage: 3", to_zero3))
+        elif dist.strategy == "fsdp" and not dist.fsdp.reshard_after_forward:
+
+            def reshard(s: JobSpec) -> None:
+                s.distributed.fsdp.reshard_after_forward = True
+
+            steps.append(("distributed.fsdp.reshard_after_forward: true", reshard))
+    if spec.lora is None:
+
+        def use_lora(s: JobSpec) -> None:
+            s.lora = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
+
+        label = "LoRA instead of full fine-tuning (lora: {r: 16, target_modules: all-linear})"
+        steps.append((label, use_lora))
+    if dist.strategy == "fsdp":
+
+        def fsdp_offload(s: JobSpec) -> None:
+            s.distributed.fsdp.offload_params = True
+
+        steps.append(("distributed.fsdp.offload_params: true", fsdp_offload))
+    else:
+
+        def ds_offload(s: JobSpec) -> None:
+            s.distributed.strategy = "deepspeed"  # type: ignore[assignment]
+            ds = s.distributed.deepspeed
+            ds.zero_stage = 3
+            ds.offload_optimizer = "cpu"  # type: ignore[assignment]
+            ds.offload_params = "cpu"  # type: ignore[assignment]
+
+        label = "CPU offload (distributed: {strategy: deepspeed, deepspeed: {zero_stage: 3, "
+        label += "offload_optimizer: cpu, offload_params: cpu}})"
+        steps.append((label, ds_offload))
+    return steps
+
+
+# Disk -----------------------------------------------------------------------------------------------------
+
+
+def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> dict[str, Any]:
+    """Bytes the run writes: its checkpoints (at their peak count on disk) and final/."""
+    arch = parse_arch(model_config) if model_config else None
+    if arch is None:
+        return {"total_bytes": None, "reason": "model config unknown; disk estimate skipped"}
+    tr, dist = spec.training, spec.distributed
+    total = arch.num_params
+    deepspeed = dist.strategy == "deepspeed"
+    if spec.lora is not None:
+        trainable = lora_params(arch, spec.lora)
+        # The adapter in fp32 and its optimizer state (DeepSpeed also stores the fp32 master copy).
+        per_checkpoint = trainable * (4 + (ADAM_MASTER_AND_MOMENTS + 2 if deepspeed else ADAM_MOMENTS))
+        final = trainable * 4
+    elif deepspeed:
+        # 16-bit weights plus fp32 master and moments, in per-rank shards.
+        per_checkpoint = total * (2 + ADAM_MASTER_AND_MOMENTS)
+        final = total * (2 if dist.deepspeed.save_16bit_model else 4)
+    else:
+        # fp32 weights (sharded under FSDP) plus Adam moments.
+        per_checkpoint = total * (4 + ADAM_MOMENTS)
+        final = total * 4
+    out: dict[str, Any] = {"checkpoint_bytes": int(per_checkpoint), "final_bytes": int(final)}
+    if not tr.save_steps:
+        count: int | None = 0
+    elif tr.max_steps is not None:
+        # Every save_steps, and once more at the last step when it is not a multiple.
+        count = math.ceil(tr.max_steps / tr.save_steps)
+    else:
+        count = None
+    if count is None:
+        out.update(num_checkpoints=None, checkpoints_on_disk=None, checkpoints_total_bytes=None)
+        out["total_bytes"] = (
+            int(per_checkpoint) * (tr.save_total_limit + 1) + int(final) if tr.save_total_limit else None
+        )
+        out["reason"] = "training by epochs: the checkpoint count depends on the dataset size"
+        return out
+    # The trainer writes a new checkpoint before deleting the oldest beyond save_total_limit.
+    on_disk = min(count, tr.save_total_limit + 1) if tr.save_total_limit else count
+    out.update(
+        num_checkpoints=count,
+        checkpoints_on_disk=on_disk,
+        checkpoints_total_bytes=int(per_checkpoint) * on_disk,
+        total_bytes=int(per_checkpoint) * on_disk + int(final),
+    )
+    return out
+
+
+# Model config ---------------------------------------------------------------------------------------------
+
+
+def load_model_config(
+    name_or_path: str, revision: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(config, None), or (None, reason) when the config is not on this machine or cannot be read."""
+    path: Path | None
+    if looks_local(name_or_path) or Path(name_or_path).is_dir():
+        path = Path(name_or_path)
+        if path.is_dir():
+            path = path / "config.json"
+    else:
+        path = _cached_hub_config(name_or_path, revision)
+        if path is None:
+            return None, f"config for {name_or_path} is not on this machine; estimate skipped"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"could not read {path}: {exc.__class__.__name__}; estimate skipped"
+    if not isinstance(data, dict):
+        return None, f"{path} is not a JSON object; estimate skipped"
+    return data, None
+
+
+def _cached_hub_config(repo_id: str, revision: str | None) -> Path | None:
+    # Offline by construction: only the local Hugging Face cache is consulted, never the network.
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except Exception:
+        return None
+    return Path(found) if isinstance(found, str) else None
