@@ -1,0 +1,107 @@
+"""metrics.jsonl: one Point per logging step and per evaluation, written as the trainer logs.
+
+Each line is a JSON object with the contract's Point fields (step, epoch, loss, learning_rate,
+grad_norm, eval_loss, tokens_per_second, time), null where that step did not log a field, plus
+`max_steps` so the service can show progress and an ETA. Only the main process writes, and each line
+is flushed at once, so the worker's ingest can tail the file while training runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+POINT_FIELDS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "tokens_per_second", "time")
+
+
+def metrics_callback(path: Path) -> Any:
+    """A TrainerCallback writing `path`; built here so that importing this module stays light."""
+    from transformers import TrainerCallback
+
+    class MetricsJsonlCallback(MetricsWriter, TrainerCallback):
+        pass
+
+    return MetricsJsonlCallback(path)
+
+
+class MetricsWriter:
+    """The callback's logic: appends Points to `path`; on resume the file keeps its earlier lines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._last_time: float | None = None
+        self._last_tokens = 0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._last_time is None:
+            # Start the throughput clock at the first step, after loading and (on resume) skipping.
+            self._last_time = time.time()
+            self._last_tokens = state.num_input_tokens_seen
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._restart_clock()  # evaluation time is not training throughput
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._restart_clock()  # nor is checkpoint writing
+
+    def _restart_clock(self) -> None:
+        if self._last_time is not None:
+            self._last_time = time.time()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        logs = logs or {}
+        is_train, is_eval = "loss" in logs, "eval_loss" in logs
+        if not (is_train or is_eval):
+            return  # the end-of-training summary (train_runtime, ...) is not a Point
+        now = time.time()
+        point: dict[str, Any] = dict.fromkeys(POINT_FIELDS)
+        point.update(step=state.global_step, epoch=_num(logs.get("epoch", state.epoch)), time=now)
+        if is_train:
+            point.update(
+                loss=_num(logs.get("loss")),
+                learning_rate=_num(logs.get("learning_rate")),
+                grad_norm=_num(logs.get("grad_norm")),
+                tokens_per_second=self._tokens_per_second(state, now),
+            )
+        if is_eval:
+            point["eval_loss"] = _num(logs.get("eval_loss"))
+        point["max_steps"] = state.max_steps
+        if state.is_world_process_zero:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(point) + "\n")
+                f.flush()
+
+    def _tokens_per_second(self, state: Any, now: float) -> float | None:
+        tokens = state.num_input_tokens_seen
+        if self._last_time is None or now <= self._last_time or tokens <= self._last_tokens:
+            return None
+        rate = (tokens - self._last_tokens) / (now - self._last_time)
+        self._last_time, self._last_tokens = now, tokens
+        return round(rate, 2)
+
+
+def _num(value: Any) -> float | None:
+    """JSON has no NaN or Infinity: such a value is logged as null."""
+    if value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def read_points(path: Path) -> list[dict[str, Any]]:
+    """The Points in a metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
+    points = []
+    if not path.exists():
+        return points
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return points

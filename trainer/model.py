@@ -1,0 +1,138 @@
+"""Model, tokenizer, attention choice, load dtype and the LoRA config.
+
+Load dtype rule (why each case):
+- mixed_precision `no`: float32.
+- FSDP: float32. FSDP's mixed-precision policy computes in bf16/fp16 anyway, FSDP1 flattens parameters
+  into buffers of one dtype (LoRA adapters are kept in float32 by PEFT), and the full state dict gathered
+  for `final/` stays in the precision training kept.
+- DeepSpeed, and LoRA elsewhere: the half dtype of `mixed_precision`. DeepSpeed keeps float32 master
+  weights in its optimizer itself; under LoRA the base is frozen, so half precision only saves memory.
+- Full fine-tuning under DDP or one process: float32 master weights, autocast computes in half.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftq.spec import JobSpec, LoraSpec, ModelSpec, looks_local
+
+from .errors import ModelError
+
+if TYPE_CHECKING:
+    import torch
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_model_path(spec: ModelSpec) -> None:
+    """A local model folder must hold a config and weights; say which is missing before loading."""
+    if not looks_local(spec.name_or_path):
+        return
+    path = Path(spec.name_or_path)
+    if not path.is_dir():
+        raise ModelError(f"model path {spec.name_or_path} is not a folder (or does not exist)")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model folder {spec.name_or_path} has no config.json")
+    if not any((path / name).is_file() for name in WEIGHT_FILES) and not any(path.glob("*.safetensors")):
+        raise ModelError(
+            f"model folder {spec.name_or_path} has no weights (expected model.safetensors, "
+            "a sharded *.safetensors index or pytorch_model.bin)"
+        )
+
+
+def resolve_attn(requested: str, device_type: str) -> str:
+    """`auto`: flash_attention_2 when flash-attn is installed and we run on CUDA, else sdpa."""
+    if requested != "auto":
+        return requested
+    if device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_dtype(spec: JobSpec, strategy: str) -> torch.dtype:
+    import torch
+
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(spec.training.mixed_precision))
+    if half is None or strategy == "fsdp":
+        return torch.float32
+    if strategy == "deepspeed" or spec.lora is not None:
+        return half
+    return torch.float32
+
+
+def load_tokenizer(spec: ModelSpec) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            spec.name_or_path, revision=spec.revision, trust_remote_code=spec.trust_remote_code
+        )
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot load the tokenizer of {spec.name_or_path}: {_first_line(err)}") from err
+    if tokenizer.pad_token is None:
+        # Llama-style tokenizers ship without one; the collator needs it for batches without packing.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(spec: JobSpec, dtype: torch.dtype, attn_implementation: str) -> Any:
+    """from_pretrained, after the training arguments exist (so FSDP RAM-efficient loading and ZeRO-3
+    init see the launch environment): under FSDP with cpu_ram_efficient_loading only local rank 0
+    reads the weights, the others build on `meta` and receive them when FSDP wraps the model."""
+    from transformers import AutoModelForCausalLM
+
+    m = spec.model
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            m.name_or_path,
+            revision=m.revision,
+            trust_remote_code=m.trust_remote_code,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+        )
+    except (OSError, ValueError, ImportError) as err:
+        raise ModelError(f"cannot load model {m.name_or_path}: {_first_line(err)}") from err
+    if spec.training.gradient_checkpointing:
+        model.config.use_cache = False  # the KV cache is useless in training and clashes with checkpointing
+    return model
+
+
+def check_target_modules(model: Any, lora: LoraSpec) -> None:
+    """Every LoRA target must name a module of this model (PEFT matches on the dotted-name suffix)."""
+    if lora.target_modules == "all-linear":
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        import torch
+
+        linear = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+        raise ModelError(
+            f"LoRA target module(s) {', '.join(missing)} not found in {type(model).__name__}; "
+            f"its linear layers are: {', '.join(linear)} (or use all-linear)"
+        )
+
+
+def lora_config(lora: LoraSpec) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

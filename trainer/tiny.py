@@ -1,0 +1,179 @@
+"""Build a tiny offline model and datasets for tests, examples and benchmarks, deterministically.
+
+    python -m trainer.tiny --out examples/tiny            # a few seconds, a few hundred KB
+    python -m trainer.tiny --out /tmp/small --size small  # a larger model for benchmarks
+
+Writes:
+    OUT/model/                 random Llama-style model (config + safetensors) and a BPE fast tokenizer
+                               with a chat template
+    OUT/model-no-weights/      the same without weights (a failure case)
+    OUT/data/train.jsonl       `text`: patterned sentences of mixed length; loss falls quickly on it
+    OUT/data/eval.jsonl        more of the same
+    OUT/data/no_text_field.jsonl  the train rows with the text under `body` (a failure case)
+    OUT/chat/train.jsonl       `messages`: user/assistant turns built from the same patterns
+    OUT/chat/eval.jsonl
+
+Everything derives from `--seed`, so two builds give the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+SIZES: dict[str, dict[str, int]] = {
+    # hidden 64, 2 layers: ~150k parameters, about 600 KB of float32 safetensors.
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 512},
+    # For benchmarks, where per-step overhead should not dominate the measurement.
+    "small": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 1024},
+}
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# A larger init than Llama's 0.02 so that frozen random weights still give LoRA a useful range of
+# logits: with 0.02 the output layer is nearly flat and an adapter can barely move the loss.
+INITIALIZER_RANGE = 0.1
+
+NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+COLORS = "red green blue yellow black white".split()
+ANIMALS = "cat dog fox bird fish horse".split()
+VERBS = "sees likes chases follows finds".split()
+NAMES = "alice bob carol dave erin frank".split()
+
+
+def sentence(rng: random.Random) -> str:
+    """One patterned sentence; each kind is predictable once its first words are seen."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        start = rng.randrange(len(NUMBERS) - 4)
+        return " ".join(NUMBERS[start : start + rng.randint(3, len(NUMBERS) - start)]) + "."
+    if kind == 1:
+        return f"the {rng.choice(COLORS)} {rng.choice(ANIMALS)} {rng.choice(VERBS)} the {rng.choice(ANIMALS)}."
+    if kind == 2:
+        name = rng.choice(NAMES)
+        return f"{name} has {rng.choice(NUMBERS)} {rng.choice(ANIMALS)}s and {name} is happy."
+    letters = "abcdefghijklmnop"
+    start = rng.randrange(8)
+    return " ".join(letters[start : start + rng.randint(4, 8)]) + "."
+
+
+def paragraph(rng: random.Random) -> str:
+    # Mixed lengths: mostly short rows, a tail of long ones, as real SFT data has.
+    n = min(24, 1 + int(rng.expovariate(1 / 4)))
+    return " ".join(sentence(rng) for _ in range(n))
+
+
+def chat(rng: random.Random) -> list[dict[str, str]]:
+    start = rng.randrange(len(NUMBERS) - 4)
+    count = rng.randint(3, len(NUMBERS) - start)
+    name = rng.choice(NAMES)
+    pairs = [
+        (f"count from {NUMBERS[start]}.", " ".join(NUMBERS[start : start + count]) + "."),
+        (f"what does {name} have?", f"{name} has {rng.choice(NUMBERS)} {rng.choice(ANIMALS)}s."),
+        ("describe an animal.", sentence(rng)),
+    ]
+    messages = [{"role": "system", "content": "you are a tiny helpful model."}]
+    for user, assistant in rng.sample(pairs, rng.randint(1, 3)):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return messages
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+    )
+
+
+def build_model(tokenizer: Any, size: str, seed: int) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        **{**SIZES[size], "vocab_size": len(tokenizer)},
+        max_position_embeddings=4096,
+        initializer_range=INITIALIZER_RANGE,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def build(out: Path, size: str = "tiny", seed: int = 0, train_rows: int = 2000, eval_rows: int = 64) -> None:
+    rng = random.Random(seed)
+    train = [{"text": paragraph(rng)} for _ in range(train_rows)]
+    eval_ = [{"text": paragraph(rng)} for _ in range(eval_rows)]
+    chat_train = [{"messages": chat(rng)} for _ in range(train_rows // 2)]
+    chat_eval = [{"messages": chat(rng)} for _ in range(eval_rows)]
+
+    write_jsonl(out / "data" / "train.jsonl", train)
+    write_jsonl(out / "data" / "eval.jsonl", eval_)
+    write_jsonl(out / "data" / "no_text_field.jsonl", [{"body": r["text"]} for r in train[:200]])
+    write_jsonl(out / "chat" / "train.jsonl", chat_train)
+    write_jsonl(out / "chat" / "eval.jsonl", chat_eval)
+
+    corpus = [r["text"] for r in train] + [m["content"] for row in chat_train for m in row["messages"]]
+    tokenizer = build_tokenizer(corpus, SIZES[size]["vocab_size"])
+    model = build_model(tokenizer, size, seed)
+
+    model_dir = out / "model"
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(model_dir))
+
+    no_weights = out / "model-no-weights"
+    if no_weights.exists():
+        shutil.rmtree(no_weights)
+    shutil.copytree(model_dir, no_weights, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.tiny", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="Folder to write (created if missing).")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train_rows", type=int, default=2000)
+    ns = parser.parse_args(argv)
+    build(ns.out, size=ns.size, seed=ns.seed, train_rows=ns.train_rows)
+    print(f"wrote {ns.out}/model, {ns.out}/data, {ns.out}/chat")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Supervised fine-tuning of a causal LM: TRL SFTTrainer, optional PEFT LoRA, any accelerate strategy.
+
+Run it the way the ftq worker does:
+
+    accelerate launch --config_file accelerate_config.yaml -m trainer --spec spec.json --output_dir RUN_DIR
+
+or with the source articles' flags (local paths on an offline machine):
+
+    accelerate launch --config_file fsdp_config.yaml -m trainer \\
+        --model_name ./tiny/model --dataset_name ./tiny/data/train.jsonl --dataset_text_field text \\
+        --max_seq_len 128 --max_steps 40 --logging_steps 1 --save_steps 20 --bf16 False --packing True \\
+        --output_dir RUN_DIR --per_device_train_batch_size 4 --gradient_accumulation_steps 1 \\
+        --use_gradient_checkpointing True --learning_rate 1e-3 --lr_scheduler_type cosine \\
+        --weight_decay 0.0 --warmup_ratio 0.1 --use_flash_attn False --use_peft_lora True \\
+        --lora_r 8 --lora_alpha 16 --lora_dropout 0.0 --lora_target_modules q_proj,k_proj,v_proj,o_proj
+
+RUN_DIR receives metrics.jsonl, checkpoints/checkpoint-<step>/ and final/ (see ftq.runs).
+`--resume_from_checkpoint latest|PATH` continues a run at a checkpoint's step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ftq import runs
+from ftq.spec import JobSpec
+
+from .args import TrainerArgs
+from .callbacks import metrics_callback
+from .data import TEXT_COLUMN, load_splits, render_text
+from .errors import FtqError, report_and_exit
+from .model import (
+    check_model_path,
+    check_target_modules,
+    load_dtype,
+    load_model,
+    load_tokenizer,
+    lora_config,
+    resolve_attn,
+)
+
+log = logging.getLogger("trainer")
+
+
+def main(args: TrainerArgs) -> None:
+    """Train, report, save; an error the user can fix ends as one `ftq-error:` line."""
+    try:
+        run(args)
+    except FtqError as err:
+        report_and_exit(err)
+
+
+def run(args: TrainerArgs) -> None:
+    spec, out = args.spec, args.output_dir
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _quiet_progress_bars(heavy=False)
+
+    # Inputs a user can get wrong are checked before torch is even imported: a typo fails in seconds.
+    check_model_path(spec.model)
+    _, splits = load_splits(spec.dataset, seed=spec.training.seed)
+
+    from accelerate import PartialState
+    from trl import SFTTrainer
+
+    _quiet_progress_bars(heavy=True)
+    out.mkdir(parents=True, exist_ok=True)
+    # The training arguments come first: creating them starts torch.distributed and registers
+    # DeepSpeed's config, which from_pretrained needs for FSDP RAM-efficient loading and ZeRO-3 init.
+    config = sft_config(spec, out, has_eval=splits.eval is not None)
+    state = PartialState()
+    strategy = _strategy(state)
+    if state.device.type == "cpu" and strategy in ("fsdp", "deepspeed"):
+        engage_sharding_on_cpu(strategy, config)
+    log.info("strategy %s, %d process(es), device %s; eval: %s", strategy, state.num_processes, state.device,
+             splits.eval_note)
+
+    tokenizer = load_tokenizer(spec.model)
+    with config.main_process_first(desc="render dataset"):
+        train_ds = render_text(splits.train, spec.dataset, splits.format, tokenizer)
+        eval_ds = render_text(splits.eval, spec.dataset, splits.format, tokenizer) if splits.eval else None
+
+    attn = resolve_attn(str(spec.model.attn_implementation), state.device.type)
+    model = load_model(spec, load_dtype(spec, strategy), attn)
+    peft_config = None
+    if spec.lora is not None:
+        check_target_modules(model, spec.lora)
+        peft_config = lora_config(spec.lora)
+    log.info("model %s: attention %s, dtype %s, %s", spec.model.name_or_path, attn, model.dtype,
+             "LoRA" if peft_config else "full fine-tuning")
+
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[metrics_callback(out / runs.METRICS)],
+    )
+
+    if (strategy == "fsdp") != trainer.is_fsdp_enabled or (strategy == "deepspeed") != trainer.is_deepspeed_enabled:
+        raise RuntimeError(f"launch environment says {strategy}, but the trainer did not set it up")
+
+    started = time.time()
+    trainer.train(resume_from_checkpoint=resume_path(args.resume_from_checkpoint, out))
+    log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
+
+    # The last step was not an eval step: evaluate once more, so the run ends with its final eval loss.
+    eval_steps = spec.training.eval_steps
+    if eval_ds is not None and (eval_steps is None or trainer.state.global_step % eval_steps != 0):
+        trainer.evaluate()
+
+    save_final(trainer, out / runs.FINAL, tokenizer, strategy)
+    log.info("saved %s", out / runs.FINAL)
+
+
+def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
+    """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
+    from trl import SFTConfig
+
+    t = spec.training
+    if spec.training.eval_steps is not None and not has_eval:
+        log.warning("training.eval_steps is set but dataset.eval_split is not: no evaluation will run")
+    eval_every = has_eval and t.eval_steps is not None
+    gc_kwargs: dict[str, Any] | None = None
+    if t.gradient_checkpointing and not (spec.lora is not None and _zero3_from_env()):
+        # Non-reentrant checkpointing works with frozen inputs and FSDP (article challenge 3). TRL
+        # forces reentrant for PEFT under ZeRO-3, so leave it to TRL there.
+        gc_kwargs = {"use_reentrant": False}
+    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; older 5.x has only the old name.
+    names = {f.name for f in dataclasses.fields(SFTConfig)}
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return SFTConfig(
+        output_dir=str(out / runs.CHECKPOINTS),
+        max_steps=t.max_steps if t.max_steps is not None else -1,
+        num_train_epochs=t.num_train_epochs if t.num_train_epochs is not None else 1.0,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        per_device_eval_batch_size=t.per_device_eval_batch_size or t.per_device_train_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=str(t.lr_scheduler_type),
+        warmup_steps=t.warmup_ratio,  # transformers 5: a float below 1 is a ratio of the total steps
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        logging_strategy="steps",
+        logging_steps=t.logging_steps,
+        eval_strategy="steps" if eval_every else "no",
+        eval_steps=t.eval_steps if eval_every else None,
+        save_strategy="steps" if t.save_steps else "no",
+        save_steps=t.save_steps or 500,
+        save_total_limit=t.save_total_limit,
+        bf16=t.mixed_precision == "bf16",
+        fp16=t.mixed_precision == "fp16",
+        use_cpu=spec.resources.device == "cpu",
+        seed=t.seed,
+        **{ckpt: t.gradient_checkpointing, f"{ckpt}_kwargs": gc_kwargs},
+        max_length=t.max_seq_len,
+        packing=t.packing,
+        packing_strategy="bfd",
+        dataset_text_field=TEXT_COLUMN,
+        include_num_input_tokens_seen="non_padding",
+        ddp_find_unused_parameters=False,
+        report_to="none",
+        disable_tqdm=True,  # train.log gets one printed dict per log step instead of progress bars
+        log_level="warning",  # transformers' info level dumps the model config into train.log at every save
+    )
+
+
+def resume_path(resume: str | None, out: Path) -> str | None:
+    """`latest` is the newest checkpoint of this run (none yet: start from step 0); else a folder."""
+    if resume is None:
+        return None
+    if resume != "latest":
+        return resume
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = out / runs.CHECKPOINTS
+    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if last is None:
+        log.warning("--resume_from_checkpoint latest: no checkpoint under %s yet, starting at step 0", folder)
+    return last
+
+
+def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> None:
+    """Write `final/`: the LoRA adapter, or a full model that from_pretrained loads, plus the tokenizer.
+
+    Intermediate checkpoints stay sharded under FSDP (fast, resumable, article challenge 2); only this
+    save gathers a full state dict. Under ZeRO-3 the 16-bit weights are gathered whatever the config's
+    `zero3_save_16bit_model` says, so `final/` is always loadable. Every rank takes part in the gather.
+    """
+    acc = trainer.accelerator
+    state_dict = None
+    if strategy == "fsdp":
+        acc.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+        state_dict = acc.get_state_dict(trainer.model)
+    elif strategy == "deepspeed" and trainer.model_wrapped.zero_optimization_partition_weights():
+        from peft import PeftModel
+
+        is_peft = isinstance(acc.unwrap_model(trainer.model), PeftModel)
+        # Under LoRA only the adapter is saved: gathering the frozen base would be wasted traffic.
+        state_dict = trainer.model_wrapped._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=is_peft)
+    if acc.is_main_process:
+        model = acc.unwrap_model(trainer.model)
+        model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(str(final_dir))
+    acc.wait_for_everyone()
+
+
+def engage_sharding_on_cpu(strategy: str, config: Any) -> None:
+    """Set up accelerate's shared state for FSDP or DeepSpeed on a CPU-only launch.
+
+    accelerate (1.15) quietly runs an FSDP or DeepSpeed config as plain multi-process DDP when the device
+    is the CPU (`use_cpu: true`), although torch's FSDP2 (over gloo) and DeepSpeed's CPU accelerator both
+    work there. The accelerator state is a process-wide singleton, so initialising it here, as the launch
+    asked, is what the trainer's Accelerator then picks up. On GPUs accelerate does this itself.
+    """
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, TorchDynamoPlugin
+
+    acc_state = AcceleratorState(dynamo_plugin=TorchDynamoPlugin(), _from_accelerator=True)
+    mixed_precision = acc_state._mixed_precision
+    if acc_state.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return
+    if strategy == "fsdp":
+        plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables accelerate launch set
+        if plugin.fsdp_version != 2:
+            log.warning("FSDP1 does not run on CPU; this CPU run trains as DDP (use fsdp version 2 on CPU)")
+            return
+        if mixed_precision != "no":
+            plugin.set_mixed_precision(mixed_precision)
+        acc_state.fsdp_plugin = plugin
+        kind = DistributedType.FSDP
+    else:
+        plugin = config.deepspeed_plugin  # made by the training arguments, registered for ZeRO-3 init
+        plugin.set_mixed_precision(mixed_precision)
+        plugin.select(_from_accelerator_state=True)
+        acc_state.deepspeed_plugins = plugin
+        acc_state._mixed_precision = "no"  # DeepSpeed handles precision from its own config
+        kind = DistributedType.DEEPSPEED
+    # Both singletons: every later AcceleratorState() copies PartialState's fields over its own.
+    acc_state.distributed_type = kind
+    PartialState().distributed_type = kind
+    log.info("CPU launch: engaged %s in accelerate's state", strategy)
+
+
+def _quiet_progress_bars(heavy: bool) -> None:
+    """train.log is read by people and tailed by the service: no carriage-return progress bars in it."""
+    if heavy:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+    else:
+        import datasets
+
+        datasets.disable_progress_bars()
+
+
+def _strategy(state: Any) -> str:
+    """What `accelerate launch` set up. PartialState does not know FSDP or DeepSpeed (the Accelerator
+    the trainer builds later reads them from the same environment variables), so read those here."""
+    import os
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "fsdp"
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return "deepspeed"
+    return "ddp" if state.num_processes > 1 else "none"
+
+
+def _zero3_from_env() -> bool:
+    import os
+
+    return (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
