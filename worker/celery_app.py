@@ -26,10 +26,13 @@ def make_celery() -> Celery:
         folder = settings.data_path / "broker"
         (folder / "queue").mkdir(parents=True, exist_ok=True)
         (folder / "processed").mkdir(parents=True, exist_ok=True)
+        (folder / "control").mkdir(parents=True, exist_ok=True)
         transport_options = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # Otherwise kombu puts its broadcast exchange files in ./control of whatever cwd it has.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": 0.1,
         }
