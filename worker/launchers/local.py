@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 LAUNCH_RECORD = "launch.json"
 CANCEL_RECORD = "cancel.json"
+RUN_MARKER = "FTQ_JOB_ID"
 # Operator settings that hold credentials; a training run has no use for them.
 _WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
 
@@ -68,6 +69,24 @@ def scan_proc() -> list[ProcInfo]:
 
 def group_members(pgid: int, procs: list[ProcInfo] | None = None) -> list[int]:
     return [p.pid for p in (procs if procs is not None else scan_proc()) if p.pgid == pgid]
+
+
+def marked(job_id: str, procs: list[ProcInfo] | None = None) -> list[int]:
+    """Processes that carry the run's marker in their environment, whatever session they moved to.
+
+    torch's elastic agent starts every rank in a session of its own, so a rank is not in the run's
+    process group; it does inherit the environment, and with it `FTQ_JOB_ID`.
+    """
+    needle = f"\0{RUN_MARKER}={job_id}\0".encode()
+    out = []
+    for p in procs if procs is not None else scan_proc():
+        try:
+            env = Path(f"/proc/{p.pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in b"\0" + env:
+            out.append(p.pid)
+    return out
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -140,7 +159,7 @@ class LocalLauncher:
         path = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
         env["PYTHONUNBUFFERED"] = "1"
-        env["FTQ_JOB_ID"] = req.job_id
+        env[RUN_MARKER] = req.job_id
         return env
 
     # Launcher protocol -----------------------------------------------------------------------------
@@ -192,10 +211,12 @@ class LocalLauncher:
             groups[p.pgid] = groups.get(p.pgid, 0) + 1
         out: dict[str, RunState] = {}
         for ref in refs:
-            out[ref.job_id] = self._state(ref, by_pid, groups)
+            out[ref.job_id] = self._state(ref, procs, by_pid, groups)
         return out
 
-    def _state(self, ref: RunRef, by_pid: dict[int, ProcInfo], groups: dict[int, int]) -> RunState:
+    def _state(
+        self, ref: RunRef, procs: list[ProcInfo], by_pid: dict[int, ProcInfo], groups: dict[int, int]
+    ) -> RunState:
         if ref.pid:
             leader = by_pid.get(ref.pid)
             leader_alive = leader is not None and (
@@ -205,6 +226,9 @@ class LocalLauncher:
             # that is still some group's id, so members with pgid == pid are this run's.
             if leader_alive or groups.get(ref.pid, 0) > 0:
                 return RunState(phase=RunPhase.running)
+        # Only when the group is gone: ranks in sessions of their own (read environ only then).
+        if marked(ref.job_id, procs):
+            return RunState(phase=RunPhase.running)
         code = read_exit_status(ref.run_dir)
         if code is not None:
             return RunState(phase=RunPhase.exited, exit_code=code)
@@ -212,8 +236,6 @@ class LocalLauncher:
 
     def cancel(self, run: RunRef) -> None:
         """SIGTERM to the whole group the first time; SIGKILL once the grace period has passed."""
-        if not run.pid:
-            return
         record = run.run_dir / CANCEL_RECORD
         try:
             sent = float(json.loads(record.read_text())["term_sent"])
@@ -227,19 +249,16 @@ class LocalLauncher:
             self._signal_group(run, signal.SIGKILL)
 
     def kill_leftovers(self, run: RunRef) -> None:
-        """After a run ended, SIGKILL what is left of its group (stray dataloader or compile workers)."""
-        if run.pid and group_members(run.pid):
-            self._signal_group(run, signal.SIGKILL)
+        """After a run ended, SIGKILL what is left of it (stray ranks, dataloader or compile workers)."""
+        self._signal_group(run, signal.SIGKILL)
 
     def _signal_group(self, run: RunRef, sig: signal.Signals) -> None:
-        assert run.pid
-        members = group_members(run.pid)
-        leader = read_stat(run.pid)
-        leader_ok = leader is not None and (
-            not run.pid_start_ticks or leader.start_ticks == run.pid_start_ticks
-        )
-        if not members and not leader_ok:
-            return
-        log.info("sending %s to process group %s (job %s)", sig.name, run.pid, run.job_id)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(run.pid, sig)
+        """Signal the run's process group and every process carrying its marker (ranks elsewhere)."""
+        procs = scan_proc()
+        if run.pid and group_members(run.pid, procs):
+            log.info("sending %s to process group %s (job %s)", sig.name, run.pid, run.job_id)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.pid, sig)
+        for pid in marked(run.job_id, procs):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
