@@ -75,8 +75,8 @@ def run(args: TrainerArgs) -> None:
     strategy = _strategy(state)
     if state.device.type == "cpu" and strategy in ("fsdp", "deepspeed"):
         engage_sharding_on_cpu(strategy, config)
-    log.info("strategy %s, %d process(es), device %s; eval: %s", strategy, state.num_processes, state.device,
-             splits.eval_note)
+    log.info("strategy %s (%s), %d process(es), device %s; eval: %s", strategy, state.distributed_type,
+             state.num_processes, state.device, splits.eval_note)
 
     tokenizer = load_tokenizer(spec.model)
     with config.main_process_first(desc="render dataset"):
@@ -211,40 +211,39 @@ def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> 
 
 
 def engage_sharding_on_cpu(strategy: str, config: Any) -> None:
-    """Set up accelerate's shared state for FSDP or DeepSpeed on a CPU-only launch.
+    """Set up accelerate's shared state for FSDP2 or DeepSpeed on a CPU-only launch.
 
-    accelerate (1.15) quietly runs an FSDP or DeepSpeed config as plain multi-process DDP when the device
-    is the CPU (`use_cpu: true`), although torch's FSDP2 (over gloo) and DeepSpeed's CPU accelerator both
-    work there. The accelerator state is a process-wide singleton, so initialising it here, as the launch
-    asked, is what the trainer's Accelerator then picks up. On GPUs accelerate does this itself.
+    accelerate (1.15) quietly runs an FSDP or DeepSpeed config as plain multi-process DDP when the
+    device is the CPU (`use_cpu: true`), although torch's FSDP2 (over gloo) and DeepSpeed's CPU
+    accelerator both work there. The accelerator state is a process-wide singleton, so initialising it
+    here as the launch asked is what the trainer's Accelerator then picks up. GPUs need none of this.
     """
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, TorchDynamoPlugin
 
-    acc_state = AcceleratorState(dynamo_plugin=TorchDynamoPlugin(), _from_accelerator=True)
-    mixed_precision = acc_state._mixed_precision
-    if acc_state.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        return
     if strategy == "fsdp":
+        acc_state = AcceleratorState(dynamo_plugin=TorchDynamoPlugin(), _from_accelerator=True)
         plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables accelerate launch set
         if plugin.fsdp_version != 2:
             log.warning("FSDP1 does not run on CPU; this CPU run trains as DDP (use fsdp version 2 on CPU)")
             return
-        if mixed_precision != "no":
-            plugin.set_mixed_precision(mixed_precision)
+        if acc_state._mixed_precision != "no":
+            plugin.set_mixed_precision(acc_state._mixed_precision)
         acc_state.fsdp_plugin = plugin
         kind = DistributedType.FSDP
     else:
-        plugin = config.deepspeed_plugin  # made by the training arguments, registered for ZeRO-3 init
-        plugin.set_mixed_precision(mixed_precision)
-        plugin.select(_from_accelerator_state=True)
-        acc_state.deepspeed_plugins = plugin
-        acc_state._mixed_precision = "no"  # DeepSpeed handles precision from its own config
+        # `cpu=False` takes accelerate's DeepSpeed branch; the plugin is the one the training arguments
+        # made and registered for ZeRO-3 init, handed over so the trainer's Accelerator reuses it.
+        acc_state = AcceleratorState(
+            cpu=False, dynamo_plugin=TorchDynamoPlugin(), deepspeed_plugin=config.deepspeed_plugin,
+            _from_accelerator=True,
+        )
+        config.deepspeed_plugin = None
         kind = DistributedType.DEEPSPEED
-    # Both singletons: every later AcceleratorState() copies PartialState's fields over its own.
+    # Both are singletons, and every later AcceleratorState() copies PartialState's fields over its own.
     acc_state.distributed_type = kind
     PartialState().distributed_type = kind
-    log.info("CPU launch: engaged %s in accelerate's state", strategy)
+    log.info("CPU launch: engaged %s in accelerate's state (accelerate alone would run DDP)", strategy)
 
 
 def _quiet_progress_bars(heavy: bool) -> None:
@@ -271,10 +270,13 @@ def _strategy(state: Any) -> str:
     return "ddp" if state.num_processes > 1 else "none"
 
 
+def _deepspeed_from_env() -> bool:
+    import os
+
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
 def _zero3_from_env() -> bool:
     import os
 
-    return (
-        os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
-    )
+    return _deepspeed_from_env() and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
