@@ -520,6 +520,36 @@ def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> dict[st
 # Model config ---------------------------------------------------------------------------------------------
 
 
+# The files `from_pretrained` loads weights from; the trainer's own check (trainer.model) uses the same.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def local_model_problem(name_or_path: str) -> str | None:
+    """Why a local model folder cannot be trained from (no config, no weights), or None when it can.
+
+    Checked at POST, so a folder holding only a config.json fails in the request, not minutes later
+    after the job waited in a queue and the trainer started.
+    """
+    if not looks_local(name_or_path):
+        return None
+    path = Path(name_or_path)
+    if not path.is_dir():
+        return f"{name_or_path} is not a model folder"
+    if not (path / "config.json").is_file():
+        return f"model folder {name_or_path} has no config.json"
+    if not any((path / n).is_file() for n in WEIGHT_FILES) and not any(path.glob("*.safetensors")):
+        return (
+            f"model folder {name_or_path} has no weights (expected model.safetensors, a sharded "
+            "*.safetensors index or pytorch_model.bin); save the model there with save_pretrained"
+        )
+    return None
+
+
 def load_model_config(
     name_or_path: str, revision: str | None = None
 ) -> tuple[dict[str, Any] | None, str | None]:

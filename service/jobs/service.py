@@ -87,6 +87,11 @@ def preflight(spec: JobSpec, settings: Settings) -> tuple[dict[str, Any] | None,
         spec.resources.slurm.partition or settings.slurm_partition
     )
     refusals: list[dict[str, Any]] = []
+    # A folder without weights would fail in the trainer after the queue; say so now (a dry run still
+    # answers with the plan, since the estimate needs only config.json).
+    problem = est.local_model_problem(spec.model.name_or_path)
+    if problem:
+        refusals.append({"loc": ["body", "model", "name_or_path"], "msg": problem, "type": "model_error"})
     if config is None:
         return {"per_device_bytes": None, "device_memory_bytes": device_bytes, "fits": None,
                 "breakdown": {}, "reason": reason}, refusals
