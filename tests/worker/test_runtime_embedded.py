@@ -49,14 +49,21 @@ def read_all_logs(stack: Stack, job_id: str) -> str:
     raise AssertionError("logs never complete")
 
 
-def test_tiny_job_succeeds_and_bad_dataset_fails(embedded: Stack, tiny_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def first_wave(embedded: Stack, tiny_dir: Path) -> dict[str, str]:
+    """Three jobs posted together so that their slow start-ups overlap (4 CPU slots: 1 + 1 + 2)."""
     good = embedded.post_job(tiny_spec(tiny_dir, max_steps=8))
-    bad = embedded.post_job(tiny_spec(tiny_dir, max_steps=4, dataset="no_text_field.jsonl", name="bad"))
     assert good["status"] == "queued"
+    bad = embedded.post_job(tiny_spec(tiny_dir, max_steps=4, dataset="no_text_field.jsonl", name="bad"))
+    cancel = embedded.post_job(tiny_spec(tiny_dir, max_steps=100_000, processes=2, name="to-cancel"))
+    return {"good": good["id"], "bad": bad["id"], "cancel": cancel["id"]}
 
-    points = read_all_metrics(embedded, good["id"])
-    job = embedded.job(good["id"])
-    assert job["status"] == "succeeded", embedded.log_tail(good["id"])
+
+def test_tiny_job_succeeds_with_metrics_and_logs(embedded: Stack, first_wave: dict[str, str]) -> None:
+    job_id = first_wave["good"]
+    points = read_all_metrics(embedded, job_id)
+    job = embedded.job(job_id)
+    assert job["status"] == "succeeded", embedded.log_tail(job_id)
     assert job["error"] is None and job["started_at"] and job["finished_at"]
     assert [p["step"] for p in points] == list(range(1, 9))
     assert all(p["loss"] is not None and p["learning_rate"] is not None for p in points)
@@ -64,46 +71,50 @@ def test_tiny_job_succeeds_and_bad_dataset_fails(embedded: Stack, tiny_dir: Path
     assert job["progress"]["eta_seconds"] == 0
     assert job["latest_metrics"]["step"] == 8
     # after_step returns only newer points, and says complete once the job is terminal.
-    tail = embedded.http.get(f"/jobs/{good['id']}/metrics", params={"after_step": 5}).json()
+    tail = embedded.http.get(f"/jobs/{job_id}/metrics", params={"after_step": 5}).json()
     assert [p["step"] for p in tail["data"]] == [6, 7, 8] and tail["complete"]
     # The log read in 4 KiB chunks is the whole train.log.
-    log_text = read_all_logs(embedded, good["id"])
-    assert log_text == (embedded.run_dir(good["id"]) / "train.log").read_text(errors="replace")
+    log_text = read_all_logs(embedded, job_id)
+    assert log_text == (embedded.run_dir(job_id) / "train.log").read_text(errors="replace")
     assert "trained to step 8" in log_text
     # The run's group is gone and left no process behind.
-    assert embedded.pgid_of(good["id"]) not in proc_groups()
+    assert embedded.pgid_of(job_id) not in proc_groups()
+    assert run_pids(job_id) == []
 
-    failed = embedded.wait_terminal(bad["id"])
+
+def test_bad_dataset_fails_with_a_useful_error(embedded: Stack, first_wave: dict[str, str]) -> None:
+    failed = embedded.wait_terminal(first_wave["bad"])
     assert failed["status"] == "failed", failed
     assert failed["error"]["code"] == "dataset_error", failed["error"]
     assert failed["error"]["exit_code"] not in (None, 0)
     assert "text" in failed["error"]["message"], failed["error"]
+    assert run_pids(first_wave["bad"]) == []
 
 
-def test_cancel_two_process_job_leaves_no_process(embedded: Stack, tiny_dir: Path) -> None:
-    job = embedded.post_job(tiny_spec(tiny_dir, max_steps=100_000, processes=2, name="to-cancel"))
-    embedded.wait_for(job["id"], lambda j: j["status"] == "running", 60, "running")
-    pgid = embedded.pgid_of(job["id"])
+def test_cancel_two_process_job_leaves_no_process(embedded: Stack, first_wave: dict[str, str]) -> None:
+    job_id = first_wave["cancel"]
+    embedded.wait_for(job_id, lambda j: j["status"] == "running", 120, "running")
+    pgid = embedded.pgid_of(job_id)
     # bash + accelerate launch + two ranks (torch puts each rank in a session of its own): the
     # 2-process job is really up before it is cancelled.
-    deadline = time.time() + 120
-    while time.time() < deadline and len(run_pids(job["id"])) < 4:
+    deadline = time.time() + 150
+    while time.time() < deadline and len(run_pids(job_id)) < 4:
         time.sleep(0.3)
-    assert len(run_pids(job["id"])) >= 4, embedded.log_tail(job["id"])
+    assert len(run_pids(job_id)) >= 4, embedded.log_tail(job_id)
 
-    r = embedded.http.post(f"/jobs/{job['id']}/cancel")
+    r = embedded.http.post(f"/jobs/{job_id}/cancel")
     assert r.status_code == 202 and r.json()["status"] in ("cancelling", "cancelled")
-    done = embedded.wait_terminal(job["id"], timeout=60)
+    done = embedded.wait_terminal(job_id, timeout=60)
     assert done["status"] == "cancelled" and done["error"]["code"] == "cancelled"
     assert pgid not in proc_groups(), proc_groups().get(pgid)
-    assert run_pids(job["id"]) == []
+    assert run_pids(job_id) == []
     # Cancel is idempotent and changes nothing on a finished job.
-    again = embedded.http.post(f"/jobs/{job['id']}/cancel")
+    again = embedded.http.post(f"/jobs/{job_id}/cancel")
     assert again.status_code == 202 and again.json()["status"] == "cancelled"
 
 
 def test_kill9_ftq_up_mid_training_then_restart(embedded: Stack, tiny_dir: Path) -> None:
-    max_steps = 150
+    max_steps = 80
     job = embedded.post_job(tiny_spec(tiny_dir, max_steps=max_steps, name="survivor"))
     embedded.wait_for(job["id"], lambda j: (j["progress"]["step"] or 0) >= 1, 120, "first point")
     up_pid = embedded.procs["up"].pid
