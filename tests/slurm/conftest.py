@@ -35,11 +35,12 @@ def slurm_cluster() -> list[str]:
     except subprocess.TimeoutExpired:
         pytest.fail(f"`scontrol ping` did not answer in 20 s: {hint}", pytrace=False)
     if "is UP" not in ping.stdout:
-        pytest.fail(f"slurmctld does not answer `scontrol ping` ({(ping.stdout + ping.stderr).strip()}): {hint}",
-                    pytrace=False)
-    sinfo = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %t"], capture_output=True, text=True,
-                           timeout=20, check=True)
-    nodes = [line.split()[0] for line in sinfo.stdout.splitlines() if line.split()[1] in ("idle", "mix", "alloc")]
+        answer = (ping.stdout + ping.stderr).strip()
+        pytest.fail(f"slurmctld does not answer `scontrol ping` ({answer}): {hint}", pytrace=False)
+    sinfo = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %t"], capture_output=True,
+                           text=True, timeout=20, check=True)
+    up = ("idle", "mix", "alloc")
+    nodes = [line.split()[0] for line in sinfo.stdout.splitlines() if line.split()[1] in up]
     if not nodes:
         pytest.fail(f"no SLURM node is up:\n{sinfo.stdout}\n{hint}", pytrace=False)
     return sorted(nodes)

@@ -1,4 +1,4 @@
-"""SlurmLauncher against the real cluster: submit, poll to the end, cancel, and the end after squeue forgets."""
+"""SlurmLauncher on the real cluster: submit, poll to the end, cancel, and the end after squeue forgets."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.conftest import poll_one, procs_with, squeue_ids, wait_for, wait_phase
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.slurm import LAUNCH_RECORD, SlurmError, SlurmLauncher
-from tests.slurm.conftest import poll_one, procs_with, squeue_ids, wait_for, wait_phase
 
 pytestmark = pytest.mark.slurm
 
@@ -26,7 +26,7 @@ def batch_script(run_dir: Path, body: str, extra: str = "") -> str:
 #SBATCH --open-mode=append
 {extra}
 set -euo pipefail
-trap 'printf "%s\\n" $? > {run_dir}/.exit_status.tmp && mv -f {run_dir}/.exit_status.tmp {run_dir}/exit_status' EXIT
+trap 'printf "%s\\n" $? > .exit_status.tmp && mv -f .exit_status.tmp exit_status' EXIT
 trap 'echo "got SIGTERM" >&2' TERM
 {body}
 """
@@ -115,8 +115,8 @@ def test_find_recovers_an_unrecorded_submission(launcher: SlurmLauncher, tmp_pat
 
 def test_sbatch_refusal_is_an_error(launcher: SlurmLauncher, tmp_path: Path) -> None:
     run_dir = tmp_path / "refused"
-    req = LaunchRequest(job_id="refused", run_dir=run_dir, spec={},
-                        plan={"sbatch_script": batch_script(run_dir, "true", "#SBATCH --partition=no-such-part")})
+    script = batch_script(run_dir, "true", "#SBATCH --partition=no-such-part")
+    req = LaunchRequest(job_id="refused", run_dir=run_dir, spec={}, plan={"sbatch_script": script})
     with pytest.raises(SlurmError, match="sbatch refused"):
         launcher.submit(req)
 

@@ -15,10 +15,10 @@ import pytest
 
 from ftq.settings import Settings
 from ftq.spec import JobSpec
+from tests.slurm.conftest import poll_one, wait_for, wait_phase
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.slurm import SlurmLauncher
 from worker.render import render_plan
-from tests.slurm.conftest import poll_one, wait_for, wait_phase
 
 pytestmark = pytest.mark.slurm
 
@@ -58,7 +58,8 @@ def test_requeued_job_resumes_from_latest_checkpoint(slurm_cluster: list[str], t
     spec = JobSpec.model_validate(two_node_spec(tmp_path))
     plan = render_plan(spec, job_id=job_id, run_dir=run_dir, settings=settings, main_process_port=29123)
     script = plan.sbatch_script
-    assert script is not None and "SLURM_RESTART_COUNT" in script and "--resume_from_checkpoint latest" in script
+    assert script is not None and "SLURM_RESTART_COUNT" in script
+    assert "--resume_from_checkpoint latest" in script
 
     launcher = SlurmLauncher(settings)
     handle = launcher.submit(LaunchRequest(job_id=job_id, run_dir=run_dir, spec=spec.model_dump(mode="json"),

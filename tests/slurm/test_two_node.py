@@ -13,10 +13,10 @@ import pytest
 
 from ftq.settings import Settings
 from ftq.spec import JobSpec
+from tests.slurm.conftest import wait_phase
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.slurm import SlurmLauncher
 from worker.render import render_plan
-from tests.slurm.conftest import wait_phase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -47,7 +47,8 @@ acc.wait_for_everyone()
 WRAPPER = """#!/bin/bash
 args=()
 while [ $# -gt 0 ]; do
-  if [ "$1" = "-m" ] && [ "${2:-}" = "trainer" ]; then args+=("@PROBE@"); shift 2; else args+=("$1"); shift; fi
+  if [ "$1" = "-m" ] && [ "${2:-}" = "trainer" ]; then args+=("@PROBE@"); shift 2
+  else args+=("$1"); shift; fi
 done
 exec @PYTHON@ "${args[@]}"
 """

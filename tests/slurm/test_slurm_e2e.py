@@ -1,0 +1,109 @@
+"""ftq end to end on the SLURM launcher: `ftq up`, POST /jobs with resources.launcher: slurm, the
+worker submits job.sbatch, the trainer runs under srun on the test cluster, and the API reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.slurm.conftest import REPO, procs_with, squeue_ids, wait_for
+from tests.worker.conftest import Stack, base_env, free_port, tiny_spec
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TINY = REPO / "examples" / "tiny"
+TINY_CPU = REPO / "examples" / "tiny-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    if not (TINY / "model" / "config.json").exists() or not (TINY / "data" / "no_text_field.jsonl").exists():
+        subprocess.run(["python", "-m", "trainer.tiny", "--out", str(TINY)], cwd=REPO, check=True)
+    return TINY
+
+
+@pytest.fixture(scope="module")
+def stack(slurm_cluster: list[str], tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`ftq up` on its embedded defaults; SLURM jobs read and write its data dir (this host's disk is
+    the storage the two test "nodes" share)."""
+    data = tmp_path_factory.mktemp("ftq-slurm")
+    port = free_port()
+    env = base_env(data, tiny, port)
+    env["FTQ_LOCAL_ROOTS"] = f"{REPO / 'examples'}:{data}"
+    s = Stack(data, env, port)
+    s.start("up", ["up", "--port", str(port)])
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.shutdown()
+        # A failed test must not leave its batch jobs on the cluster.
+        ids = [json.loads(p.read_text()).get("external_id") for p in (data / "runs").glob("*/launch.json")]
+        if ids:
+            subprocess.run(["scancel", *[str(i) for i in ids if i]], capture_output=True, check=False)
+
+
+def slurm_spec(tiny: Path, *, max_steps: int, dataset: str = "train.jsonl", name: str) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml, sent to SLURM, with fewer steps."""
+    if TINY_CPU.exists():
+        spec: dict[str, Any] = yaml.safe_load(TINY_CPU.read_text())
+    else:  # until examples/tiny-cpu.yaml lands: the worker tests' equivalent
+        spec = tiny_spec(tiny)
+    spec["name"] = name
+    spec["dataset"]["name_or_path"] = str(tiny / "data" / dataset)
+    spec["training"].update(
+        {"max_steps": max_steps, "logging_steps": 1, "save_steps": None, "eval_steps": None}
+    )
+    spec["dataset"]["eval_split"] = None
+    spec["resources"].update({"launcher": "slurm", "device": "cpu"})
+    spec["resources"].setdefault("slurm", {})["time_limit"] = "00:10:00"
+    return spec
+
+
+def test_jobs_on_slurm_succeed_fail_and_cancel(stack: Stack, tiny: Path) -> None:
+    good = stack.post_job(slurm_spec(tiny, max_steps=4, name="slurm-ok"))
+    long = stack.post_job(slurm_spec(tiny, max_steps=100_000, name="slurm-long"))
+    bad = stack.post_job(slurm_spec(tiny, max_steps=4, dataset="no_text_field.jsonl", name="slurm-bad"))
+    assert good["launcher"] == "slurm"
+
+    # The long one is cancelled once SLURM runs it and its launch has started (cancelling it later,
+    # mid-training, would only make the test slower: the processes are the same).
+    running = stack.wait_for(long["id"], lambda j: j["status"] == "running", 120, "running")
+    slurm_id = running["external_id"]
+    assert slurm_id and slurm_id.isdigit()
+    run_dir = str(stack.run_dir(long["id"]))
+    wait_for("the long job's launch on a node", lambda: procs_with(run_dir), timeout=60)
+    assert slurm_id in squeue_ids("--states=RUNNING")
+    r = stack.http.post(f"/jobs/{long['id']}/cancel")
+    assert r.status_code == 202, r.text
+
+    done = stack.wait_terminal(good["id"], timeout=240)
+    assert done["status"] == "succeeded", stack.log_tail(good["id"])
+    assert done["external_id"] and done["external_id"].isdigit() and done["launcher"] == "slurm"
+    plan = stack.http.get(f"/jobs/{good['id']}/plan").json()
+    assert plan["sbatch_script"].startswith("#!/bin/bash\n#SBATCH ")
+    assert (stack.run_dir(good["id"]) / "job.sbatch").read_text() == plan["sbatch_script"]
+    points = stack.http.get(f"/jobs/{good['id']}/metrics").json()["data"]
+    assert [p["step"] for p in points] == [1, 2, 3, 4] and all(p["loss"] is not None for p in points)
+    assert (stack.run_dir(good["id"]) / "exit_status").read_text().strip() == "0"
+
+    cancelled = stack.wait_terminal(long["id"], timeout=120)
+    assert cancelled["status"] == "cancelled", stack.log_tail(long["id"])
+    assert cancelled["error"]["code"] == "cancelled"
+    assert slurm_id not in squeue_ids()
+    wait_for("the cancelled job's processes to be gone", lambda: not procs_with(run_dir), timeout=30)
+
+    failed = stack.wait_terminal(bad["id"], timeout=240)
+    assert failed["status"] == "failed", failed
+    assert failed["error"]["code"] == "dataset_error", failed["error"]
+    assert failed["error"]["exit_code"] not in (None, 0)
+    assert failed["external_id"] and failed["external_id"].isdigit()
+    # All three ran as SLURM jobs; none is left on the cluster.
+    assert not {good["external_id"], slurm_id, failed["external_id"]} & squeue_ids()
