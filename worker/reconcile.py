@@ -334,10 +334,9 @@ def finish(v: JobView, launcher: Any, state: RunState) -> None:
         elif state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
             repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
         elif status in (JobStatus.starting, JobStatus.running):
-            tail = failures.read_tail(v.run_dir / runs.TRAIN_LOG)
             if state.phase == RunPhase.lost and state.exit_code is None:
-                failure = failures.classify(exit_code=None, log_tail=tail, reason=state.reason if state.reason
-                                            and state.reason != "no process and no exit status" else None)
+                failure = failures.classify_run(v.run_dir, exit_code=None, reason=state.reason if state.reason
+                                                and state.reason != "no process and no exit status" else None)
                 if failure.code == "unknown":
                     failure = failures.Failure(
                         "unknown",
@@ -346,7 +345,8 @@ def finish(v: JobView, launcher: Any, state: RunState) -> None:
                         "resume_from to continue from its last checkpoint",
                     )
             else:
-                failure = failures.classify(exit_code=state.exit_code, log_tail=tail, reason=state.reason)
+                # The log tail, the free space and (after a SIGKILL) the kernel's OOM messages.
+                failure = failures.classify_run(v.run_dir, exit_code=state.exit_code, reason=state.reason)
             repository.mark_finished(
                 session, v.id, JobStatus.failed, error_code=failure.code, error_message=failure.message,
                 exit_code=state.exit_code,

@@ -31,7 +31,8 @@ FTQ_BIN = str(Path(sys.executable).parent / "ftq")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model and data: `examples/tiny` when `make install` built it, else a fresh copy."""
     shipped = REPO / "examples" / "tiny"
-    if (shipped / "model" / "model.safetensors").exists() and (shipped / "data" / "no_text_field.jsonl").exists():
+    needed = (shipped / "model" / "model.safetensors", shipped / "data" / "no_text_field.jsonl")
+    if all(p.exists() for p in needed):
         return shipped
     out = tmp_path_factory.mktemp("tiny")
     subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out)], check=True, cwd=REPO,
@@ -142,7 +143,9 @@ class Stack:
         path = self.run_dir(job_id) / "train.log"
         return path.read_text(errors="replace") if path.exists() else "(no train.log)"
 
-    def wait_for(self, job_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 240) -> dict[str, Any]:
+    def wait_for(
+        self, job_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 240
+    ) -> dict[str, Any]:
         deadline = time.time() + timeout
         job: dict[str, Any] = {}
         while time.time() < deadline:
