@@ -388,23 +388,63 @@ def metrics_page(repo: JobRepository, job: Job, *, after_step: int, limit: int) 
     return MetricsPage(data=points, next_after_step=next_after, complete=complete)
 
 
+_POINT_KEYS = ("step", *POINT_FIELDS)
+
+
+def metrics_page_json(repo: JobRepository, job_id: str, *, after_step: int, limit: int) -> bytes:
+    """The same bytes as MetricsPage(...).model_dump_json(), built from rows without model validation."""
+    found = repo.metrics_rows(job_id, after_step, limit)
+    if found is None:
+        raise NotFound(f"job {job_id} not found")
+    status, rows = found
+    data = [dict(zip(_POINT_KEYS, r, strict=True)) for r in rows]
+    next_after = rows[-1][0] if rows else after_step
+    complete = JobStatus(status) in TERMINAL and len(rows) < limit
+    # pydantic_core writes floats exactly as the response model would (0.00001, 1e+20).
+    return pydantic_core.to_json({"data": data, "next_after_step": next_after, "complete": complete})
+
+
 RESUMABLE_MARKERS = ("trainer_state.json",)
 
 
 def _is_resumable(path: Path) -> bool:
-    names = {p.name for p in path.iterdir()}
-    if not {"trainer_state.json", "scheduler.pt"} <= names:
+    """Whether the trainer can continue from this checkpoint: model, optimizer, scheduler, RNG and
+    trainer state are all there, and each was written to the end (checked against what the trainer
+    writes for one process, LoRA, FSDP2 sharded and DeepSpeed ZeRO-3)."""
+    try:
+        entries = {p.name: p for p in path.iterdir()}
+        # Written last by the trainer; a checkpoint cut short (a full disk, a kill) has none or half of one.
+        json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
         return False
+
+    def whole(name: str) -> bool:
+        p = entries.get(name)
+        if p is None:
+            return False
+        if p.is_dir():
+            if name.startswith("global_step"):
+                # DeepSpeed: every rank's model and optimizer partitions.
+                files = [f.name for f in p.iterdir() if f.stat().st_size > 0]
+                return any(f.endswith("model_states.pt") for f in files) and any(
+                    f.endswith("optim_states.pt") for f in files
+                )
+            # torch.distributed.checkpoint (FSDP sharded) writes .metadata after every rank's shards.
+            return (p / ".metadata").is_file()
+        return p.stat().st_size > 0
+
+    names = [n for n in entries if whole(n)]
+    has_scheduler = "scheduler.pt" in names
     has_rng = any(n.startswith("rng_state") for n in names)
-    # The optimizer is a file (single process/DDP), a folder (FSDP sharded), or ZeRO's global_stepN.
-    has_optimizer = any(
-        n.startswith(("optimizer", "global_step")) for n in names
-    )
+    # The optimizer is a file (one process, DDP, FSDP full), a folder (FSDP sharded) or ZeRO's global_stepN.
+    has_optimizer = any(n.startswith(("optimizer", "global_step")) for n in names)
     has_model = any(
         n.startswith(("adapter_model", "model", "pytorch_model", "pytorch_model_fsdp", "global_step"))
         for n in names
     )
-    return has_rng and has_optimizer and has_model
+    if "latest" in entries and not any(n.startswith("global_step") for n in names):
+        return False  # DeepSpeed's pointer to partitions that are missing or incomplete
+    return has_scheduler and has_rng and has_optimizer and has_model
 
 
 def list_checkpoints(job: Job, settings: Settings) -> list[Checkpoint]:
