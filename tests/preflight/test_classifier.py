@@ -37,7 +37,9 @@ def log(name: str) -> str:
         ("slurm_node_failure.log", 1, "node_failure", "resume_from"),
     ],
 )
-def test_real_log_excerpts_map_to_their_code_and_remedy(fixture: str, exit_code: int, code: str, remedy: str) -> None:
+def test_real_log_excerpts_map_to_their_code_and_remedy(
+    fixture: str, exit_code: int, code: str, remedy: str
+) -> None:
     f = failures.classify(exit_code=exit_code, log_tail=log(fixture))
     assert f.code == code, f
     assert remedy in f.message
