@@ -15,7 +15,6 @@ set -euo pipefail
 SLURM_DIR=${FTQ_SLURM_DIR:-/tmp/ftq-slurm}
 CONF=/etc/slurm/slurm.conf
 HOST=$(hostname -s)
-SECOND=localhost
 CTLD_PORT=6817
 NODE_PORTS=(6818 6819)
 
@@ -23,6 +22,13 @@ say() { printf 'slurm-setup: %s\n' "$*"; }
 die() { printf 'slurm-setup: ERROR: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "run as root (it installs packages and starts munged/slurmctld/slurmd)"
+getent hosts "$HOST" >/dev/null || die "this host's name $HOST does not resolve (add it to /etc/hosts)"
+# The second "node" needs another name for this host (a node name is what MASTER_ADDR becomes).
+SECOND=
+for name in localhost localhost4 ip6-localhost localhost.localdomain; do
+    if [ "$name" != "$HOST" ] && getent hosts "$name" >/dev/null; then SECOND=$name; break; fi
+done
+[ -n "$SECOND" ] || die "no second name resolves to this host (tried localhost, localhost4, ip6-localhost)"
 
 cluster_ready() {
     scontrol ping 2>/dev/null | grep -q 'is UP' || return 1
@@ -61,8 +67,8 @@ chown munge:munge /etc/munge/munge.key
 chmod 0400 /etc/munge/munge.key
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
     say "starting munged"
-    pkill_pidfile() { [ -s "$1" ] && kill "$(cat "$1")" 2>/dev/null || true; }
-    pkill_pidfile /run/munge/munged.pid
+    # A munged that left its pid file but does not answer: stop it before starting a fresh one.
+    if [ -s /run/munge/munged.pid ]; then kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true; fi
     runuser -u munge -- /usr/sbin/munged --force \
         || die "munged did not start (see /var/log/munge/munged.log)"
     for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
@@ -112,7 +118,6 @@ NodeName=$SECOND NodeHostname=$SECOND NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} C
 PartitionName=debug Nodes=$HOST,$SECOND Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
 mv "$CONF.new" "$CONF"
-# Debian's slurm tools read /etc/slurm/slurm.conf; keep a cgroup.conf out of the way (task/none).
 
 # 4. Daemons ---------------------------------------------------------------------------------------
 stop_pidfile() {
