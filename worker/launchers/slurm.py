@@ -304,7 +304,7 @@ class SlurmLauncher:
         return LaunchHandle(external_id=str(max(ids))) if ids else None
 
     def poll(self, refs: list[RunRef]) -> dict[str, RunState]:
-        ids = sorted({r.external_id for r in refs if r.external_id}, key=int)
+        ids = sorted({r.external_id for r in refs if r.external_id and r.external_id.isdigit()}, key=int)
         known = self._squeue(ids) if ids else {}
         missing = [i for i in ids if i not in known]
         if missing:
