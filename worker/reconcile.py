@@ -9,6 +9,7 @@ looked at before anything new is started. A worker killed at any point is made w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -107,8 +108,29 @@ def schedule() -> list[str]:
 # Launch ---------------------------------------------------------------------------------------------------
 
 
-def write_run_dir(job: Job, run_dir: Path) -> None:
-    plan = job.plan or {}
+# Failures that say nothing about the job itself: FTQ_RETRY_PREEMPTED queues such a job again.
+RETRYABLE = frozenset({"preempted", "node_failure"})
+
+
+def plan_for_attempt(job: Job, run_dir: Path) -> dict[str, Any]:
+    """The stored plan; for a retried attempt, relaunched from the run's newest checkpoint when it has one."""
+    plan = dict(job.plan or {})
+    if not job.attempt or not any((run_dir / runs.CHECKPOINTS).glob("checkpoint-*")):
+        return plan
+    from ftq.spec import JobSpec
+    from worker.render import render_plan
+
+    again = render_plan(
+        JobSpec.model_validate(job.spec), job_id=job.id, run_dir=run_dir, settings=get_settings(),
+        resume_from_checkpoint="latest",
+    )
+    plan.update(launch_script=again.launch_script, sbatch_script=again.sbatch_script, command=again.command,
+                trainer_args=again.trainer_args)
+    return plan
+
+
+def write_run_dir(job: Job, run_dir: Path, plan: dict[str, Any] | None = None) -> None:
+    plan = plan if plan is not None else (job.plan or {})
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / runs.CHECKPOINTS).mkdir(exist_ok=True)
     files = {
@@ -156,9 +178,10 @@ def launch(job_id: str) -> None:
                 )
                 return
             try:
-                write_run_dir(job, run_dir)
+                plan = plan_for_attempt(job, run_dir)
+                write_run_dir(job, run_dir, plan)
                 req = LaunchRequest(
-                    job_id=job.id, run_dir=run_dir, spec=job.spec, plan=job.plan or {},
+                    job_id=job.id, run_dir=run_dir, spec=job.spec, plan=plan,
                     resources=job.resources or {}, env={},
                 )
                 handle = launcher.submit(req)
@@ -287,6 +310,12 @@ def _settle_unlaunched(v: JobView, launcher: Any) -> None:
         if not free:
             return  # a launch is in progress right now
         handle = _find(launcher, v)
+        if handle is not None and not (handle.pid or handle.external_id):
+            # Only an exit status is left: the run started and has already ended.
+            state = launcher.poll([RunRef(v.id, v.run_dir, None, None, None)]).get(v.id)
+            if state is not None and state.phase in (RunPhase.exited, RunPhase.lost):
+                finish(v, launcher, state)
+            return
         with session_scope() as session:
             if handle is not None:
                 log.info("job %s: adopting a launch its worker did not record: %s", v.id, handle)
@@ -347,6 +376,18 @@ def finish(v: JobView, launcher: Any, state: RunState) -> None:
             else:
                 # The log tail, the free space and (after a SIGKILL) the kernel's OOM messages.
                 failure = failures.classify_run(v.run_dir, exit_code=state.exit_code, reason=state.reason)
+            retries = get_settings().retry_preempted
+            if failure.code in RETRYABLE and job.attempt < retries:
+                # Set this attempt's records aside, so the next launch starts anew instead of adopting them.
+                for name in ("launch.json", runs.EXIT_STATUS):
+                    with contextlib.suppress(FileNotFoundError):
+                        (v.run_dir / name).replace(v.run_dir / f"{name}.attempt{job.attempt}")
+            if failure.code in RETRYABLE and job.attempt < retries and repository.requeue(
+                session, v.id, attempt_increment=1
+            ):
+                log.info("job %s ended %s; queued again (attempt %d of %d) to resume from its newest "
+                         "checkpoint", v.id, failure.code, job.attempt + 1, retries)
+                return
             repository.mark_finished(
                 session, v.id, JobStatus.failed, error_code=failure.code, error_message=failure.message,
                 exit_code=state.exit_code,

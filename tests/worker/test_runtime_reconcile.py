@@ -1,0 +1,150 @@
+"""Reconcile in-process on a real SQLite store, with stand-in launch scripts (no training): the cases a
+worker killed mid-submit leaves behind, scheduling as resources free up, and the final bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftq import runs
+
+SCRIPT_OK = 'echo "step ok"\nprintf \'{"step": 1, "loss": 1.5, "max_steps": 1}\\n\' >> metrics.jsonl\n' \
+            "printf '0\\n' > .s && mv .s exit_status\n"
+SCRIPT_FAIL = "echo 'ftq-error: dataset_error: column text not found; set dataset.text_field' >&2\n" \
+              "printf '1\\n' > .s && mv .s exit_status\nexit 1\n"
+SCRIPT_SLEEP = "sleep 30\nprintf '0\\n' > .s && mv .s exit_status\n"
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("FTQ_") and not key.startswith("FTQ_TEST_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("FTQ_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("FTQ_CPU_SLOTS", "1")
+    monkeypatch.setenv("FTQ_CANCEL_GRACE_SECONDS", "1")
+    from ftq.settings import get_settings
+    from service.db import reset_engine_cache
+    from service.migrate import upgrade
+    from worker import reconcile
+
+    get_settings.cache_clear()
+    reset_engine_cache()
+    reconcile.get_launcher.cache_clear()
+    monkeypatch.setattr(reconcile, "STARTING_GRACE_SECONDS", 0.0)
+    upgrade(get_settings().sqlalchemy_url)
+    yield tmp_path / "runs"
+    get_settings.cache_clear()
+    reset_engine_cache()
+    reconcile.get_launcher.cache_clear()
+
+
+def add_job(job_id: str, script: str, status: str = "queued", **values: Any) -> None:
+    from service.db import session_scope
+    from service.jobs.repository import utcnow
+    from service.models import Job
+
+    now = utcnow()
+    spec = {"resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1, "num_nodes": 1},
+            "training": {"max_steps": 1}}
+    with session_scope() as s:
+        s.add(Job(id=job_id, name=job_id, owner="t", status=status, spec=spec,
+                  plan={"launch_script": "set -u\n" + script, "accelerate_config_yaml": "{}\n"},
+                  launcher="local", device="cpu", created_at=now, updated_at=now, attempt=0, metrics_offset=0,
+                  **values))
+
+
+def job(job_id: str) -> Any:
+    from service.db import session_scope
+    from service.jobs import repository
+
+    with session_scope() as s:
+        return repository.get_job(s, job_id)
+
+
+def settle(job_id: str, want: set[str], timeout: float = 20) -> Any:
+    from worker import reconcile
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        reconcile.reconcile()
+        j = job(job_id)
+        if j.status in want:
+            return j
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id}: {job(job_id).status}, wanted {want}")
+
+
+def test_submit_runs_to_success_with_metrics_ingested_first(store: Path) -> None:
+    from worker import reconcile
+
+    add_job("j_ok", SCRIPT_OK)
+    reconcile.submit("j_ok")
+    assert job("j_ok").status in ("running", "succeeded")
+    j = settle("j_ok", {"succeeded"})
+    assert j.exit_code == 0 and j.progress_step == 1 and j.resources is None
+    assert j.latest_metrics["loss"] == 1.5
+    assert json.loads((store / "j_ok" / runs.SPEC).read_text())["training"]["max_steps"] == 1
+
+
+def test_failure_gets_the_trainers_error(store: Path) -> None:
+    add_job("j_bad", SCRIPT_FAIL)
+    j = settle("j_bad", {"failed"})
+    assert (j.error_code, j.exit_code) == ("dataset_error", 1)
+    assert j.error_message == "column text not found; set dataset.text_field"
+
+
+def test_jobs_wait_for_a_free_slot_first_come_first_served(store: Path) -> None:
+    from worker import reconcile
+
+    add_job("j_1", SCRIPT_SLEEP)
+    add_job("j_2", SCRIPT_OK)
+    reconcile.submit("j_2")
+    assert job("j_1").status == "running" and job("j_2").status == "queued"  # one CPU slot: j_1 came first
+    from service.db import session_scope
+    from service.jobs import repository
+
+    with session_scope() as s:
+        repository.request_cancel(s, "j_1")
+    reconcile.cancel("j_1")
+    assert settle("j_1", {"cancelled"}).error_code == "cancelled"
+    assert settle("j_2", {"succeeded"}).exit_code == 0
+
+
+def test_claimed_but_never_launched_goes_back_to_the_queue(store: Path) -> None:
+    # A worker died between the claim (queued -> starting) and the launch: nothing in the run dir.
+    add_job("j_claimed", SCRIPT_OK, status="starting", resources={"cpu_slots": 1})
+    assert settle("j_claimed", {"succeeded"}).exit_code == 0
+
+
+def test_a_launch_the_dead_worker_did_not_record_is_adopted_not_repeated(store: Path) -> None:
+    from worker.reconcile import get_launcher, write_run_dir
+
+    add_job("j_adopt", SCRIPT_SLEEP.replace("sleep 30", "echo once >> launches; sleep 1"), status="starting",
+            resources={"cpu_slots": 1})
+    run_dir = store / "j_adopt"
+    # What the dead worker got done: the run dir written and the process started, no pid in the store.
+    from worker.launchers.base import LaunchRequest
+
+    write_run_dir(job("j_adopt"), run_dir)
+    get_launcher("local").submit(LaunchRequest("j_adopt", run_dir, {}, {}, {"cpu_slots": 1}))
+    j = settle("j_adopt", {"succeeded"})
+    assert j.pid is not None and (run_dir / "launches").read_text() == "once\n"
+
+
+def test_a_run_that_ended_while_no_worker_was_watching_is_finished(store: Path) -> None:
+    # Only an exit status is left (the launch record was never written); the job says running.
+    add_job("j_ended", SCRIPT_OK, status="running", resources={"cpu_slots": 1})
+    run_dir = store / "j_ended"
+    run_dir.mkdir(parents=True)
+    (run_dir / runs.METRICS).write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}\n{"step": 3')
+    (run_dir / runs.EXIT_STATUS).write_text("0\n")
+    j = settle("j_ended", {"succeeded"})
+    assert j.progress_step == 2 and j.latest_metrics["loss"] == 0.25
