@@ -74,12 +74,15 @@ def test_cancel_stops_the_job_and_its_processes_then_the_end_outlives_squeue(
     assert poll_one(launcher, long).phase == RunPhase.running
 
     launcher.cancel(long)
-    launcher.cancel(long)  # idempotent: a second scancel while it ends is no error
+    assert (long.run_dir / "cancel.json").is_file()
+    launcher.cancel(long)  # reconcile repeats it every sweep: recorded, so SLURM is not asked again
     state = wait_phase(launcher, long, {RunPhase.exited, RunPhase.lost}, timeout=60)
     assert state.phase == RunPhase.exited and state.reason == "CANCELLED", state
     assert long.external_id not in squeue_ids()  # default states: pending, running, completing
     wait_for("the job's processes to be gone", lambda: not procs_with(marker), timeout=30)
-    launcher.cancel(long)  # cancelling an ended job changes nothing
+    (long.run_dir / "cancel.json").unlink()
+    launcher.cancel(long)  # scancel of an ended job: no error, nothing changes
+    assert poll_one(launcher, long).reason == "CANCELLED"
 
     # With MinJobAge=5 the controller forgets ended jobs within seconds (no accounting on this cluster):
     # the launcher then reads exit_status and, for the reason, slurmstepd's line in train.log.

@@ -43,6 +43,9 @@ from worker.launchers.base import LaunchHandle, LaunchRequest, RunPhase, RunRef,
 log = logging.getLogger(__name__)
 
 LAUNCH_RECORD = "launch.json"
+CANCEL_RECORD = "cancel.json"
+# A cancel is repeated after this long if the job is still there (a lost scancel, a restarted controller).
+RECANCEL_SECONDS = 30.0
 COMMAND_TIMEOUT = 60.0
 TAIL_BYTES = 64 * 1024
 # Operator settings that hold credentials; a training run has no use for them.
@@ -316,13 +319,27 @@ class SlurmLauncher:
         return out
 
     def cancel(self, run: RunRef) -> None:
-        """`scancel <id>`: SLURM sends SIGTERM to every step and the script, SIGKILL after KillWait."""
+        """`scancel <id>`: SLURM sends SIGTERM to every step and the script, SIGKILL after KillWait.
+
+        Reconcile calls this on every sweep until the job has ended; SLURM needs to be told once, so a
+        repeat within RECANCEL_SECONDS (recorded in run_dir/cancel.json) asks nothing of the controller.
+        """
         if not run.external_id:
             return
+        record = run.run_dir / CANCEL_RECORD
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
+            sent = json.loads(record.read_text())
+            recent = time.time() - float(sent["sent"]) < RECANCEL_SECONDS
+            if sent["external_id"] == run.external_id and recent:
+                return
         proc = self._run([self.bin("scancel"), run.external_id])
         err = proc.stderr.strip()
         if proc.returncode != 0 and not re.search(r"already completing|completed|Invalid job id", err):
             raise SlurmError(f"scancel {run.external_id} failed: {err}")
+        with contextlib.suppress(OSError):
+            tmp = run.run_dir / f".{CANCEL_RECORD}.tmp"
+            tmp.write_text(json.dumps({"external_id": run.external_id, "sent": time.time()}))
+            tmp.replace(record)
 
     # Sources of truth -----------------------------------------------------------------------------------
     def _squeue(self, ids: list[str]) -> dict[str, RunState]:
