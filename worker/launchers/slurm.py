@@ -21,7 +21,8 @@ A requeued job (preemption or node failure with `--requeue`) keeps its job id an
 (`--resume_from_checkpoint latest` when `$SLURM_RESTART_COUNT` > 0).
 
 Secrets reach the job through the environment of `sbatch` (its default `--export=ALL`), never through
-the script: SLURM keeps the environment in the controller's private state, readable by root only.
+the script, the plan or the store. SLURM keeps that environment in the controller's state directory
+(owned by SlurmUser), and in accounting only where `AccountingStoreFlags=job_env` asks it to.
 """
 
 from __future__ import annotations
