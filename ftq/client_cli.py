@@ -259,7 +259,12 @@ def fmt_num(value: float | None, digits: int = 4) -> str:
 def fmt_bytes(n: float | None) -> str:
     if n is None:
         return "-"
-    return f"{n / 1024**3:.2f} GiB"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -362,7 +367,8 @@ def print_plan(plan: dict[str, Any]) -> None:
         f"{fmt_bytes(estimate.get('device_memory_bytes'))}: {verdict}"
     )
     for key, value in (estimate.get("breakdown") or {}).items():
-        shown = fmt_bytes(value) if isinstance(value, int | float) and key.endswith("bytes") else value
+        # The breakdown's numbers are bytes (params, grads, optimizer, activations, ...).
+        shown = fmt_bytes(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
         out.print(f"  {escape(str(key))}: {escape(str(shown))}")
 
 

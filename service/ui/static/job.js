@@ -147,13 +147,19 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     const parts = [];
     const est = plan.estimate || {};
     if (est.per_device_bytes != null) {
-      const gib = (b) => (b == null ? "–" : `${(b / 1024 ** 3).toFixed(2)} GiB`);
+      const gib = (b) => {
+        if (b == null) return "–";
+        const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let i = 0;
+        while (Math.abs(b) >= 1024 && i < units.length - 1) { b /= 1024; i += 1; }
+        return `${i ? b.toFixed(2) : b} ${units[i]}`;
+      };
       const fits = est.fits === true ? h("span", { class: "fits" }, "fits")
         : est.fits === false ? h("span", { class: "no-fit" }, "does not fit") : "unknown";
       const rows = [h("tr", {}, h("td", {}, "per device"),
         h("td", {}, `${gib(est.per_device_bytes)} of ${gib(est.device_memory_bytes)} `, fits))];
       for (const [k, v] of Object.entries(est.breakdown || {})) {
-        rows.push(h("tr", {}, h("td", {}, k), h("td", {}, typeof v === "number" && k.endsWith("bytes") ? gib(v) : String(v))));
+        rows.push(h("tr", {}, h("td", {}, k), h("td", {}, typeof v === "number" ? gib(v) : String(v))));
       }
       parts.push(h("h3", {}, "memory estimate"), h("table", { class: "estimate" }, ...rows));
     } else if (est.reason) {

@@ -1,0 +1,67 @@
+"""Fixtures for the dashboard tests: the shared real server (tests/e2e/ftq_e2e.py) and headless Chromium."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from ftq_e2e import (
+    ARTIFACTS,
+    FinishedJob,
+    Server,
+    finished_tiny_job,
+    shared_auth_server,
+    shared_server,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Server:
+    return shared_server(lambda: tmp_path_factory.mktemp("e2e"), request.addfinalizer)
+
+
+@pytest.fixture(scope="session")
+def auth_server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Server:
+    return shared_auth_server(lambda: tmp_path_factory.mktemp("e2e"), request.addfinalizer)
+
+
+@pytest.fixture(scope="session")
+def finished_job(server: Server) -> FinishedJob:
+    return finished_tiny_job(server)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "the dashboard tests need Debian's chromium: apt-get install -y chromium"
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh browser context per test (its own sessionStorage); page errors fail the test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.set_default_timeout(30_000)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield pg
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
