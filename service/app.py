@@ -6,11 +6,14 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ftq import __version__
@@ -23,6 +26,8 @@ from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
 
 log = logging.getLogger(__name__)
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 class BodySizeLimit:
@@ -90,6 +95,22 @@ def create_app() -> FastAPI:
     @app.exception_handler(FtqError)
     async def _ftq_error(_: Request, exc: FtqError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code != 405:
+            return await http_exception_handler(request, exc)
+        # Starlette's Allow names only the first route on the path; RFC 9110 wants every method there.
+        routes = request.app.router.routes
+        allowed = {
+            method
+            for method in _METHODS
+            if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+        }
+        headers = dict(exc.headers or {})
+        if allowed:
+            headers["Allow"] = ", ".join(sorted(allowed))
+        return JSONResponse({"detail": exc.detail}, status_code=405, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
