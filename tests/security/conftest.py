@@ -1,0 +1,158 @@
+"""Security tests: a real `ftq api` (or `ftq up`) process per module, local assets under a private root."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FTQ = str(Path(sys.executable).with_name("ftq"))
+
+# A config.json the memory estimate can read and a weights file that preflight looks for (nothing here
+# loads the model, so its content does not matter).
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "torch_dtype": "float32",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_model_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def make_dataset_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": f"hello {i}"}) + "\n" for i in range(8)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local root holding a tiny model config and a dataset (what FTQ_LOCAL_ROOTS points at)."""
+    root = tmp_path_factory.mktemp("assets").resolve()
+    make_model_dir(root / "model")
+    make_dataset_file(root / "data" / "train.jsonl")
+    return root
+
+
+def base_spec(**resources: Any) -> dict[str, Any]:
+    """A valid CPU spec on the assets' model and data (relative paths resolve under the roots)."""
+    return {
+        "name": "sec",
+        "model": {"name_or_path": "./model"},
+        "dataset": {"name_or_path": "./data/train.jsonl", "text_field": "text"},
+        "training": {"max_steps": 2, "max_seq_len": 32, "logging_steps": 1, "mixed_precision": "no"},
+        "resources": {"device": "cpu", "processes_per_node": 1, **resources},
+    }
+
+
+def clean_env(**settings: str) -> dict[str, str]:
+    """The caller's environment minus every FTQ_ setting, plus the given ones (key: FTQ_ name)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTQ_") or k.startswith("FTQ_TEST_")}
+    env.update({"FTQ_ENV": "test", "PYTHONUNBUFFERED": "1"})
+    env.update(settings)
+    return env
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def client(self, token: str | None = None, **kw: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=kw.pop("timeout", 30.0), **kw)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            # The server runs in its own session: stop it and anything it started (the worker of `ftq up`).
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def start_server(
+    workdir: Path, *, command: str = "api", settings: dict[str, str] | None = None, timeout: float = 60.0
+) -> Server:
+    """Start `ftq <command>` on a free loopback port with a private data dir; wait until it answers."""
+    data = workdir / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = clean_env(FTQ_DATA_DIR=str(data), **(settings or {}))
+    log_path = workdir / f"ftq-{command}-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [FTQ, command, "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server(url=f"http://127.0.0.1:{port}", proc=proc, data_dir=data, log_path=log_path, env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ftq {command} exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1.0).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"ftq {command} did not answer within {timeout}s:\n{server.log()}")
+
+
+@pytest.fixture(scope="module")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Start servers for this module; all are stopped at its end."""
+    started: list[Server] = []
+
+    def make(command: str = "api", **settings: str) -> Server:
+        workdir = tmp_path_factory.mktemp(f"ftq-{command}")
+        server = start_server(workdir, command=command, settings={f"FTQ_{k.upper()}": v for k, v in settings.items()})
+        started.append(server)
+        return server
+
+    yield make
+    for s in started:
+        s.stop()
