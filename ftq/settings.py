@@ -59,6 +59,13 @@ class Settings(BaseSettings):
     post_rate_per_minute: int = Field(120, ge=1)
     idempotency_ttl_hours: float = Field(24.0, gt=0)
 
+    # Retries (operator policy, never from a job spec)
+    retry_preempted: int = Field(
+        0, ge=0, le=100,
+        description="Times a job that ended preempted or by a node failure is queued again, continuing "
+        "from its newest checkpoint; 0: never.",
+    )
+
     # Periodic work
     reconcile_interval_seconds: float = Field(2.0, gt=0)
     ingest_interval_seconds: float = Field(1.0, gt=0)
