@@ -158,19 +158,12 @@ def launch_environment() -> dict[str, Any]:
         "resources": {
             # Several nodes only happen under SLURM in the articles; the spec insists on saying so.
             "launcher": "slurm" if nodes > 1 else "local",
-            "device": "cpu" if _cpu_only() else "cuda",
+            # Whether CUDA is there is settled in train.run (torch is not imported while parsing).
+            "device": "cpu" if env.get("ACCELERATE_USE_CPU", "false").lower() == "true" else "cuda",
             "num_nodes": nodes,
             "processes_per_node": local_world,
         },
     }
-
-
-def _cpu_only() -> bool:
-    if os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true":
-        return True
-    import torch  # only on the article-flags path, never for --help
-
-    return not torch.cuda.is_available()
 
 
 @dataclass

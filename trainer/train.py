@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ftq import runs
-from ftq.spec import JobSpec
+from ftq.spec import Device, JobSpec
 
 from .args import TrainerArgs
 from .callbacks import metrics_callback
@@ -63,8 +63,12 @@ def run(args: TrainerArgs) -> None:
     check_model_path(spec.model)
     _, splits = load_splits(spec.dataset, seed=spec.training.seed)
 
+    import torch
     from accelerate import PartialState
     from trl import SFTTrainer
+
+    if args.from_article_flags and not torch.cuda.is_available():
+        spec.resources.device = Device.cpu  # the articles' flags leave the device to the machine
 
     _quiet_progress_bars(heavy=True)
     out.mkdir(parents=True, exist_ok=True)
