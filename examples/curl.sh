@@ -44,14 +44,14 @@ echo "job id: $JOB    dashboard: $URL/ui/jobs/$JOB"
 
 echo
 echo "== 3. status"
-api "$URL/jobs/$JOB" | field '"{} {} step {}/{}".format(d["id"], d["status"], d["progress"]["step"], d["progress"]["max_steps"])'
+api "$URL/jobs/$JOB" | field '"{} {} step {}/{}".format(d["id"], d["status"], d["progress"]["step"] or 0, d["progress"]["max_steps"])'
 
 echo
 echo "== 4. cancel: a second copy, cancelled at once (cancel is idempotent)"
 OTHER=$(api -X POST "$URL/jobs" -H 'Content-Type: application/yaml' --data-binary @examples/tiny-cpu.yaml \
   | field 'd["id"]')
 api -X POST "$URL/jobs/$OTHER/cancel" | field 'd["id"] + ": " + d["status"]'
-api -X POST "$URL/jobs/$OTHER/cancel" | field 'd["id"] + ": " + d["status"] + " (asked again: unchanged)"'
+api -X POST "$URL/jobs/$OTHER/cancel" | field 'd["id"] + ": " + d["status"] + " (asked again)"'
 
 echo
 echo "== 5. logs, read by byte offset until the job ends"

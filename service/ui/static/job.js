@@ -105,21 +105,27 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       if (page.data.length < 1000 || page.next_after_step === after) break;
       after = page.next_after_step;
     }
-    if (changed || !document.querySelector("#chart-loss svg")) drawCharts();
+    if (changed || !document.querySelector("#chart-loss svg") || (state.metricsComplete && !state.points.size)) {
+      drawCharts();
+    }
   }
 
   function drawCharts() {
     const pts = [...state.points.values()].sort((a, b) => a.step - b.step);
     const series = (key) => pts.filter((p) => p[key] != null).map((p) => [p.step, p[key]]);
+    const ended = state.job && FTQ.TERMINAL.includes(state.job.status);
+    const emptyText = ended ? "this job logged no points" : "no points yet";
     Charts.render(document.getElementById("chart-loss"), {
       series: [
         { name: "train loss", key: "loss", color: "#2563eb", points: series("loss") },
         { name: "eval loss", key: "eval_loss", color: "#ea580c", points: series("eval_loss"), markers: true },
       ],
+      emptyText,
     });
     Charts.render(document.getElementById("chart-lr"), {
       series: [{ name: "learning rate", key: "learning_rate", color: "#16a34a", points: series("learning_rate") }],
       yFormat: (v) => (v === 0 ? "0" : v.toExponential(1)),
+      emptyText,
     });
   }
 
