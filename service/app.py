@@ -200,9 +200,9 @@ def _check_broker() -> str:
             probe.write_text("ok")
             probe.unlink()
             return "ok"
-        from worker.celery_app import celery_app
+        from kombu import Connection
 
-        with celery_app.connection_for_write() as conn:
+        with Connection(settings.celery_broker_url, connect_timeout=2) as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
         return "ok"
     except Exception as exc:
