@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -18,7 +19,7 @@ from ftq.settings import Settings
 from ftq.spec import JobSpec, SpecFieldError
 from service.errors import Conflict, NotFound, SpecError, TooManyRequests, spec_field_error
 from service.jobs import repository
-from service.jobs.repository import JobRepository, utcnow
+from service.jobs.repository import POINT_FIELDS, JobRepository, utcnow
 from service.jobs.schemas import (
     TERMINAL,
     Checkpoint,
