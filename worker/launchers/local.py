@@ -7,6 +7,8 @@ What the launcher knows about a run survives a worker restart because it is all 
 - `run_dir/exit_status`, written by launch.sh when the launch ends.
 - `run_dir/cancel.json`: when SIGTERM was sent, so that a later look escalates to SIGKILL after the
   grace period, whichever worker makes it.
+- `run_dir/launches.log`: one line appended per start, never rewritten: the audit that a job was
+  launched exactly once, whatever crashed around it (bench/fault_series.py counts these lines).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 LAUNCH_RECORD = "launch.json"
 CANCEL_RECORD = "cancel.json"
+LAUNCHES_LOG = "launches.log"
 RUN_MARKER = "FTQ_JOB_ID"
 # Operator settings that hold credentials; a training run has no use for them.
 _WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
@@ -188,6 +191,8 @@ class LocalLauncher:
             run_dir / LAUNCH_RECORD,
             json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "started": time.time()}),
         )
+        with open(run_dir / LAUNCHES_LOG, "a") as audit:
+            audit.write(f"{time.time():.3f} pid={proc.pid} start_ticks={ticks} by_worker_pid={os.getpid()}\n")
         return LaunchHandle(external_id=None, pid=proc.pid, pid_start_ticks=ticks)
 
     def find(self, run_dir: Path) -> LaunchHandle | None:
