@@ -1,8 +1,11 @@
 """The Celery app. Tasks are short (submit, cancel, reconcile, ingest, relay); a run never lives in one.
 
 Broker: `FTQ_BROKER_URL` (Redis in production); by default kombu's filesystem transport in the data
-dir, which needs no server. Late acks and prefetch 1 so a task whose worker dies is delivered again;
-every task is safe to run twice because state changes are compare-and-set in the store.
+dir, which needs no server. Every task is safe to run twice (state changes are compare-and-set in
+the store) and none needs to survive its worker: a lost submit or cancel is redone by the periodic
+reconcile, a lost sweep by the next one. So tasks are acknowledged early: with late acks, a worker
+holding unacknowledged messages when Redis drops hits a kombu bug while restoring them
+(AttributeError in `_connparams`) and stops consuming for good.
 """
 
 from __future__ import annotations
@@ -42,8 +45,7 @@ def make_celery() -> Celery:
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=3,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
+        task_acks_late=False,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
         result_backend=None,

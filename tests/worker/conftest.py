@@ -163,6 +163,17 @@ class Stack:
             time.sleep(0.3)
         raise AssertionError(f"{self.url} not ready; logs in {self.data_dir}")
 
+    def start_worker(self) -> None:
+        log = self.data_dir / "worker.log"
+        mark = log.stat().st_size if log.exists() else 0
+        self.start("worker", ["worker"])
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if log.exists() and " ready." in log.read_bytes()[mark:].decode(errors="replace"):
+                return
+            time.sleep(0.2)
+        raise AssertionError("the worker never became ready")
+
     def wait_gone(self, pids: list[int], timeout: float = 30) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline and any(pid_alive(p) for p in pids):
@@ -308,7 +319,7 @@ def production(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         stack.start("api", ["api", "--port", str(port)])
         stack.wait_ready()
-        stack.start("worker", ["worker"])
+        stack.start_worker()
         yield stack
     finally:
         stack.shutdown()

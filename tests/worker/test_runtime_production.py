@@ -39,7 +39,7 @@ def test_kill9_worker_mid_training_then_restart(production: Stack, wave: dict[st
     # The run does not depend on the worker: it keeps going (or has just finished on its own).
     assert pgid in proc_groups() or (production.run_dir(job_id) / "exit_status").exists()
     time.sleep(2)
-    production.start("worker", ["worker"])
+    production.start_worker()
     done = production.wait_terminal(job_id, timeout=180)
     assert done["status"] == "succeeded", production.log_tail(job_id)
     assert all_steps(production, job_id) == list(range(1, SURVIVOR_STEPS + 1))
