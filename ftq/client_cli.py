@@ -339,7 +339,12 @@ def submit(
     job = api.post("/jobs", content=text.encode(), headers=headers)
     out.print(f"submitted {job['id']} ({escape(job['name'])}): {fmt_status(job['status'])}")
     if follow:
-        raise typer.Exit(follow_job(api, job["id"]))
+        try:
+            code = follow_job(api, job["id"])
+        except KeyboardInterrupt:
+            # Following is only watching: the job goes on, and the user should know how to stop it.
+            _fail(f"stopped following {job['id']}; it keeps running (`ftq cancel {job['id']}` stops it)", 130)
+        raise typer.Exit(code)
     out.print(f"follow it with: ftq status {job['id']}  |  ftq logs {job['id']} --follow")
 
 
