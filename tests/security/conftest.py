@@ -110,10 +110,15 @@ class Server:
 
 
 def start_server(
-    workdir: Path, *, command: str = "api", settings: dict[str, str] | None = None, timeout: float = 60.0
+    workdir: Path,
+    *,
+    command: str = "api",
+    settings: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    data_name: str = "data",
 ) -> Server:
     """Start `ftq <command>` on a free loopback port with a private data dir; wait until it answers."""
-    data = workdir / "data"
+    data = workdir / data_name
     data.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = clean_env(FTQ_DATA_DIR=str(data), **(settings or {}))
@@ -147,9 +152,10 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Start servers for this module; all are stopped at its end."""
     started: list[Server] = []
 
-    def make(command: str = "api", **settings: str) -> Server:
+    def make(command: str = "api", *, data_name: str = "data", **settings: str) -> Server:
         workdir = tmp_path_factory.mktemp(f"ftq-{command}")
-        server = start_server(workdir, command=command, settings={f"FTQ_{k.upper()}": v for k, v in settings.items()})
+        env = {f"FTQ_{k.upper()}": v for k, v in settings.items()}
+        server = start_server(workdir, command=command, settings=env, data_name=data_name)
         started.append(server)
         return server
 
