@@ -118,6 +118,11 @@ def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
     }
     if fsdp.version == 2:
         return {**common, "fsdp_reshard_after_forward": fsdp.reshard_after_forward}
+    # FSDP1 broadcasts rank 0's weights with sync_module_states, which accelerate only allows on an
+    # accelerator; cpu_ram_efficient_loading needs it. On CPU (a rehearsal: accelerate runs FSDP
+    # configs there as plain MULTI_CPU data parallel) both are off, or the launch fails at start.
+    on_device = spec.resources.device == "cuda"
+    common["fsdp_cpu_ram_efficient_loading"] = fsdp.cpu_ram_efficient_loading and on_device
     return {
         **common,
         "fsdp_backward_prefetch": "BACKWARD_PRE",
@@ -125,7 +130,7 @@ def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
         # FSDP1 spells "reshard after forward" as a sharding strategy.
         "fsdp_sharding_strategy": "FULL_SHARD" if fsdp.reshard_after_forward else "SHARD_GRAD_OP",
         # Rank 0's weights are broadcast to the others; needed with cpu_ram_efficient_loading.
-        "fsdp_sync_module_states": True,
+        "fsdp_sync_module_states": on_device,
         # PEFT (frozen and trainable params in one FSDP unit) needs the original parameters.
         "fsdp_use_orig_params": True,
     }
@@ -224,20 +229,12 @@ set -u
 cd -- {rd} || exit 1
 rm -f -- {status}
 
+# A cancel sends SIGTERM to the whole process group, so the launch gets it directly. This shell must
+# outlive the launch to record how it ended: with a trap, bash lets the foreground launch finish,
+# then runs the trap, and $? is still the launch's own status.
+trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
 {_argv_lines(argv, 1 + len(ACCELERATE_LAUNCH))} \\
-  >> {runs.TRAIN_LOG} 2>&1 &
-pid=$!
-
-# A cancel sends SIGTERM to the whole group. Forward it (in case only this shell got it) and keep
-# waiting: this shell must outlive the launch to record how it ended.
-trap 'kill -TERM "$pid" 2>/dev/null || true' TERM INT
-# `wait` returns early when a trapped signal arrives, so wait until the launch is really gone.
-wait "$pid"
-while kill -0 "$pid" 2>/dev/null; do
-  wait "$pid"
-done
-# bash keeps an ended child's status: this is the launch's own, even after an interrupted wait.
-wait "$pid"
+  >> {runs.TRAIN_LOG} 2>&1
 status=$?
 
 printf '%s\\n' "$status" > {tmp} && mv -f -- {tmp} {status}
@@ -309,7 +306,7 @@ def sbatch_script(
     if account:
         header.append(f"--account={_sbatch_value(account)}")
     header += [
-        f"--chdir={_sbatch_path(run_dir)}",
+        f"--chdir={_sbatch_value(str(run_dir))}",
         f"--output={_sbatch_path(run_dir / runs.TRAIN_LOG)}",
         "--open-mode=append",
         # Preempted or failed-node jobs go back in the queue and resume from their newest checkpoint.
@@ -321,7 +318,7 @@ def sbatch_script(
     default_resume = "()"
     if resume_from_checkpoint:
         default_resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
-    srun_opts = ["--nodes", str(res.num_nodes), "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    srun_opts = [f"--nodes={res.num_nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if cpus_per_task:
         # srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05).
         srun_opts.append(f"--cpus-per-task={cpus_per_task}")
@@ -367,7 +364,8 @@ def sbatch_script(
     if setup:
         lines += ["# Site setup (FTQ_SLURM_SETUP)", setup, ""]
     lines += [
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "# The first node hosts the rendezvous (awk, not head: head would SIGPIPE scontrol under pipefail).",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk \'NR == 1\')"',
         'export MASTER_ADDR="${MASTER_ADDR:?could not resolve the first node of $SLURM_JOB_NODELIST}"',
         f"export MASTER_PORT={port}",
         "",

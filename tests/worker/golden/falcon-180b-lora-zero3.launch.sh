@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Rendered by ftq; the launcher runs it in its own process group with the job's environment.
+set -u
+cd -- /shared/ftq/runs/job_0123456789abcdef || exit 1
+rm -f -- exit_status
+
+# A cancel sends SIGTERM to the whole process group, so the launch gets it directly. This shell must
+# outlive the launch to record how it ended: with a trap, bash lets the foreground launch finish,
+# then runs the trap, and $? is still the launch's own status.
+trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
+/opt/ftq/.venv/bin/python -m accelerate.commands.launch \
+  --config_file /shared/ftq/runs/job_0123456789abcdef/accelerate_config.yaml \
+  --num_processes 16 \
+  --num_machines 2 \
+  --main_process_port 37413 \
+  -m trainer \
+  --spec /shared/ftq/runs/job_0123456789abcdef/spec.json \
+  --output_dir /shared/ftq/runs/job_0123456789abcdef \
+  >> train.log 2>&1
+status=$?
+
+printf '%s\n' "$status" > .exit_status.tmp && mv -f -- .exit_status.tmp exit_status
+exit "$status"
