@@ -141,6 +141,7 @@ def test_kernel_oom_kill_under_a_memory_limit(fstack: Stack, tiny_dir: Path) -> 
     assert "per_device_train_batch_size" in err["message"]
 
 
+@pytest.mark.slow
 def test_full_disk(tmp_path: Path, tiny_dir: Path) -> None:
     data = tmp_path / "data"
     runs = data / "runs"
