@@ -363,35 +363,63 @@ def _fits(spec: JobSpec, arch_config: dict[str, Any], device_memory_bytes: int) 
 
 
 def suggest_fix(spec: JobSpec, model_config: dict[str, Any] | None, device_memory_bytes: int) -> str | None:
-    """One sentence: the smallest change (tried in order, then combined) that makes the job fit."""
+    """One sentence: the smallest change that makes the job fit, or None (it fits, or nothing found).
+
+    Single changes first, cheapest first: gradient checkpointing, a smaller micro-batch, ZeRO-3/FSDP,
+    LoRA, more nodes (SLURM jobs with a sharded strategy), CPU offload; then the same changes combined.
+    """
     if not model_config or parse_arch(model_config) is None:
         return None
+    if _fits(spec, model_config, device_memory_bytes)[0]:
+        return None
+
+    def fits(candidate: JobSpec) -> int | None:
+        ok, need = _fits(candidate, model_config, device_memory_bytes)
+        return need if ok else None
+
+    def sentence(labels: list[str], need: int) -> str:
+        return f"it would fit with {_join(labels)} (about {need / GiB:.1f} GiB per device)"
+
     steps = _fix_steps(spec)
-    # A single change first, in order of how little it costs.
-    for label, apply in steps:
+    *cheap, offload = steps
+    for label, apply in cheap:
         candidate = spec.model_copy(deep=True)
         apply(candidate)
-        ok, need = _fits(candidate, model_config, device_memory_bytes)
-        if ok:
-            return f"it would fit with {label} (about {need / GiB:.1f} GiB per device)"
-    # Then the changes combined, cheapest first, and finally more nodes.
+        if (need := fits(candidate)) is not None:
+            return sentence([label], need)
+    if (found := _more_nodes(spec, fits)) is not None:
+        return sentence([found[0]], found[1])
+    candidate = spec.model_copy(deep=True)
+    offload[1](candidate)
+    if (need := fits(candidate)) is not None:
+        return sentence([offload[0]], need)
+    # Combined, in the same order.
     combined = spec.model_copy(deep=True)
     labels: list[str] = []
-    for label, apply in steps:
+    for label, apply in cheap:
         apply(combined)
         labels.append(label)
-        ok, need = _fits(combined, model_config, device_memory_bytes)
-        if ok:
-            return f"it would fit with {_join(labels)} (about {need / GiB:.1f} GiB per device)"
-    if combined.distributed.strategy in ("fsdp", "deepspeed"):
-        nodes = combined.resources.num_nodes
-        while nodes < 1024:
-            nodes *= 2
-            combined.resources.num_nodes = nodes
-            ok, need = _fits(combined, model_config, device_memory_bytes)
-            if ok:
-                more = f"resources.num_nodes: {nodes} (launcher slurm)"
-                return f"it would fit with {_join([*labels, more])} (about {need / GiB:.1f} GiB per device)"
+        if (need := fits(combined)) is not None:
+            return sentence(labels, need)
+    if (found := _more_nodes(combined, fits)) is not None:
+        return sentence([*labels, found[0]], found[1])
+    offload[1](combined)
+    if (need := fits(combined)) is not None:
+        return sentence([*labels, offload[0]], need)
+    return None
+
+
+def _more_nodes(spec: JobSpec, fits: Any) -> tuple[str, int] | None:
+    """Doubling the nodes of a sharded SLURM job until it fits (a local job cannot have more nodes)."""
+    dist = spec.distributed
+    sharded = dist.strategy == "fsdp" or (dist.strategy == "deepspeed" and dist.deepspeed.zero_stage == 3)
+    if spec.resources.launcher != "slurm" or not sharded:
+        return None
+    candidate = spec.model_copy(deep=True)
+    while candidate.resources.num_nodes * 2 <= 1024:
+        candidate.resources.num_nodes *= 2
+        if (need := fits(candidate)) is not None:
+            return f"resources.num_nodes: {candidate.resources.num_nodes}", need
     return None
 
 
