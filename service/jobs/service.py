@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from ftq import runs
 from ftq.settings import Settings
-from ftq.spec import JobSpec, SpecFieldError
+from ftq.spec import JobSpec, SpecFieldError, looks_local
 from service.errors import Conflict, NotFound, SpecError, TooManyRequests, spec_field_error
 from service.jobs import repository
 from service.jobs.repository import POINT_FIELDS, JobRepository, utcnow
@@ -33,7 +33,7 @@ from service.jobs.schemas import (
     Progress,
 )
 from service.models import Job
-from service.paths import PathRefused, resolve_local
+from service.paths import PathRefused, refuse_ftq_state, resolve_local
 
 LOG_CHUNK_MAX = 1_048_576
 
@@ -66,14 +66,23 @@ def _errors_from(exc: ValidationError) -> list[dict[str, Any]]:
     return errors
 
 
-def resolve_paths(spec: JobSpec, settings: Settings) -> JobSpec:
-    """Local model and dataset paths become absolute, symlink-free paths under the allowed roots."""
+def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository) -> JobSpec:
+    """Local model and dataset paths become absolute, symlink-free paths under the allowed roots,
+    outside ftq's own state and other owners' run directories."""
     roots = settings.allowed_roots
     resolved = spec.model_copy(deep=True)
     for section in ("model", "dataset"):
         part = getattr(resolved, section)
         try:
-            part.name_or_path = resolve_local(part.name_or_path, roots)
+            original = part.name_or_path
+            part.name_or_path = resolve_local(original, roots)
+            if looks_local(original):
+                refuse_ftq_state(
+                    part.name_or_path,
+                    data_dir=settings.data_path,
+                    runs_dir=settings.runs_dir,
+                    own_run=lambda job_id: repo.get(job_id) is not None,
+                )
         except PathRefused as exc:
             raise spec_field_error([section, "name_or_path"], str(exc), "path_refused") from None
     return resolved
@@ -164,7 +173,7 @@ def request_hash(body: Any) -> str:
 
 
 def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
-    spec = resolve_paths(parse_spec(body), settings)
+    spec = resolve_paths(parse_spec(body), settings, repo)
     resume = _resume_checkpoint(spec, repo, settings)
     estimate, refusals = preflight(spec, settings)
     if refusals:
@@ -183,7 +192,7 @@ def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str)
 
 
 def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
-    spec = resolve_paths(parse_spec(body), settings)
+    spec = resolve_paths(parse_spec(body), settings, repo)
     resume = _resume_checkpoint(spec, repo, settings)
     # A dry run always answers with the plan, fits or not, so the user can see why.
     estimate, _ = preflight(spec, settings)
