@@ -3,16 +3,21 @@
 Broker: `FTQ_BROKER_URL` (Redis in production); by default kombu's filesystem transport in the data
 dir, which needs no server. Every task is safe to run twice (state changes are compare-and-set in
 the store) and none needs to survive its worker: a lost submit or cancel is redone by the periodic
-reconcile, a lost sweep by the next one. So tasks are acknowledged early: with late acks, a worker
-holding unacknowledged messages when Redis drops hits a kombu bug while restoring them
-(AttributeError in `_connparams`) and stops consuming for good.
+reconcile, a lost sweep by the next one. So tasks are acknowledged early, and a message left
+unacknowledged when Redis drops is not worth a worker that stops consuming (see
+`_survive_broker_loss`).
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from celery import Celery
 
 from ftq.settings import get_settings
+
+log = logging.getLogger(__name__)
 
 TASK_SUBMIT = "ftq.submit"
 TASK_CANCEL = "ftq.cancel"
@@ -21,11 +26,43 @@ TASK_INGEST = "ftq.ingest"
 TASK_RELAY = "ftq.relay"
 
 
+def _survive_broker_loss() -> None:
+    """Keep consuming after Redis drops (kombu 5.x bug).
+
+    When the connection is lost, kombu closes the channel and restores the unacknowledged messages
+    through a client of the connection it has just released (`'NoneType' object has no attribute
+    'hostname'` in `_connparams`). Celery takes that for an unrecoverable error and the worker stops
+    consuming while its process stays up. Not restoring them is harmless here: Redis hands them out
+    again after the visibility timeout, and reconcile redoes whatever a lost task was for.
+    """
+    from kombu.transport import redis as kombu_redis
+
+    original = kombu_redis.QoS.restore_unacked
+    if getattr(original, "_ftq_patched", False):
+        return
+
+    def restore_unacked(self: Any, client: Any = None) -> Any:
+        try:
+            return original(self, client)
+        except (AttributeError, *kombu_redis.Transport.connection_errors) as exc:
+            log.warning("broker connection lost with %d unacknowledged message(s) (%s); "
+                        "they come back after the visibility timeout", len(self._delivered), exc)
+            self._delivered.clear()
+            return None
+
+    restore_unacked._ftq_patched = True  # type: ignore[attr-defined]
+    kombu_redis.QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]
+
+
 def make_celery() -> Celery:
     settings = get_settings()
     app = Celery("ftq", broker=settings.celery_broker_url, include=["worker.tasks"])
     transport_options: dict[str, object] = {}
     if settings.uses_embedded_broker:
+        from worker.fsbroker import Transport
+
+        # kombu's filesystem transport, but a consumer never reads a message file half written.
+        app.conf.broker_transport = Transport
         folder = settings.data_path / "broker"
         (folder / "queue").mkdir(parents=True, exist_ok=True)
         (folder / "processed").mkdir(parents=True, exist_ok=True)
@@ -41,6 +78,8 @@ def make_celery() -> Celery:
         }
     else:
         transport_options = {"visibility_timeout": 3600}
+        if settings.celery_broker_url.startswith(("redis://", "rediss://", "unix://")):
+            _survive_broker_loss()
     app.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
