@@ -27,14 +27,22 @@ from typing import Any
 # Dense bf16 peak (TFLOP/s) by device name fragment; the first match wins.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
 ONE_B = {
-    "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-    "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 8192,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 8192,
 }
 
 
 def no_gpu_exit() -> None:
-    print("gpu_bench: no CUDA GPU visible to torch (torch.cuda.is_available() is False); "
-          "this benchmark needs a GPU machine, nothing was measured", file=sys.stderr)
+    print(
+        "gpu_bench: no CUDA GPU visible to torch (torch.cuda.is_available() is False); "
+        "this benchmark needs a GPU machine, nothing was measured",
+        file=sys.stderr,
+    )
     raise SystemExit(3)
 
 
@@ -85,7 +93,9 @@ def run_variant(attn: str, packed: bool, seq_len: int, steps: int, tokens_per_st
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    n_params = sum(p.numel() for p in model.parameters()) - cfg["vocab_size"] * cfg["hidden_size"]  # no embedding
+    n_params = (
+        sum(p.numel() for p in model.parameters()) - cfg["vocab_size"] * cfg["hidden_size"]
+    )  # no embedding
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
     rng = random.Random(0)
@@ -109,11 +119,15 @@ def run_variant(attn: str, packed: bool, seq_len: int, steps: int, tokens_per_st
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
     result = {
-        "attn": attn, "packing": "packed" if packed else "padded", "seq_len": seq_len,
+        "attn": attn,
+        "packing": "packed" if packed else "padded",
+        "seq_len": seq_len,
         "tokens_per_second": tokens / elapsed,
         "mfu": (flops / elapsed) / (peak * 1e12) if peak else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "params_non_embedding": n_params, "steps": steps, "seconds": elapsed,
+        "params_non_embedding": n_params,
+        "steps": steps,
+        "seconds": elapsed,
     }
     del model, opt
     return result
@@ -144,12 +158,22 @@ def main() -> None:
             try:
                 r = run_variant(attn, packed, ns.seq_len, ns.steps, ns.tokens_per_step)
             except torch.cuda.OutOfMemoryError as err:
-                r = {"attn": attn, "packing": "packed" if packed else "padded", "error": f"out of memory: {err}"}
+                r = {
+                    "attn": attn,
+                    "packing": "packed" if packed else "padded",
+                    "error": f"out of memory: {err}",
+                }
             results.append(r)
             print(json.dumps(r), flush=True)
 
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-            "config": ONE_B, "seq_len": ns.seq_len, "tokens_per_step": ns.tokens_per_step}
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "config": ONE_B,
+        "seq_len": ns.seq_len,
+        "tokens_per_step": ns.tokens_per_step,
+    }
     (ns.out / "gpu_bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = ["| attn | batches | tokens/s | MFU | peak GiB |", "| --- | --- | ---: | ---: | ---: |"]
     for r in results:
@@ -157,8 +181,10 @@ def main() -> None:
             lines.append(f"| {r['attn']} | {r['packing']} | {r['error']} | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-        lines.append(f"| {r['attn']} | {r['packing']} | {r['tokens_per_second']:.0f} | {mfu} | "
-                     f"{r['peak_memory_gib']:.1f} |")
+        lines.append(
+            f"| {r['attn']} | {r['packing']} | {r['tokens_per_second']:.0f} | {mfu} | "
+            f"{r['peak_memory_gib']:.1f} |"
+        )
     (ns.out / "gpu_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -15,6 +15,7 @@ absolute CPU numbers mean little on a shared machine. Results go to OUT/results.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -33,9 +34,18 @@ def spec(tiny: Path, steps: int, packing: bool) -> dict[str, Any]:
     return {
         "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
         "dataset": {"name_or_path": str(tiny / "data" / "train.jsonl"), "text_field": "text"},
-        "training": {"max_seq_len": SEQ_LEN, "max_steps": steps, "per_device_train_batch_size": BATCH,
-                     "learning_rate": LR, "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": None,
-                     "packing": packing, "mixed_precision": "no", "seed": 0},
+        "training": {
+            "max_seq_len": SEQ_LEN,
+            "max_steps": steps,
+            "per_device_train_batch_size": BATCH,
+            "learning_rate": LR,
+            "lr_scheduler_type": "constant",
+            "logging_steps": 1,
+            "save_steps": None,
+            "packing": packing,
+            "mixed_precision": "no",
+            "seed": 0,
+        },
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
         "resources": {"device": "cpu"},
     }
@@ -53,25 +63,49 @@ def baseline(tiny: Path, steps: int, out: Path) -> None:
     class Clock(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
-                rates.append({"step": state.global_step, "time": time.time(), "tokens": state.num_input_tokens_seen})
+                rates.append(
+                    {"step": state.global_step, "time": time.time(), "tokens": state.num_input_tokens_seen}
+                )
 
     tok = AutoTokenizer.from_pretrained(tiny / "model")
     model = AutoModelForCausalLM.from_pretrained(tiny / "model", attn_implementation="sdpa")
     ds = load_dataset("json", data_files=str(tiny / "data" / "train.jsonl"), split="train")
-    config = SFTConfig(output_dir=str(out / "baseline-ckpt"), max_steps=steps, per_device_train_batch_size=BATCH,
-                       learning_rate=LR, lr_scheduler_type="constant", logging_steps=1, save_strategy="no",
-                       max_length=SEQ_LEN, packing=True, use_cpu=True, report_to="none", seed=0,
-                       include_num_input_tokens_seen="non_padding", disable_tqdm=True)
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
-    trainer = SFTTrainer(model=model, args=config, train_dataset=ds, processing_class=tok, peft_config=lora,
-                         callbacks=[Clock()])
+    config = SFTConfig(
+        output_dir=str(out / "baseline-ckpt"),
+        max_steps=steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        max_length=SEQ_LEN,
+        packing=True,
+        use_cpu=True,
+        report_to="none",
+        seed=0,
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=True,
+    )
+    lora = LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=lora,
+        callbacks=[Clock()],
+    )
     trainer.train()
     (out / "baseline.json").write_text(json.dumps(rates))
 
 
 def rates_from_clock(path: Path) -> list[float]:
     marks = json.loads(path.read_text())
-    return [(b["tokens"] - a["tokens"]) / (b["time"] - a["time"]) for a, b in zip(marks, marks[1:], strict=False)]
+    return [
+        (b["tokens"] - a["tokens"]) / (b["time"] - a["time"]) for a, b in itertools.pairwise(marks)
+    ]
 
 
 def rates_from_metrics(path: Path) -> list[float]:
@@ -105,8 +139,19 @@ def main() -> None:
         run([sys.executable, "-m", "trainer.tiny", "--out", str(tiny), "--size", "small"])
 
     walls: dict[str, float] = {}
-    walls["baseline"] = run([sys.executable, __file__, "--baseline", "--steps", str(ns.steps), "--out", str(out),
-                             "--tiny", str(tiny)])
+    walls["baseline"] = run(
+        [
+            sys.executable,
+            __file__,
+            "--baseline",
+            "--steps",
+            str(ns.steps),
+            "--out",
+            str(out),
+            "--tiny",
+            str(tiny),
+        ]
+    )
     rates = {"baseline": rates_from_clock(out / "baseline.json")}
     for name, packing in (("trainer", True), ("no-pack", False)):
         run_dir = out / name
@@ -117,8 +162,9 @@ def main() -> None:
         run_dir.mkdir()
         spec_path = run_dir / "spec.json"
         spec_path.write_text(json.dumps(spec(tiny, ns.steps, packing)))
-        walls[name] = run([sys.executable, "-m", "trainer", "--spec", str(spec_path), "--output_dir",
-                           str(run_dir / "out")])
+        walls[name] = run(
+            [sys.executable, "-m", "trainer", "--spec", str(spec_path), "--output_dir", str(run_dir / "out")]
+        )
         rates[name] = rates_from_metrics(run_dir / "out" / "metrics.jsonl")
 
     # The first two steps include warm-up (allocations, first packing); leave them out.

@@ -179,12 +179,14 @@ class TrainerArgs:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer",
-        description="Fine-tune a causal LM (TRL SFT, optional LoRA) from an ftq job spec or the articles' flags.",
+        description="Fine-tune a causal LM (TRL SFT, optional LoRA) from an ftq job spec or article flags.",
         epilog=USAGE_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--spec", help="spec.json written by the ftq worker (JobSpec as JSON).")
-    parser.add_argument("--output_dir", required=True, help="Run directory: metrics.jsonl, checkpoints/, final/.")
+    parser.add_argument(
+        "--output_dir", required=True, help="Run directory: metrics.jsonl, checkpoints/, final/."
+    )
     parser.add_argument(
         "--resume_from_checkpoint",
         help="`latest` (newest under <output_dir>/checkpoints) or a checkpoint folder.",

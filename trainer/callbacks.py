@@ -14,7 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-POINT_FIELDS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "tokens_per_second", "time")
+POINT_FIELDS = (
+    "step",
+    "epoch",
+    "loss",
+    "learning_rate",
+    "grad_norm",
+    "eval_loss",
+    "tokens_per_second",
+    "time",
+)
 
 
 def metrics_callback(path: Path) -> Any:
@@ -51,7 +60,9 @@ class MetricsWriter:
         if self._last_time is not None:
             self._last_time = time.time()
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         logs = logs or {}
         is_train, is_eval = "loss" in logs, "eval_loss" in logs
         if not (is_train or is_eval):
@@ -96,7 +107,7 @@ def _num(value: Any) -> float | None:
 
 def read_points(path: Path) -> list[dict[str, Any]]:
     """The Points in a metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
-    points = []
+    points: list[dict[str, Any]] = []
     if not path.exists():
         return points
     for line in path.read_text(encoding="utf-8").splitlines():

@@ -85,7 +85,9 @@ def load_raw(name_or_path: str) -> DatasetDict:
             if path.is_file():
                 builder = _BUILDERS.get(path.suffix.lower())
                 if builder is None:
-                    raise DatasetError(f"dataset file {name_or_path}: use .jsonl, .json, .parquet, .csv or .arrow")
+                    raise DatasetError(
+                        f"dataset file {name_or_path}: use .jsonl, .json, .parquet, .csv or .arrow"
+                    )
                 return _as_dict(datasets.load_dataset(builder, data_files={"train": str(path)}))
             if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
                 return _as_dict(datasets.load_from_disk(str(path)))
@@ -94,7 +96,9 @@ def load_raw(name_or_path: str) -> DatasetDict:
                 # One load per file: splits may differ in columns (datasets would insist they match).
                 return datasets.DatasetDict(
                     {
-                        split: datasets.load_dataset(_BUILDERS[f.suffix.lower()], data_files=str(f), split="train")
+                        split: datasets.load_dataset(
+                            _BUILDERS[f.suffix.lower()], data_files=str(f), split="train"
+                        )
                         for split, f in data_files.items()
                     }
                 )
@@ -102,7 +106,13 @@ def load_raw(name_or_path: str) -> DatasetDict:
         return _as_dict(datasets.load_dataset(name_or_path))
     except DatasetError:
         raise
-    except (FileNotFoundError, ValueError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as err:
+    except (
+        FileNotFoundError,
+        ValueError,
+        ConnectionError,
+        OSError,
+        datasets.exceptions.DatasetsError,
+    ) as err:
         # DatasetNotFoundError is a FileNotFoundError; offline hub lookups end as ConnectionError/OSError.
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DatasetError(f"cannot load dataset {name_or_path}: {first}") from err

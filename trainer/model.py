@@ -113,7 +113,9 @@ def check_target_modules(model: Any, lora: LoraSpec) -> None:
     if missing:
         import torch
 
-        linear = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+        )
         raise ModelError(
             f"LoRA target module(s) {', '.join(missing)} not found in {type(model).__name__}; "
             f"its linear layers are: {', '.join(linear)} (or use all-linear)"
@@ -125,7 +127,7 @@ def lora_config(lora: LoraSpec) -> Any:
 
     return LoraConfig(
         r=lora.r,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int; it scales by alpha / r
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
         bias="none",

@@ -27,11 +27,23 @@ from typing import Any
 
 SIZES: dict[str, dict[str, int]] = {
     # hidden 64, 2 layers: ~150k parameters, about 600 KB of float32 safetensors.
-    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "vocab_size": 512},
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+    },
     # For benchmarks, where per-step overhead should not dominate the measurement.
-    "small": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
-              "num_key_value_heads": 4, "vocab_size": 1024},
+    "small": {
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "vocab_size": 1024,
+    },
 }
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -42,11 +54,25 @@ CHAT_TEMPLATE = (
 # logits: with 0.02 the output layer is nearly flat and an adapter can barely move the loss.
 INITIALIZER_RANGE = 0.1
 
-NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve".split()
-COLORS = "red green blue yellow black white".split()
-ANIMALS = "cat dog fox bird fish horse".split()
-VERBS = "sees likes chases follows finds".split()
-NAMES = "alice bob carol dave erin frank".split()
+NUMBERS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+]
+COLORS = ["red", "green", "blue", "yellow", "black", "white"]
+ANIMALS = ["cat", "dog", "fox", "bird", "fish", "horse"]
+VERBS = ["sees", "likes", "chases", "follows", "finds"]
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank"]
 
 
 def sentence(rng: random.Random) -> str:
@@ -56,7 +82,9 @@ def sentence(rng: random.Random) -> str:
         start = rng.randrange(len(NUMBERS) - 4)
         return " ".join(NUMBERS[start : start + rng.randint(3, len(NUMBERS) - start)]) + "."
     if kind == 1:
-        return f"the {rng.choice(COLORS)} {rng.choice(ANIMALS)} {rng.choice(VERBS)} the {rng.choice(ANIMALS)}."
+        return (
+            f"the {rng.choice(COLORS)} {rng.choice(ANIMALS)} {rng.choice(VERBS)} the {rng.choice(ANIMALS)}."
+        )
     if kind == 2:
         name = rng.choice(NAMES)
         return f"{name} has {rng.choice(NUMBERS)} {rng.choice(ANIMALS)}s and {name} is happy."
@@ -109,9 +137,9 @@ def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     tok.train_from_iterator(corpus, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
+        bos_token="<s>",  # noqa: S106 (a token, not a password)
+        eos_token="</s>",  # noqa: S106
+        pad_token="<pad>",  # noqa: S106
         additional_special_tokens=SPECIAL_TOKENS[3:],
         chat_template=CHAT_TEMPLATE,
         model_max_length=4096,
@@ -122,8 +150,9 @@ def build_model(tokenizer: Any, size: str, seed: int) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    shape: dict[str, Any] = {**SIZES[size], "vocab_size": len(tokenizer)}
     config = LlamaConfig(
-        **{**SIZES[size], "vocab_size": len(tokenizer)},
+        **shape,
         max_position_embeddings=4096,
         initializer_range=INITIALIZER_RANGE,
         tie_word_embeddings=False,
@@ -136,7 +165,7 @@ def build_model(tokenizer: Any, size: str, seed: int) -> Any:
 
 
 def build(out: Path, size: str = "tiny", seed: int = 0, train_rows: int = 2000, eval_rows: int = 64) -> None:
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 (test data, not secrets)
     train = [{"text": paragraph(rng)} for _ in range(train_rows)]
     eval_ = [{"text": paragraph(rng)} for _ in range(eval_rows)]
     chat_train = [{"messages": chat(rng)} for _ in range(train_rows // 2)]

@@ -79,8 +79,14 @@ def run(args: TrainerArgs) -> None:
     strategy = _strategy(state)
     if state.device.type == "cpu" and strategy in ("fsdp", "deepspeed"):
         engage_sharding_on_cpu(strategy, config)
-    log.info("strategy %s (%s), %d process(es), device %s; eval: %s", strategy, state.distributed_type,
-             state.num_processes, state.device, splits.eval_note)
+    log.info(
+        "strategy %s (%s), %d process(es), device %s; eval: %s",
+        strategy,
+        state.distributed_type,
+        state.num_processes,
+        state.device,
+        splits.eval_note,
+    )
 
     tokenizer = load_tokenizer(spec.model)
     with config.main_process_first(desc="render dataset"):
@@ -93,8 +99,13 @@ def run(args: TrainerArgs) -> None:
     if spec.lora is not None:
         check_target_modules(model, spec.lora)
         peft_config = lora_config(spec.lora)
-    log.info("model %s: attention %s, dtype %s, %s", spec.model.name_or_path, attn, model.dtype,
-             "LoRA" if peft_config else "full fine-tuning")
+    log.info(
+        "model %s: attention %s, dtype %s, %s",
+        spec.model.name_or_path,
+        attn,
+        model.dtype,
+        "LoRA" if peft_config else "full fine-tuning",
+    )
 
     trainer = SFTTrainer(
         model=model,
@@ -106,7 +117,9 @@ def run(args: TrainerArgs) -> None:
         callbacks=[metrics_callback(out / runs.METRICS)],
     )
 
-    if (strategy == "fsdp") != trainer.is_fsdp_enabled or (strategy == "deepspeed") != trainer.is_deepspeed_enabled:
+    if (strategy == "fsdp") != trainer.is_fsdp_enabled or (
+        strategy == "deepspeed"
+    ) != trainer.is_deepspeed_enabled:
         raise RuntimeError(f"launch environment says {strategy}, but the trainer did not set it up")
 
     started = time.time()
@@ -135,9 +148,10 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
         # Non-reentrant checkpointing works with frozen inputs and FSDP (article challenge 3). TRL
         # forces reentrant for PEFT under ZeRO-3, so leave it to TRL there.
         gc_kwargs = {"use_reentrant": False}
-    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; older 5.x has only the old name.
+    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; older 5.x: old name only.
     names = {f.name for f in dataclasses.fields(SFTConfig)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    checkpointing: dict[str, Any] = {ckpt: t.gradient_checkpointing, f"{ckpt}_kwargs": gc_kwargs}
     return SFTConfig(
         output_dir=str(out / runs.CHECKPOINTS),
         max_steps=t.max_steps if t.max_steps is not None else -1,
@@ -161,7 +175,7 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
         fp16=t.mixed_precision == "fp16",
         use_cpu=spec.resources.device == "cpu",
         seed=t.seed,
-        **{ckpt: t.gradient_checkpointing, f"{ckpt}_kwargs": gc_kwargs},
+        **checkpointing,
         max_length=t.max_seq_len,
         packing=t.packing,
         packing_strategy="bfd",
@@ -206,7 +220,9 @@ def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> 
 
         is_peft = isinstance(acc.unwrap_model(trainer.model), PeftModel)
         # Under LoRA only the adapter is saved: gathering the frozen base would be wasted traffic.
-        state_dict = trainer.model_wrapped._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=is_peft)
+        state_dict = trainer.model_wrapped._zero3_consolidated_16bit_state_dict(
+            exclude_frozen_parameters=is_peft
+        )
     if acc.is_main_process:
         model = acc.unwrap_model(trainer.model)
         model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
@@ -239,7 +255,9 @@ def engage_sharding_on_cpu(strategy: str, config: Any) -> None:
         # `cpu=False` takes accelerate's DeepSpeed branch; the plugin is the one the training arguments
         # made and registered for ZeRO-3 init, handed over so the trainer's Accelerator reuses it.
         acc_state = AcceleratorState(
-            cpu=False, dynamo_plugin=TorchDynamoPlugin(), deepspeed_plugin=config.deepspeed_plugin,
+            cpu=False,
+            dynamo_plugin=TorchDynamoPlugin(),
+            deepspeed_plugin=config.deepspeed_plugin,
             _from_accelerator=True,
         )
         config.deepspeed_plugin = None

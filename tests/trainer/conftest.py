@@ -13,6 +13,11 @@ from trainer_helpers import REPO, Tiny
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
     """The tiny model and data, built by the real entry point once per session."""
     root = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(root)], cwd=REPO, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "trainer.tiny", "--out", str(root)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return Tiny(root)

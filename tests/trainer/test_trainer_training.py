@@ -65,7 +65,8 @@ def test_article_command_line_under_fsdp2_on_two_cpu_processes(tiny: Tiny, tmp_p
         f"--model_name {tiny.model} --dataset_name {tiny.data / 'train.jsonl'} --dataset_text_field text "
         f"--max_seq_len 128 --max_steps 40 --logging_steps 1 --save_steps 20 --bf16 False --packing True "
         f"--output_dir {out} --per_device_train_batch_size 4 --gradient_accumulation_steps 1 "
-        "--use_gradient_checkpointing True --learning_rate 1e-3 --lr_scheduler_type cosine --weight_decay 0.0 "
+        "--use_gradient_checkpointing True --learning_rate 1e-3 --lr_scheduler_type cosine "
+        "--weight_decay 0.0 "
         "--warmup_ratio 0.1 --use_flash_attn False --use_peft_lora True --lora_r 8 --lora_alpha 16 "
         "--lora_dropout 0.0 --lora_target_modules q_proj,k_proj,v_proj,o_proj --seed 42"
     ).split()
@@ -79,7 +80,9 @@ def test_article_command_line_under_fsdp2_on_two_cpu_processes(tiny: Tiny, tmp_p
     first, last = sum(p["loss"] for p in pts[:5]) / 5, sum(p["loss"] for p in pts[-5:]) / 5
     assert last <= first * 0.95, f"loss fell only from {first:.3f} to {last:.3f}"
     for p in pts:
-        assert p["learning_rate"] == pytest.approx(lr_at(p["step"], 1e-3, 40, 0.1, "cosine"), rel=1e-6, abs=1e-12)
+        assert p["learning_rate"] == pytest.approx(
+            lr_at(p["step"], 1e-3, 40, 0.1, "cosine"), rel=1e-6, abs=1e-12
+        )
 
     # Intermediate checkpoints are sharded (article challenge 2); final/ is the gathered adapter.
     assert (out / "checkpoints" / "checkpoint-20" / "pytorch_model_fsdp_0").is_dir()
@@ -91,19 +94,34 @@ def test_article_command_line_under_fsdp2_on_two_cpu_processes(tiny: Tiny, tmp_p
     assert len(lora_b) == 8 and all(float(t.abs().sum()) > 0 for t in lora_b)  # trained, not the zero init
 
 
-def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(tiny: Tiny, tmp_path: Path) -> None:
+def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
+    tiny: Tiny, tmp_path: Path
+) -> None:
     out = tmp_path / "run"
     spec = {
         "model": {"name_or_path": str(tiny.model)},
         "dataset": {"name_or_path": str(tiny.data), "eval_split": "eval"},
-        "training": {"max_seq_len": 128, "max_steps": 4, "per_device_train_batch_size": 2,
-                     "per_device_eval_batch_size": 1, "learning_rate": 1e-3, "logging_steps": 1, "save_steps": 2,
-                     "packing": False, "gradient_checkpointing": True, "mixed_precision": "no", "seed": 3},
+        "training": {
+            "max_seq_len": 128,
+            "max_steps": 4,
+            "per_device_train_batch_size": 2,
+            "per_device_eval_batch_size": 1,
+            "learning_rate": 1e-3,
+            "logging_steps": 1,
+            "save_steps": 2,
+            "packing": False,
+            "gradient_checkpointing": True,
+            "mixed_precision": "no",
+            "seed": 3,
+        },
         "distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
         "resources": {"device": "cpu", "processes_per_node": 2},
     }
-    proc = launch_trainer(ACCELERATE_ZERO3_CPU, tmp_path,
-                          ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(out)])
+    proc = launch_trainer(
+        ACCELERATE_ZERO3_CPU,
+        tmp_path,
+        ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(out)],
+    )
     assert proc.returncode == 0, explain(proc)
     assert "engaged deepspeed" in proc.stderr
     assert list((out / "checkpoints" / "checkpoint-2").glob("global_step2/zero_pp_rank_*_model_states.pt"))
@@ -124,14 +142,30 @@ def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(tiny:
     assert sum(losses) / len(losses) == pytest.approx(evals[-1]["eval_loss"], abs=1e-4)
 
 
-def test_single_process_lora_on_chat_data_then_resume_continues_at_the_checkpoint(tiny: Tiny, tmp_path: Path) -> None:
+def test_single_process_lora_on_chat_data_then_resume_continues_at_the_checkpoint(
+    tiny: Tiny, tmp_path: Path
+) -> None:
     spec = {
         "model": {"name_or_path": str(tiny.model)},
-        "dataset": {"name_or_path": str(tiny.root / "chat" / "train.jsonl"), "format": "messages",
-                    "eval_split": "eval"},
-        "training": {"max_seq_len": 128, "max_steps": 10, "per_device_train_batch_size": 4, "learning_rate": 5e-3,
-                     "lr_scheduler_type": "linear", "warmup_ratio": 0.2, "logging_steps": 1, "eval_steps": 5,
-                     "save_steps": 5, "packing": True, "mixed_precision": "no", "seed": 5},
+        "dataset": {
+            "name_or_path": str(tiny.root / "chat" / "train.jsonl"),
+            "format": "messages",
+            "eval_split": "eval",
+        },
+        "training": {
+            "max_seq_len": 128,
+            "max_steps": 10,
+            "per_device_train_batch_size": 4,
+            "learning_rate": 5e-3,
+            "lr_scheduler_type": "linear",
+            "warmup_ratio": 0.2,
+            "logging_steps": 1,
+            "eval_steps": 5,
+            "save_steps": 5,
+            "packing": True,
+            "mixed_precision": "no",
+            "seed": 5,
+        },
         "lora": {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": "all-linear"},
         "resources": {"device": "cpu"},
     }
@@ -143,7 +177,9 @@ def test_single_process_lora_on_chat_data_then_resume_continues_at_the_checkpoin
     assert [p["step"] for p in pts] == list(range(1, 11))
     assert pts[-1]["loss"] < pts[0]["loss"] * 0.95, [p["loss"] for p in pts]
     for p in pts:
-        assert p["learning_rate"] == pytest.approx(lr_at(p["step"], 5e-3, 10, 0.2, "linear"), rel=1e-6, abs=1e-12)
+        assert p["learning_rate"] == pytest.approx(
+            lr_at(p["step"], 5e-3, 10, 0.2, "linear"), rel=1e-6, abs=1e-12
+        )
     assert [p["step"] for p in points(first) if p["eval_loss"] is not None] == [5, 10]  # held-out rows
     assert (first / "final" / "adapter_model.safetensors").is_file()
     assert (first / "final" / "chat_template.jinja").is_file()
@@ -153,7 +189,9 @@ def test_single_process_lora_on_chat_data_then_resume_continues_at_the_checkpoin
     second = tmp_path / "second"
     (second / "checkpoints").mkdir(parents=True)
     shutil.copytree(first / "checkpoints" / "checkpoint-5", second / "checkpoints" / "checkpoint-5")
-    proc = run_trainer(["--spec", str(spec_path), "--output_dir", str(second), "--resume_from_checkpoint", "latest"])
+    proc = run_trainer(
+        ["--spec", str(spec_path), "--output_dir", str(second), "--resume_from_checkpoint", "latest"]
+    )
     assert proc.returncode == 0, explain(proc)
     resumed = train_points(second)
     assert [p["step"] for p in resumed] == list(range(6, 11))

@@ -70,8 +70,9 @@ class Tiny:
 def trainer_env() -> dict[str, str]:
     env = dict(os.environ)
     # Offline on purpose: every model and dataset in these tests is a local path.
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(REPO))
+    env.update(
+        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO)
+    )
     return env
 
 
@@ -83,17 +84,36 @@ def free_port() -> int:
 
 def run_trainer(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
     """`python -m trainer ARGS` as one process."""
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, env=trainer_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def launch_trainer(config_yaml: str, workdir: Path, args: list[str], timeout: int = 600,
-                   ) -> subprocess.CompletedProcess[str]:
+def launch_trainer(
+    config_yaml: str,
+    workdir: Path,
+    args: list[str],
+    timeout: int = 600,
+) -> subprocess.CompletedProcess[str]:
     """`accelerate launch --config_file CFG -m trainer ARGS` with two CPU processes."""
     cfg = workdir / "accelerate_config.yaml"
     cfg.write_text(config_yaml)
-    cmd = [ACCELERATE, "launch", "--config_file", str(cfg), "--main_process_port", str(free_port()),
-           "-m", "trainer", *args]
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        str(cfg),
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "trainer",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -107,4 +127,5 @@ def points(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {proc.returncode}\n--- stdout tail\n{proc.stdout[-3000:]}\n--- stderr tail\n{proc.stderr[-6000:]}"
+    tail_out, tail_err = proc.stdout[-3000:], proc.stderr[-6000:]
+    return f"exit {proc.returncode}\n--- stdout tail\n{tail_out}\n--- stderr tail\n{tail_err}"
