@@ -25,7 +25,8 @@ from ftq.spec import JobSpec
 
 ACCELERATE_LAUNCH = ["-m", "accelerate.commands.launch"]
 TRAINER_MODULE = "trainer"
-# Node-local folder for DeepSpeed NVMe offload (never the shared run dir: it must be fast local disk).
+# Node-local folder for DeepSpeed NVMe offload, one per job (never the shared run dir: it must be fast
+# local disk).
 NVME_OFFLOAD_ROOT = "/tmp/ftq-offload"
 PORT_BASE = 29500
 PORT_SPAN = 20000
@@ -58,7 +59,7 @@ class Plan(BaseModel):
 # Accelerate config ----------------------------------------------------------------------------------------
 
 
-def accelerate_config(spec: JobSpec) -> dict[str, Any]:
+def accelerate_config(spec: JobSpec, job_id: str = "job") -> dict[str, Any]:
     """The accelerate config file a careful `accelerate config` session would write for this spec.
 
     Every key is one `ClusterConfig.from_yaml_file` accepts (it refuses unknown keys).
@@ -89,7 +90,7 @@ def accelerate_config(spec: JobSpec) -> dict[str, Any]:
         cfg["fsdp_config"] = _fsdp_config(spec)
     elif strategy == "deepspeed":
         cfg["distributed_type"] = "DEEPSPEED"
-        cfg["deepspeed_config"] = _deepspeed_config(spec)
+        cfg["deepspeed_config"] = _deepspeed_config(spec, f"{NVME_OFFLOAD_ROOT}/{job_id}")
     elif strategy == "ddp" and world > 1:
         # MULTI_GPU on CPU too: accelerate launches MULTI_CPU with its simple launcher, one process per
         # machine (more only through mpirun), while MULTI_GPU goes through torchrun and starts all of them;
@@ -136,7 +137,7 @@ def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def _deepspeed_config(spec: JobSpec) -> dict[str, Any]:
+def _deepspeed_config(spec: JobSpec, nvme_dir: str) -> dict[str, Any]:
     ds = spec.distributed.deepspeed
     cfg: dict[str, Any] = {
         # `standard`: one torchrun per node, started by us (srun), not pdsh over ssh.
@@ -151,9 +152,9 @@ def _deepspeed_config(spec: JobSpec) -> dict[str, Any]:
     if ds.zero_stage == 3:
         cfg["zero3_save_16bit_model"] = ds.save_16bit_model
     if ds.offload_optimizer == "nvme":
-        cfg["offload_optimizer_nvme_path"] = NVME_OFFLOAD_ROOT
+        cfg["offload_optimizer_nvme_path"] = nvme_dir
     if ds.offload_params == "nvme":
-        cfg["offload_param_nvme_path"] = NVME_OFFLOAD_ROOT
+        cfg["offload_param_nvme_path"] = nvme_dir
     return cfg
 
 
@@ -400,7 +401,7 @@ def render_plan(
     """The whole plan for one job. Dry runs and real runs call this with the same inputs."""
     run_dir = Path(run_dir)
     port = main_process_port if main_process_port is not None else default_port(job_id)
-    cfg = accelerate_config(spec)
+    cfg = accelerate_config(spec, job_id)
     argv = launch_argv(
         spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
     )

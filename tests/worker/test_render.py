@@ -377,10 +377,12 @@ def test_every_rendered_launch_passes_accelerates_launch_checks(
 ) -> None:
     """The argv through `accelerate launch`'s parser and validation, and the env it builds through the FSDP
     and DeepSpeed plugins: what a real launch does before it starts processes."""
+    import torch
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
+    has_gpu = torch.cuda.is_available()
     parser = launch_command_parser()
     checked = 0
     # Every variant on both devices, as a 2-process single-node launch (the shape a launch can check here).
@@ -398,7 +400,7 @@ def test_every_rendered_launch_passes_accelerates_launch_checks(
         if strategy == "fsdp":
             env = prepare_multi_gpu_env(args)
             fsdp_env = {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_"))}
-            if spec.resources.device == "cuda" and spec.distributed.fsdp.version == 1:
+            if spec.resources.device == "cuda" and spec.distributed.fsdp.version == 1 and not has_gpu:
                 # FSDP1's sync_module_states plugin check wants a GPU in this process; check the env only.
                 assert fsdp_env["FSDP_SYNC_MODULE_STATES"] == "true", label
                 assert fsdp_env["FSDP_SHARDING_STRATEGY"] in ("FULL_SHARD", "SHARD_GRAD_OP"), label
@@ -918,3 +920,17 @@ def test_sbatch_lines_are_the_expected_options() -> None:
         "--open-mode",
         "--requeue",
     ]
+
+
+def test_nvme_offload_goes_to_a_node_local_folder_per_job() -> None:
+    spec = spec_for(
+        distributed={
+            "strategy": "deepspeed",
+            "deepspeed": {"offload_optimizer": "nvme", "offload_params": "nvme"},
+        }
+    )
+    ds = render_plan(
+        spec, job_id="job_9", run_dir=Path("/shared/runs/job_9"), settings=settings()
+    ).accelerate_config
+    assert ds["deepspeed_config"]["offload_optimizer_nvme_path"] == "/tmp/ftq-offload/job_9"
+    assert ds["deepspeed_config"]["offload_param_nvme_path"] == "/tmp/ftq-offload/job_9"
