@@ -302,11 +302,13 @@ def upsert_points(session: Session, job_id: str, points: Sequence[dict[str, Any]
     dialect = session.get_bind().dialect.name
     ins: Any = postgresql.insert(MetricPoint) if dialect == "postgresql" else sqlite.insert(MetricPoint)
     excluded = ins.excluded
-    stmt = ins.values(rows).on_conflict_do_update(
+    stmt = ins.on_conflict_do_update(
         index_elements=[MetricPoint.job_id, MetricPoint.step],
         set_={f: func.coalesce(getattr(excluded, f), getattr(MetricPoint, f)) for f in POINT_FIELDS},
     )
-    session.execute(stmt)
+    # executemany of one cached statement: .values(rows) compiled a new statement with 9 parameters per
+    # row (31 s for 5,000 rows) and broke past PostgreSQL's 65,535 parameters (about 7,000 rows).
+    session.connection().execute(stmt, rows)
 
 
 def update_progress(
