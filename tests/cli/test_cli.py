@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from ftq_e2e import (
     AUTH_TOKEN,
@@ -31,6 +32,7 @@ def assert_one_clean_line(stderr: str) -> str:
 # The session's tiny job ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_submit_follow_exits_0_when_the_job_succeeds(server: Server, finished_job: FinishedJob) -> None:
     result = finished_job.result
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{server.log_tail()}"
@@ -46,6 +48,7 @@ def test_submit_follow_exits_0_when_the_job_succeeds(server: Server, finished_jo
     assert last_log_line.strip() in out
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_ls_shows_the_job(server: Server, finished_job: FinishedJob) -> None:
     result = run_ftq("ls", url=server.url)
     assert result.returncode == 0, result.stderr
@@ -59,6 +62,7 @@ def test_ls_shows_the_job(server: Server, finished_job: FinishedJob) -> None:
     assert finished_job.job_id not in failed_only.stdout
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_status_logs_metrics_and_cancel_of_a_finished_job(server: Server, finished_job: FinishedJob) -> None:
     job_id = finished_job.job_id
     status = run_ftq("status", job_id, url=server.url)
@@ -87,6 +91,7 @@ def test_status_logs_metrics_and_cancel_of_a_finished_job(server: Server, finish
     assert f"{job_id}: succeeded" in cancel.stdout  # a finished job stays as it is
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_curl_walkthrough_runs_as_written(server: Server, finished_job: FinishedJob) -> None:
     code, output = curl_walkthrough(server)
     assert code == 0, output
@@ -122,6 +127,7 @@ def test_dry_run_prints_config_command_script_and_estimate(server: Server) -> No
     assert re.search(r"per device: [\d.]+ [KMG]iB of [\d.]+ GiB: fits", local.stdout), local.stdout
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_idempotency_key_returns_the_same_job(server: Server, tmp_path: Path) -> None:
     spec = tmp_path / "long.json"
     spec.write_text(json.dumps(tiny_spec(max_steps=100000)))

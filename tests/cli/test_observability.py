@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from ftq_e2e import FinishedJob, Server
 
 
@@ -13,6 +14,7 @@ def _value(text: str, name: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_prometheus_metrics_reflect_the_store(server: Server, finished_job: FinishedJob) -> None:
     with server.client() as c:
         resp = c.get("/metrics")
@@ -32,3 +34,13 @@ def test_prometheus_metrics_reflect_the_store(server: Server, finished_job: Fini
     assert _value(text, "ftq_dispatch_latency_seconds_count") >= 1
     assert _value(text, "ftq_ingest_lag_max_seconds") >= 0
     assert _value(text, "ftq_dispatch_unsent") >= 0
+
+
+def test_metrics_of_an_empty_store_need_no_token(auth_server: Server) -> None:
+    # Scrapers get aggregate counts only (no job ids or owners), so /metrics stays open under auth.
+    resp = auth_server.client().get("/metrics", headers={"Authorization": ""})
+    assert resp.status_code == 200
+    assert _value(resp.text, "ftq_store_up") == 1
+    assert _value(resp.text, 'ftq_jobs{status="queued"}') == 0
+    assert _value(resp.text, "ftq_queue_wait_seconds_count") == 0
+    assert "job_" not in resp.text

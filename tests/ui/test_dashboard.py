@@ -16,6 +16,7 @@ from playwright.sync_api import expect
 pytestmark = pytest.mark.browser
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_jobs_page_lists_jobs_and_picks_up_new_ones(
     server: Server, finished_job: FinishedJob, page: Any
 ) -> None:
@@ -38,6 +39,7 @@ def test_jobs_page_lists_jobs_and_picks_up_new_ones(
     page.screenshot(path=str(ARTIFACTS / "dashboard-jobs.png"), full_page=True)
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_job_page_charts_every_point_and_stops_polling(
     server: Server, finished_job: FinishedJob, page: Any
 ) -> None:
@@ -87,6 +89,7 @@ def test_job_page_charts_every_point_and_stops_polling(
     assert len(requests) == settled, requests[settled:]
 
 
+@pytest.mark.slow  # a real tiny training run
 def test_cancel_button_stops_a_running_job(server: Server, page: Any) -> None:
     with server.client() as c:
         resp = c.post("/jobs", json=tiny_spec(max_steps=100000, logging_steps=1))
