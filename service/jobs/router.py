@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from ftq.settings import get_settings
@@ -139,13 +140,37 @@ async def create_job(
     return jobs.to_public(job)
 
 
+# The read routes polled all the time (job, list, logs, metrics) do all their work in one thread-pool
+# hop on a read session that is returned before the hop ends. With the session as a sync dependency, a
+# request held its pooled connection while it queued for a thread for its next step, so 200 pollers
+# could hold every connection while the threads waited for one (requests stalled for the pool's 30 s).
+# Their bodies are the bytes the response model would give (by_alias, as FastAPI serializes).
+
+
+async def _owner_inline(request: Request) -> str:
+    # current_owner is pure CPU (a header and constant-time compares); declared async, it runs on the
+    # event loop instead of costing the two thread-pool hops FastAPI makes for sync dependencies.
+    return current_owner(request, get_settings())
+
+
+OwnerInline = Annotated[str, Depends(_owner_inline)]
+
+
+def _json(model: BaseModel) -> bytes:
+    return model.__pydantic_serializer__.to_json(model, by_alias=True)
+
+
+def _json_response(body: bytes) -> Response:
+    return Response(content=body, media_type="application/json")
+
+
 @router.get("", response_model=JobList, responses={401: _ERRORS[401], 400: {"model": ErrorBody}}, summary="List jobs")
-def list_jobs(
-    repo: RepoDep,
+async def list_jobs(
+    owner: OwnerInline,
     status: str | None = Query(None, description="Comma-separated statuses, e.g. queued,running"),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, max_length=32, description="next_cursor of the previous page"),
-) -> JobList:
+) -> Response:
     statuses = None
     if status:
         statuses = [s.strip() for s in status.split(",") if s.strip()]
@@ -157,15 +182,24 @@ def list_jobs(
         if not cursor.isdigit():
             raise BadRequest("cursor is not one this server gave out")
         before = int(cursor)
-    rows = repo.list(statuses=statuses, limit=limit + 1, before_seq=before)
-    page = rows[:limit]
-    next_cursor = str(page[-1].seq) if len(rows) > limit else None
-    return JobList(data=[jobs.to_public(j) for j in page], next_cursor=next_cursor)
+
+    def body() -> bytes:
+        with read_session() as session:
+            rows = JobRepository(session, owner).list(statuses=statuses, limit=limit + 1, before_seq=before)
+            page = rows[:limit]
+            next_cursor = str(page[-1].seq) if len(rows) > limit else None
+            return _json(JobList(data=[jobs.to_public(j) for j in page], next_cursor=next_cursor))
+
+    return _json_response(await run_in_threadpool(body))
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=_ERRORS, summary="Get a job")
-def get_job(job_id: JobId, repo: RepoDep) -> JobPublic:
-    return jobs.to_public(jobs.get_or_404(repo, job_id))
+async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
+    def body() -> bytes:
+        with read_session() as session:
+            return _json(jobs.to_public(jobs.get_or_404(JobRepository(session, owner), job_id)))
+
+    return _json_response(await run_in_threadpool(body))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=_ERRORS, summary="Cancel a job")
@@ -182,15 +216,20 @@ def get_plan(job_id: JobId, repo: RepoDep) -> PlanPublic:
 
 
 @router.get("/{job_id}/logs", response_model=LogChunk, responses=_ERRORS, summary="Read train.log by byte offset")
-def get_logs(
+async def get_logs(
     job_id: JobId,
-    repo: RepoDep,
-    settings: SettingsDep,
+    owner: OwnerInline,
     offset: int = Query(0, ge=0, le=2**62),
     limit: int = Query(65536, ge=1, le=jobs.LOG_CHUNK_MAX),
-) -> LogChunk:
-    job = jobs.get_or_404(repo, job_id)
-    return jobs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values())
+) -> Response:
+    settings = get_settings()
+
+    def body() -> bytes:
+        with read_session() as session:
+            job = jobs.get_or_404(JobRepository(session, owner), job_id)
+        return _json(jobs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values()))
+
+    return _json_response(await run_in_threadpool(body))
 
 
 @router.get(
@@ -237,12 +276,6 @@ def stream_logs(
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def _owner_inline(request: Request) -> str:
-    # current_owner is pure CPU (a header and constant-time compares); declared async, it runs on the
-    # event loop instead of costing the two thread-pool hops FastAPI makes for sync dependencies.
-    return current_owner(request, get_settings())
-
-
 def _metrics_body(owner: str, job_id: str, after_step: int, limit: int) -> bytes:
     with read_session() as session:
         repo = JobRepository(session, owner)
@@ -252,14 +285,13 @@ def _metrics_body(owner: str, job_id: str, after_step: int, limit: int) -> bytes
 @router.get("/{job_id}/metrics", response_model=MetricsPage, responses=_ERRORS, summary="Metric points after a step")
 async def get_metrics(
     job_id: JobId,
-    owner: Annotated[str, Depends(_owner_inline)],
+    owner: OwnerInline,
     after_step: int = Query(-1, ge=-1, le=2**31 - 1),
     limit: int = Query(1000, ge=1, le=10000),
 ) -> Response:
     # Every open dashboard repeats this poll: one thread-pool hop for the store, and the body is built
     # from rows directly (the bytes MetricsPage would give) rather than validated model by model.
-    body = await run_in_threadpool(_metrics_body, owner, job_id, after_step, limit)
-    return Response(content=body, media_type="application/json")
+    return _json_response(await run_in_threadpool(_metrics_body, owner, job_id, after_step, limit))
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS, summary="Saved checkpoints")
