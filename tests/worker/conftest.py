@@ -201,7 +201,13 @@ class Stack:
         return dict(r.json())
 
     def job(self, job_id: str) -> dict[str, Any]:
-        r = self.http.get(f"/jobs/{job_id}")
+        # 503 is the contract's answer while the store restarts (other suites restart PostgreSQL).
+        deadline = time.time() + 60
+        while True:
+            r = self.http.get(f"/jobs/{job_id}")
+            if r.status_code != 503 or time.time() > deadline:
+                break
+            time.sleep(1)
         assert r.status_code == 200, r.text
         return dict(r.json())
 
@@ -325,5 +331,16 @@ def production(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         stack.shutdown()
         start_redis()
         redis_cli("-n", str(REDIS_DB), "flushdb")
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(name)
+
+
+def drop_database(name: str) -> None:
+    for attempt in range(10):
+        try:
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except psycopg.OperationalError:
+            if attempt == 9:
+                raise
+            time.sleep(2)
