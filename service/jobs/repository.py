@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.jobs.schemas import ACTIVE, TERMINAL, JobStatus
 from service.models import Dispatch, IdempotencyKey, Job, MetricPoint
+from service.redact import redact
 
 POINT_FIELDS = ("epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "tokens_per_second", "time")
 
@@ -205,7 +206,8 @@ def mark_finished(
         status,
         finished_at=utcnow(),
         error_code=error_code,
-        error_message=error_message,
+        # The message may quote the run's output, which may print a secret the launch was given.
+        error_message=redact(error_message) if error_message else error_message,
         exit_code=exit_code,
         resources=None,
     )

@@ -34,6 +34,7 @@ from service.jobs.schemas import (
 )
 from service.models import Job
 from service.paths import PathRefused, refuse_ftq_state, resolve_local
+from service.redact import redact
 
 LOG_CHUNK_MAX = 1_048_576
 
@@ -299,7 +300,9 @@ def _claim_idempotency(
 def to_public(job: Job) -> JobPublic:
     error = None
     if job.error_code:
-        error = JobError(code=job.error_code, message=job.error_message or "", exit_code=job.exit_code)  # type: ignore[arg-type]
+        # Stored redacted; masked again in case the secret was set after the job ended.
+        message = redact(job.error_message or "")
+        error = JobError(code=job.error_code, message=message, exit_code=job.exit_code)  # type: ignore[arg-type]
     return JobPublic(
         id=job.id,
         name=job.name,
@@ -343,24 +346,34 @@ def run_dir_of(job: Job, settings: Settings) -> Path:
 
 
 def read_log(job: Job, settings: Settings, *, offset: int, limit: int, secrets_: list[str]) -> LogChunk:
-    """Bytes [offset, offset+limit) of train.log, cut back to a whole UTF-8 character."""
+    """Bytes [offset, offset+limit) of train.log, cut back to a whole UTF-8 character, secrets masked.
+
+    A chunk holds at least one whole character when one is there, so a small `limit` still moves on.
+    A secret is masked even when the chunk holds only part of it: the bytes around the chunk are read
+    too, and every byte of the chunk that lies inside a secret becomes part of a `***`.
+    """
     path = run_dir_of(job, settings) / runs.TRAIN_LOG
     limit = max(1, min(limit, LOG_CHUNK_MAX))
     terminal = JobStatus(job.status) in TERMINAL
+    needles = sorted({v.encode() for v in secrets_ if v})
+    pad = max((len(n) for n in needles), default=1) - 1
     try:
         with path.open("rb") as f:
             size = f.seek(0, 2)
-            f.seek(min(offset, size))
-            data = f.read(limit)
+            start = min(offset, size)
+            before = max(0, start - pad)
+            f.seek(before)
+            # `pad` bytes either side find secrets across the chunk's edges; 3 more end a character.
+            window = f.read(start - before + limit + 3 + pad)
     except FileNotFoundError:
         return LogChunk(offset=offset, next_offset=offset, text="", complete=terminal)
-    if offset + len(data) < size:
-        data = _trim_partial_utf8(data)
-    next_offset = offset + len(data)
-    text = data.decode("utf-8", errors="replace")
-    for value in secrets_:
-        if value:
-            text = text.replace(value, "***")
+    at = start - before
+    data = window[at : at + limit]
+    # A live log may end inside a character that is still being written: leave it for the next read.
+    if start + len(data) < size or not terminal:
+        data = _trim_partial_utf8(data) or _first_char(window[at : at + 4])
+    next_offset = start + len(data) if data else offset
+    text = _mask(window, at, len(data), needles).decode("utf-8", errors="replace")
     return LogChunk(offset=offset, next_offset=next_offset, text=text, complete=terminal and next_offset >= size)
 
 
@@ -375,6 +388,41 @@ def _trim_partial_utf8(data: bytes) -> bytes:
         need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4
         return data if back >= need else data[:-back]
     return data
+
+
+def _first_char(data: bytes) -> bytes:
+    """The first UTF-8 character of data when it is all there, else b""."""
+    if not data:
+        return b""
+    b = data[0]
+    need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+    return data[:need] if len(data) >= need else b""
+
+
+def _mask(window: bytes, at: int, length: int, needles: list[bytes]) -> bytes:
+    """window[at:at+length], each run of bytes inside an occurrence of a needle replaced by `***`."""
+    chunk = window[at : at + length]
+    spans: list[list[int]] = []
+    for needle in needles:
+        i = window.find(needle)
+        while i != -1:
+            lo, hi = max(i, at) - at, min(i + len(needle), at + length) - at
+            if lo < hi:
+                spans.append([lo, hi])
+            i = window.find(needle, i + 1)
+    if not spans:
+        return chunk
+    merged: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    out, pos = bytearray(), 0
+    for lo, hi in merged:
+        out += chunk[pos:lo] + b"***"
+        pos = hi
+    return bytes(out + chunk[pos:])
 
 
 def metrics_page(repo: JobRepository, job: Job, *, after_step: int, limit: int) -> MetricsPage:
