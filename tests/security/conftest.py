@@ -152,9 +152,11 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Start servers for this module; all are stopped at its end."""
     started: list[Server] = []
 
-    def make(command: str = "api", *, data_name: str = "data", **settings: str) -> Server:
+    def make(
+        command: str = "api", *, data_name: str = "data", extra_env: dict[str, str] | None = None, **settings: str
+    ) -> Server:
         workdir = tmp_path_factory.mktemp(f"ftq-{command}")
-        env = {f"FTQ_{k.upper()}": v for k, v in settings.items()}
+        env = {**(extra_env or {}), **{f"FTQ_{k.upper()}": v for k, v in settings.items()}}
         server = start_server(workdir, command=command, settings=env, data_name=data_name)
         started.append(server)
         return server
