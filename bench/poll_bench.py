@@ -1,0 +1,282 @@
+"""Metrics polling: ftq against /healthz on the same server, against MLflow, and as history grows.
+
+    python -m bench.poll_bench [--seconds 10] [--jobs 1000] [--points 2000] [--no-mlflow]
+
+A fresh PostgreSQL database gets `--jobs` jobs with `--points` points each (COPY), a real `ftq api`
+process serves it, and wrk (64 connections, one client thread so the load generator leaves the server
+its core) polls `GET /jobs/{id}/metrics?after_step=S` on random jobs with S a few steps before the
+end, the incremental poll a dashboard makes every few seconds. The same wrk run against `/healthz`
+is the baseline. The peer is an MLflow tracking server (sqlite store, one worker) holding the same
+runs' loss history, polled through its metric-history endpoint by the same wrk.
+
+Then: an incremental poll on a job with 100,000 points against one with 100, and `GET
+/jobs?status=running` with 10,000 jobs against 100 (the running set stays 20: history grows, the
+running jobs do not), each with the plan PostgreSQL uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import (
+    OUT,
+    REPO,
+    analyze,
+    api_server,
+    copy_jobs,
+    copy_points,
+    explain,
+    free_port,
+    have_wrk,
+    interleaved,
+    job_ids,
+    log,
+    measured,
+    note,
+    pg_database,
+    result,
+    sequential_latency,
+    wait_http,
+    wrk_run,
+)
+
+CONNECTIONS = 64
+
+
+def poll_paths(ids: list[str], points: int, n: int = 4000) -> list[str]:
+    rng = random.Random(7)
+    return [f"/jobs/{rng.choice(ids)}/metrics?after_step={points - rng.randint(1, 10)}" for _ in range(n)]
+
+
+def bench_poll_vs_health(url: str, seconds: float, n_jobs: int, n_points: int) -> dict[str, float]:
+    ids = job_ids(n_jobs)
+    t = time.perf_counter()
+    copy_jobs(url, [(i, "running") for i in ids])
+    rows = copy_points(url, ids, n_points)
+    analyze(url)
+    log(f"loaded {n_jobs} jobs, {rows} points in {time.perf_counter() - t:.1f} s")
+    plan = explain(url, "SELECT * FROM metric_points WHERE job_id = %s AND step > %s ORDER BY step LIMIT 1000",
+                   (ids[0], n_points - 5))
+    note(f"metrics poll plan: {plan}")
+    paths = poll_paths(ids, n_points)
+    with api_server(url) as server:
+        wrk_run(server, paths[:200], connections=CONNECTIONS, seconds=2)  # warm the pool and the caches
+        both = interleaved(server, {"healthz": ["/healthz"], "metrics": paths}, connections=CONNECTIONS,
+                           seconds=seconds)
+        health, poll = both["healthz"], both["metrics"]
+        # A dashboard polls every few seconds: latency at half the saturated rate is what its users see.
+        think = int(CONNECTIONS / (poll["req_s"] / 2) * 1000)
+        half = measured(server, paths, connections=CONNECTIONS, seconds=seconds, think_ms=max(1, think // 2))
+    log(f"healthz {health}")
+    log(f"metrics {poll}")
+    log(f"metrics at half load {half}")
+    result("healthz", health["req_s"], "req/s", p99_ms=f"{health['p99_ms']:.1f}", cpu_ms=f"{health['cpu_ms']:.2f}",
+           errors=health["errors"])
+    result("metrics_poll", poll["req_s"], "req/s", baseline="healthz", target=">=0.5",
+           p99_ms=f"{poll['p99_ms']:.1f}", cpu_ms=f"{poll['cpu_ms']:.2f}", errors=poll["errors"])
+    result("healthz_cpu_per_req", health["cpu_ms"], "ms")
+    result("metrics_poll_cpu_per_req", poll["cpu_ms"], "ms", baseline="healthz_cpu_per_req", target="<=2")
+    result("metrics_poll_p99_half_load", half["p99_ms"], "ms", target="<50", rate=f"{half['req_s']:.0f}req/s",
+           errors=half["errors"])
+    result("metrics_poll_p99_saturated", poll["p99_ms"], "ms")
+    note(f"p99 under saturation is queueing: {CONNECTIONS} clients with no pause between requests wait "
+         f"{CONNECTIONS}/throughput on average whatever the server does; the latency figure that matters is at "
+         "half the saturated rate (each client pausing a random 0..2x interval between polls)")
+    poll["half_p99_ms"] = half["p99_ms"]
+    return poll
+
+
+# MLflow --------------------------------------------------------------------------------------------------
+
+_MLFLOW_LOG = r"""
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+uri, n_runs, n_points = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+client = MlflowClient(tracking_uri=uri)
+exp = client.create_experiment("ftq-bench")
+runs = [client.create_run(exp).info.run_id for _ in range(n_runs)]
+
+def log(run_id):
+    for start in range(1, n_points + 1, 1000):
+        batch = [Metric("loss", 3.0 - s * 1e-5, 1_700_000_000_000 + s, s)
+                 for s in range(start, min(start + 1000, n_points + 1))]
+        client.log_batch(run_id, metrics=batch)
+
+with ThreadPoolExecutor(4) as pool:
+    list(pool.map(log, runs))
+print(json.dumps(runs))
+"""
+
+
+def mlflow_bin() -> Path | None:
+    """mlflow from the project venv, else from bench/out/mlflow-venv (made on first use)."""
+    here = Path(sys.executable).parent / "mlflow"
+    if here.exists():
+        return here
+    side = OUT / "mlflow-venv" / "bin" / "mlflow"
+    if side.exists():
+        return side
+    if os.environ.get("FTQ_BENCH_NO_INSTALL"):
+        return None
+    # Kept out of the project venv: MLflow brings a large dependency tree the service does not need.
+    log("installing mlflow into bench/out/mlflow-venv (once)")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(OUT / "mlflow-venv")], check=True)
+        subprocess.run([str(OUT / "mlflow-venv" / "bin" / "pip"), "install", "-q", "mlflow"], check=True)
+    except subprocess.CalledProcessError:
+        return None
+    return side if side.exists() else None
+
+
+def bench_mlflow(seconds: float, n_runs: int, n_points: int, ftq_poll: dict[str, float]) -> None:
+    mlflow = mlflow_bin()
+    if mlflow is None:
+        note("MLflow peer skipped: mlflow could not be installed (no package index?)")
+        return
+    version = subprocess.run([str(mlflow), "--version"], capture_output=True, text=True).stdout.strip()
+    tmp = Path(tempfile.mkdtemp(prefix="ftq-bench-mlflow-"))
+    port = free_port()
+    logfile = OUT / "mlflow-server.log"
+    with logfile.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
+             "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + "/health", proc, logfile, timeout=180)
+        t = time.perf_counter()
+        py = mlflow.parent / "python"
+        out_ = subprocess.run([str(py), "-c", _MLFLOW_LOG, base, str(n_runs), str(n_points)],
+                              capture_output=True, text=True, check=True)
+        runs: list[str] = json.loads(out_.stdout.strip().splitlines()[-1])
+        log(f"mlflow: logged {n_runs} runs x {n_points} points in {time.perf_counter() - t:.1f} s")
+        rng = random.Random(7)
+        history = [f"/api/2.0/mlflow/metrics/get-history?run_id={rng.choice(runs)}&metric_key=loss"
+                   for _ in range(4000)]
+        wrk_run(base, history[:200], connections=CONNECTIONS, seconds=2)
+        hist = wrk_run(base, history, connections=CONNECTIONS, seconds=seconds)
+        log(f"mlflow get-history {hist}")
+    except subprocess.CalledProcessError as exc:
+        note(f"MLflow peer failed: {exc.stderr[-500:] if exc.stderr else exc}")
+        return
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    result("mlflow_get_history", hist["req_s"], "req/s", p99_ms=f"{hist['p99_ms']:.1f}", errors=hist["errors"])
+    result("metrics_poll_vs_mlflow", ftq_poll["req_s"], "req/s", baseline="mlflow_get_history", target=">=3")
+    note(f"MLflow peer: {version}, `mlflow server --workers 1` on a sqlite store, {n_runs} runs x {n_points} "
+         "`loss` points logged with MlflowClient.log_batch; polled with GET "
+         "/api/2.0/mlflow/metrics/get-history (it has no after-step filter, so each poll returns the whole "
+         "history of one key, while ftq's returns the few newest points with all seven fields)")
+
+
+# Poll cost as history grows -------------------------------------------------------------------------
+
+
+def bench_history(url: str, seconds: float) -> None:
+    """An incremental poll on a job with 100,000 points against one with 100 (same database)."""
+    big, small = "job_hist0000100000", "job_hist0000000100"
+    copy_jobs(url, [(big, "running"), (small, "running")])
+    copy_points(url, [big], 100_000)
+    copy_points(url, [small], 100)
+    analyze(url)
+    plan = explain(url, "SELECT * FROM metric_points WHERE job_id = %s AND step > %s ORDER BY step LIMIT 1000",
+                   (big, 99_995))
+    note(f"poll on 100,000 points, plan: {plan}")
+    with api_server(url) as base:
+        figures = {}
+        for job, n in ((small, 100), (big, 100_000)):
+            paths = [f"/jobs/{job}/metrics?after_step={n - k}" for k in range(1, 11)]
+            seq = sequential_latency(base + paths[4], n=400)
+            load = wrk_run(base, paths, connections=CONNECTIONS, seconds=seconds / 2)
+            figures[n] = (seq, load)
+            log(f"history {n}: {seq} {load}")
+    (s_seq, s_load), (b_seq, b_load) = figures[100], figures[100_000]
+    result("poll_100_points", s_seq["p50_ms"], "ms")
+    result("poll_100k_points", b_seq["p50_ms"], "ms", baseline="poll_100_points", target="<=1.5")
+    result("poll_100_points_rps", s_load["req_s"], "req/s")
+    result("poll_100k_points_rps", b_load["req_s"], "req/s", baseline="poll_100_points_rps", target=">=0.67")
+
+
+def bench_status(seconds: float) -> None:
+    """`GET /jobs?status=running` with 100 jobs, then with 10,000 (20 of them running both times)."""
+    rng = random.Random(11)
+    with pg_database("ftq_bench_status") as url:
+        figures: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
+        have = 0
+        for total in (100, 10_000):
+            ids = job_ids(total - have, tag=f"s{total}")
+            copy_jobs(url, [(i, "succeeded") for i in ids])
+            have = total
+            # 20 running jobs spread over the whole history, oldest to newest.
+            import psycopg
+
+            with psycopg.connect(url) as conn:
+                conn.execute("UPDATE jobs SET status = 'succeeded' WHERE status = 'running'")
+                seqs = sorted(rng.sample(range(1, total + 1), 20))
+                conn.execute("UPDATE jobs SET status = 'running' WHERE seq = ANY(%s)", (seqs,))
+            analyze(url)
+            plan = explain(url, "SELECT * FROM jobs WHERE owner = %s AND status IN (%s) ORDER BY seq DESC LIMIT 51",
+                           ("local", "running"))
+            note(f"status poll plan with {total} jobs: {plan}")
+            with api_server(url) as base:
+                seq = sequential_latency(base + "/jobs?status=running", n=200)
+                load = wrk_run(base, ["/jobs?status=running"], connections=CONNECTIONS, seconds=seconds / 2)
+            figures[total] = (seq, load)
+            log(f"status {total}: {seq} {load}")
+    (s_seq, s_load), (b_seq, b_load) = figures[100], figures[10_000]
+    result("status_poll_100_jobs", s_seq["p50_ms"], "ms")
+    result("status_poll_10k_jobs", b_seq["p50_ms"], "ms", baseline="status_poll_100_jobs", target="<=2")
+    result("status_poll_100_jobs_rps", s_load["req_s"], "req/s")
+    result("status_poll_10k_jobs_rps", b_load["req_s"], "req/s", baseline="status_poll_100_jobs_rps",
+           target=">=0.5")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run")
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--points", type=int, default=2000)
+    ap.add_argument("--no-mlflow", action="store_true")
+    ap.add_argument("--only", choices=["poll", "mlflow", "history", "status"], action="append")
+    args = ap.parse_args(argv)
+    if not have_wrk():
+        print("poll_bench needs wrk (apt-get install wrk)", file=sys.stderr)
+        return 2
+    only = set(args.only or ["poll", "mlflow", "history", "status"])
+    note("ftq side: one `ftq api` process (uvicorn, one worker: what `ftq api` runs) on PostgreSQL; load from "
+         f"wrk, {CONNECTIONS} connections, 1 thread, {args.seconds:.0f} s per figure")
+    poll: dict[str, Any] = {}
+    with pg_database() as url:
+        if only & {"poll", "mlflow"}:
+            poll = bench_poll_vs_health(url, args.seconds, args.jobs, args.points)
+        if "history" in only:
+            bench_history(url, args.seconds)
+    if "status" in only:
+        bench_status(args.seconds)
+    if "mlflow" in only and not args.no_mlflow:
+        bench_mlflow(args.seconds, args.jobs, args.points, poll)
+    return 0
+
+
+if __name__ == "__main__":
+    os.chdir(REPO)
+    sys.exit(main())

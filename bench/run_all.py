@@ -1,0 +1,260 @@
+"""`make bench`: run every benchmark, print one table of ratios, write bench/RESULTS.md.
+
+    python -m bench.run_all [--only poll,ingest,...] [--quick]
+
+Protocol (how a bench reports to this runner). A bench is a program run as a subprocess; on stdout it
+prints, among anything else:
+
+    RESULT <name> <value> <unit> [key=value ...]
+    NOTE <one sentence>
+
+- `name` is unique within the bench, no spaces; `value` a number; `unit` e.g. req/s, ms, s, x.
+- `baseline=<name>`: another RESULT of the same bench, measured in the same run; the table shows
+  value / baseline's value as the ratio. `ratio=<x>` gives the ratio directly instead.
+- `target=<op><number>` (op one of >=, <=, >, <): applied to the ratio when there is a baseline,
+  else to the value; the table says met or missed.
+- Any other key=value (p99_ms=..., errors=...) is shown as detail.
+- NOTE lines are copied under the table: how something was measured, what was skipped and why.
+A bench that prints no RESULT line but writes a JSON file is read through an adapter below
+(trainer_bench's results.json); new benches should print RESULT lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_MD = REPO / "bench" / "RESULTS.md"
+OUT = REPO / "bench" / "out"
+
+
+@dataclass
+class Bench:
+    key: str
+    argv: list[str]
+    quick_argv: list[str]
+    timeout: int
+    json_adapter: str | None = None
+
+
+BENCHES = [
+    Bench("poll", ["-m", "bench.poll_bench"], ["-m", "bench.poll_bench", "--seconds", "6", "--jobs", "200"], 1800),
+    Bench("ingest", ["-m", "bench.ingest_bench"], ["-m", "bench.ingest_bench", "--lines", "20000"], 900),
+    Bench("load", ["-m", "bench.load_bench"], ["-m", "bench.load_bench", "--seconds", "15"], 900),
+    Bench("dispatch", ["bench/dispatch_bench.py"], ["bench/dispatch_bench.py", "--samples", "3"], 1800),
+    Bench("trainer", ["bench/trainer_bench.py"], ["bench/trainer_bench.py", "--steps", "8"], 1800,
+          json_adapter="trainer"),
+]
+
+
+@dataclass
+class Row:
+    bench: str
+    name: str
+    value: float
+    unit: str
+    extra: dict[str, str] = field(default_factory=dict)
+    ratio: float | None = None
+    verdict: str = ""
+
+
+_LINE = re.compile(r"^RESULT\s+(\S+)\s+(\S+)\s+(\S+)(.*)$")
+
+
+def parse(bench: str, stdout: str) -> tuple[list[Row], list[str]]:
+    rows: list[Row] = []
+    notes: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("NOTE "):
+            notes.append(line[5:].strip())
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(2))
+        except ValueError:
+            continue
+        extra = dict(kv.split("=", 1) for kv in m.group(4).split() if "=" in kv)
+        rows.append(Row(bench, m.group(1), value, m.group(3), extra))
+    by_name = {r.name: r for r in rows}
+    for r in rows:
+        if "ratio" in r.extra:
+            r.ratio = float(r.extra.pop("ratio"))
+        elif "baseline" in r.extra and r.extra["baseline"] in by_name:
+            base = by_name[r.extra["baseline"]].value
+            r.ratio = r.value / base if base else None
+        target = r.extra.pop("target", None)
+        if target:
+            r.verdict = verdict(r.ratio if r.ratio is not None else r.value, target)
+            r.extra["target"] = target
+    return rows, notes
+
+
+def verdict(x: float, target: str) -> str:
+    m = re.match(r"^(>=|<=|>|<)(-?[\d.]+)$", target)
+    if not m:
+        return "?"
+    op, bound = m.group(1), float(m.group(2))
+    ok = {">=": x >= bound, "<=": x <= bound, ">": x > bound, "<": x < bound}[op]
+    return "met" if ok else "MISSED"
+
+
+def trainer_adapter() -> tuple[list[Row], list[str]]:
+    path = OUT / "trainer" / "results.json"
+    if not path.exists():
+        return [], []
+    data = json.loads(path.read_text())
+    rows = []
+    for name, tps in data.get("tokens_per_second", {}).items():
+        ratio = data.get("ratio_vs_baseline", {}).get(name)
+        rows.append(Row("trainer", f"tokens_per_s_{name}", tps, "tok/s", {"baseline": "baseline"}, ratio))
+    if "packing_speedup" in data:
+        rows.append(Row("trainer", "packing_speedup", data["packing_speedup"], "x", {"baseline": "no-pack"},
+                        data["packing_speedup"]))
+    return rows, ["trainer: tokens/s against a plain TRL SFTTrainer script, same settings, same run"]
+
+
+def run_bench(b: Bench, quick: bool) -> tuple[list[Row], list[str], float]:
+    argv = b.quick_argv if quick else b.argv
+    script = REPO / argv[0] if not argv[0].startswith("-") else None
+    if script is not None and not script.exists():
+        return [], [f"{b.key}: {argv[0]} is not in the tree yet; skipped"], 0.0
+    t = time.perf_counter()
+    print(f"== {b.key}: python {' '.join(argv)}", flush=True)
+    try:
+        proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=b.timeout)
+    except subprocess.TimeoutExpired:
+        return [], [f"{b.key}: did not finish within {b.timeout} s"], time.perf_counter() - t
+    took = time.perf_counter() - t
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{b.key}.stdout").write_text(proc.stdout)
+    (OUT / f"{b.key}.stderr").write_text(proc.stderr)
+    rows, notes = parse(b.key, proc.stdout)
+    if not rows and b.json_adapter == "trainer":
+        rows, notes = trainer_adapter()
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        notes.append(f"{b.key}: exited with {proc.returncode}: {tail[:400]}")
+    return rows, [f"{b.key}: {n}" if not n.startswith(f"{b.key}:") else n for n in notes], took
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 1024**2:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    versions = []
+    for pkg in ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "pydantic", "sqlalchemy", "psycopg",
+                "celery", "torch", "transformers", "trl"):
+        try:
+            versions.append(f"{pkg} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            pass
+    pg = ""
+    try:
+        pg = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    wrk = ""
+    if shutil.which("wrk"):
+        wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()[0:1]
+        wrk = wrk[0].strip() if wrk else "wrk"
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "memory": mem,
+        "load average at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "postgresql client": pg,
+        "load generator": wrk,
+        "versions": ", ".join(versions),
+    }
+
+
+def table(rows: list[Row]) -> list[str]:
+    out = ["| bench | figure | value | ratio | target | verdict | detail |",
+           "| --- | --- | ---: | ---: | --- | --- | --- |"]
+    for r in rows:
+        base = r.extra.get("baseline", "")
+        ratio = f"{r.ratio:.2f}x" + (f" of {base}" if base else "") if r.ratio is not None else ""
+        detail = ", ".join(f"{k}={v}" for k, v in r.extra.items() if k not in ("baseline", "target"))
+        out.append(f"| {r.bench} | {r.name} | {r.value:.4g} {r.unit} | {ratio} | {r.extra.get('target', '')} | "
+                   f"{r.verdict} | {detail} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated: " + ",".join(b.key for b in BENCHES))
+    ap.add_argument("--quick", action="store_true", help="shorter runs (smoke test of the benches)")
+    ap.add_argument("--out", type=Path, default=RESULTS_MD)
+    args = ap.parse_args(argv)
+    keys = set(args.only.split(",")) if args.only else {b.key for b in BENCHES}
+    info = machine()
+    rows: list[Row] = []
+    notes: list[str] = []
+    timings: list[str] = []
+    started = datetime.now(UTC)
+    for b in BENCHES:
+        if b.key not in keys:
+            continue
+        r, n, took = run_bench(b, args.quick)
+        rows += r
+        notes += n
+        timings.append(f"{b.key} {took:.0f} s")
+        for line in table(r)[2:]:
+            print(line, flush=True)
+    lines = table(rows)
+    print("\n".join(lines))
+    md = [
+        "# ftq benchmark results",
+        "",
+        f"Written by `make bench` (python -m bench.run_all{' --quick' if args.quick else ''}) on "
+        f"{started:%Y-%m-%d %H:%M} UTC. Every ratio is against a baseline measured in the same run on the "
+        "same machine; absolute figures depend on the machine and on what else it was running.",
+        "",
+        "## Machine",
+        "",
+        *[f"- {k}: {v}" for k, v in info.items() if v],
+        f"- bench wall time: {', '.join(timings)}",
+        "",
+        "## Figures",
+        "",
+        *lines,
+        "",
+        "## Notes",
+        "",
+        *[f"- {n}" for n in notes],
+        "",
+    ]
+    args.out.write_text("\n".join(md))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
