@@ -70,36 +70,80 @@ def pg_database(prefix: str = "ftq_bench") -> Iterator[str]:
 def spec_json(name: str = "bench") -> str:
     from ftq.spec import JobSpec
 
-    spec = JobSpec.model_validate({
-        "name": name,
-        "model": {"name_or_path": "org/model-7b"},
-        "dataset": {"name_or_path": "org/chat-data", "text_field": "text"},
-        "training": {"max_steps": 100_000, "logging_steps": 1},
-        "resources": {"device": "cpu", "processes_per_node": 1},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "name": name,
+            "model": {"name_or_path": "org/model-7b"},
+            "dataset": {"name_or_path": "org/chat-data", "text_field": "text"},
+            "training": {"max_steps": 100_000, "logging_steps": 1},
+            "resources": {"device": "cpu", "processes_per_node": 1},
+        }
+    )
     return spec.model_dump_json()
 
 
 _JOB_COLUMNS = (
-    "id", "name", "owner", "status", "spec", "plan", "launcher", "device", "created_at", "updated_at",
-    "started_at", "attempt", "metrics_offset", "progress_step", "progress_max_steps", "latest_metrics",
+    "id",
+    "name",
+    "owner",
+    "status",
+    "spec",
+    "plan",
+    "launcher",
+    "device",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "attempt",
+    "metrics_offset",
+    "progress_step",
+    "progress_max_steps",
+    "latest_metrics",
 )
 
 
-def copy_jobs(url: str, jobs: Iterable[tuple[str, str]], *, owner: str = "local", max_steps: int = 100_000) -> None:
+def copy_jobs(
+    url: str, jobs: Iterable[tuple[str, str]], *, owner: str = "local", max_steps: int = 100_000
+) -> None:
     """Insert jobs given as (id, status) in one COPY; seq follows the order given (newest last)."""
     import psycopg
 
     spec = spec_json()
-    plan = json.dumps({"accelerate_config": {}, "accelerate_config_yaml": "", "command": ["accelerate", "launch"],
-                       "sbatch_script": None, "trainer_args": {}, "estimate": None})
+    plan = json.dumps(
+        {
+            "accelerate_config": {},
+            "accelerate_config_yaml": "",
+            "command": ["accelerate", "launch"],
+            "sbatch_script": None,
+            "trainer_args": {},
+            "estimate": None,
+        }
+    )
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     with psycopg.connect(url) as conn, conn.cursor() as cur:
         with cur.copy(f"COPY jobs ({', '.join(_JOB_COLUMNS)}) FROM STDIN") as copy:
             for i, (job_id, status) in enumerate(jobs):
                 at = t0 + timedelta(seconds=i)
-                copy.write_row((job_id, "bench", owner, status, spec, plan, "local", "cpu", at, at, at, 0, 0,
-                                None, max_steps, None))
+                copy.write_row(
+                    (
+                        job_id,
+                        "bench",
+                        owner,
+                        status,
+                        spec,
+                        plan,
+                        "local",
+                        "cpu",
+                        at,
+                        at,
+                        at,
+                        0,
+                        0,
+                        None,
+                        max_steps,
+                        None,
+                    )
+                )
         conn.commit()
 
 
@@ -128,9 +172,13 @@ def copy_points(url: str, job_ids: Iterable[str], steps: int, *, start: int = 1)
             (ids, start, start + steps - 1),
         )
         if bulk:
-            conn.execute("ALTER TABLE metric_points ADD CONSTRAINT metric_points_pkey PRIMARY KEY (job_id, step)")
-            conn.execute("ALTER TABLE metric_points ADD CONSTRAINT metric_points_job_id_fkey FOREIGN KEY (job_id) "
-                         "REFERENCES jobs (id) ON DELETE CASCADE")
+            conn.execute(
+                "ALTER TABLE metric_points ADD CONSTRAINT metric_points_pkey PRIMARY KEY (job_id, step)"
+            )
+            conn.execute(
+                "ALTER TABLE metric_points ADD CONSTRAINT metric_points_job_id_fkey FOREIGN KEY (job_id) "
+                "REFERENCES jobs (id) ON DELETE CASCADE"
+            )
         conn.commit()
     return len(ids) * steps
 
@@ -181,8 +229,13 @@ class Server(str):
 
 
 @contextlib.contextmanager
-def api_server(database_url: str, *, data_dir: Path | None = None, extra_env: dict[str, str] | None = None,
-               args: list[str] | None = None) -> Iterator[Server]:
+def api_server(
+    database_url: str,
+    *,
+    data_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+) -> Iterator[Server]:
     """A real `ftq api` process on a free port; yields its base URL and stops it afterwards."""
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="ftq-bench-")) if data_dir is None else None
@@ -192,11 +245,16 @@ def api_server(database_url: str, *, data_dir: Path | None = None, extra_env: di
     env.update({"FTQ_DATABASE_URL": database_url, "FTQ_DATA_DIR": str(data), "FTQ_ENV": "test"})
     env.update(extra_env or {})
     ftq = shutil.which("ftq", path=str(Path(sys.executable).parent)) or "ftq"
-    logfile = (OUT / f"api-{port}.log")
+    logfile = OUT / f"api-{port}.log"
     OUT.mkdir(parents=True, exist_ok=True)
     with logfile.open("wb") as out:
-        proc = subprocess.Popen([ftq, "api", "--port", str(port), *(args or [])], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(
+            [ftq, "api", "--port", str(port), *(args or [])],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
     base = Server(f"http://127.0.0.1:{port}", proc.pid)
     try:
         wait_http(base + "/healthz", proc, logfile)
@@ -211,8 +269,9 @@ def api_server(database_url: str, *, data_dir: Path | None = None, extra_env: di
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, logfile: Path | None = None,
-              timeout: float = 60.0) -> None:
+def wait_http(
+    url: str, proc: subprocess.Popen[bytes] | None = None, logfile: Path | None = None, timeout: float = 60.0
+) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -266,8 +325,16 @@ def have_wrk() -> bool:
     return shutil.which("wrk") is not None
 
 
-def wrk_run(base: str, paths: list[str], *, connections: int, seconds: float, threads: int = 1,
-            headers: dict[str, str] | None = None, think_ms: int = 0) -> dict[str, float]:
+def wrk_run(
+    base: str,
+    paths: list[str],
+    *,
+    connections: int,
+    seconds: float,
+    threads: int = 1,
+    headers: dict[str, str] | None = None,
+    think_ms: int = 0,
+) -> dict[str, float]:
     """Closed-loop load: `connections` clients each sending the next request as soon as one returns
     (or, with think_ms, after waiting a random 0..2*think_ms, like a dashboard's poll interval).
 
@@ -276,18 +343,33 @@ def wrk_run(base: str, paths: list[str], *, connections: int, seconds: float, th
     OUT.mkdir(parents=True, exist_ok=True)
     script = OUT / f"wrk-{secrets.token_hex(4)}.lua"
     hdrs = ", ".join(f'["{k}"] = "{v}"' for k, v in (headers or {}).items())
-    script.write_text(_WRK_LUA % {"paths": ", ".join(json.dumps(p) for p in paths), "headers": hdrs,
-                                  "think_ms": think_ms})
+    script.write_text(
+        _WRK_LUA % {"paths": ", ".join(json.dumps(p) for p in paths), "headers": hdrs, "think_ms": think_ms}
+    )
     try:
         proc = subprocess.run(
-            ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, int(seconds))}s", "--timeout", "10s",
-             "-s", str(script), base],
-            capture_output=True, text=True, check=True,
+            [
+                "wrk",
+                "-t",
+                str(threads),
+                "-c",
+                str(connections),
+                "-d",
+                f"{max(1, int(seconds))}s",
+                "--timeout",
+                "10s",
+                "-s",
+                str(script),
+                base,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         )
     finally:
         script.unlink(missing_ok=True)
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("WRKJSON "))
-    raw = json.loads(line[len("WRKJSON "):])
+    raw = json.loads(line[len("WRKJSON ") :])
     errors = raw["connect"] + raw["read"] + raw["write"] + raw["status"] + raw["timeout"]
     return {
         "requests": raw["requests"],
@@ -313,12 +395,22 @@ def sequential_latency(url: str, *, n: int, headers: dict[str, str] | None = Non
             client.get(url).raise_for_status()
             times.append(time.perf_counter() - t)
     times.sort()
-    return {"p50_ms": times[len(times) // 2] * 1000, "p99_ms": times[int(len(times) * 0.99)] * 1000,
-            "mean_ms": sum(times) / len(times) * 1000}
+    return {
+        "p50_ms": times[len(times) // 2] * 1000,
+        "p99_ms": times[int(len(times) * 0.99)] * 1000,
+        "mean_ms": sum(times) / len(times) * 1000,
+    }
 
 
-def measured(server: Server, paths: list[str], *, connections: int, seconds: float,
-             think_ms: int = 0, headers: dict[str, str] | None = None) -> dict[str, float]:
+def measured(
+    server: Server,
+    paths: list[str],
+    *,
+    connections: int,
+    seconds: float,
+    think_ms: int = 0,
+    headers: dict[str, str] | None = None,
+) -> dict[str, float]:
     """wrk_run plus the server's CPU milliseconds per request over the same run."""
     before = server.cpu_seconds()
     out = wrk_run(server, paths, connections=connections, seconds=seconds, think_ms=think_ms, headers=headers)
@@ -326,16 +418,18 @@ def measured(server: Server, paths: list[str], *, connections: int, seconds: flo
     return out
 
 
-def interleaved(server: Server, loads: dict[str, list[str]], *, connections: int, seconds: float,
-                rounds: int = 3) -> dict[str, dict[str, float]]:
+def interleaved(
+    server: Server, loads: dict[str, list[str]], *, connections: int, seconds: float, rounds: int = 3
+) -> dict[str, dict[str, float]]:
     """Each load in turn, `rounds` times, `seconds` in all per load: on a shared machine, a burst of
     someone else's work then hits every load alike. Latency percentiles are the worst round's."""
     total: dict[str, dict[str, float]] = {}
     for _ in range(rounds):
         for name, paths in loads.items():
             r = measured(server, paths, connections=connections, seconds=seconds / rounds)
-            t = total.setdefault(name, {"requests": 0, "seconds": 0.0, "cpu": 0.0, "errors": 0,
-                                        "p50_ms": 0.0, "p99_ms": 0.0})
+            t = total.setdefault(
+                name, {"requests": 0, "seconds": 0.0, "cpu": 0.0, "errors": 0, "p50_ms": 0.0, "p99_ms": 0.0}
+            )
             t["requests"] += r["requests"]
             t["seconds"] += r["requests"] / r["req_s"] if r["req_s"] else seconds / rounds
             t["cpu"] += r["cpu_ms"] * r["requests"]

@@ -50,14 +50,27 @@ else:
 
 
 def point_line(step: int) -> str:
-    return json.dumps({"step": step, "epoch": step / 1000, "loss": 3.0 - step * 1e-5, "learning_rate": 2e-4,
-                       "grad_norm": 1.25, "tokens_per_second": 5120.5, "time": time.time()}) + "\n"
+    return (
+        json.dumps(
+            {
+                "step": step,
+                "epoch": step / 1000,
+                "loss": 3.0 - step * 1e-5,
+                "learning_rate": 2e-4,
+                "grad_norm": 1.25,
+                "tokens_per_second": 5120.5,
+                "time": time.time(),
+            }
+        )
+        + "\n"
+    )
 
 
 def ingest_env(url: str, data: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTQ_")}
-    env.update({"FTQ_DATABASE_URL": url, "FTQ_DATA_DIR": str(data), "FTQ_ENV": "test",
-                "PYTHONPATH": str(REPO)})
+    env.update(
+        {"FTQ_DATABASE_URL": url, "FTQ_DATA_DIR": str(data), "FTQ_ENV": "test", "PYTHONPATH": str(REPO)}
+    )
     return env
 
 
@@ -72,8 +85,14 @@ def bench_throughput(url: str, data: Path, lines: int, pace: float) -> None:
         f.writelines(point_line(s) for s in range(1, lines + 1))
     with api_server(url, data_dir=data) as base:
         t = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", _INGEST_LOOP, job, "drain", "0"], env=ingest_env(url, data),
-                             capture_output=True, text=True, check=True, cwd=REPO)
+        out = subprocess.run(
+            [sys.executable, "-c", _INGEST_LOOP, job, "drain", "0"],
+            env=ingest_env(url, data),
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        )
         page = httpx.get(f"{base}/jobs/{job}/metrics", params={"after_step": lines - 1}, timeout=30).json()
         elapsed = time.perf_counter() - t
     assert page["data"] and page["data"][-1]["step"] == lines, page
@@ -81,8 +100,14 @@ def bench_throughput(url: str, data: Path, lines: int, pace: float) -> None:
     log(f"ingest: {ingested[1]} points in {ingested[2]} s inside the worker; {elapsed:.1f} s to the API")
     written = lines / pace
     result("ingest_write_at_pace", written, "s", pace=f"{pace:g}lines/s")
-    result("ingest_100k_to_api", elapsed, "s", baseline="ingest_write_at_pace", target="<=0.1",
-           lines_per_s=f"{lines / elapsed:.0f}")
+    result(
+        "ingest_100k_to_api",
+        elapsed,
+        "s",
+        baseline="ingest_write_at_pace",
+        target="<=0.1",
+        lines_per_s=f"{lines / elapsed:.0f}",
+    )
 
 
 def bench_lag(url: str, data: Path, pace: float, seconds: float) -> None:
@@ -111,8 +136,9 @@ def bench_lag(url: str, data: Path, pace: float, seconds: float) -> None:
                 written[step] = time.monotonic()
 
     with api_server(url, data_dir=data) as base:
-        ingest = subprocess.Popen([sys.executable, "-c", _INGEST_LOOP, job, "loop", "1.0"],
-                                  env=ingest_env(url, data), cwd=REPO)
+        ingest = subprocess.Popen(
+            [sys.executable, "-c", _INGEST_LOOP, job, "loop", "1.0"], env=ingest_env(url, data), cwd=REPO
+        )
         try:
             w = threading.Thread(target=writer)
             w.start()
@@ -141,11 +167,16 @@ def bench_lag(url: str, data: Path, pace: float, seconds: float) -> None:
     lags = sorted(seen[s] - written[s] for s in written if s in seen)
     missing = n - len(lags)
     p50, p95 = lags[len(lags) // 2], lags[int(len(lags) * 0.95)]
-    log(f"lag over {len(lags)} points: p50 {p50:.2f} s, p95 {p95:.2f} s, max {lags[-1]:.2f} s, missing {missing}")
+    log(
+        f"lag over {len(lags)} points: p50 {p50:.2f} s, p95 {p95:.2f} s, max {lags[-1]:.2f} s, "
+        f"missing {missing}"
+    )
     result("ingest_lag_p50", p50, "s")
     result("ingest_lag_p95", p95, "s", target="<2", missing=missing)
-    note(f"ingest lag: {n} lines written at {pace:g} lines/s, ingest_job every 1 s in its own process (the "
-         "worker's schedule), the API polled every 100 ms")
+    note(
+        f"ingest lag: {n} lines written at {pace:g} lines/s, ingest_job every 1 s in its own process (the "
+        "worker's schedule), the API polled every 100 ms"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         note("ingest bench pending: worker/ingest.py is not in the tree yet")
         return 0
-    with pg_database("ftq_bench_ingest") as url, tempfile.TemporaryDirectory(prefix="ftq-bench-ingest-") as tmp:
+    with (
+        pg_database("ftq_bench_ingest") as url,
+        tempfile.TemporaryDirectory(prefix="ftq-bench-ingest-") as tmp,
+    ):
         data = Path(tmp)
         bench_throughput(url, data, args.lines, args.pace)
         bench_lag(url, data, args.pace, args.lag_seconds)

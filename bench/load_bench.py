@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         copy_points(url, job_ids(500, tag="done"), 200)
         for job in ids:
             (data / "runs" / job).mkdir(parents=True)
-            (data / "runs" / job / "train.log").write_text("".join(f"step {s} loss 3.0\n" for s in range(1000)))
+            (data / "runs" / job / "train.log").write_text(
+                "".join(f"step {s} loss 3.0\n" for s in range(1000))
+            )
 
         def writer() -> None:
             step = 0
@@ -80,21 +82,27 @@ def main(argv: list[str] | None = None) -> int:
                 for job in ids:
                     run = data / "runs" / job
                     with (run / "train.log").open("a") as f:
-                        f.writelines(f"{time.time():.3f} step {step + k} loss {3 - step * 1e-4:.4f}\n" for k in range(10))
+                        f.writelines(
+                            f"{time.time():.3f} step {step + k} loss {3 - step * 1e-4:.4f}\n"
+                            for k in range(10)
+                        )
                     with (run / "metrics.jsonl").open("a") as f:
                         f.writelines(point_line(step + k) for k in range(10))
                 stop.wait(1.0)
 
         w = threading.Thread(target=writer, daemon=True)
         w.start()
-        ingest = subprocess.Popen([sys.executable, "-c", _INGEST_ALL, ",".join(ids)], env=ingest_env(url, data),
-                                  cwd=REPO)
+        ingest = subprocess.Popen(
+            [sys.executable, "-c", _INGEST_ALL, ",".join(ids)], env=ingest_env(url, data), cwd=REPO
+        )
         try:
             with api_server(url, data_dir=data) as server:
                 paths = mix(ids)
                 measured(server, paths[:300], connections=32, seconds=2)  # warm up
                 sat = measured(server, paths, connections=args.pollers, seconds=args.seconds)
-                paced = measured(server, paths, connections=args.pollers, seconds=args.paced_seconds, think_ms=1000)
+                paced = measured(
+                    server, paths, connections=args.pollers, seconds=args.paced_seconds, think_ms=1000
+                )
         finally:
             stop.set()
             ingest.terminate()
@@ -109,10 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     result("load_paced_p50", paced["p50_ms"], "ms", rate=f"{paced['req_s']:.0f}req/s")
     result("load_paced_p99", paced["p99_ms"], "ms", errors=paced["errors"])
     result("load_paced_errors", paced["errors"], "errors", target="<=0")
-    note(f"load: {args.pollers} wrk connections, one `ftq api` process on PostgreSQL, {args.jobs} running jobs "
-         "growing by 10 log lines and 10 points per second each while ingest runs; mix 30% status, 30% metrics, "
-         f"30% logs, 10% list; saturated for {args.seconds:.0f} s, then paced (random 0..2 s between polls) for "
-         f"{args.paced_seconds:.0f} s")
+    note(
+        f"load: {args.pollers} wrk connections, one `ftq api` process on PostgreSQL, {args.jobs} running "
+        "jobs growing by 10 log lines and 10 points per second each while ingest runs; mix 30% status, "
+        f"30% metrics, 30% logs, 10% list; saturated for {args.seconds:.0f} s, then paced (random 0..2 s "
+        f"between polls) for {args.paced_seconds:.0f} s"
+    )
     return 0
 
 

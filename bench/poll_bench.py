@@ -64,14 +64,18 @@ def bench_poll_vs_health(url: str, seconds: float, n_jobs: int, n_points: int) -
     rows = copy_points(url, ids, n_points)
     analyze(url)
     log(f"loaded {n_jobs} jobs, {rows} points in {time.perf_counter() - t:.1f} s")
-    plan = explain(url, "SELECT * FROM metric_points WHERE job_id = %s AND step > %s ORDER BY step LIMIT 1000",
-                   (ids[0], n_points - 5))
+    plan = explain(
+        url,
+        "SELECT * FROM metric_points WHERE job_id = %s AND step > %s ORDER BY step LIMIT 1000",
+        (ids[0], n_points - 5),
+    )
     note(f"metrics poll plan: {plan}")
     paths = poll_paths(ids, n_points)
     with api_server(url) as server:
         wrk_run(server, paths[:200], connections=CONNECTIONS, seconds=2)  # warm the pool and the caches
-        both = interleaved(server, {"healthz": ["/healthz"], "metrics": paths}, connections=CONNECTIONS,
-                           seconds=seconds)
+        both = interleaved(
+            server, {"healthz": ["/healthz"], "metrics": paths}, connections=CONNECTIONS, seconds=seconds
+        )
         health, poll = both["healthz"], both["metrics"]
         # A dashboard polls every few seconds: latency at half the saturated rate is what its users see.
         think = int(CONNECTIONS / (poll["req_s"] / 2) * 1000)
@@ -79,18 +83,40 @@ def bench_poll_vs_health(url: str, seconds: float, n_jobs: int, n_points: int) -
     log(f"healthz {health}")
     log(f"metrics {poll}")
     log(f"metrics at half load {half}")
-    result("healthz", health["req_s"], "req/s", p99_ms=f"{health['p99_ms']:.1f}", cpu_ms=f"{health['cpu_ms']:.2f}",
-           errors=health["errors"])
-    result("metrics_poll", poll["req_s"], "req/s", baseline="healthz", target=">=0.5",
-           p99_ms=f"{poll['p99_ms']:.1f}", cpu_ms=f"{poll['cpu_ms']:.2f}", errors=poll["errors"])
+    result(
+        "healthz",
+        health["req_s"],
+        "req/s",
+        p99_ms=f"{health['p99_ms']:.1f}",
+        cpu_ms=f"{health['cpu_ms']:.2f}",
+        errors=health["errors"],
+    )
+    result(
+        "metrics_poll",
+        poll["req_s"],
+        "req/s",
+        baseline="healthz",
+        target=">=0.5",
+        p99_ms=f"{poll['p99_ms']:.1f}",
+        cpu_ms=f"{poll['cpu_ms']:.2f}",
+        errors=poll["errors"],
+    )
     result("healthz_cpu_per_req", health["cpu_ms"], "ms")
     result("metrics_poll_cpu_per_req", poll["cpu_ms"], "ms", baseline="healthz_cpu_per_req", target="<=2")
-    result("metrics_poll_p99_half_load", half["p99_ms"], "ms", target="<50", rate=f"{half['req_s']:.0f}req/s",
-           errors=half["errors"])
+    result(
+        "metrics_poll_p99_half_load",
+        half["p99_ms"],
+        "ms",
+        target="<50",
+        rate=f"{half['req_s']:.0f}req/s",
+        errors=half["errors"],
+    )
     result("metrics_poll_p99_saturated", poll["p99_ms"], "ms")
-    note(f"p99 under saturation is queueing: {CONNECTIONS} clients with no pause between requests wait "
-         f"{CONNECTIONS}/throughput on average whatever the server does; the latency figure that matters is at "
-         "half the saturated rate (each client pausing a random 0..2x interval between polls)")
+    note(
+        f"p99 under saturation is queueing: {CONNECTIONS} clients with no pause between requests wait "
+        f"{CONNECTIONS}/throughput on average whatever the server does; the latency figure that matters is "
+        "at half the saturated rate (each client pausing a random 0..2x interval between polls)"
+    )
     poll["half_p99_ms"] = half["p99_ms"]
     return poll
 
@@ -151,23 +177,42 @@ def bench_mlflow(seconds: float, n_runs: int, n_points: int, ftq_poll: dict[str,
     logfile = OUT / "mlflow-server.log"
     with logfile.open("wb") as out:
         proc = subprocess.Popen(
-            [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
-             "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
+            [
+                str(mlflow),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{tmp / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(tmp / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
         )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(base + "/health", proc, logfile, timeout=180)
         t = time.perf_counter()
         py = mlflow.parent / "python"
-        out_ = subprocess.run([str(py), "-c", _MLFLOW_LOG, base, str(n_runs), str(n_points)],
-                              capture_output=True, text=True, check=True)
+        out_ = subprocess.run(
+            [str(py), "-c", _MLFLOW_LOG, base, str(n_runs), str(n_points)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         runs: list[str] = json.loads(out_.stdout.strip().splitlines()[-1])
         log(f"mlflow: logged {n_runs} runs x {n_points} points in {time.perf_counter() - t:.1f} s")
         rng = random.Random(7)
-        history = [f"/api/2.0/mlflow/metrics/get-history?run_id={rng.choice(runs)}&metric_key=loss"
-                   for _ in range(4000)]
+        history = [
+            f"/api/2.0/mlflow/metrics/get-history?run_id={rng.choice(runs)}&metric_key=loss"
+            for _ in range(4000)
+        ]
         wrk_run(base, history[:200], connections=CONNECTIONS, seconds=2)
         hist = wrk_run(base, history, connections=CONNECTIONS, seconds=seconds)
         log(f"mlflow get-history {hist}")
@@ -180,12 +225,16 @@ def bench_mlflow(seconds: float, n_runs: int, n_points: int, ftq_poll: dict[str,
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-    result("mlflow_get_history", hist["req_s"], "req/s", p99_ms=f"{hist['p99_ms']:.1f}", errors=hist["errors"])
+    result(
+        "mlflow_get_history", hist["req_s"], "req/s", p99_ms=f"{hist['p99_ms']:.1f}", errors=hist["errors"]
+    )
     result("metrics_poll_vs_mlflow", ftq_poll["req_s"], "req/s", baseline="mlflow_get_history", target=">=3")
-    note(f"MLflow peer: {version}, `mlflow server --workers 1` on a sqlite store, {n_runs} runs x {n_points} "
-         "`loss` points logged with MlflowClient.log_batch; polled with GET "
-         "/api/2.0/mlflow/metrics/get-history (it has no after-step filter, so each poll returns the whole "
-         "history of one key, while ftq's returns the few newest points with all seven fields)")
+    note(
+        f"MLflow peer: {version}, `mlflow server --workers 1` on a sqlite store, {n_runs} runs x {n_points} "
+        "`loss` points logged with MlflowClient.log_batch; polled with GET "
+        "/api/2.0/mlflow/metrics/get-history (it has no after-step filter, so each poll returns the whole "
+        "history of one key, while ftq's returns the few newest points with all seven fields)"
+    )
 
 
 # Poll cost as history grows -------------------------------------------------------------------------
@@ -198,8 +247,11 @@ def bench_history(url: str, seconds: float) -> None:
     copy_points(url, [big], 100_000)
     copy_points(url, [small], 100)
     analyze(url)
-    plan = explain(url, "SELECT * FROM metric_points WHERE job_id = %s AND step > %s ORDER BY step LIMIT 1000",
-                   (big, 99_995))
+    plan = explain(
+        url,
+        "SELECT * FROM metric_points WHERE job_id = %s AND step > %s ORDER BY step LIMIT 1000",
+        (big, 99_995),
+    )
     note(f"poll on 100,000 points, plan: {plan}")
     with api_server(url) as base:
         figures = {}
@@ -234,8 +286,11 @@ def bench_status(seconds: float) -> None:
                 seqs = sorted(rng.sample(range(1, total + 1), 20))
                 conn.execute("UPDATE jobs SET status = 'running' WHERE seq = ANY(%s)", (seqs,))
             analyze(url)
-            plan = explain(url, "SELECT * FROM jobs WHERE owner = %s AND status IN (%s) ORDER BY seq DESC LIMIT 51",
-                           ("local", "running"))
+            plan = explain(
+                url,
+                "SELECT * FROM jobs WHERE owner = %s AND status IN (%s) ORDER BY seq DESC LIMIT 51",
+                ("local", "running"),
+            )
             note(f"status poll plan with {total} jobs: {plan}")
             with api_server(url) as base:
                 seq = sequential_latency(base + "/jobs?status=running", n=200)
@@ -246,8 +301,13 @@ def bench_status(seconds: float) -> None:
     result("status_poll_100_jobs", s_seq["p50_ms"], "ms")
     result("status_poll_10k_jobs", b_seq["p50_ms"], "ms", baseline="status_poll_100_jobs", target="<=2")
     result("status_poll_100_jobs_rps", s_load["req_s"], "req/s")
-    result("status_poll_10k_jobs_rps", b_load["req_s"], "req/s", baseline="status_poll_100_jobs_rps",
-           target=">=0.5")
+    result(
+        "status_poll_10k_jobs_rps",
+        b_load["req_s"],
+        "req/s",
+        baseline="status_poll_100_jobs_rps",
+        target=">=0.5",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         print("poll_bench needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
     only = set(args.only or ["poll", "mlflow", "history", "status"])
-    note("ftq side: one `ftq api` process (uvicorn, one worker: what `ftq api` runs) on PostgreSQL; load from "
-         f"wrk, {CONNECTIONS} connections, 1 thread, {args.seconds:.0f} s per figure")
+    note(
+        "ftq side: one `ftq api` process (uvicorn, one worker: what `ftq api` runs) on PostgreSQL; load from "
+        f"wrk, {CONNECTIONS} connections, 1 thread, {args.seconds:.0f} s per figure"
+    )
     poll: dict[str, Any] = {}
     with pg_database() as url:
         if only & {"poll", "mlflow"}:

@@ -22,6 +22,7 @@ A bench that prints no RESULT line but writes a JSON file is read through an ada
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -50,12 +51,22 @@ class Bench:
 
 
 BENCHES = [
-    Bench("poll", ["-m", "bench.poll_bench"], ["-m", "bench.poll_bench", "--seconds", "6", "--jobs", "200"], 1800),
+    Bench(
+        "poll",
+        ["-m", "bench.poll_bench"],
+        ["-m", "bench.poll_bench", "--seconds", "6", "--jobs", "200"],
+        1800,
+    ),
     Bench("ingest", ["-m", "bench.ingest_bench"], ["-m", "bench.ingest_bench", "--lines", "20000"], 900),
     Bench("load", ["-m", "bench.load_bench"], ["-m", "bench.load_bench", "--seconds", "15"], 900),
     Bench("dispatch", ["bench/dispatch_bench.py"], ["bench/dispatch_bench.py", "--samples", "3"], 1800),
-    Bench("trainer", ["bench/trainer_bench.py"], ["bench/trainer_bench.py", "--steps", "8"], 1800,
-          json_adapter="trainer"),
+    Bench(
+        "trainer",
+        ["bench/trainer_bench.py"],
+        ["bench/trainer_bench.py", "--steps", "8"],
+        1800,
+        json_adapter="trainer",
+    ),
 ]
 
 
@@ -122,8 +133,16 @@ def trainer_adapter() -> tuple[list[Row], list[str]]:
         ratio = data.get("ratio_vs_baseline", {}).get(name)
         rows.append(Row("trainer", f"tokens_per_s_{name}", tps, "tok/s", {"baseline": "baseline"}, ratio))
     if "packing_speedup" in data:
-        rows.append(Row("trainer", "packing_speedup", data["packing_speedup"], "x", {"baseline": "no-pack"},
-                        data["packing_speedup"]))
+        rows.append(
+            Row(
+                "trainer",
+                "packing_speedup",
+                data["packing_speedup"],
+                "x",
+                {"baseline": "no-pack"},
+                data["packing_speedup"],
+            )
+        )
     return rows, ["trainer: tokens/s against a plain TRL SFTTrainer script, same settings, same run"]
 
 
@@ -135,7 +154,9 @@ def run_bench(b: Bench, quick: bool) -> tuple[list[Row], list[str], float]:
     t = time.perf_counter()
     print(f"== {b.key}: python {' '.join(argv)}", flush=True)
     try:
-        proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=b.timeout)
+        proc = subprocess.run(
+            [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=b.timeout
+        )
     except subprocess.TimeoutExpired:
         return [], [f"{b.key}: did not finish within {b.timeout} s"], time.perf_counter() - t
     took = time.perf_counter() - t
@@ -167,17 +188,25 @@ def machine() -> dict[str, str]:
     except (OSError, ValueError, IndexError):
         pass
     versions = []
-    for pkg in ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "pydantic", "sqlalchemy", "psycopg",
-                "celery", "torch", "transformers", "trl"):
-        try:
+    for pkg in (
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "uvloop",
+        "httptools",
+        "pydantic",
+        "sqlalchemy",
+        "psycopg",
+        "celery",
+        "torch",
+        "transformers",
+        "trl",
+    ):
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions.append(f"{pkg} {metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            pass
     pg = ""
-    try:
+    with contextlib.suppress(OSError):
         pg = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        pass
     wrk = ""
     if shutil.which("wrk"):
         wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()[0:1]
@@ -196,14 +225,18 @@ def machine() -> dict[str, str]:
 
 
 def table(rows: list[Row]) -> list[str]:
-    out = ["| bench | figure | value | ratio | target | verdict | detail |",
-           "| --- | --- | ---: | ---: | --- | --- | --- |"]
+    out = [
+        "| bench | figure | value | ratio | target | verdict | detail |",
+        "| --- | --- | ---: | ---: | --- | --- | --- |",
+    ]
     for r in rows:
         base = r.extra.get("baseline", "")
         ratio = f"{r.ratio:.2f}x" + (f" of {base}" if base else "") if r.ratio is not None else ""
         detail = ", ".join(f"{k}={v}" for k, v in r.extra.items() if k not in ("baseline", "target"))
-        out.append(f"| {r.bench} | {r.name} | {r.value:.4g} {r.unit} | {ratio} | {r.extra.get('target', '')} | "
-                   f"{r.verdict} | {detail} |")
+        out.append(
+            f"| {r.bench} | {r.name} | {r.value:.4g} {r.unit} | {ratio} | {r.extra.get('target', '')} | "
+            f"{r.verdict} | {detail} |"
+        )
     return out
 
 
