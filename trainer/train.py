@@ -123,7 +123,11 @@ def run(args: TrainerArgs) -> None:
         raise RuntimeError(f"launch environment says {strategy}, but the trainer did not set it up")
 
     started = time.time()
-    trainer.train(resume_from_checkpoint=resume_path(args.resume_from_checkpoint, out))
+    resume = resume_path(args.resume_from_checkpoint, out)
+    if resume is not None:
+        # Said once per run so the log shows where a continued run picked up (the service greps it).
+        log.info("resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
 
     # The last step was not an eval step: evaluate once more, so the run ends with its final eval loss.
