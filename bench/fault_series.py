@@ -43,6 +43,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,23 @@ def ensure_pg() -> None:
             raise RuntimeError("PostgreSQL did not come back")
         pg_ctl("start")
         time.sleep(1)
+
+
+def answers_while_pg_down(
+    request: Callable[[], int | str], seconds: float
+) -> tuple[Counter[str], Counter[str]]:
+    """Call `request` for `seconds` while PostgreSQL is stopped: (answers given while it was down before
+    and after the call, answers given while it was up). Something else on the host may start PostgreSQL
+    again early; an answer from then is no evidence about the outage."""
+    down: Counter[str] = Counter()
+    back: Counter[str] = Counter()
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        was_down = not pg_up()
+        answer = str(request())
+        (down if was_down and not pg_up() else back)[answer] += 1
+        time.sleep(0.2)
+    return down, back
 
 
 def redis_cli(*args: str) -> str:
@@ -412,6 +430,7 @@ class Injector:
         self.pg_503 = 0
         self.pg_other: Counter[str] = Counter()
         self.pg_recovery_s: list[float] = []
+        self.pg_back_early: Counter[str] = Counter()  # answers after something else restarted PostgreSQL
         self.dispatch_delays = [0.0, 0.2, 0.5, 1.0, 2.0, 3.5]
 
     def running_job(self, timeout: float = 120, prefer_training_s: float = 10) -> str | None:
@@ -476,15 +495,17 @@ class Injector:
         job = rec["job"] = self.running_job()
         path = f"/jobs/{job}" if job else "/jobs"
         codes: Counter[str] = Counter()
+
+        def get() -> int | str:
+            try:
+                return self.dep.get(path, timeout=10).status_code
+            except RETRYABLE as exc:
+                return type(exc).__name__
+
         try:
             pg_ctl("stop")
-            t_down = time.time()
-            while time.time() - t_down < self.outage_s:
-                try:
-                    codes[str(self.dep.get(path, timeout=10).status_code)] += 1
-                except RETRYABLE as exc:
-                    codes[type(exc).__name__] += 1
-                time.sleep(0.2)
+            codes, back = answers_while_pg_down(get, self.outage_s)
+            self.pg_back_early.update(back)
         finally:
             pg_ctl("start")
             ensure_pg()
@@ -496,9 +517,11 @@ class Injector:
                     recovered = time.time() - t_up
                     break
             time.sleep(0.2)
-        self.pg_503 += codes.pop("503", 0)
+        rec["outage_503s"] = codes.pop("503", 0)
+        self.pg_503 += rec["outage_503s"]
         self.pg_other.update(codes)
-        rec["outage_codes"] = dict(codes)
+        rec["outage_other_answers"] = dict(codes)
+        rec["answers_after_early_restart"] = sum(self.pg_back_early.values())
         rec["api_recovered_s"] = None if recovered is None else round(recovered, 1)
         if recovered is not None:
             self.pg_recovery_s.append(recovered)
@@ -672,6 +695,7 @@ def run_series(store: str, faults: int, inflight: int, outage_s: float, gap_s: f
             ),
             "pg_outage_503s": inj.pg_503,
             "pg_outage_other_answers": dict(inj.pg_other),
+            "pg_answers_after_an_early_restart_by_others": dict(inj.pg_back_early),
             "pg_api_recovery_s_max": round(max(inj.pg_recovery_s), 1) if inj.pg_recovery_s else None,
             "http_status_counts": dict(dep.codes),
             "http_500s": len(dep.errors_500),
