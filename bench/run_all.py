@@ -39,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_MD = REPO / "bench" / "RESULTS.md"
 OUT = REPO / "bench" / "out"
+KEPT_HEADING = "## History of fixes"
 
 
 @dataclass
@@ -284,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         *[f"- {n}" for n in notes],
         "",
     ]
-    args.out.write_text("\n".join(md))
+    # The hand-written record of fixes (before/after figures) under this heading survives a rerun.
+    kept = ""
+    if args.out.exists() and KEPT_HEADING in args.out.read_text():
+        kept = args.out.read_text()[args.out.read_text().index(KEPT_HEADING) :]
+    args.out.write_text("\n".join(md) + ("\n" + kept if kept else ""))
     print(f"wrote {args.out}")
     return 0
 
