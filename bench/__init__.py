@@ -49,7 +49,7 @@ def log(text: str) -> None:
 
 
 @contextlib.contextmanager
-def pg_database(prefix: str = "ftq_bench") -> Iterator[str]:
+def pg_database(prefix: str = "ftq_perfbench") -> Iterator[str]:
     """A fresh database migrated to head; dropped afterwards. Yields its postgresql:// URL."""
     import psycopg
 

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         note("ingest bench pending: worker/ingest.py is not in the tree yet")
         return 0
     with (
-        pg_database("ftq_bench_ingest") as url,
+        pg_database("ftq_perfbench_ingest") as url,
         tempfile.TemporaryDirectory(prefix="ftq-bench-ingest-") as tmp,
     ):
         data = Path(tmp)

@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ids = job_ids(args.jobs, tag="load")
     stop = threading.Event()
-    with pg_database("ftq_bench_load") as url, tempfile.TemporaryDirectory(prefix="ftq-bench-load-") as tmp:
+    with (
+        pg_database("ftq_perfbench_load") as url,
+        tempfile.TemporaryDirectory(prefix="ftq-bench-load-") as tmp,
+    ):
         data = Path(tmp)
         copy_jobs(url, [(i, "succeeded") for i in job_ids(500, tag="done")])
         copy_jobs(url, [(i, "running") for i in ids])

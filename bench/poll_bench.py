@@ -271,7 +271,7 @@ def bench_history(url: str, seconds: float) -> None:
 def bench_status(seconds: float) -> None:
     """`GET /jobs?status=running` with 100 jobs, then with 10,000 (20 of them running both times)."""
     rng = random.Random(11)
-    with pg_database("ftq_bench_status") as url:
+    with pg_database("ftq_perfbench_status") as url:
         figures: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
         have = 0
         for total in (100, 10_000):
