@@ -224,8 +224,9 @@ def test_logs_metrics_checkpoints_read_the_run_dir(make_client, store_url, ftq_e
 
     ck = run / "checkpoints"
     (ck / "checkpoint-2").mkdir(parents=True)
-    for n in ["trainer_state.json", "scheduler.pt", "rng_state.pth", "optimizer.pt", "adapter_model.safetensors"]:
+    for n in ["scheduler.pt", "rng_state.pth", "optimizer.pt", "adapter_model.safetensors"]:
         (ck / "checkpoint-2" / n).write_text("x")
+    (ck / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
     (ck / "checkpoint-4").mkdir()
     (ck / "checkpoint-4" / "adapter_model.safetensors").write_text("x")
     data = client.get(f"/jobs/{job['id']}/checkpoints").json()["data"]
