@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from celery import Celery
+from celery.signals import beat_embedded_init
 
 from ftq.settings import get_settings
 
@@ -52,6 +53,29 @@ def _survive_broker_loss() -> None:
 
     restore_unacked._ftq_patched = True  # type: ignore[attr-defined]
     kombu_redis.QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]
+
+
+def _beat_dies_with_its_worker(**_: Any) -> None:
+    """Runs in the beat process that `celery worker --beat` forks (beat_embedded_init).
+
+    A worker killed with SIGKILL cannot stop its beat, which then ticks on forever with no parent:
+    every restart adds one more, each sending every sweep again. On the embedded broker they flooded
+    the queue (40,000 messages after 25 worker kills) until nothing was consumed in time and jobs
+    stayed `running` long after their runs ended. The kernel now ends the beat with its worker.
+    """
+    import ctypes
+    import multiprocessing
+    import os
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    parent = multiprocessing.parent_process()
+    if parent is None or os.getppid() != parent.pid:
+        os._exit(0)  # the worker died before the line above took effect
+
+
+beat_embedded_init.connect(_beat_dies_with_its_worker, weak=False)
 
 
 def make_celery() -> Celery:
