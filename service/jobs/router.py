@@ -23,6 +23,7 @@ from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
 from service.errors import BadRequest, TooManyRequests, UnsupportedMediaType, spec_field_error
 from service.jobs import dispatch
 from service.jobs import service as jobs
+from service.jobs.poll_cache import PollCache
 from service.jobs.repository import JobRepository
 from service.jobs.schemas import (
     TERMINAL,
@@ -276,7 +277,10 @@ def stream_logs(
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _metrics_body(owner: str, job_id: str, after_step: int, limit: int) -> bytes:
+_poll_cache = PollCache()
+
+
+def _metrics_body(owner: str, job_id: str, after_step: int, limit: int) -> tuple[bytes, bool]:
     with read_session() as session:
         repo = JobRepository(session, owner)
         return jobs.metrics_page_json(repo, job_id, after_step=after_step, limit=limit)
@@ -291,7 +295,12 @@ async def get_metrics(
 ) -> Response:
     # Every open dashboard repeats this poll: one thread-pool hop for the store, and the body is built
     # from rows directly (the bytes MetricsPage would give) rather than validated model by model.
-    return _json_response(await run_in_threadpool(_metrics_body, owner, job_id, after_step, limit))
+    key = (owner, job_id, after_step, limit)
+    cached = _poll_cache.get(key)
+    if cached is None:
+        cached, final = await run_in_threadpool(_metrics_body, owner, job_id, after_step, limit)
+        _poll_cache.put(key, cached, final=final)
+    return _json_response(cached)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS, summary="Saved checkpoints")

@@ -449,17 +449,19 @@ def metrics_page(repo: JobRepository, job: Job, *, after_step: int, limit: int) 
 _POINT_KEYS = ("step", *POINT_FIELDS)
 
 
-def metrics_page_json(repo: JobRepository, job_id: str, *, after_step: int, limit: int) -> bytes:
-    """The same bytes as MetricsPage(...).model_dump_json(), built from rows without model validation."""
+def metrics_page_json(repo: JobRepository, job_id: str, *, after_step: int, limit: int) -> tuple[bytes, bool]:
+    """The same bytes as MetricsPage(...).model_dump_json(), built from rows without model validation,
+    and whether the job is terminal (its points will not change again)."""
     found = repo.metrics_rows(job_id, after_step, limit)
     if found is None:
         raise NotFound(f"job {job_id} not found")
     status, rows = found
     data = [dict(zip(_POINT_KEYS, r, strict=True)) for r in rows]
     next_after = rows[-1][0] if rows else after_step
-    complete = JobStatus(status) in TERMINAL and len(rows) < limit
+    terminal = JobStatus(status) in TERMINAL
+    complete = terminal and len(rows) < limit
     # pydantic_core writes floats exactly as the response model would (0.00001, 1e+20).
-    return pydantic_core.to_json({"data": data, "next_after_step": next_after, "complete": complete})
+    return pydantic_core.to_json({"data": data, "next_after_step": next_after, "complete": complete}), terminal
 
 
 RESUMABLE_MARKERS = ("trainer_state.json",)
