@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import ipaddress
 import os
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -17,6 +20,7 @@ import typer
 from ftq.settings import get_settings
 
 server_app = typer.Typer(add_completion=False)
+_MIGRATE_LOCK_KEY = 0x66747100  # "ftq\0": the advisory lock that serialises schema migrations
 
 HostOpt = Annotated[str | None, typer.Option("--host", help="Address to listen on (FTQ_HOST).")]
 PortOpt = Annotated[int | None, typer.Option("--port", help="Port to listen on (FTQ_PORT).")]
@@ -46,7 +50,38 @@ def _migrate() -> None:
     settings = get_settings()
     settings.data_path.mkdir(parents=True, exist_ok=True)
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
-    upgrade(settings.sqlalchemy_url)
+    with _migration_lock(settings.sqlalchemy_url):
+        upgrade(settings.sqlalchemy_url)
+
+
+@contextlib.contextmanager
+def _migration_lock(url: str) -> Iterator[None]:
+    """One migration at a time: `ftq api` and several `ftq worker`s may start together on a fresh store."""
+    if url.startswith("postgresql"):
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.pool import NullPool
+
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATE_LOCK_KEY})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATE_LOCK_KEY})
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
+    lock_dir = get_settings().data_path / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_dir / "migrate.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _die_with_parent() -> None:

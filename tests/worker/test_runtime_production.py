@@ -98,3 +98,25 @@ def test_post_while_redis_is_down_runs_exactly_once(production: Stack, tiny_dir:
     with psycopg.connect(production.env["FTQ_DATABASE_URL"]) as conn:
         rows = conn.execute("SELECT sent_at FROM dispatches WHERE job_id = %s", (job["id"],)).fetchall()
     assert rows and all(r[0] is not None for r in rows)
+
+
+def test_api_and_workers_starting_together_migrate_once(tmp_path: Path) -> None:
+    """`ftq api` and `ftq worker`s started at once on a fresh database: one migrates, the others wait."""
+    import os
+    import secrets
+    import subprocess
+
+    from tests.worker.conftest import FTQ_BIN, PG_ADMIN, REPO, drop_database
+
+    name = f"ftq_test_mig_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {**os.environ, "FTQ_DATA_DIR": str(tmp_path), "FTQ_ENV": "test",
+               "FTQ_DATABASE_URL": f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"}
+        procs = [subprocess.Popen([FTQ_BIN, "migrate"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT) for _ in range(3)]
+        outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], outs
+    finally:
+        drop_database(name)
