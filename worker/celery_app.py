@@ -11,6 +11,7 @@ unacknowledged when Redis drops is not worth a worker that stops consuming (see
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from celery import Celery
@@ -64,15 +65,16 @@ def _beat_dies_with_its_worker(**_: Any) -> None:
     stayed `running` long after their runs ended. The kernel now ends the beat with its worker.
     """
     import ctypes
-    import multiprocessing
-    import os
     import signal
 
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    parent = multiprocessing.parent_process()
-    if parent is None or os.getppid() != parent.pid:
+    if os.getppid() != _LOADED_BY_PID:
         os._exit(0)  # the worker died before the line above took effect
+
+
+# The process that imported this module: in the beat (forked by billiard), the worker it belongs to.
+_LOADED_BY_PID = os.getpid()
 
 
 beat_embedded_init.connect(_beat_dies_with_its_worker, weak=False)

@@ -35,11 +35,12 @@ def test_sigkill_of_the_worker_ends_its_beat(tmp_path: Path) -> None:
                                   start_new_session=True)
     try:
         deadline = time.time() + 120
+        # The beat must be up and ticking (not merely started) before the worker is killed.
         while time.time() < deadline and not beat:
-            if "beat: Starting" in log.read_text(errors="replace"):
+            if log.read_text(errors="replace").count("Sending due task") >= 3:
                 beat = proc_children(worker.pid)
             time.sleep(0.2)
-        assert beat, log.read_text(errors="replace")[-3000:]
+        assert beat and all(pid_alive(p) for p in beat), log.read_text(errors="replace")[-3000:]
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
         deadline = time.time() + 15
