@@ -103,7 +103,7 @@ def test_schemathesis_all_phases(ftq_env, monkeypatch, assets: Path) -> None:
         assert r.status_code == 201, r.text
         other_id = r.json()["id"]
 
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=_config(max_examples=20))
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=_config(max_examples=10))
     cases: Counter[str] = Counter()
     failures: list[Any] = []
     fatal: list[str] = []

@@ -16,9 +16,7 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +24,7 @@ import pytest
 
 from ftq.spec import JobSpec
 
-from .conftest import Server, make_dataset_file, make_model_dir
-
-STUB_PYTHON = """#!{python}
-# Stands in for the interpreter that runs `accelerate launch`: records its argv, starts nothing.
-import json, os, sys
-out = os.environ.get("STUB_OUT")
-if out:
-    with open(out, "a") as f:
-        f.write(json.dumps(sys.argv[1:]) + "\\n")
-"""
-
-# srun: drop its own options, then run the step command on "this node".
-STUB_SRUN = """#!/bin/bash
-while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift; done
-export SLURM_NODEID=0 SLURM_PROCID=0 SLURM_LOCALID=0
-exec "$@"
-"""
-STUB_SCONTROL = """#!/bin/bash
-echo node-a
-"""
+from .conftest import TOKENS, Server, make_dataset_file, make_model_dir
 
 
 def payloads(marker: Path) -> list[str]:
@@ -124,36 +103,15 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("stubs")
-    for name, text in (("python", STUB_PYTHON.format(python=sys.executable)), ("srun", STUB_SRUN),
-                       ("scontrol", STUB_SCONTROL)):
-        (d / name).write_text(text)
-        (d / name).chmod(0o755)
-    return d
-
-
-@pytest.fixture(scope="module")
-def payload_root(assets: Path, marker: Path) -> Path:
-    """The payloads as real model folders and dataset files under the local root."""
+def server(shared: Server, marker: Path) -> Server:
+    """The shared `ftq api` (its data dir path has a space and a quote, so run-dir paths in the
+    scripts need quoting too), with the payloads as real model folders and dataset files in its root."""
     for i, p in enumerate(payloads(marker)):
         if "\n" in p:
             continue
-        make_model_dir(assets / "m" / p)
-        make_dataset_file(assets / "d" / p / f"train{i}.jsonl")
-    return assets
-
-
-@pytest.fixture(scope="module")
-def server(server_factory: Any, payload_root: Path, stubs: Path) -> Iterator[Server]:
-    yield server_factory(
-        # A data dir with a space and a quote: run-dir paths in the scripts must be quoted too.
-        data_name="data dir's",
-        api_tokens="inj-token:mallory",
-        local_roots=str(payload_root),
-        python=str(stubs / "python"),
-        post_rate_per_minute="100000",
-    )
+        make_model_dir(shared.data_dir / "m" / p)
+        make_dataset_file(shared.data_dir / "d" / p / f"train{i}.jsonl")
+    return shared
 
 
 def sbatch_directives(script: str) -> list[str]:
@@ -222,7 +180,7 @@ def test_payload_in_every_string_field(server: Server, stubs: Path, marker: Path
         cases.append((("dataset", "name_or_path"), f"./d/{p}/train{i}.jsonl"))
     accepted: list[dict[str, Any]] = []
     refused = 0
-    with server.client("inj-token") as c:
+    with server.client(TOKENS["mallory"]) as c:
         for path, payload in cases:
             spec = slurm_spec()
             set_path(spec, path, payload)
@@ -249,7 +207,7 @@ def test_stored_job_keeps_the_payload_as_data(
     spec = slurm_spec()
     spec["model"]["name_or_path"] = f"./m/{p}"
     spec["dataset"]["name_or_path"] = f"./d/{p}/train0.jsonl"
-    with server.client("inj-token") as c:
+    with server.client(TOKENS["mallory"]) as c:
         r = c.post("/jobs", json=spec)
         assert r.status_code == 201, r.text
         job = r.json()
@@ -263,23 +221,17 @@ def test_stored_job_keeps_the_payload_as_data(
 
 
 @pytest.mark.slow
-def test_real_launch_of_payload_specs(server_factory: Any, payload_root: Path, marker: Path) -> None:
+def test_real_launch_of_payload_specs(shared_up: Server, server: Server, marker: Path) -> None:
     """`ftq up` launches payload specs for real (local launcher, real accelerate and trainer).
 
     They fail when the trainer loads the empty weights; what matters is that no payload ran.
     """
-    up: Server = server_factory(
-        "up",
-        data_name="up data's dir",
-        api_tokens="inj-token:mallory",
-        local_roots=str(payload_root),
-        cpu_slots="4",
-    )
+    up = shared_up
     ps = payloads(marker)
     ids = []
-    with up.client("inj-token") as c:
-        # Two real launches, each with two payloads (model folder, dataset file): launches are slow here.
-        for model_i, data_i in ((0, 1), (3, 2)):
+    with up.client(TOKENS["mallory"]) as c:
+        # One real launch carrying two payloads (model folder, dataset file): launches are slow here.
+        for model_i, data_i in ((0, 3),):
             spec = slurm_spec()
             spec["resources"]["launcher"] = "local"
             spec["model"]["name_or_path"] = f"./m/{ps[model_i]}"

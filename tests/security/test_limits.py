@@ -6,29 +6,20 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from .conftest import Server, base_spec
+from .conftest import LIMIT_TOKENS, LIMITS, Server, base_spec
 
-MAX_BODY = 4096
-MAX_ACTIVE = 3
-RATE = 6
-TOKENS = {"big": "lim-big", "cap": "lim-cap", "rate": "lim-rate", "other": "lim-other"}
+MAX_BODY = int(LIMITS["max_body_bytes"])
+MAX_ACTIVE = int(LIMITS["max_active"])
+RATE = int(LIMITS["rate"])
+TOKENS = LIMIT_TOKENS
 
 
 @pytest.fixture(scope="module")
-def server(server_factory: Any, assets: Path) -> Server:
-    s: Server = server_factory(
-        api_tokens=",".join(f"{t}:{o}" for o, t in TOKENS.items()),
-        local_roots=str(assets),
-        max_body_bytes=str(MAX_BODY),
-        max_active_jobs_per_owner=str(MAX_ACTIVE),
-        post_rate_per_minute=str(RATE),
-    )
-    return s
+def server(limited: Server) -> Server:
+    return limited
 
 
 def _padded_spec(size: int) -> bytes:

@@ -14,9 +14,9 @@ import pytest
 
 from ftq.settings import Settings
 
-from .conftest import FTQ, REPO, Server, base_spec, clean_env, free_port
+from .conftest import FTQ, REPO, TOKENS, Server, base_spec, clean_env, free_port
 
-ALICE, BOB = "alice-secret-token-0001", "bob-secret-token-0002"
+ALICE, BOB = TOKENS["alice"], TOKENS["bob"]
 
 # Every route of the jobs API: (method, path template).
 JOB_ROUTES = [
@@ -48,9 +48,8 @@ BAD_AUTH: dict[str, str | bytes | None] = {
 
 
 @pytest.fixture(scope="module")
-def server(server_factory: Any, assets: Path) -> Server:
-    s: Server = server_factory(api_tokens=f"{ALICE}:alice,{BOB}:bob", local_roots=str(assets))
-    return s
+def server(shared: Server) -> Server:
+    return shared
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +79,7 @@ def _call(client: httpx.Client, method: str, path: str, headers: dict[str, Any])
 @pytest.mark.parametrize("auth", list(BAD_AUTH), ids=list(BAD_AUTH))
 def test_every_route_needs_a_valid_token(server: Server, alice_job: dict[str, Any], auth: str) -> None:
     value = BAD_AUTH[auth]
-    headers = {"Authorization": value} if value is not None else {}
+    headers: dict[str, Any] = {"Authorization": value} if value is not None else {}
     with httpx.Client(base_url=server.url, timeout=30) as c:
         for method, template in ALL_ROUTES:
             path = template.format(id=alice_job["id"])
@@ -150,7 +149,7 @@ def test_tokens_are_compared_in_constant_time() -> None:
     source = inspect.getsource(Settings.owner_for_token)
     assert "hmac.compare_digest" in source
     assert "return owner" not in source and "break" not in source
-    s = Settings(api_tokens=f"{ALICE}:alice,{BOB}:bob")
+    s = Settings(api_tokens=f"{ALICE}:alice,{BOB}:bob")  # type: ignore[call-arg]
     assert s.owner_for_token(ALICE) == "alice" and s.owner_for_token(BOB) == "bob"
     assert s.owner_for_token(ALICE[:-1]) is None and s.owner_for_token("") is None
     assert s.owner_for_token(ALICE + ALICE) is None

@@ -1,8 +1,7 @@
 """Local paths in specs stay under FTQ_LOCAL_ROOTS (symlinks resolved); run directories are the server's.
 
-Against a real `ftq api`. One server names a private root explicitly; another keeps the default roots
-(the data dir and examples/), where the data dir also holds every owner's run directories and the
-store: those must stay out of reach of a spec.
+Against the shared `ftq api`, which keeps the default roots (its data dir and examples/). Its data dir
+also holds every owner's run directories and the store: those must stay out of reach of a spec.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import Server, base_spec, make_dataset_file, make_model_dir
+from .conftest import TOKENS, Server, base_spec, make_dataset_file, make_model_dir
 
-ALICE, BOB = "alice-token-1", "bob-token-2"
+ALICE, BOB = TOKENS["alice"], TOKENS["bob"]
 
 
 @pytest.fixture(scope="module")
@@ -28,21 +27,22 @@ def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def root(assets: Path, outside: Path) -> Path:
-    (assets / "link-model-out").symlink_to(outside / "model")
-    (assets / "link-data-out.jsonl").symlink_to(outside / "secret.jsonl")
-    (assets / "link-dir-out").symlink_to(outside)
-    (assets / "link-etc").symlink_to("/etc")
-    (assets / "link-model-in").symlink_to(assets / "model")
+def root(shared: Server, outside: Path) -> Path:
+    """The shared server's data dir (a default root), with symlinks in it pointing out and in."""
+    root = shared.data_dir.resolve()
+    (root / "link-model-out").symlink_to(outside / "model")
+    (root / "link-data-out.jsonl").symlink_to(outside / "secret.jsonl")
+    (root / "link-dir-out").symlink_to(outside)
+    (root / "link-etc").symlink_to("/etc")
+    (root / "link-model-in").symlink_to(root / "model")
     # A relative symlink that climbs out.
-    (assets / "data" / "up.jsonl").symlink_to(Path("..") / ".." / outside.name / "secret.jsonl")
-    return assets
+    (root / "data" / "up.jsonl").symlink_to(os.path.relpath(outside / "secret.jsonl", root / "data"))
+    return root
 
 
 @pytest.fixture(scope="module")
-def server(server_factory: Any, root: Path) -> Server:
-    s: Server = server_factory(api_tokens=f"{ALICE}:alice,{BOB}:bob", local_roots=str(root))
-    return s
+def server(shared: Server, root: Path) -> Server:
+    return shared
 
 
 def _post(server: Server, spec: dict[str, Any], token: str = ALICE, dry: bool = True) -> Any:
@@ -152,12 +152,11 @@ def test_the_server_picks_the_run_directory(server: Server) -> None:
 
 
 @pytest.fixture(scope="module")
-def default_roots(server_factory: Any) -> Server:
-    """A server on the default roots, with a model and data placed in its data dir by the operator."""
-    s: Server = server_factory(api_tokens=f"{ALICE}:alice,{BOB}:bob")
-    make_model_dir(s.data_dir / "models" / "tiny")
-    make_dataset_file(s.data_dir / "datasets" / "train.jsonl")
-    return s
+def default_roots(server: Server) -> Server:
+    """The operator placed a model and data in the data dir: the default roots serve them."""
+    make_model_dir(server.data_dir / "models" / "tiny")
+    make_dataset_file(server.data_dir / "datasets" / "train.jsonl")
+    return server
 
 
 def _data_spec(model: str = "./models/tiny", data: str = "./datasets/train.jsonl") -> dict[str, Any]:

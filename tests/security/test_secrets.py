@@ -10,33 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from .conftest import Server, base_spec
+from .conftest import HF_TOKEN, TOKENS, WANDB_KEY, Server, base_spec
 
-TOKEN = "sec-token-1"
-HF = "hf_" + secrets.token_hex(16)
-WANDB = "wandb-" + secrets.token_hex(12)
-# The operator's environment for the servers of this module.
-OPERATOR = {"HF_TOKEN": HF, "WANDB_API_KEY": WANDB}
-
-# Stands in for the interpreter of `accelerate launch` in a real `ftq up` run: proves the secret
-# arrived (its hash, in a file of the run dir), prints it the way a careless library would, and fails
-# with the trainer's `ftq-error:` line quoting it.
-LEAKY_PYTHON = """#!{python}
-import hashlib, os, sys
-value = os.environ.get("HF_TOKEN", "")
-with open("received.sha256", "w") as f:
-    f.write(hashlib.sha256(value.encode()).hexdigest())
-print("requests: GET https://huggingface.co/api/models?token=" + value, flush=True)
-print("ftq-error: model_error: the hub refused token " + value + " for this model", flush=True)
-sys.exit(1)
-"""
+TOKEN = TOKENS["sec"]
+HF, WANDB = HF_TOKEN, WANDB_KEY
 
 
 def _leaks(text: str, value: str = HF) -> list[str]:
@@ -45,29 +26,8 @@ def _leaks(text: str, value: str = HF) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(server_factory: Any, assets: Path) -> Server:
-    s: Server = server_factory(
-        api_tokens=f"{TOKEN}:alice", local_roots=str(assets), pass_env="HF_TOKEN,WANDB_API_KEY", extra_env=OPERATOR
-    )
-    return s
-
-
-@pytest.fixture(scope="module")
-def leaky_server(server_factory: Any, assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
-    import sys
-
-    stub = tmp_path_factory.mktemp("leaky") / "python"
-    stub.write_text(LEAKY_PYTHON.format(python=sys.executable))
-    stub.chmod(0o755)
-    s: Server = server_factory(
-        "up",
-        api_tokens=f"{TOKEN}:alice",
-        local_roots=str(assets),
-        python=str(stub),
-        pass_env="HF_TOKEN",
-        extra_env=OPERATOR,
-    )
-    return s
+def server(shared: Server) -> Server:
+    return shared
 
 
 def _job_with_log(server: Server, text: str) -> str:
@@ -94,7 +54,7 @@ def _log_text(n: int = 300) -> str:
 @pytest.mark.parametrize("limit", [1, 5, 17, 40, 333, 4096, 1_048_576])
 def test_logs_are_redacted_however_they_are_cut(server: Server, limit: int) -> None:
     # Small chunks read a short log (one request per chunk); large ones a long one.
-    text = _log_text(6 if limit < 40 else 300)
+    text = f"step 0 loss 1.000 ✓\nBearer {HF}\n{WANDB}{HF} tail" if limit < 1000 else _log_text()
     job_id = _job_with_log(server, text)
     parts, offset = [], 0
     with server.client(TOKEN) as c:
@@ -164,7 +124,8 @@ def test_no_spec_field_carries_a_token(server: Server, where: tuple[str, ...]) -
     node = spec
     for part in where[:-1]:
         node = node.setdefault(part, {})
-    node[where[-1]] = {"HF_TOKEN": "hf_in_spec_abcdef"} if where[-1] in ("env", "secrets") else "hf_in_spec_abcdef"
+    value = "hf_in_spec_abcdef"
+    node[where[-1]] = {"HF_TOKEN": value} if where[-1] in ("env", "secrets") else value
     with server.client(TOKEN) as c:
         for dry in (True, False):
             r = c.post("/jobs", params={"dry_run": str(dry).lower()}, json=spec)
@@ -195,9 +156,12 @@ def test_plan_job_list_and_openapi_never_hold_the_secret(server: Server) -> None
 
 
 @pytest.mark.slow
-def test_a_real_run_gets_the_secret_and_the_api_never_shows_it(leaky_server: Server) -> None:
+def test_a_real_run_gets_the_secret_and_the_api_never_shows_it(shared_up: Server) -> None:
+    leaky_server = shared_up
+    spec = base_spec()
+    spec["name"] = "leaky"  # the stand-in interpreter prints the secret for this job
     with leaky_server.client(TOKEN) as c:
-        r = c.post("/jobs", json=base_spec())
+        r = c.post("/jobs", json=spec)
         assert r.status_code == 201, r.text
         job_id = r.json()["id"]
         deadline = time.monotonic() + 120
