@@ -583,7 +583,9 @@ def load_model_config(
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(config, None), or (None, reason) when the config is not on this machine or cannot be read."""
     path: Path | None
-    if looks_local(name_or_path) or Path(name_or_path).is_dir():
+    # Only a name written as a path is read from disk (the service has already confined it to the
+    # allowed roots); a hub id that happens to match a folder in the working directory is still a hub id.
+    if looks_local(name_or_path):
         path = Path(name_or_path)
         if path.is_dir():
             path = path / "config.json"
