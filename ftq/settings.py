@@ -24,11 +24,19 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FTQ_", extra="ignore")
 
     env: str = Field("development", description="development | production")
-    data_dir: Path = Field(Path(".ftq"), description="Run directories, the SQLite store, the embedded broker.")
+    data_dir: Path = Field(
+        Path(".ftq"), description="Run directories, the SQLite store, the embedded broker."
+    )
     database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite in data_dir.")
-    broker_url: str | None = Field(None, description="Celery broker; default a filesystem broker in data_dir.")
-    api_tokens: str = Field("", description="`token1:alice,token2:bob`; empty turns auth off (loopback only).")
-    local_roots: str | None = Field(None, description="Colon-separated folders specs may read local paths from.")
+    broker_url: str | None = Field(
+        None, description="Celery broker; default a filesystem broker in data_dir."
+    )
+    api_tokens: str = Field(
+        "", description="`token1:alice,token2:bob`; empty turns auth off (loopback only)."
+    )
+    local_roots: str | None = Field(
+        None, description="Colon-separated folders specs may read local paths from."
+    )
     host: str = "127.0.0.1"
     port: int = 8000
 
@@ -61,7 +69,9 @@ class Settings(BaseSettings):
 
     # Retries (operator policy, never from a job spec)
     retry_preempted: int = Field(
-        0, ge=0, le=100,
+        0,
+        ge=0,
+        le=100,
         description="Times a job that ended preempted or by a node failure is queued again, continuing "
         "from its newest checkpoint; 0: never.",
     )

@@ -108,7 +108,9 @@ class DatasetFormat(StrEnum):
 
 
 class ModelSpec(_Strict):
-    name_or_path: PathOrHubId = Field(description="Hub id (`owner/name`) or a local path under FTQ_LOCAL_ROOTS.")
+    name_or_path: PathOrHubId = Field(
+        description="Hub id (`owner/name`) or a local path under FTQ_LOCAL_ROOTS."
+    )
     revision: SafeName | None = None
     trust_remote_code: bool = False
     attn_implementation: AttnImplementation = AttnImplementation.auto
@@ -121,7 +123,9 @@ class ModelSpec(_Strict):
 
 class DatasetSpec(_Strict):
     name_or_path: PathOrHubId = Field(
-        description="Hub id, a local dataset dir (save_to_disk or data files), or a .jsonl/.json/.parquet file."
+        description=(
+            "Hub id, a local dataset dir (save_to_disk or data files), or a .jsonl/.json/.parquet file."
+        ),
     )
     format: DatasetFormat = DatasetFormat.auto
     text_field: Ident = "text"
@@ -285,7 +289,11 @@ class JobSpec(_Strict):
             )
         if tr.mixed_precision == MixedPrecision.fp16 and res.device == Device.cpu:
             raise _field_error(("training", "mixed_precision"), "fp16 needs cuda; use bf16 or no on cpu")
-        if dist.strategy == Strategy.fsdp and dist.fsdp.activation_checkpointing and tr.gradient_checkpointing:
+        if (
+            dist.strategy == Strategy.fsdp
+            and dist.fsdp.activation_checkpointing
+            and tr.gradient_checkpointing
+        ):
             raise _field_error(
                 ("distributed", "fsdp", "activation_checkpointing"),
                 "FSDP activation_checkpointing and training.gradient_checkpointing cannot both be on "

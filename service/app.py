@@ -70,11 +70,13 @@ async def _send_error(send: Send, err: FtqError) -> None:
     import json
 
     body = json.dumps(err.body()).encode()
-    await send({
-        "type": "http.response.start",
-        "status": err.status_code,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.status_code,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -166,7 +168,9 @@ def create_app() -> FastAPI:
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
         # The spec body is read by hand (JSON or YAML), so its schema is added explicitly.
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")

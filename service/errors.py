@@ -83,5 +83,7 @@ class SpecError(FtqError):
         return {"detail": self.errors}
 
 
-def spec_field_error(loc: list[str | int] | tuple[str | int, ...], msg: str, type_: str = "value_error") -> SpecError:
+def spec_field_error(
+    loc: list[str | int] | tuple[str | int, ...], msg: str, type_: str = "value_error"
+) -> SpecError:
     return SpecError([{"loc": ["body", *loc], "msg": msg, "type": type_}])

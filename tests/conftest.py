@@ -97,13 +97,21 @@ def make_client(ftq_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):  # ty
 @pytest.fixture
 def tiny_spec() -> dict:
     """A valid CPU spec on the tiny model and data that `make install` builds."""
-    assert (TINY / "model" / "config.json").exists(), "run `make install` (python -m trainer.tiny --out examples/tiny)"
+    assert (TINY / "model" / "config.json").exists(), (
+        "run `make install` (python -m trainer.tiny --out examples/tiny)"
+    )
     return {
         "name": "tiny",
         "model": {"name_or_path": "./tiny/model"},
         "dataset": {"name_or_path": "./tiny/data/train.jsonl", "text_field": "text"},
-        "training": {"max_steps": 4, "max_seq_len": 64, "logging_steps": 1, "learning_rate": 1e-3,
-                     "mixed_precision": "no", "save_steps": 2},
+        "training": {
+            "max_steps": 4,
+            "max_seq_len": 64,
+            "logging_steps": 1,
+            "learning_rate": 1e-3,
+            "mixed_precision": "no",
+            "save_steps": 2,
+        },
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
         "resources": {"device": "cpu", "processes_per_node": 1},
     }

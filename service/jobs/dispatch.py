@@ -43,7 +43,9 @@ def send_for_job(job_id: str) -> int:
 def relay(older_than: timedelta = timedelta(seconds=2)) -> int:
     """Send every dispatch still unsent after `older_than` (the API normally sends at once)."""
     with session_scope() as session:
-        pending = [(d.id, d.job_id, d.kind) for d in repository.unsent_dispatches(session, older_than=older_than)]
+        pending = [
+            (d.id, d.job_id, d.kind) for d in repository.unsent_dispatches(session, older_than=older_than)
+        ]
     sent = 0
     for dispatch_id, job_id, kind in pending:
         try:

@@ -52,13 +52,13 @@ class JobRepository:
         self.session = session
         self.owner = owner
 
-    def _readable(self) -> Select[tuple[Job]]:
+    def _readable(self) -> Select[Any]:
         return select(Job).where(Job.owner == self.owner)
 
     def get(self, job_id: str) -> Job | None:
         return self.session.scalars(self._readable().where(Job.id == job_id)).first()
 
-    def list(self, *, statuses: Sequence[str] | None, limit: int, before_seq: int | None) -> list[Job]:
+    def list_page(self, *, statuses: Sequence[str] | None, limit: int, before_seq: int | None) -> list[Job]:
         stmt = self._readable()
         if statuses:
             stmt = stmt.where(Job.status.in_(list(statuses)))
@@ -67,8 +67,10 @@ class JobRepository:
         return list(self.session.scalars(stmt.order_by(Job.seq.desc()).limit(limit)))
 
     def count_active(self) -> int:
-        stmt = select(func.count()).select_from(Job).where(
-            Job.owner == self.owner, Job.status.in_([s.value for s in ACTIVE])
+        stmt = (
+            select(func.count())
+            .select_from(Job)
+            .where(Job.owner == self.owner, Job.status.in_([s.value for s in ACTIVE]))
         )
         return int(self.session.scalar(stmt) or 0)
 
@@ -114,7 +116,12 @@ class JobRepository:
     def reserve_idempotency(self, key: str, request_hash: str, ttl: timedelta) -> IdempotencyKey:
         now = utcnow()
         row = IdempotencyKey(
-            owner=self.owner, key=key, request_hash=request_hash, job_id=None, created_at=now, expires_at=now + ttl
+            owner=self.owner,
+            key=key,
+            request_hash=request_hash,
+            job_id=None,
+            created_at=now,
+            expires_at=now + ttl,
         )
         self.session.add(row)
         self.session.flush()
@@ -174,7 +181,9 @@ def record_launch(
     """Store the launch handle while the job may already be `cancelling` (cancel raced the launch)."""
     stmt = (
         update(Job)
-        .where(Job.id == job_id, Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling]))
+        .where(
+            Job.id == job_id, Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling])
+        )
         .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
     )
     return (session.execute(stmt).rowcount or 0) == 1  # type: ignore[attr-defined]
@@ -228,7 +237,13 @@ def request_cancel(session: Session, job_id: str) -> str | None:
         error_message="cancelled before it started",
     ):
         return JobStatus.cancelled
-    if _cas(session, job_id, [JobStatus.starting, JobStatus.running], JobStatus.cancelling, cancel_requested_at=now):
+    if _cas(
+        session,
+        job_id,
+        [JobStatus.starting, JobStatus.running],
+        JobStatus.cancelling,
+        cancel_requested_at=now,
+    ):
         session.add(Dispatch(job_id=job_id, kind="cancel", created_at=now, attempts=0))
         return JobStatus.cancelling
     return None
@@ -243,7 +258,8 @@ def jobs_in(session: Session, statuses: Iterable[str], *, launcher: str | None =
 
 def held_resources(session: Session) -> list[dict[str, Any]]:
     stmt = select(Job.resources).where(
-        Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling]), Job.resources.is_not(None)
+        Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling]),
+        Job.resources.is_not(None),
     )
     return [r for r in session.scalars(stmt) if r]
 

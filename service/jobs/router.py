@@ -74,7 +74,9 @@ async def _read_spec_body(request: Request) -> Any:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"the body is not valid JSON: {exc}") from None
-    raise UnsupportedMediaType(f"content type {ctype} is not supported; use application/json or application/yaml")
+    raise UnsupportedMediaType(
+        f"content type {ctype} is not supported; use application/json or application/yaml"
+    )
 
 
 class RateLimiter:
@@ -92,11 +94,10 @@ class RateLimiter:
                 hits.popleft()
             if len(hits) >= per_minute:
                 raise TooManyRequests(
-                    f"more than {per_minute} job submissions in a minute", retry_after=int(60 - (now - hits[0])) + 1
+                    f"more than {per_minute} job submissions in a minute",
+                    retry_after=int(60 - (now - hits[0])) + 1,
                 )
             hits.append(now)
-
-
 
 
 @router.post(
@@ -124,7 +125,10 @@ async def create_job(
     settings: SettingsDep,
     dry_run: bool = Query(False, description="Validate and render the plan only; store nothing."),
     idempotency_key: str | None = Header(
-        None, alias="Idempotency-Key", max_length=255, description="Retries with the same key and body return the same job."
+        None,
+        alias="Idempotency-Key",
+        max_length=255,
+        description="Retries with the same key and body return the same job.",
     ),
 ) -> Any:
     body = await _read_spec_body(request)
@@ -165,7 +169,9 @@ def _json_response(body: bytes) -> Response:
     return Response(content=body, media_type="application/json")
 
 
-@router.get("", response_model=JobList, responses={401: _ERRORS[401], 400: {"model": ErrorBody}}, summary="List jobs")
+@router.get(
+    "", response_model=JobList, responses={401: _ERRORS[401], 400: {"model": ErrorBody}}, summary="List jobs"
+)
 async def list_jobs(
     owner: OwnerInline,
     status: str | None = Query(None, description="Comma-separated statuses, e.g. queued,running"),
@@ -186,7 +192,9 @@ async def list_jobs(
 
     def body() -> bytes:
         with read_session() as session:
-            rows = JobRepository(session, owner).list(statuses=statuses, limit=limit + 1, before_seq=before)
+            rows = JobRepository(session, owner).list_page(
+                statuses=statuses, limit=limit + 1, before_seq=before
+            )
             page = rows[:limit]
             next_cursor = str(page[-1].seq) if len(rows) > limit else None
             return _json(JobList(data=[jobs.to_public(j) for j in page], next_cursor=next_cursor))
@@ -203,20 +211,26 @@ async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
     return _json_response(await run_in_threadpool(body))
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=_ERRORS, summary="Cancel a job")
+@router.post(
+    "/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=_ERRORS, summary="Cancel a job"
+)
 def cancel_job(job_id: JobId, session: SessionDep, repo: RepoDep, background: BackgroundTasks) -> JobPublic:
     job = jobs.cancel(session, repo, job_id)
     background.add_task(dispatch.send_for_job, job.id)
     return jobs.to_public(job)
 
 
-@router.get("/{job_id}/plan", response_model=PlanPublic, responses=_ERRORS, summary="What was rendered for a job")
+@router.get(
+    "/{job_id}/plan", response_model=PlanPublic, responses=_ERRORS, summary="What was rendered for a job"
+)
 def get_plan(job_id: JobId, repo: RepoDep) -> PlanPublic:
     job = jobs.get_or_404(repo, job_id)
     return PlanPublic.model_validate(job.plan or {})
 
 
-@router.get("/{job_id}/logs", response_model=LogChunk, responses=_ERRORS, summary="Read train.log by byte offset")
+@router.get(
+    "/{job_id}/logs", response_model=LogChunk, responses=_ERRORS, summary="Read train.log by byte offset"
+)
 async def get_logs(
     job_id: JobId,
     owner: OwnerInline,
@@ -228,14 +242,19 @@ async def get_logs(
     def body() -> bytes:
         with read_session() as session:
             job = jobs.get_or_404(JobRepository(session, owner), job_id)
-        return _json(jobs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values()))
+        return _json(
+            jobs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values())
+        )
 
     return _json_response(await run_in_threadpool(body))
 
 
 @router.get(
     "/{job_id}/logs/stream",
-    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "train.log as server-sent events"}},
+    responses={
+        **_ERRORS,
+        200: {"content": {"text/event-stream": {}}, "description": "train.log as server-sent events"},
+    },
     response_class=StreamingResponse,
     summary="Follow train.log until the job ends",
 )
@@ -252,19 +271,23 @@ def stream_logs(
         pos = offset
         while True:
             # A fresh session per poll: the request's session is closed once this generator starts.
-            def poll() -> tuple[Any, bool]:
+            def poll(at: int) -> tuple[Any, bool]:
                 with new_session() as s:
                     current = JobRepository(s, owner).get(job.id)
                     if current is None:
                         return None, True
-                    chunk = jobs.read_log(current, settings, offset=pos, limit=65536, secrets_=settings.secret_values())
+                    chunk = jobs.read_log(
+                        current, settings, offset=at, limit=65536, secrets_=settings.secret_values()
+                    )
                     return chunk, JobStatus(current.status) in TERMINAL
 
-            chunk, _terminal = await asyncio.to_thread(poll)
+            chunk, _terminal = await asyncio.to_thread(poll, pos)
             if chunk is None:
                 return
             if chunk.text:
-                payload = json.dumps({"offset": chunk.offset, "next_offset": chunk.next_offset, "text": chunk.text})
+                payload = json.dumps(
+                    {"offset": chunk.offset, "next_offset": chunk.next_offset, "text": chunk.text}
+                )
                 yield f"id: {chunk.next_offset}\nevent: log\ndata: {payload}\n\n".encode()
                 pos = chunk.next_offset
             if chunk.complete:
@@ -286,7 +309,9 @@ def _metrics_body(owner: str, job_id: str, after_step: int, limit: int) -> tuple
         return jobs.metrics_page_json(repo, job_id, after_step=after_step, limit=limit)
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsPage, responses=_ERRORS, summary="Metric points after a step")
+@router.get(
+    "/{job_id}/metrics", response_model=MetricsPage, responses=_ERRORS, summary="Metric points after a step"
+)
 async def get_metrics(
     job_id: JobId,
     owner: OwnerInline,
@@ -297,13 +322,16 @@ async def get_metrics(
     # from rows directly (the bytes MetricsPage would give) rather than validated model by model.
     key = (owner, job_id, after_step, limit)
     cached = _poll_cache.get(key)
-    if cached is None:
-        cached, final = await run_in_threadpool(_metrics_body, owner, job_id, after_step, limit)
-        _poll_cache.put(key, cached, final=final)
-    return _json_response(cached)
+    if cached is not None:
+        return _json_response(cached)
+    body, final = await run_in_threadpool(_metrics_body, owner, job_id, after_step, limit)
+    _poll_cache.put(key, body, final=final)
+    return _json_response(body)
 
 
-@router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS, summary="Saved checkpoints")
+@router.get(
+    "/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS, summary="Saved checkpoints"
+)
 def get_checkpoints(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> CheckpointList:
     job = jobs.get_or_404(repo, job_id)
     return CheckpointList(data=jobs.list_checkpoints(job, settings))

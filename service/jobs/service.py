@@ -27,7 +27,6 @@ from service.jobs.schemas import (
     JobPublic,
     JobStatus,
     LogChunk,
-    MetricsPage,
     PlanPublic,
     Point,
     Progress,
@@ -94,9 +93,7 @@ def preflight(spec: JobSpec, settings: Settings) -> tuple[dict[str, Any] | None,
     from worker import estimate as est
 
     config, reason = est.load_model_config(spec.model.name_or_path)
-    device_bytes = settings.gpu_memory_bytes_for(
-        spec.resources.slurm.partition or settings.slurm_partition
-    )
+    device_bytes = settings.gpu_memory_bytes_for(spec.resources.slurm.partition or settings.slurm_partition)
     refusals: list[dict[str, Any]] = []
     # A folder without weights would fail in the trainer after the queue; say so now (a dry run still
     # answers with the plan, since the estimate needs only config.json).
@@ -104,8 +101,13 @@ def preflight(spec: JobSpec, settings: Settings) -> tuple[dict[str, Any] | None,
     if problem:
         refusals.append({"loc": ["body", "model", "name_or_path"], "msg": problem, "type": "model_error"})
     if config is None:
-        return {"per_device_bytes": None, "device_memory_bytes": device_bytes, "fits": None,
-                "breakdown": {}, "reason": reason}, refusals
+        return {
+            "per_device_bytes": None,
+            "device_memory_bytes": device_bytes,
+            "fits": None,
+            "breakdown": {},
+            "reason": reason,
+        }, refusals
     estimate = est.estimate_memory(spec, config, device_memory_bytes=device_bytes)
     if spec.resources.device == "cuda" and estimate.get("fits") is False and not spec.allow_oversubscribe:
         fix = est.suggest_fix(spec, config, device_bytes)
@@ -124,23 +126,16 @@ def preflight(spec: JobSpec, settings: Settings) -> tuple[dict[str, Any] | None,
     estimate["disk"]["free_bytes"] = free
     need_disk = int(disk.get("total_bytes") or 0)
     if need_disk > free and not spec.allow_oversubscribe:
-        refusals.append({
-            "loc": ["body", "training", "save_steps"],
-            "msg": f"checkpoints and final model need about {need_disk / 1024**3:.1f} GiB but "
-                   f"{free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or set "
-                   "save_total_limit",
-            "type": "disk_full",
-        })
+        refusals.append(
+            {
+                "loc": ["body", "training", "save_steps"],
+                "msg": f"checkpoints and final model need about {need_disk / 1024**3:.1f} GiB but "
+                f"{free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or set "
+                "save_total_limit",
+                "type": "disk_full",
+            }
+        )
     return estimate, refusals
-
-
-def render(spec: JobSpec, *, job_id: str, settings: Settings, estimate: dict[str, Any] | None) -> dict[str, Any]:
-    from worker.render import render_plan
-
-    plan = render_plan(
-        spec, job_id=job_id, run_dir=runs.run_dir(settings.runs_dir, job_id), settings=settings, estimate=estimate
-    )
-    return plan.model_dump(mode="json")
 
 
 def _resume_checkpoint(spec: JobSpec, repo: JobRepository, settings: Settings) -> str | None:
@@ -159,7 +154,9 @@ def _resume_checkpoint(spec: JobSpec, repo: JobRepository, settings: Settings) -
         if c.step == want:
             return c.path
     steps = ", ".join(str(c.step) for c in ckpts)
-    raise spec_field_error(["resume_from", "checkpoint"], f"no resumable checkpoint at step {want} (have {steps})")
+    raise spec_field_error(
+        ["resume_from", "checkpoint"], f"no resumable checkpoint at step {want} (have {steps})"
+    )
 
 
 def new_job_id() -> str:
@@ -173,7 +170,9 @@ def request_hash(body: Any) -> str:
 # Create --------------------------------------------------------------------------------------------------
 
 
-def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str) -> tuple[JobSpec, dict[str, Any]]:
+def plan_for(
+    body: Any, repo: JobRepository, settings: Settings, *, job_id: str
+) -> tuple[JobSpec, dict[str, Any]]:
     spec = resolve_paths(parse_spec(body), settings, repo)
     resume = _resume_checkpoint(spec, repo, settings)
     estimate, refusals = preflight(spec, settings)
@@ -268,17 +267,24 @@ def _claim_idempotency(
     """Reserve the key (committed at once, so a concurrent duplicate sees it) or return the first job."""
     for _ in range(2):
         existing = repo.get_idempotency(key)
-        if existing is not None and existing.expires_at.replace(tzinfo=existing.expires_at.tzinfo or utcnow().tzinfo) < utcnow():
+        if (
+            existing is not None
+            and existing.expires_at.replace(tzinfo=existing.expires_at.tzinfo or utcnow().tzinfo) < utcnow()
+        ):
             repo.drop_idempotency(key)
             session.commit()
             existing = None
         if existing is not None:
             if existing.request_hash != digest:
-                raise SpecError([{
-                    "loc": ["header", "Idempotency-Key"],
-                    "msg": "this Idempotency-Key was used with a different request body",
-                    "type": "idempotency_mismatch",
-                }])
+                raise SpecError(
+                    [
+                        {
+                            "loc": ["header", "Idempotency-Key"],
+                            "msg": "this Idempotency-Key was used with a different request body",
+                            "type": "idempotency_mismatch",
+                        }
+                    ]
+                )
             if existing.job_id is None:
                 raise Conflict("a request with this Idempotency-Key is still being processed; retry shortly")
             job = repo.get(existing.job_id)
@@ -374,7 +380,9 @@ def read_log(job: Job, settings: Settings, *, offset: int, limit: int, secrets_:
         data = _trim_partial_utf8(data) or _first_char(window[at : at + 4])
     next_offset = start + len(data) if data else offset
     text = _mask(window, at, len(data), needles).decode("utf-8", errors="replace")
-    return LogChunk(offset=offset, next_offset=next_offset, text=text, complete=terminal and next_offset >= size)
+    return LogChunk(
+        offset=offset, next_offset=next_offset, text=text, complete=terminal and next_offset >= size
+    )
 
 
 def _trim_partial_utf8(data: bytes) -> bytes:
@@ -425,27 +433,6 @@ def _mask(window: bytes, at: int, length: int, needles: list[bytes]) -> bytes:
     return bytes(out + chunk[pos:])
 
 
-def metrics_page(repo: JobRepository, job: Job, *, after_step: int, limit: int) -> MetricsPage:
-    rows = repo.metrics_after(job.id, after_step, limit)
-    points = [
-        Point(
-            step=r.step,
-            epoch=r.epoch,
-            loss=r.loss,
-            learning_rate=r.learning_rate,
-            grad_norm=r.grad_norm,
-            eval_loss=r.eval_loss,
-            tokens_per_second=r.tokens_per_second,
-            time=r.time,
-        )
-        for r in rows
-    ]
-    next_after = points[-1].step if points else after_step
-    # Ingest finishes before a job turns terminal, so a terminal job with a short page is complete.
-    complete = JobStatus(job.status) in TERMINAL and len(points) < limit
-    return MetricsPage(data=points, next_after_step=next_after, complete=complete)
-
-
 _POINT_KEYS = ("step", *POINT_FIELDS)
 
 
@@ -461,7 +448,9 @@ def metrics_page_json(repo: JobRepository, job_id: str, *, after_step: int, limi
     terminal = JobStatus(status) in TERMINAL
     complete = terminal and len(rows) < limit
     # pydantic_core writes floats exactly as the response model would (0.00001, 1e+20).
-    return pydantic_core.to_json({"data": data, "next_after_step": next_after, "complete": complete}), terminal
+    return pydantic_core.to_json(
+        {"data": data, "next_after_step": next_after, "complete": complete}
+    ), terminal
 
 
 RESUMABLE_MARKERS = ("trainer_state.json",)

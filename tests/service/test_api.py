@@ -30,14 +30,19 @@ BAD_SPECS = [
     (lambda s: s.update(distributed={"strategy": "megatron"}), ["distributed", "strategy"]),
     (lambda s: s["training"].update(mixed_precision="fp8"), ["training", "mixed_precision"]),
     (lambda s: s.update(name="has spaces; rm -rf /"), ["name"]),
-    (lambda s: s["resources"].update(slurm={"partition": "gpu$(touch /tmp/x)"}), ["resources", "slurm", "partition"]),
+    (
+        lambda s: s["resources"].update(slurm={"partition": "gpu$(touch /tmp/x)"}),
+        ["resources", "slurm", "partition"],
+    ),
     (lambda s: s["resources"].update(slurm={"time_limit": "forever"}), ["resources", "slurm", "time_limit"]),
     (lambda s: s["model"].update(name_or_path="/etc"), ["model", "name_or_path"]),
     (lambda s: s["dataset"].update(name_or_path="./tiny/data/nope.jsonl"), ["dataset", "name_or_path"]),
     (lambda s: s["lora"].update(target_modules=[]), ["lora", "target_modules"]),
     (lambda s: s["resources"].update(processes_per_node=2), ["distributed", "strategy"]),
     (
-        lambda s: s.update(distributed={"strategy": "deepspeed", "deepspeed": {"zero_stage": 2, "offload_params": "cpu"}}),
+        lambda s: s.update(
+            distributed={"strategy": "deepspeed", "deepspeed": {"zero_stage": 2, "offload_params": "cpu"}}
+        ),
         ["distributed", "deepspeed"],
     ),
     (lambda s: s.pop("model"), ["model"]),
@@ -46,7 +51,9 @@ BAD_SPECS = [
 ]
 
 
-@pytest.mark.parametrize(("mutate", "loc"), BAD_SPECS, ids=[".".join(map(str, loc)) or "root" for _, loc in BAD_SPECS])
+@pytest.mark.parametrize(
+    ("mutate", "loc"), BAD_SPECS, ids=[".".join(map(str, loc)) or "root" for _, loc in BAD_SPECS]
+)
 def test_bad_spec_is_422_naming_the_field(make_client, tiny_spec, mutate, loc) -> None:
     client = make_client()
     spec = copy.deepcopy(tiny_spec)
@@ -61,9 +68,18 @@ def test_bad_spec_is_422_naming_the_field(make_client, tiny_spec, mutate, loc) -
 
 def test_malformed_bodies_are_4xx(make_client) -> None:
     client = make_client()
-    assert client.post("/jobs", content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
-    assert client.post("/jobs", content=b"a: [1", headers={"content-type": "application/yaml"}).status_code == 400
-    assert client.post("/jobs", content=b"[1, 2]", headers={"content-type": "application/json"}).status_code == 422
+    assert (
+        client.post("/jobs", content=b"{not json", headers={"content-type": "application/json"}).status_code
+        == 400
+    )
+    assert (
+        client.post("/jobs", content=b"a: [1", headers={"content-type": "application/yaml"}).status_code
+        == 400
+    )
+    assert (
+        client.post("/jobs", content=b"[1, 2]", headers={"content-type": "application/json"}).status_code
+        == 422
+    )
     assert client.post("/jobs", content=b"", headers={"content-type": "application/json"}).status_code == 400
     assert client.post("/jobs", content=b"x", headers={"content-type": "text/html"}).status_code == 415
     big = b"{" + b" " * 2_000_000 + b"}"
@@ -214,7 +230,9 @@ def test_logs_metrics_checkpoints_read_the_run_dir(make_client, store_url, ftq_e
     assert chunk["complete"] is False  # the job is not terminal
 
     with session_scope() as s:
-        repository.upsert_points(s, job["id"], [{"step": i, "loss": 5 - i / 100, "learning_rate": 1e-3} for i in range(1, 251)])
+        repository.upsert_points(
+            s, job["id"], [{"step": i, "loss": 5 - i / 100, "learning_rate": 1e-3} for i in range(1, 251)]
+        )
         repository.upsert_points(s, job["id"], [{"step": 200, "eval_loss": 2.5}])
     page = client.get(f"/jobs/{job['id']}/metrics?after_step=100&limit=50").json()
     assert [p["step"] for p in page["data"]] == list(range(101, 151))

@@ -18,7 +18,16 @@ def test_openapi_declares_both_spec_body_types_and_every_route(make_client) -> N
     body = doc["paths"]["/jobs"]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "application/yaml"}
     assert "JobSpec" in doc["components"]["schemas"]
-    for path in ["/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/plan", "/jobs/{job_id}/logs",
-                 "/jobs/{job_id}/logs/stream", "/jobs/{job_id}/metrics", "/jobs/{job_id}/checkpoints",
-                 "/healthz", "/readyz"]:
+    for path in [
+        "/jobs",
+        "/jobs/{job_id}",
+        "/jobs/{job_id}/cancel",
+        "/jobs/{job_id}/plan",
+        "/jobs/{job_id}/logs",
+        "/jobs/{job_id}/logs/stream",
+        "/jobs/{job_id}/metrics",
+        "/jobs/{job_id}/checkpoints",
+        "/healthz",
+        "/readyz",
+    ]:
         assert path in doc["paths"], path

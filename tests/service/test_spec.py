@@ -22,7 +22,12 @@ def test_the_contract_example_is_valid() -> None:
     assert spec.distributed.strategy == "deepspeed"
     assert spec.distributed.deepspeed.zero_stage == 3
     assert spec.resources.world_size == 16
-    assert spec.lora is not None and spec.lora.target_modules == ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]
+    assert spec.lora is not None and spec.lora.target_modules == [
+        "query_key_value",
+        "dense",
+        "dense_h_to_4h",
+        "dense_4h_to_h",
+    ]
 
 
 def _minimal(**over: object) -> dict:
@@ -53,7 +58,9 @@ def test_hub_ids_are_strict(name: str) -> None:
 
 
 def test_local_forms() -> None:
-    assert looks_local("/data/x") and looks_local("./x") and looks_local("../x") and looks_local("train.jsonl")
+    assert (
+        looks_local("/data/x") and looks_local("./x") and looks_local("../x") and looks_local("train.jsonl")
+    )
     assert not looks_local("owner/name") and not looks_local("gpt2")
 
 

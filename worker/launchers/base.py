@@ -13,16 +13,16 @@ from typing import Any, Protocol
 class LaunchRequest:
     job_id: str
     run_dir: Path
-    spec: dict[str, Any]           # the validated JobSpec as JSON (paths already resolved)
-    plan: dict[str, Any]           # the rendered Plan (see worker.render)
+    spec: dict[str, Any]  # the validated JobSpec as JSON (paths already resolved)
+    plan: dict[str, Any]  # the rendered Plan (see worker.render)
     resources: dict[str, Any] = field(default_factory=dict)  # e.g. {"gpus": [0, 1]} or {"cpu_slots": 2}
-    env: dict[str, str] = field(default_factory=dict)        # secrets and site env, never stored
+    env: dict[str, str] = field(default_factory=dict)  # secrets and site env, never stored
 
 
 @dataclass(frozen=True)
 class LaunchHandle:
-    external_id: str | None = None   # SLURM job id
-    pid: int | None = None           # local: leader of the run's process group
+    external_id: str | None = None  # SLURM job id
+    pid: int | None = None  # local: leader of the run's process group
     pid_start_ticks: int | None = None
 
 
@@ -36,10 +36,10 @@ class RunRef:
 
 
 class RunPhase(StrEnum):
-    pending = "pending"      # accepted but not started (SLURM PENDING, CONFIGURING)
+    pending = "pending"  # accepted but not started (SLURM PENDING, CONFIGURING)
     running = "running"
-    exited = "exited"        # ended; exit_code / signal / reason say how
-    lost = "lost"            # no trace of it: no process, not in the scheduler, no exit status
+    exited = "exited"  # ended; exit_code / signal / reason say how
+    lost = "lost"  # no trace of it: no process, not in the scheduler, no exit status
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class RunState:
     phase: RunPhase
     exit_code: int | None = None
     signal: int | None = None
-    reason: str | None = None    # scheduler's word for the end: TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY...
+    reason: str | None = None  # scheduler's word for the end: TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY...
     requeued: bool = False
 
 
