@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy import DateTime as _DateTime
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class DateTime(TypeDecorator[datetime]):
+    """Timestamps are UTC and always come back timezone-aware.
+
+    PostgreSQL keeps the zone; SQLite drops it and would hand back naive values, which serialise
+    without an offset (not an RFC 3339 date-time) and cannot be compared with aware ones.
+    """
+
+    impl = _DateTime(timezone=True)
+    cache_ok = True
+
+    def __init__(self, timezone: bool = True) -> None:
+        super().__init__()
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
 
 
 class Base(DeclarativeBase):
