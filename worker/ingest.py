@@ -23,7 +23,7 @@ from service.models import Job
 
 log = logging.getLogger(__name__)
 
-MAX_READ = 8 * 1024 * 1024
+MAX_READ = 1024 * 1024
 INGESTING = (JobStatus.running, JobStatus.cancelling)
 
 
@@ -146,7 +146,9 @@ def ingest_job(job_id: str) -> int:
                 session, job.id, metrics_offset=new_offset, step=step, max_steps=max_steps,
                 epoch=epoch, eta_seconds=eta, latest=latest,
             )
-            session.flush()
+            # Each batch's points and its offset commit together: a catch-up over a long file shows
+            # points as it goes (ingest lag), and a crash mid-way resumes at the last committed batch.
+            session.commit()
             session.refresh(job)
             total += len(points)
             offset = new_offset
