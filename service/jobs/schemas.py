@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftq.spec import JobSpec
+from worker.render import Plan
+
+# The plan is rendered by the worker's pure renderer; the API serves that same model.
+PlanPublic = Plan
 
 
 class JobStatus(StrEnum):
@@ -111,24 +114,6 @@ class CheckpointList(BaseModel):
     data: list[Checkpoint]
 
 
-class Estimate(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    per_device_bytes: int | None = None
-    device_memory_bytes: int | None = None
-    fits: bool | None = None
-    breakdown: dict[str, Any] = Field(default_factory=dict)
-    reason: str | None = None
-
-
-class PlanPublic(BaseModel):
-    accelerate_config: dict[str, Any]
-    accelerate_config_yaml: str
-    command: list[str]
-    sbatch_script: str | None
-    trainer_args: dict[str, Any]
-    estimate: Estimate | None
-    launch_script: str | None = None
 
 
 class ErrorBody(BaseModel):
