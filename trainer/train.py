@@ -138,6 +138,15 @@ def run(args: TrainerArgs) -> None:
     save_final(trainer, out / runs.FINAL, tokenizer, strategy)
     log.info("saved %s", out / runs.FINAL)
 
+    # Leave the process group explicitly, all ranks together: left to interpreter shutdown, a rank's
+    # communication threads can be torn down mid-flight ("terminate called without an active
+    # exception", SIGABRT) and the run fails after it has saved everything.
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        trainer.accelerator.wait_for_everyone()
+        dist.destroy_process_group()
+
 
 def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
     """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
