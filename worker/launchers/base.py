@@ -3,10 +3,13 @@ implementation (local process group or SLURM batch job) it is talking to."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
+
+from ftq.settings import REPO_ROOT, Settings
 
 
 @dataclass(frozen=True)
@@ -63,3 +66,15 @@ class Launcher(Protocol):
     def cancel(self, run: RunRef) -> None:
         """Ask the run to stop. Returns at once; `poll` says when it has gone."""
         ...
+
+
+def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequest) -> None:
+    """What every launcher adds to a run's environment: the operator's secrets (named in
+    FTQ_PASS_ENV, never stored), the request's own variables, and ftq's code on PYTHONPATH so
+    `-m trainer` imports the same trainer the service rendered for."""
+    for name in settings.pass_env_names:
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    env.update(req.env)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")

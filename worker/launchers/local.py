@@ -25,8 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftq import runs
-from ftq.settings import REPO_ROOT, Settings, get_settings
-from worker.launchers.base import LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+from ftq.settings import Settings, get_settings
+from worker.launchers.base import (
+    LaunchHandle,
+    LaunchRequest,
+    RunPhase,
+    RunRef,
+    RunState,
+    add_run_environment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +162,7 @@ class LocalLauncher:
             per_proc = max(1, cpus // max(self.settings.cpu_slots, slots))
             env["OMP_NUM_THREADS"] = str(per_proc)
             env["MKL_NUM_THREADS"] = str(per_proc)
-        for name in self.settings.pass_env_names:
-            if os.environ.get(name):
-                env[name] = os.environ[name]
-        env.update(req.env)
-        path = env.get("PYTHONPATH", "")
-        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
+        add_run_environment(env, self.settings, req)
         env["PYTHONUNBUFFERED"] = "1"
         env[RUN_MARKER] = req.job_id
         return env

@@ -38,8 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftq import runs
-from ftq.settings import REPO_ROOT, Settings, get_settings
-from worker.launchers.base import LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+from ftq.settings import Settings, get_settings
+from worker.failures import read_tail
+from worker.launchers.base import (
+    LaunchHandle,
+    LaunchRequest,
+    RunPhase,
+    RunRef,
+    RunState,
+    add_run_environment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +56,6 @@ CANCEL_RECORD = "cancel.json"
 # A cancel is repeated after this long if the job is still there (a lost scancel, a restarted controller).
 RECANCEL_SECONDS = 30.0
 COMMAND_TIMEOUT = 60.0
-TAIL_BYTES = 64 * 1024
 # Operator settings that hold credentials; a training run has no use for them.
 _WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
 # A worker that itself runs inside an allocation must not hand that allocation's variables to sbatch
@@ -193,16 +200,6 @@ def reason_from_log(log_tail: str, external_id: str | None) -> str | None:
     return found
 
 
-def _read_tail(path: Path, size: int = TAIL_BYTES) -> str:
-    try:
-        with path.open("rb") as f:
-            end = f.seek(0, 2)
-            f.seek(max(0, end - size))
-            return f.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
 def read_exit_status(run_dir: Path) -> int | None:
     try:
         return int((run_dir / runs.EXIT_STATUS).read_text().strip())
@@ -253,12 +250,7 @@ class SlurmLauncher:
         env.pop("CUDA_VISIBLE_DEVICES", None)
         if req.spec.get("resources", {}).get("device") == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        for name in self.settings.pass_env_names:
-            if os.environ.get(name):
-                env[name] = os.environ[name]
-        env.update(req.env)
-        path = env.get("PYTHONPATH", "")
-        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
+        add_run_environment(env, self.settings, req)
         if self.settings.slurm_bin_dir:
             # srun and scontrol inside the batch script come from the same place as sbatch.
             env["PATH"] = self.settings.slurm_bin_dir + os.pathsep + env.get("PATH", "")
@@ -383,5 +375,5 @@ class SlurmLauncher:
             return RunState(phase=RunPhase.lost, reason="not in squeue, no accounting record, no exit status")
         reason = None
         if code != 0:
-            reason = reason_from_log(_read_tail(ref.run_dir / runs.TRAIN_LOG), ref.external_id)
+            reason = reason_from_log(read_tail(ref.run_dir / runs.TRAIN_LOG), ref.external_id)
         return RunState(phase=RunPhase.exited, exit_code=code, reason=reason)
