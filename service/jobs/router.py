@@ -303,12 +303,6 @@ def stream_logs(
 _poll_cache = PollCache()
 
 
-def _metrics_body(owner: str, job_id: str, after_step: int, limit: int) -> tuple[bytes, bool]:
-    with read_session() as session:
-        repo = JobRepository(session, owner)
-        return jobs.metrics_page_json(repo, job_id, after_step=after_step, limit=limit)
-
-
 @router.get(
     "/{job_id}/metrics", response_model=MetricsPage, responses=_ERRORS, summary="Metric points after a step"
 )
@@ -324,7 +318,9 @@ async def get_metrics(
     cached = _poll_cache.get(key)
     if cached is not None:
         return _json_response(cached)
-    body, final = await run_in_threadpool(_metrics_body, owner, job_id, after_step, limit)
+    body, final = await run_in_threadpool(
+        lambda: jobs.metrics_page_json(owner, job_id, after_step=after_step, limit=limit)
+    )
     _poll_cache.put(key, body, final=final)
     return _json_response(body)
 

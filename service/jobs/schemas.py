@@ -114,8 +114,6 @@ class CheckpointList(BaseModel):
     data: list[Checkpoint]
 
 
-
-
 class ErrorBody(BaseModel):
     detail: str
     code: str

@@ -6,20 +6,23 @@ import hashlib
 import json
 import secrets
 from datetime import timedelta
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pydantic_core
 from pydantic import ValidationError
+from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ftq import runs
 from ftq.settings import Settings
 from ftq.spec import JobSpec, SpecFieldError, looks_local
+from service.db import get_engine
 from service.errors import Conflict, NotFound, SpecError, TooManyRequests, spec_field_error
 from service.jobs import repository
-from service.jobs.repository import POINT_FIELDS, JobRepository, utcnow
+from service.jobs.repository import POINT_FIELDS, JobRepository, MetricsPoll, utcnow
 from service.jobs.schemas import (
     TERMINAL,
     Checkpoint,
@@ -436,10 +439,15 @@ def _mask(window: bytes, at: int, length: int, needles: list[bytes]) -> bytes:
 _POINT_KEYS = ("step", *POINT_FIELDS)
 
 
-def metrics_page_json(repo: JobRepository, job_id: str, *, after_step: int, limit: int) -> tuple[bytes, bool]:
+@lru_cache(maxsize=4)
+def _metrics_poll(engine: Engine) -> MetricsPoll:
+    return MetricsPoll(engine)
+
+
+def metrics_page_json(owner: str, job_id: str, *, after_step: int, limit: int) -> tuple[bytes, bool]:
     """The same bytes as MetricsPage(...).model_dump_json(), built from rows without model validation,
     and whether the job is terminal (its points will not change again)."""
-    found = repo.metrics_rows(job_id, after_step, limit)
+    found = _metrics_poll(get_engine()).rows(owner, job_id, after_step, limit)
     if found is None:
         raise NotFound(f"job {job_id} not found")
     status, rows = found
