@@ -78,8 +78,10 @@ def bench_poll_vs_health(url: str, seconds: float, n_jobs: int, n_points: int) -
         )
         health, poll = both["healthz"], both["metrics"]
         # A dashboard polls every few seconds: latency at half the saturated rate is what its users see.
+        # Each client waits a random 0..2x think_ms (think_ms on average) between polls, so a cycle of
+        # CONNECTIONS / (rate / 2) seconds gives half the rate.
         think = int(CONNECTIONS / (poll["req_s"] / 2) * 1000)
-        half = measured(server, paths, connections=CONNECTIONS, seconds=seconds, think_ms=max(1, think // 2))
+        half = measured(server, paths, connections=CONNECTIONS, seconds=seconds, think_ms=max(1, think))
     log(f"healthz {health}")
     log(f"metrics {poll}")
     log(f"metrics at half load {half}")

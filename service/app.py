@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ftq import __version__
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
-from service.db import get_engine
+from service.db import get_engine, open_async_read_pool
 from service.errors import FtqError, PayloadTooLarge
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
@@ -80,9 +82,23 @@ async def _send_error(send: Send, err: FtqError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # Polls read on the event loop through this pool (PostgreSQL); without a lifespan (an app driven
+    # without startup, as some tests do) they take the thread path instead.
+    app.state.read_pool = open_async_read_pool()
+    try:
+        yield
+    finally:
+        if app.state.read_pool is not None:
+            await app.state.read_pool.close()
+        app.state.read_pool = None
+
+
 def create_app() -> FastAPI:
     settings = get_settings()
     app = FastAPI(
+        lifespan=_lifespan,
         title="ftq",
         version=__version__,
         description=(

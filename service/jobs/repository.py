@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from service.db import AsyncReadPool
 from service.jobs.schemas import ACTIVE, TERMINAL, JobStatus
 from service.models import Dispatch, IdempotencyKey, Job, MetricPoint
 from service.redact import redact
@@ -104,12 +105,39 @@ class MetricsPoll:
             ) from exc
         finally:
             fairy.close()
-        if not rows:
-            return None
-        status = str(rows[0][0])
-        if rows[0][1] is None:  # the job, no points after after_step
-            return status, []
-        return status, [r[1:] for r in rows]
+        return _status_and_points(rows)
+
+    async def rows_on_loop(
+        self, pool: AsyncReadPool, owner: str, job_id: str, after_step: int, limit: int
+    ) -> tuple[str, list[Any]] | None:
+        """rows() on the event loop, through the loop's PostgreSQL read pool."""
+        named = {
+            **self._constants,
+            "owner": owner,
+            "job_id": job_id,
+            "after_step": after_step,
+            "limit": limit,
+        }
+
+        async def query(conn: Any) -> list[Any]:
+            cursor = await conn.execute(self._sql, named)
+            return list(await cursor.fetchall())
+
+        dbapi_error = self._engine.dialect.loaded_dbapi.Error
+        try:
+            rows = await pool.run(query)
+        except dbapi_error as exc:
+            raise DBAPIError.instance(self._sql, named, exc, dbapi_error) from exc
+        return _status_and_points(rows)
+
+
+def _status_and_points(rows: Sequence[Any]) -> tuple[str, list[Any]] | None:
+    if not rows:
+        return None
+    status = str(rows[0][0])
+    if rows[0][1] is None:  # the job, no points after after_step
+        return status, []
+    return status, [r[1:] for r in rows]
 
 
 class JobRepository:

@@ -7,14 +7,14 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
 
+import anyio
 import yaml
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
@@ -36,6 +36,8 @@ from service.jobs.schemas import (
     MetricsPage,
     PlanPublic,
 )
+
+T = TypeVar("T")
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -152,6 +154,16 @@ async def create_job(
 # Their bodies are the bytes the response model would give (by_alias, as FastAPI serializes).
 
 
+# At most this many read hops at once, below the engine's pool of 20: with FastAPI's 40 threads free
+# for them, pollers held up to 40 connections, and each one past the pool was opened and closed per
+# request (py-spy: PostgreSQL connects inside the metrics poll). One core gains nothing from more.
+_READ_SLOTS = anyio.CapacityLimiter(16)
+
+
+async def _read(fn: Callable[[], T]) -> T:
+    return await anyio.to_thread.run_sync(fn, limiter=_READ_SLOTS)
+
+
 async def _owner_inline(request: Request) -> str:
     # current_owner is pure CPU (a header and constant-time compares); declared async, it runs on the
     # event loop instead of costing the two thread-pool hops FastAPI makes for sync dependencies.
@@ -199,7 +211,7 @@ async def list_jobs(
             next_cursor = str(page[-1].seq) if len(rows) > limit else None
             return _json(JobList(data=[jobs.to_public(j) for j in page], next_cursor=next_cursor))
 
-    return _json_response(await run_in_threadpool(body))
+    return _json_response(await _read(body))
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=_ERRORS, summary="Get a job")
@@ -208,7 +220,7 @@ async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
         with read_session() as session:
             return _json(jobs.to_public(jobs.get_or_404(JobRepository(session, owner), job_id)))
 
-    return _json_response(await run_in_threadpool(body))
+    return _json_response(await _read(body))
 
 
 @router.post(
@@ -246,7 +258,7 @@ async def get_logs(
             jobs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values())
         )
 
-    return _json_response(await run_in_threadpool(body))
+    return _json_response(await _read(body))
 
 
 @router.get(
@@ -307,20 +319,28 @@ _poll_cache = PollCache()
     "/{job_id}/metrics", response_model=MetricsPage, responses=_ERRORS, summary="Metric points after a step"
 )
 async def get_metrics(
+    request: Request,
     job_id: JobId,
-    owner: OwnerInline,
     after_step: int = Query(-1, ge=-1, le=2**31 - 1),
     limit: int = Query(1000, ge=1, le=10000),
 ) -> Response:
-    # Every open dashboard repeats this poll: one thread-pool hop for the store, and the body is built
-    # from rows directly (the bytes MetricsPage would give) rather than validated model by model.
+    # Every open dashboard repeats this poll: on PostgreSQL it runs on the event loop (no thread hop),
+    # on SQLite in one thread hop, and the body is built from rows directly (the bytes MetricsPage
+    # would give) rather than validated model by model.
+    owner = current_owner(request, get_settings())  # as OwnerInline, without a dependency to resolve
     key = (owner, job_id, after_step, limit)
     cached = _poll_cache.get(key)
     if cached is not None:
         return _json_response(cached)
-    body, final = await run_in_threadpool(
-        lambda: jobs.metrics_page_json(owner, job_id, after_step=after_step, limit=limit)
-    )
+    pool = getattr(request.app.state, "read_pool", None)
+    if pool is not None:
+        body, final = await jobs.metrics_page_json_on_loop(
+            pool, owner, job_id, after_step=after_step, limit=limit
+        )
+    else:
+        body, final = await _read(
+            lambda: jobs.metrics_page_json(owner, job_id, after_step=after_step, limit=limit)
+        )
     _poll_cache.put(key, body, final=final)
     return _json_response(body)
 

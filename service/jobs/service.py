@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from ftq import runs
 from ftq.settings import Settings
 from ftq.spec import JobSpec, SpecFieldError, looks_local
-from service.db import get_engine
+from service.db import AsyncReadPool, get_engine
 from service.errors import Conflict, NotFound, SpecError, TooManyRequests, spec_field_error
 from service.jobs import repository
 from service.jobs.repository import POINT_FIELDS, JobRepository, MetricsPoll, utcnow
@@ -448,6 +448,20 @@ def metrics_page_json(owner: str, job_id: str, *, after_step: int, limit: int) -
     """The same bytes as MetricsPage(...).model_dump_json(), built from rows without model validation,
     and whether the job is terminal (its points will not change again)."""
     found = _metrics_poll(get_engine()).rows(owner, job_id, after_step, limit)
+    return _metrics_page_body(found, job_id, after_step, limit)
+
+
+async def metrics_page_json_on_loop(
+    pool: AsyncReadPool, owner: str, job_id: str, *, after_step: int, limit: int
+) -> tuple[bytes, bool]:
+    """metrics_page_json() on the event loop (PostgreSQL)."""
+    found = await _metrics_poll(get_engine()).rows_on_loop(pool, owner, job_id, after_step, limit)
+    return _metrics_page_body(found, job_id, after_step, limit)
+
+
+def _metrics_page_body(
+    found: tuple[str, list[Any]] | None, job_id: str, after_step: int, limit: int
+) -> tuple[bytes, bool]:
     if found is None:
         raise NotFound(f"job {job_id} not found")
     status, rows = found

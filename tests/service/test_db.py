@@ -1,0 +1,118 @@
+"""The store plumbing under the API on real PostgreSQL: the event-loop read pool the metrics poll uses,
+checked against the thread path it replaces, through terminated connections and shutdown."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+pytestmark = pytest.mark.postgres
+
+ALICE, BOB = "alice-db-token-0001", "bob-db-token-0002"
+
+
+def _pool_connections(url: str) -> int:
+    from service.db import READ_POOL_APPLICATION_NAME
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
+            (READ_POOL_APPLICATION_NAME,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _terminate_pool_connections(url: str) -> int:
+    from service.db import READ_POOL_APPLICATION_NAME
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
+            (READ_POOL_APPLICATION_NAME,),
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.fixture
+def pg_url(request: pytest.FixtureRequest) -> str:
+    from tests.conftest import _reset_pg
+
+    url: str = request.getfixturevalue("pg_database")
+    _reset_pg(url)
+    return url
+
+
+def _job_with_points(client, tiny_spec, token: str, n: int) -> str:  # type: ignore[no-untyped-def]
+    from service.db import session_scope
+    from service.jobs import repository
+
+    job = client.post("/jobs", json=tiny_spec, headers={"Authorization": f"Bearer {token}"}).json()
+    with session_scope() as s:
+        repository.upsert_points(
+            s, job["id"], [{"step": i, "loss": 5 - i / 100, "learning_rate": 1e-3} for i in range(1, n + 1)]
+        )
+    return str(job["id"])
+
+
+def test_event_loop_poll_gives_the_thread_path_bytes(make_client, pg_url, tiny_spec) -> None:
+    threads = make_client(pg_url, api_tokens=f"{ALICE}:alice,{BOB}:bob")  # no lifespan: thread path
+    job = _job_with_points(threads, tiny_spec, ALICE, 30)
+    queries = [
+        (ALICE, f"/jobs/{job}/metrics"),
+        (ALICE, f"/jobs/{job}/metrics?after_step=10&limit=5"),
+        (ALICE, f"/jobs/{job}/metrics?after_step=30"),  # no new points: the status, no data
+        (ALICE, "/jobs/job_doesnotexist00/metrics"),
+        (BOB, f"/jobs/{job}/metrics?after_step=10"),  # another owner's job: as if it did not exist
+    ]
+    want = [threads.get(q, headers={"Authorization": f"Bearer {t}"}) for t, q in queries]
+    assert [r.status_code for r in want] == [200, 200, 200, 404, 404]
+    assert [p["step"] for p in want[1].json()["data"]] == [11, 12, 13, 14, 15]
+    assert want[2].json()["data"] == [] and want[2].json()["next_after_step"] == 30
+
+    from service.app import create_app
+
+    with type(threads)(create_app()) as loop_client:
+        assert loop_client.app.state.read_pool is not None  # type: ignore[attr-defined]
+        got = [loop_client.get(q, headers={"Authorization": f"Bearer {t}"}) for t, q in queries]
+        assert _pool_connections(pg_url) >= 1
+    assert [(r.status_code, r.content) for r in got] == [(r.status_code, r.content) for r in want]
+    assert _pool_connections(pg_url) == 0  # shutdown closed them
+
+
+def test_read_pool_is_bounded_and_survives_terminated_connections(make_client, pg_url, tiny_spec) -> None:
+    from service.app import create_app
+    from service.db import AsyncReadPool
+
+    first = make_client(pg_url)
+    job = _job_with_points(first, tiny_spec, "", 50)
+    paths = [f"/jobs/{job}/metrics?after_step={k}" for k in range(40)]  # distinct: no cache hits
+
+    with type(first)(create_app()) as client:
+        pool: AsyncReadPool = client.app.state.read_pool  # type: ignore[attr-defined]
+        with ThreadPoolExecutor(16) as ex:
+            codes = list(ex.map(lambda p: client.get(p).status_code, paths))
+        assert codes == [200] * len(paths)
+        assert 1 <= _pool_connections(pg_url) <= pool._size
+
+        # The server dropped every pooled connection (as in a database restart): the next polls are
+        # answered, on new connections, rather than failing on the dead ones.
+        assert _terminate_pool_connections(pg_url) >= 1
+        again = [client.get(f"/jobs/{job}/metrics?after_step={k}&limit=3") for k in range(5)]
+        assert [r.status_code for r in again] == [200] * 5
+        assert [p["step"] for p in again[0].json()["data"]] == [1, 2, 3]
+        assert _pool_connections(pg_url) >= 1
+
+
+def test_sqlite_store_has_no_read_pool(make_client, tiny_spec) -> None:
+    from service.app import create_app
+
+    first = make_client()
+    job = _job_with_points(first, tiny_spec, "", 3)
+    with type(first)(create_app()) as client:
+        assert client.app.state.read_pool is None  # type: ignore[attr-defined]
+        assert [p["step"] for p in client.get(f"/jobs/{job}/metrics").json()["data"]] == [1, 2, 3]
