@@ -20,7 +20,11 @@ T = TypeVar("T")
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # A pool as large as PostgreSQL's: at SQLAlchemy's default of 5 (+10 overflow), the API's 16
+        # concurrent read hops opened and closed a connection (and its PRAGMAs) on most polls.
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20, max_overflow=20
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]

@@ -14,7 +14,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -23,9 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-THREADS = 16
-PER_THREAD = 15
-ROUNDS = 5
+from .conftest import PER_THREAD, ROUNDS, hammer
+
 JOB = "job_00000000perf0001"
 POINTS = 2000
 
@@ -46,54 +44,51 @@ def _store_job(db_url: str) -> None:
     from service.models import Job
 
     upgrade(db_url)
-    spec = JobSpec.model_validate({
-        "model": {"name_or_path": "org/model"},
-        "dataset": {"name_or_path": "org/data", "text_field": "text"},
-        "training": {"max_steps": 100_000, "logging_steps": 1},
-        "resources": {"device": "cpu", "processes_per_node": 1},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name_or_path": "org/model"},
+            "dataset": {"name_or_path": "org/data", "text_field": "text"},
+            "training": {"max_steps": 100_000, "logging_steps": 1},
+            "resources": {"device": "cpu", "processes_per_node": 1},
+        }
+    )
     now = datetime.now(UTC)
     engine = create_engine(db_url)
     with Session(engine) as s:
-        s.add(Job(id=JOB, name="perf", owner="local", status="running", spec=spec.model_dump(mode="json"),
-                  launcher="local", device="cpu", created_at=now, updated_at=now, attempt=0,
-                  metrics_offset=0))
+        s.add(
+            Job(
+                id=JOB,
+                name="perf",
+                owner="local",
+                status="running",
+                spec=spec.model_dump(mode="json"),
+                launcher="local",
+                device="cpu",
+                created_at=now,
+                updated_at=now,
+                attempt=0,
+                metrics_offset=0,
+            )
+        )
         s.flush()
-        repository.upsert_points(s, JOB, [
-            {"step": i, "epoch": i / 1000, "loss": 3 - i * 1e-4, "learning_rate": 2e-4, "grad_norm": 1.0,
-             "tokens_per_second": 5000.0, "time": 1.7e9 + i}
-            for i in range(1, POINTS + 1)
-        ])
+        repository.upsert_points(
+            s,
+            JOB,
+            [
+                {
+                    "step": i,
+                    "epoch": i / 1000,
+                    "loss": 3 - i * 1e-4,
+                    "learning_rate": 2e-4,
+                    "grad_norm": 1.0,
+                    "tokens_per_second": 5000.0,
+                    "time": 1.7e9 + i,
+                }
+                for i in range(1, POINTS + 1)
+            ],
+        )
         s.commit()
     engine.dispose()
-
-
-def _hammer(base: str, paths: list[str], per_thread: int) -> tuple[float, list[str]]:
-    """THREADS clients, each sending per_thread requests back to back; returns requests per second."""
-    errors: list[str] = []
-    clients = [httpx.Client(base_url=base, timeout=60) for _ in range(THREADS)]
-    for c in clients:  # connect before the clock starts
-        c.get("/healthz")
-    go = threading.Barrier(THREADS + 1)
-
-    def client(i: int) -> None:
-        go.wait()
-        for k in range(per_thread):
-            r = clients[i].get(paths[(i + k) % len(paths)])
-            if r.status_code != 200:
-                errors.append(f"{r.status_code} {r.text[:200]}")
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    go.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    for c in clients:
-        c.close()
-    return THREADS * per_thread / elapsed, errors
 
 
 @pytest.fixture
@@ -113,7 +108,7 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def server(tmp_path: Path, pg_url: str):  # type: ignore[no-untyped-def]
+def pg_server(tmp_path: Path, pg_url: str):  # type: ignore[no-untyped-def]
     data = tmp_path / "data"
     data.mkdir()
     _store_job("postgresql+psycopg://" + pg_url.split("://", 1)[1])
@@ -122,8 +117,9 @@ def server(tmp_path: Path, pg_url: str):  # type: ignore[no-untyped-def]
     env.update({"FTQ_DATA_DIR": str(data), "FTQ_ENV": "test", "FTQ_DATABASE_URL": pg_url})
     ftq = Path(sys.executable).parent / "ftq"
     log = (tmp_path / "api.log").open("wb")
-    proc = subprocess.Popen([str(ftq), "api", "--port", str(port)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(ftq), "api", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -147,21 +143,22 @@ def server(tmp_path: Path, pg_url: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.postgres
-def test_metrics_poll_keeps_half_the_throughput_of_healthz(server: str) -> None:
+def test_metrics_poll_keeps_half_the_throughput_of_healthz(pg_server: str) -> None:
+    server = pg_server
     # A dashboard's incremental poll: the few newest points of a 2,000-point history.
     polls = [f"/jobs/{JOB}/metrics?after_step={POINTS - k}" for k in range(1, 11)]
     first = httpx.get(server + polls[4]).json()
     assert [p["step"] for p in first["data"]] == list(range(POINTS - 4, POINTS + 1))
     assert first["next_after_step"] == POINTS and first["complete"] is False
 
-    _hammer(server, ["/healthz"], 5)  # warm both paths (threads, statement caches)
-    _hammer(server, polls, 5)
+    hammer(server, ["/healthz"], 5)  # warm both paths (threads, statement caches)
+    hammer(server, polls, 5)
     ratios: list[float] = []
     errors: list[str] = []
     for _ in range(ROUNDS):
-        health, e = _hammer(server, ["/healthz"], PER_THREAD)
+        health, e = hammer(server, ["/healthz"], PER_THREAD)
         errors += e
-        metrics, e = _hammer(server, polls, PER_THREAD)
+        metrics, e = hammer(server, polls, PER_THREAD)
         errors += e
         ratios.append(metrics / health)
         print(f"healthz {health:.0f} req/s, metrics poll {metrics:.0f} req/s, ratio {ratios[-1]:.2f}")

@@ -1,0 +1,60 @@
+"""Shared by the perf acceptance tests: the real `ftq up` of tests/e2e with its finished tiny job, and
+the load the acceptance run applies (16 client threads, one endpoint at a time, in alternating rounds)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from ftq_e2e import FinishedJob, Server, finished_tiny_job, shared_server
+
+THREADS = 16
+PER_THREAD = 15
+ROUNDS = 5
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Server:
+    return shared_server(lambda: tmp_path_factory.mktemp("e2e"), request.addfinalizer)
+
+
+@pytest.fixture(scope="session")
+def finished_job(server: Server) -> FinishedJob:
+    return finished_tiny_job(server)
+
+
+def hammer(
+    base: str, paths: list[str], per_thread: int, headers: dict[str, str] | None = None
+) -> tuple[float, list[str]]:
+    """THREADS clients, each sending per_thread requests back to back; returns requests per second."""
+    errors: list[str] = []
+    clients = [httpx.Client(base_url=base, timeout=60, headers=headers) for _ in range(THREADS)]
+    for c in clients:  # connect before the clock starts
+        c.get("/healthz")
+    go = threading.Barrier(THREADS + 1)
+
+    def client(i: int) -> None:
+        go.wait()
+        for k in range(per_thread):
+            r = clients[i].get(paths[(i + k) % len(paths)])
+            if r.status_code != 200:
+                errors.append(f"{r.status_code} {r.text[:200]}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    go.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    for c in clients:
+        c.close()
+    return THREADS * per_thread / elapsed, errors

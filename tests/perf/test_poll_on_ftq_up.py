@@ -1,0 +1,47 @@
+"""The acceptance run: the tiny job trained on `ftq up` (embedded defaults: SQLite, the filesystem
+broker), then 16 client threads hammering its metrics poll and `/healthz` in alternating rounds on
+that server. The metrics poll keeps at least half the throughput of /healthz, with no errors.
+
+Each round polls other `after_step` values than the last, so the poll cache (which keeps a finished
+job's pages) serves repeats within a round but every round also reads the store.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ftq_e2e import FinishedJob, Server
+
+from .conftest import PER_THREAD, ROUNDS, THREADS, hammer
+
+
+def test_metrics_poll_keeps_half_of_healthz_after_training_on_ftq_up(
+    server: Server, finished_job: FinishedJob
+) -> None:
+    job = server.get(f"/jobs/{finished_job.job_id}")
+    assert job["status"] == "succeeded"
+    points = server.get(f"/jobs/{finished_job.job_id}/metrics")["data"]
+    losses = [p["loss"] for p in points if p["loss"] is not None]
+    assert len(losses) >= 10 and losses[-1] < losses[0]  # the job really trained
+    last = points[-1]["step"]
+
+    auth = {"Authorization": f"Bearer {server.token}"} if server.token else {}
+    hammer(server.url, ["/healthz"], 3, headers=auth)  # warm both paths
+    ratios: list[float] = []
+    errors: list[str] = []
+    for r in range(ROUNDS):
+        # A different window of after_step values each round: a dashboard that has caught up polls
+        # near the end; one that just opened starts further back.
+        polls = [
+            f"/jobs/{finished_job.job_id}/metrics?after_step={max(-1, last - 1 - (r * THREADS + k) % last)}"
+            for k in range(THREADS)
+        ]
+        health, e = hammer(server.url, ["/healthz"], PER_THREAD, headers=auth)
+        errors += e
+        metrics, e = hammer(server.url, polls, PER_THREAD, headers=auth)
+        errors += e
+        ratios.append(metrics / health)
+        print(f"healthz {health:.0f} req/s, metrics poll {metrics:.0f} req/s, ratio {ratios[-1]:.2f}")
+    assert not errors, errors[:5]
+    ratio = statistics.median(ratios)
+    assert ratio >= 0.5, f"metrics poll at {ratio:.2f}x of /healthz (want >= 0.5x); rounds {ratios}"
