@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 class Channel(filesystem.Channel):
     # kombu's filesystem and abstract channels name this argument differently; mypy sees both.
     def _put(self, queue: Any, message: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        # Consumers take files in name order: zero-padded, so that order stays first-in first-out when
+        # the millisecond count gains a digit.
+        name = f"{round(monotonic() * 1000):016d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         tmp = os.path.join(self.data_folder_out, f".{name}.tmp")
         try:

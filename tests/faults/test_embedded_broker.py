@@ -57,8 +57,9 @@ def test_an_unreadable_file_is_dropped_not_fatal(tmp_path: Path) -> None:
     folder = tmp_path / "queue"
     folder.mkdir()
     (tmp_path / "processed").mkdir()
-    # What a producer killed mid-write under kombu's scheme leaves behind: an empty message file.
-    (folder / "1_dead.q.msg").write_bytes(b"")
+    # What a producer killed mid-write under kombu's scheme leaves behind: an empty message file, named
+    # to be taken before any message put now (names start with a zero-padded clock).
+    (folder / f"{0:016d}_dead.q.msg").write_bytes(b"")
     with _connection(folder) as conn:
         channel = conn.default_channel
         channel._put("q", {"i": 7})
