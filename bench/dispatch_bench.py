@@ -49,8 +49,15 @@ def tiny_spec(tiny: Path, max_steps: int) -> dict[str, Any]:
         "name": "bench",
         "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
         "dataset": {"name_or_path": str(tiny / "data" / "train.jsonl"), "text_field": "text"},
-        "training": {"max_steps": max_steps, "max_seq_len": 64, "logging_steps": 1, "learning_rate": 1e-3,
-                     "mixed_precision": "no", "save_steps": None, "per_device_train_batch_size": 2},
+        "training": {
+            "max_steps": max_steps,
+            "max_seq_len": 64,
+            "logging_steps": 1,
+            "learning_rate": 1e-3,
+            "mixed_precision": "no",
+            "save_steps": None,
+            "per_device_train_batch_size": 2,
+        },
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
         "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1},
     }
@@ -68,10 +75,16 @@ class Deployment:
         self.data = Path(tempfile.mkdtemp(prefix=f"ftq-bench-{kind}-"))
         self.port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FTQ_")}
-        self.env.update({
-            "FTQ_ENV": "test", "FTQ_DATA_DIR": str(self.data), "FTQ_LOCAL_ROOTS": f"{tiny}:{self.data}",
-            "FTQ_CPU_SLOTS": "4", "FTQ_CANCEL_GRACE_SECONDS": "3", "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
-        })
+        self.env.update(
+            {
+                "FTQ_ENV": "test",
+                "FTQ_DATA_DIR": str(self.data),
+                "FTQ_LOCAL_ROOTS": f"{tiny}:{self.data}",
+                "FTQ_CPU_SLOTS": "4",
+                "FTQ_CANCEL_GRACE_SECONDS": "3",
+                "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
+            }
+        )
         self.db: str | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
@@ -103,8 +116,16 @@ class Deployment:
 
     def _start(self, *argv: str) -> None:
         log = open(self.data / f"{argv[0]}.log", "ab")  # noqa: SIM115
-        self.procs.append(subprocess.Popen([FTQ, *argv], cwd=REPO, env=self.env, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                [FTQ, *argv],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     def __exit__(self, *exc: object) -> None:
         for p in self.procs:
@@ -161,34 +182,80 @@ def summary(xs: list[float]) -> dict[str, float]:
     return {"p50": round(statistics.median(xs), 3), "p95": round(p95, 3), "n": len(xs)}
 
 
-def overhead(dep: Deployment, tiny: Path, max_steps: int) -> dict[str, Any]:
+def overhead(dep: Deployment, tiny: Path, max_steps: int, repeats: int) -> dict[str, Any]:
+    """The tiny job run by hand and through ftq, alternately `repeats` times each; medians."""
     spec = tiny_spec(tiny, max_steps)
     # Direct: the very command ftq renders, in a scratch run directory, with the same kind of env.
     plan = dep.http.post("/jobs", params={"dry_run": "true"}, json=spec).json()
-    scratch = Path(tempfile.mkdtemp(prefix="ftq-bench-direct-"))
-    argv = [a.replace(str(dep.data / "runs" / "dry-run"), str(scratch)) for a in plan["command"]]
-    (scratch / "spec.json").write_text(json.dumps(spec))
-    (scratch / "accelerate_config.yaml").write_text(plan["accelerate_config_yaml"])
     threads = str(max(1, (os.cpu_count() or 1) // 4))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "PYTHONPATH": str(REPO)}
-    t0 = time.perf_counter()
-    with open(scratch / "train.log", "ab") as log:
-        subprocess.run(argv, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
-    direct = time.perf_counter() - t0
+    direct, through = [], []
+    for _ in range(repeats):
+        scratch = Path(tempfile.mkdtemp(prefix="ftq-bench-direct-"))
+        argv = [a.replace(str(dep.data / "runs" / "dry-run"), str(scratch)) for a in plan["command"]]
+        (scratch / "spec.json").write_text(json.dumps(spec))
+        (scratch / "accelerate_config.yaml").write_text(plan["accelerate_config_yaml"])
+        t0 = time.perf_counter()
+        with open(scratch / "train.log", "ab") as log:
+            subprocess.run(argv, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        direct.append(time.perf_counter() - t0)
 
-    t0 = time.perf_counter()
-    job = dep.http.post("/jobs", json=spec).json()
-    done = dep.wait(job["id"], {"succeeded", "failed", "cancelled"}, poll=0.1)
-    through = time.perf_counter() - t0
-    assert done["status"] == "succeeded", done
-    return {"max_steps": max_steps, "direct_s": round(direct, 2), "ftq_s": round(through, 2),
-            "ratio": round(through / direct, 3)}
+        t0 = time.perf_counter()
+        job = dep.http.post("/jobs", json=spec).json()
+        done = dep.wait(job["id"], {"succeeded", "failed", "cancelled"}, poll=0.1)
+        through.append(time.perf_counter() - t0)
+        assert done["status"] == "succeeded", done
+    d, f = statistics.median(direct), statistics.median(through)
+    return {
+        "max_steps": max_steps,
+        "repeats": repeats,
+        "direct_s": round(d, 2),
+        "ftq_s": round(f, 2),
+        "ratio": round(f / d, 3),
+    }
+
+
+def result(name: str, value: float, unit: str, **extra: Any) -> None:
+    """A RESULT line for bench/run_all.py (its docstring has the protocol)."""
+    tail = " ".join(f"{k}={v}" for k, v in extra.items())
+    print(f"RESULT {name} {value:.4g} {unit} {tail}".rstrip(), flush=True)
+
+
+def report(results: dict[str, Any]) -> None:
+    for kind in ("embedded", "redis"):
+        lat = results.get(kind, {}).get("post_to_running")
+        if not lat:
+            continue
+        c, s = lat["client_s"], lat["server_s"]
+        result(
+            f"post_to_running_{kind}_p50",
+            c["p50"],
+            "s",
+            target="<0.5",
+            p95_s=c["p95"],
+            n=c["n"],
+            server_p50_s=s["p50"],
+        )
+    tiny = results.get("embedded", {}).get("tiny_job")
+    if tiny:
+        result("tiny_job_by_hand", tiny["direct_s"], "s", steps=tiny["max_steps"], repeats=tiny["repeats"])
+        result("tiny_job_through_ftq", tiny["ftq_s"], "s", baseline="tiny_job_by_hand", target="<=1.1")
+    print(
+        "NOTE dispatch: POST /jobs to the first GET that says running, measured by the client (server_p50 "
+        "is the job's started_at - created_at); embedded is `ftq up` (SQLite, filesystem broker), redis is "
+        "`ftq api` + `ftq worker` on PostgreSQL and Redis. Each job is cancelled once running."
+    )
+    print(
+        "NOTE dispatch: the tiny job's wall time from POST to succeeded, against the same rendered "
+        "`accelerate launch` command run by hand in a scratch directory; alternated, medians."
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3, help="tiny runs each way (by hand, through ftq)")
     ap.add_argument("--skip-redis", action="store_true")
     ap.add_argument("--skip-embedded", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "dispatch_bench.json"))
@@ -199,7 +266,7 @@ def main() -> None:
         with Deployment("embedded", tiny) as dep:
             results["embedded"] = {"post_to_running": latency(dep, tiny, args.samples)}
             print("embedded", results["embedded"], flush=True)
-            results["embedded"]["tiny_job"] = overhead(dep, tiny, args.steps)
+            results["embedded"]["tiny_job"] = overhead(dep, tiny, args.steps, args.repeats)
             print("embedded", results["embedded"], flush=True)
     if not args.skip_redis:
         with Deployment("redis", tiny) as dep:
@@ -209,6 +276,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
+    report(results)
 
 
 if __name__ == "__main__":

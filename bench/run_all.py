@@ -60,7 +60,12 @@ BENCHES = [
     ),
     Bench("ingest", ["-m", "bench.ingest_bench"], ["-m", "bench.ingest_bench", "--lines", "20000"], 900),
     Bench("load", ["-m", "bench.load_bench"], ["-m", "bench.load_bench", "--seconds", "15"], 900),
-    Bench("dispatch", ["bench/dispatch_bench.py"], ["bench/dispatch_bench.py", "--samples", "3"], 1800),
+    Bench(
+        "dispatch",
+        ["bench/dispatch_bench.py"],
+        ["bench/dispatch_bench.py", "--samples", "3", "--repeats", "1"],
+        1800,
+    ),
     Bench(
         "trainer",
         ["bench/trainer_bench.py"],

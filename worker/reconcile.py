@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -38,7 +40,30 @@ NON_TERMINAL_LAUNCHED = (JobStatus.starting, JobStatus.running, JobStatus.cancel
 def get_launcher(name: str) -> Any:
     from worker.launchers import get_launcher as make
 
-    return make(name)
+    return make(name, on_exit=_sweep_after_exit)
+
+
+_sweep_pending = threading.Event()
+_sweeping = threading.Lock()
+
+
+def _sweep_after_exit() -> None:
+    """A run this process started ended: settle it, and start what waited for its slots, now rather than
+    at the next periodic sweep. Runs ending together share sweeps: one that ends while this process
+    sweeps gets one more sweep from the thread sweeping; while another process holds the sweep (the
+    periodic one), this waits for it briefly and goes again."""
+    _sweep_pending.set()
+    while _sweep_pending.is_set():
+        if not _sweeping.acquire(blocking=False):
+            return  # the thread sweeping now sees the flag when it is done
+        try:
+            _sweep_pending.clear()
+            for _ in range(25):
+                if reconcile():
+                    break
+                time.sleep(0.2)
+        finally:
+            _sweeping.release()
 
 
 @dataclass(frozen=True)
@@ -258,11 +283,12 @@ def _settle_unlaunched_cancel(view: JobView, launcher: Any) -> None:
 # Reconcile ---------------------------------------------------------------------------------------------
 
 
-def reconcile() -> None:
-    """The periodic sweep: settle launched jobs, then start queued ones as resources allow."""
+def reconcile() -> bool:
+    """The periodic sweep: settle launched jobs, then start queued ones as resources allow. False when
+    another sweep was under way (this one did nothing)."""
     with store.singleton("reconcile") as mine:
         if not mine:
-            return
+            return False
         with session_scope() as session:
             views = [_view(j) for j in repository.jobs_in(session, NON_TERMINAL_LAUNCHED)]
         by_launcher: dict[str, list[JobView]] = {}
@@ -285,6 +311,7 @@ def reconcile() -> None:
                 launch(claimed)
             except Exception:
                 log.exception("launching job %s failed", claimed)
+    return True
 
 
 def _reconcile_one(v: JobView, launcher: Any, state: RunState | None) -> None:

@@ -94,6 +94,22 @@ def test_submit_runs_to_success_with_metrics_ingested_first(store: Path) -> None
     assert json.loads((store / "j_ok" / runs.SPEC).read_text())["training"]["max_steps"] == 1
 
 
+def test_an_ended_run_is_settled_and_the_next_started_without_a_sweep(store: Path) -> None:
+    # Nothing here calls reconcile(): the worker that started the run learns its end from the reaper
+    # and sweeps at once, which also starts the job that waited for the slot.
+    from worker import reconcile
+
+    add_job("j_first", SCRIPT_SLEEP.replace("sleep 30", "sleep 1"))
+    add_job("j_next", SCRIPT_OK)
+    reconcile.submit("j_first")
+    assert job("j_first").status == "running" and job("j_next").status == "queued"
+    deadline = time.time() + 20
+    while time.time() < deadline and job("j_next").status != "succeeded":
+        time.sleep(0.1)
+    assert job("j_first").status == "succeeded" and job("j_next").status == "succeeded"
+    assert job("j_next").latest_metrics["loss"] == 1.5
+
+
 def test_failure_gets_the_trainers_error(store: Path) -> None:
     add_job("j_bad", SCRIPT_FAIL)
     j = settle("j_bad", {"failed"})

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ftq.settings import Settings, get_settings
 from worker.launchers.base import Launcher
 
 
-def get_launcher(name: str, settings: Settings | None = None) -> Launcher:
+def get_launcher(
+    name: str, settings: Settings | None = None, on_exit: Callable[[], None] | None = None
+) -> Launcher:
+    """`on_exit`: called when a local run this process started ends (SLURM's end is learned by polling)."""
     settings = settings or get_settings()
     if name == "local":
         from worker.launchers.local import LocalLauncher
 
-        return LocalLauncher(settings)
+        return LocalLauncher(settings, on_exit=on_exit)
     if name == "slurm":
         from worker.launchers.slurm import SlurmLauncher
 

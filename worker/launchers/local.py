@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,17 +136,25 @@ def _cwd_matches(pid: int, run_dir: Path) -> bool:
         return False
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
+def _reap(proc: subprocess.Popen[bytes], on_exit: Callable[[], None] | None) -> None:
     # The worker is the run's parent until it exits: wait so the ended run is not left a zombie.
     with contextlib.suppress(Exception):
         proc.wait()
+    if on_exit is not None:
+        try:
+            on_exit()
+        except Exception:
+            log.exception("the sweep after run %s ended failed; the periodic one will settle it", proc.pid)
 
 
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, settings: Settings | None = None):
+    def __init__(self, settings: Settings | None = None, on_exit: Callable[[], None] | None = None):
         self.settings = settings or get_settings()
+        # Called in the reaper thread when a run this process started ends: the worker sweeps at once
+        # instead of at its next interval, so the job is settled (and the next one started) sooner.
+        self.on_exit = on_exit
 
     # Environment -----------------------------------------------------------------------------------
     def run_env(self, req: LaunchRequest) -> dict[str, str]:
@@ -185,7 +194,9 @@ class LocalLauncher:
                 start_new_session=True,
                 close_fds=True,
             )
-        threading.Thread(target=_reap, args=(proc,), name=f"reap-{proc.pid}", daemon=True).start()
+        threading.Thread(
+            target=_reap, args=(proc, self.on_exit), name=f"reap-{proc.pid}", daemon=True
+        ).start()
         info = read_stat(proc.pid)
         # The process may already have ended (and been reaped); its ticks then no longer matter.
         ticks = info.start_ticks if info is not None else 0
