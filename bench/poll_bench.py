@@ -277,7 +277,7 @@ def bench_status(seconds: float) -> None:
         figures: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
         have = 0
         for total in (100, 10_000):
-            ids = job_ids(total - have, tag=f"s{total}")
+            ids = job_ids(total - have, tag="sa" if total == 100 else "sb")  # distinct per batch
             copy_jobs(url, [(i, "succeeded") for i in ids])
             have = total
             # 20 running jobs spread over the whole history, oldest to newest.

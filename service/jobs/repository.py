@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, Integer, Select, bindparam, delete, func, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from service.db import AsyncReadPool
 from service.jobs.schemas import ACTIVE, TERMINAL, JobStatus
@@ -157,6 +157,8 @@ class JobRepository:
             stmt = stmt.where(Job.status.in_(list(statuses)))
         if before_seq is not None:
             stmt = stmt.where(Job.seq < before_seq)
+        # The plan (rendered config and scripts) is not part of a listed job: not read at all.
+        stmt = stmt.options(defer(Job.plan, raiseload=True))
         return list(self.session.scalars(stmt.order_by(Job.seq.desc()).limit(limit)))
 
     def count_active(self) -> int:
