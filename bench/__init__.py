@@ -334,6 +334,7 @@ def wrk_run(
     threads: int = 1,
     headers: dict[str, str] | None = None,
     think_ms: int = 0,
+    timeout_s: float = 10.0,
 ) -> dict[str, float]:
     """Closed-loop load: `connections` clients each sending the next request as soon as one returns
     (or, with think_ms, after waiting a random 0..2*think_ms, like a dashboard's poll interval).
@@ -357,7 +358,7 @@ def wrk_run(
                 "-d",
                 f"{max(1, int(seconds))}s",
                 "--timeout",
-                "10s",
+                f"{max(1, int(timeout_s))}s",
                 "-s",
                 str(script),
                 base,
@@ -382,13 +383,15 @@ def wrk_run(
     }
 
 
-def sequential_latency(url: str, *, n: int, headers: dict[str, str] | None = None) -> dict[str, float]:
+def sequential_latency(
+    url: str, *, n: int, headers: dict[str, str] | None = None, warm: int | None = None, timeout_s: float = 10
+) -> dict[str, float]:
     """One client, one request at a time: the cost of a single request without queueing."""
     import httpx
 
     times: list[float] = []
-    with httpx.Client(headers=headers, timeout=10) as client:
-        for _ in range(max(5, n // 20)):  # warm the connection pool and caches
+    with httpx.Client(headers=headers, timeout=timeout_s) as client:
+        for _ in range(max(5, n // 20) if warm is None else warm):  # warm the connection pool and caches
             client.get(url).raise_for_status()
         for _ in range(n):
             t = time.perf_counter()
