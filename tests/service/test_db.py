@@ -116,3 +116,32 @@ def test_sqlite_store_has_no_read_pool(make_client, tiny_spec) -> None:
     with type(first)(create_app()) as client:
         assert client.app.state.read_pool is None  # type: ignore[attr-defined]
         assert [p["step"] for p in client.get(f"/jobs/{job}/metrics").json()["data"]] == [1, 2, 3]
+
+
+def test_cancelled_polls_give_their_connections_back(pg_url) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from service.db import READ_POOL_APPLICATION_NAME, AsyncReadPool
+
+    async def scenario() -> list[int]:
+        pool = AsyncReadPool({"conninfo": pg_url, "application_name": READ_POOL_APPLICATION_NAME}, size=2)
+
+        async def slow(conn):  # type: ignore[no-untyped-def]
+            await conn.execute("SELECT pg_sleep(30)")
+
+        async def one(conn):  # type: ignore[no-untyped-def]
+            return (await (await conn.execute("SELECT 1")).fetchone())[0]
+
+        # Both connections taken by polls that are then cancelled mid-query (a client gone, shutdown).
+        stuck = [asyncio.create_task(pool.run(slow)) for _ in range(2)]
+        await asyncio.sleep(0.5)
+        for t in stuck:
+            t.cancel()
+        await asyncio.gather(*stuck, return_exceptions=True)
+        # Were their slots lost, these would wait forever (the timeout turns that into a failure).
+        answers = await asyncio.wait_for(asyncio.gather(*(pool.run(one) for _ in range(6))), timeout=20)
+        await pool.close()
+        return list(answers)
+
+    assert asyncio.run(scenario()) == [1] * 6
+    assert _pool_connections(pg_url) == 0
