@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -276,3 +277,22 @@ def _teardown() -> None:
         REGISTRY.curl.wait(timeout=10)
     if REGISTRY.server is not None:
         REGISTRY.server.stop()
+
+
+# The session fixtures of the folders that use this server (tests/cli, tests/ui, tests/perf): their
+# conftests import these names, so each folder gets the same fixtures without a copy of them.
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Server:
+    return shared_server(lambda: tmp_path_factory.mktemp("e2e"), request.addfinalizer)
+
+
+@pytest.fixture(scope="session")
+def auth_server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Server:
+    return shared_auth_server(lambda: tmp_path_factory.mktemp("e2e"), request.addfinalizer)
+
+
+@pytest.fixture(scope="session")
+def finished_job(server: Server) -> FinishedJob:
+    return finished_tiny_job(server)

@@ -9,25 +9,14 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from ftq_e2e import FinishedJob, Server, finished_tiny_job, shared_server
+from ftq_e2e import finished_job, server  # noqa: F401  (session fixtures)
 
 THREADS = 16
 PER_THREAD = 15
 ROUNDS = 5
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Server:
-    return shared_server(lambda: tmp_path_factory.mktemp("e2e"), request.addfinalizer)
-
-
-@pytest.fixture(scope="session")
-def finished_job(server: Server) -> FinishedJob:
-    return finished_tiny_job(server)
 
 
 def hammer(

@@ -13,26 +13,14 @@ pytestmark = pytest.mark.postgres
 ALICE, BOB = "alice-db-token-0001", "bob-db-token-0002"
 
 
-def _pool_connections(url: str) -> int:
+def _pool_backends(url: str, *, terminate: bool = False) -> int:
+    """How many connections the read pool holds in this database (terminating them if asked)."""
     from service.db import READ_POOL_APPLICATION_NAME
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name = %s",
-            (READ_POOL_APPLICATION_NAME,),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _terminate_pool_connections(url: str) -> int:
-    from service.db import READ_POOL_APPLICATION_NAME
-
+    what = "pg_terminate_backend(pid)" if terminate else "pid"
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name = %s",
+            f"SELECT {what} FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
             (READ_POOL_APPLICATION_NAME,),
         ).fetchall()
     return len(rows)
@@ -79,9 +67,9 @@ def test_event_loop_poll_gives_the_thread_path_bytes(make_client, pg_url, tiny_s
     with type(threads)(create_app()) as loop_client:
         assert loop_client.app.state.read_pool is not None  # type: ignore[attr-defined]
         got = [loop_client.get(q, headers={"Authorization": f"Bearer {t}"}) for t, q in queries]
-        assert _pool_connections(pg_url) >= 1
+        assert _pool_backends(pg_url) >= 1
     assert [(r.status_code, r.content) for r in got] == [(r.status_code, r.content) for r in want]
-    assert _pool_connections(pg_url) == 0  # shutdown closed them
+    assert _pool_backends(pg_url) == 0  # shutdown closed them
 
 
 def test_read_pool_is_bounded_and_survives_terminated_connections(make_client, pg_url, tiny_spec) -> None:
@@ -97,15 +85,15 @@ def test_read_pool_is_bounded_and_survives_terminated_connections(make_client, p
         with ThreadPoolExecutor(16) as ex:
             codes = list(ex.map(lambda p: client.get(p).status_code, paths))
         assert codes == [200] * len(paths)
-        assert 1 <= _pool_connections(pg_url) <= pool._size
+        assert 1 <= _pool_backends(pg_url) <= pool._size
 
         # The server dropped every pooled connection (as in a database restart): the next polls are
         # answered, on new connections, rather than failing on the dead ones.
-        assert _terminate_pool_connections(pg_url) >= 1
+        assert _pool_backends(pg_url, terminate=True) >= 1
         again = [client.get(f"/jobs/{job}/metrics?after_step={k}&limit=3") for k in range(5)]
         assert [r.status_code for r in again] == [200] * 5
         assert [p["step"] for p in again[0].json()["data"]] == [1, 2, 3]
-        assert _pool_connections(pg_url) >= 1
+        assert _pool_backends(pg_url) >= 1
 
 
 def test_sqlite_store_has_no_read_pool(make_client, tiny_spec) -> None:
@@ -144,4 +132,4 @@ def test_cancelled_polls_give_their_connections_back(pg_url) -> None:  # type: i
         return list(answers)
 
     assert asyncio.run(scenario()) == [1] * 6
-    assert _pool_connections(pg_url) == 0
+    assert _pool_backends(pg_url) == 0
