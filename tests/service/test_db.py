@@ -20,7 +20,8 @@ def _pool_backends(url: str, *, terminate: bool = False) -> int:
     what = "pg_terminate_backend(pid)" if terminate else "pid"
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            f"SELECT {what} FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+            f"SELECT {what} FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
             (READ_POOL_APPLICATION_NAME,),
         ).fetchall()
     return len(rows)
