@@ -69,7 +69,7 @@ BENCHES = [
     Bench(
         "trainer",
         ["bench/trainer_bench.py"],
-        ["bench/trainer_bench.py", "--steps", "8"],
+        ["bench/trainer_bench.py", "--steps", "8", "--rounds", "1"],
         1800,
         json_adapter="trainer",
     ),

@@ -1,6 +1,6 @@
 """Trainer throughput on CPU: packing against none, and ftq's trainer against a plain TRL SFT script.
 
-    python bench/trainer_bench.py [--steps 12] [--out bench/out/trainer]
+    python bench/trainer_bench.py [--steps 24] [--rounds 3] [--out bench/out/trainer]
 
 Builds the `small` tiny model (4 layers, hidden 256) and its mixed-length text data, then runs, one
 process each and one after another, with the same settings:
@@ -8,8 +8,8 @@ process each and one after another, with the same settings:
   trainer    `python -m trainer --spec ...`, packing on
   no-pack    `python -m trainer --spec ...`, packing off (padded batches)
 Throughput is non-padding tokens per second over the steps after the first two (warm-up), median of
-the per-log-step rates; everything is printed as a ratio against the baseline of the same run, since
-absolute CPU numbers mean little on a shared machine. Results go to OUT/results.json.
+the per-log-step rates of all rounds; everything is printed as a ratio against the baseline of the same
+run, since absolute CPU numbers mean little on a shared machine. Results go to OUT/results.json.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,9 +108,7 @@ def baseline(tiny: Path, steps: int, out: Path) -> None:
 
 def rates_from_clock(path: Path) -> list[float]:
     marks = json.loads(path.read_text())
-    return [
-        (b["tokens"] - a["tokens"]) / (b["time"] - a["time"]) for a, b in itertools.pairwise(marks)
-    ]
+    return [(b["tokens"] - a["tokens"]) / (b["time"] - a["time"]) for a, b in itertools.pairwise(marks)]
 
 
 def rates_from_metrics(path: Path) -> list[float]:
@@ -125,9 +124,42 @@ def run(cmd: list[str]) -> float:
     return time.time() - started
 
 
+RUNS = ["baseline", "trainer", "no-pack"]
+
+
+def run_one(name: str, tiny: Path, steps: int, out: Path) -> tuple[float, list[float]]:
+    """One run of a contender: its wall seconds and its per-log-step tokens/s."""
+    if name == "baseline":
+        wall = run(
+            [
+                sys.executable,
+                __file__,
+                "--baseline",
+                "--steps",
+                str(steps),
+                "--out",
+                str(out),
+                "--tiny",
+                str(tiny),
+            ]
+        )
+        return wall, rates_from_clock(out / "baseline.json")
+    run_dir = out / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir()
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec(tiny, steps, packing=name == "trainer")))
+    wall = run(
+        [sys.executable, "-m", "trainer", "--spec", str(spec_path), "--output_dir", str(run_dir / "out")]
+    )
+    return wall, rates_from_metrics(run_dir / "out" / "metrics.jsonl")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=3, help="each contender this many times, in turn")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "trainer")
     parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tiny", type=Path, help=argparse.SUPPRESS)
@@ -142,40 +174,32 @@ def main() -> None:
     if not (tiny / "model" / "model.safetensors").exists():
         run([sys.executable, "-m", "trainer.tiny", "--out", str(tiny), "--size", "small"])
 
-    walls: dict[str, float] = {}
-    walls["baseline"] = run(
-        [
-            sys.executable,
-            __file__,
-            "--baseline",
-            "--steps",
-            str(ns.steps),
-            "--out",
-            str(out),
-            "--tiny",
-            str(tiny),
-        ]
-    )
-    rates = {"baseline": rates_from_clock(out / "baseline.json")}
-    for name, packing in (("trainer", True), ("no-pack", False)):
-        run_dir = out / name
-        if run_dir.exists():
-            import shutil
-
-            shutil.rmtree(run_dir)
-        run_dir.mkdir()
-        spec_path = run_dir / "spec.json"
-        spec_path.write_text(json.dumps(spec(tiny, ns.steps, packing)))
-        walls[name] = run(
-            [sys.executable, "-m", "trainer", "--spec", str(spec_path), "--output_dir", str(run_dir / "out")]
-        )
-        rates[name] = rates_from_metrics(run_dir / "out" / "metrics.jsonl")
+    walls: dict[str, list[float]] = {name: [] for name in RUNS}
+    rates: dict[str, list[float]] = {name: [] for name in RUNS}
+    for r in range(ns.rounds):
+        # Each round in another order, so that a slow spell on a shared machine, or whatever the first
+        # run of a round pays, does not always land on the same contender.
+        order = RUNS[r % len(RUNS) :] + RUNS[: r % len(RUNS)]
+        for name in order:
+            wall, step_rates = run_one(name, tiny, ns.steps, out)
+            walls[name].append(wall)
+            # The first two steps include warm-up (allocations, first packing); leave them out.
+            rates[name] += step_rates[2:] if len(step_rates) > 4 else step_rates
+            print(
+                f"round {r + 1} {name}: {statistics.median(step_rates):.0f} tok/s, {wall:.1f} s", flush=True
+            )
 
     # The first two steps include warm-up (allocations, first packing); leave them out.
-    median = {name: statistics.median(r[2:] if len(r) > 4 else r) for name, r in rates.items()}
+    median = {name: statistics.median(r) for name, r in rates.items()}
     base = median["baseline"]
     results = {
-        "settings": {"steps": ns.steps, "seq_len": SEQ_LEN, "batch": BATCH, "model": "tiny small (4x256)"},
+        "settings": {
+            "steps": ns.steps,
+            "rounds": ns.rounds,
+            "seq_len": SEQ_LEN,
+            "batch": BATCH,
+            "model": "tiny small (4x256)",
+        },
         "tokens_per_second": median,
         "ratio_vs_baseline": {name: value / base for name, value in median.items()},
         "packing_speedup": median["trainer"] / median["no-pack"],
@@ -184,7 +208,8 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"{'run':<10} {'tokens/s':>10} {'x baseline':>11} {'wall s':>8}")
     for name in ("baseline", "trainer", "no-pack"):
-        print(f"{name:<10} {median[name]:>10.0f} {median[name] / base:>11.2f} {walls[name]:>8.1f}")
+        wall = statistics.median(walls[name])
+        print(f"{name:<10} {median[name]:>10.0f} {median[name] / base:>11.2f} {wall:>8.1f}")
     print(f"packing speedup (trainer packed / trainer unpacked): {results['packing_speedup']:.2f}x")
 
 
