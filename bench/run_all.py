@@ -249,7 +249,10 @@ def table(rows: list[Row]) -> list[str]:
     ]
     for r in rows:
         base = r.extra.get("baseline", "")
-        ratio = f"{r.ratio:.2f}x" + (f" of {base}" if base else "") if r.ratio is not None else ""
+        ratio = ""
+        if r.ratio is not None:
+            shown = f"{r.ratio:.2f}" if r.ratio >= 0.1 else f"{r.ratio:.2g}"  # 0.0046x, not 0.00x
+            ratio = f"{shown}x" + (f" of {base}" if base else "")
         detail = ", ".join(f"{k}={v}" for k, v in r.extra.items() if k not in ("baseline", "target"))
         out.append(
             f"| {r.bench} | {r.name} | {r.value:.4g} {r.unit} | {ratio} | {r.extra.get('target', '')} | "
