@@ -41,6 +41,9 @@ with open(os.path.join(out, f"probe-{rank}.json"), "w") as f:
                "backend": dist.get_backend(), "distributed_type": str(acc.distributed_type),
                "local_rank": acc.local_process_index, "all_reduce": total.item(), "where": where}, f)
 acc.wait_for_everyone()
+# As the trainer does: left to interpreter shutdown, a rank's gloo threads can be torn down mid-flight
+# ("terminate called without an active exception", SIGABRT) and the launch fails after its work is done.
+dist.destroy_process_group()
 """
 
 # Takes the interpreter's place in the rendered script: swaps `-m trainer` for the probe, runs the rest as is.

@@ -866,6 +866,8 @@ elif os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
 with open(os.path.join(sys.argv[1], f"rank{acc.process_index}.json"), "w") as f:
     json.dump({"rank": acc.process_index, "world": acc.num_processes, "sum": t.item(),
                "type": str(acc.distributed_type), "plugin": plugin}, f)
+acc.wait_for_everyone()
+dist.destroy_process_group()  # as the trainer does: teardown at exit can SIGABRT a rank
 """
 
 
