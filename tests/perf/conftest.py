@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -47,3 +48,22 @@ def hammer(
     for c in clients:
         c.close()
     return THREADS * per_thread / elapsed, errors
+
+
+def rounds_against_healthz(
+    base: str, polls: Callable[[int], list[str]], headers: dict[str, str] | None = None
+) -> tuple[list[float], list[str]]:
+    """ROUNDS rounds of /healthz then the metrics poll (`polls(round)` gives that round's paths):
+    each round's metrics/healthz throughput ratio, and every error seen."""
+    hammer(base, ["/healthz"], 3, headers=headers)  # warm both paths (threads, statement caches)
+    hammer(base, polls(0), 3, headers=headers)
+    ratios: list[float] = []
+    errors: list[str] = []
+    for r in range(ROUNDS):
+        health, e = hammer(base, ["/healthz"], PER_THREAD, headers=headers)
+        errors += e
+        metrics, e = hammer(base, polls(r), PER_THREAD, headers=headers)
+        errors += e
+        ratios.append(metrics / health)
+        print(f"healthz {health:.0f} req/s, metrics poll {metrics:.0f} req/s, ratio {ratios[-1]:.2f}")
+    return ratios, errors

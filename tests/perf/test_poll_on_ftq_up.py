@@ -12,7 +12,7 @@ import statistics
 
 from ftq_e2e import FinishedJob, Server
 
-from .conftest import PER_THREAD, ROUNDS, THREADS, hammer
+from .conftest import THREADS, rounds_against_healthz
 
 
 def test_metrics_poll_keeps_half_of_healthz_after_training_on_ftq_up(
@@ -26,22 +26,16 @@ def test_metrics_poll_keeps_half_of_healthz_after_training_on_ftq_up(
     last = points[-1]["step"]
 
     auth = {"Authorization": f"Bearer {server.token}"} if server.token else {}
-    hammer(server.url, ["/healthz"], 3, headers=auth)  # warm both paths
-    ratios: list[float] = []
-    errors: list[str] = []
-    for r in range(ROUNDS):
+
+    def polls(r: int) -> list[str]:
         # A different window of after_step values each round: a dashboard that has caught up polls
         # near the end; one that just opened starts further back.
-        polls = [
+        return [
             f"/jobs/{finished_job.job_id}/metrics?after_step={max(-1, last - 1 - (r * THREADS + k) % last)}"
             for k in range(THREADS)
         ]
-        health, e = hammer(server.url, ["/healthz"], PER_THREAD, headers=auth)
-        errors += e
-        metrics, e = hammer(server.url, polls, PER_THREAD, headers=auth)
-        errors += e
-        ratios.append(metrics / health)
-        print(f"healthz {health:.0f} req/s, metrics poll {metrics:.0f} req/s, ratio {ratios[-1]:.2f}")
+
+    ratios, errors = rounds_against_healthz(server.url, polls, headers=auth)
     assert not errors, errors[:5]
     ratio = statistics.median(ratios)
     assert ratio >= 0.5, f"metrics poll at {ratio:.2f}x of /healthz (want >= 0.5x); rounds {ratios}"

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import PER_THREAD, ROUNDS, hammer
+from .conftest import rounds_against_healthz
 
 JOB = "job_00000000perf0001"
 POINTS = 2000
@@ -151,17 +151,7 @@ def test_metrics_poll_keeps_half_the_throughput_of_healthz(pg_server: str) -> No
     assert [p["step"] for p in first["data"]] == list(range(POINTS - 4, POINTS + 1))
     assert first["next_after_step"] == POINTS and first["complete"] is False
 
-    hammer(server, ["/healthz"], 5)  # warm both paths (threads, statement caches)
-    hammer(server, polls, 5)
-    ratios: list[float] = []
-    errors: list[str] = []
-    for _ in range(ROUNDS):
-        health, e = hammer(server, ["/healthz"], PER_THREAD)
-        errors += e
-        metrics, e = hammer(server, polls, PER_THREAD)
-        errors += e
-        ratios.append(metrics / health)
-        print(f"healthz {health:.0f} req/s, metrics poll {metrics:.0f} req/s, ratio {ratios[-1]:.2f}")
+    ratios, errors = rounds_against_healthz(server, lambda _round: polls)
     assert not errors, errors[:5]
     # The median round: a burst of other work on a shared machine lands on one round, not the verdict.
     ratio = statistics.median(ratios)
