@@ -67,16 +67,13 @@ class MetricsPoll:
         self._constants = compiled.params  # what the dialect binds itself (SQLite's `true()` is `1`)
         self._autocommit = engine.dialect.name == "postgresql"
 
+    def _named(self, owner: str, job_id: str, after_step: int, limit: int) -> dict[str, Any]:
+        return {**self._constants, "owner": owner, "job_id": job_id, "after_step": after_step, "limit": limit}
+
     def rows(self, owner: str, job_id: str, after_step: int, limit: int) -> tuple[str, list[Any]] | None:
         """The job's status and up to `limit` points after `after_step` (step first, then POINT_FIELDS),
         or None when this owner cannot read the job."""
-        named = {
-            **self._constants,
-            "owner": owner,
-            "job_id": job_id,
-            "after_step": after_step,
-            "limit": limit,
-        }
+        named = self._named(owner, job_id, after_step, limit)
         params: Any = tuple(named[k] for k in self._positions) if self._positions else named
         dbapi_error = self._engine.dialect.loaded_dbapi.Error
         fairy = self._engine.raw_connection()
@@ -110,14 +107,8 @@ class MetricsPoll:
     async def rows_on_loop(
         self, pool: AsyncReadPool, owner: str, job_id: str, after_step: int, limit: int
     ) -> tuple[str, list[Any]] | None:
-        """rows() on the event loop, through the loop's PostgreSQL read pool."""
-        named = {
-            **self._constants,
-            "owner": owner,
-            "job_id": job_id,
-            "after_step": after_step,
-            "limit": limit,
-        }
+        """rows() on the event loop, through the API's PostgreSQL read pool."""
+        named = self._named(owner, job_id, after_step, limit)
 
         async def query(conn: Any) -> list[Any]:
             cursor = await conn.execute(self._sql, named)
