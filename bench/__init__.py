@@ -53,7 +53,7 @@ def pg_database(prefix: str = "ftq_perfbench") -> Iterator[str]:
     """A fresh database migrated to head; dropped afterwards. Yields its postgresql:// URL."""
     import psycopg
 
-    from service.migrate import upgrade
+    from ftq.store.migrate import upgrade
 
     name = f"{prefix}_{secrets.token_hex(4)}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:

@@ -22,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ftq.estimate import estimate_memory
 from ftq.spec import JobSpec
-from worker.estimate import estimate_memory
 
 GiB = 1024**3
 
@@ -45,15 +45,22 @@ SETUPS = [
 
 
 def job_spec(lora: bool, checkpointing: bool, seq: int) -> JobSpec:
-    return JobSpec.model_validate({
-        "model": {"name_or_path": "bench/llama-1b", "attn_implementation": "sdpa"},
-        "dataset": {"name_or_path": "bench/none"},
-        "training": {"max_seq_len": seq, "max_steps": 10, "per_device_train_batch_size": 1,
-                     "gradient_checkpointing": checkpointing, "mixed_precision": "bf16"},
-        "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"} if lora else None,
-        "distributed": {"strategy": "none"},
-        "resources": {"launcher": "local", "device": "cuda", "processes_per_node": 1},
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {"name_or_path": "bench/llama-1b", "attn_implementation": "sdpa"},
+            "dataset": {"name_or_path": "bench/none"},
+            "training": {
+                "max_seq_len": seq,
+                "max_steps": 10,
+                "per_device_train_batch_size": 1,
+                "gradient_checkpointing": checkpointing,
+                "mixed_precision": "bf16",
+            },
+            "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"} if lora else None,
+            "distributed": {"strategy": "none"},
+            "resources": {"launcher": "local", "device": "cuda", "processes_per_node": 1},
+        }
+    )
 
 
 def measure(lora: bool, checkpointing: bool, seq: int, steps: int) -> dict[str, float]:
@@ -78,8 +85,12 @@ def measure(lora: bool, checkpointing: bool, seq: int, steps: int) -> dict[str, 
 
         if checkpointing:
             model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"
+            ),
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)
     model.train()
@@ -118,13 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         print("estimate_gpu: torch is not installed; nothing to measure", file=sys.stderr)
         return 2 if args.require_gpu else 0
     if not torch.cuda.is_available():
-        print("estimate_gpu: no CUDA GPU on this machine; run it where there is one (bench/gpu.sh)",
-              file=sys.stderr)
+        print(
+            "estimate_gpu: no CUDA GPU on this machine; run it where there is one (bench/gpu.sh)",
+            file=sys.stderr,
+        )
         return 2 if args.require_gpu else 0
 
     device = torch.cuda.get_device_properties(0)
-    print(f"GPU: {device.name}, {device.total_memory / GiB:.1f} GiB; torch {torch.__version__}; "
-          f"Llama 1.24B (random weights), seq {args.seq}, batch 1, bf16, {args.steps} steps\n")
+    print(
+        f"GPU: {device.name}, {device.total_memory / GiB:.1f} GiB; torch {torch.__version__}; "
+        f"Llama 1.24B (random weights), seq {args.seq}, batch 1, bf16, {args.steps} steps\n"
+    )
     rows = []
     header = f"{'setup':<26} {'estimate':>10} {'est-ctx':>10} {'allocated':>10} {'reserved':>10} {'error':>8}"
     print(header)
@@ -138,15 +153,26 @@ def main(argv: list[str] | None = None) -> int:
         got = measure(lora, ckpt, args.seq, args.steps)
         err = (est_alloc - got["allocated"]) / got["allocated"]
         worst = max(worst, abs(err))
-        rows.append({
-            "setup": label, "estimate_bytes": est["per_device_bytes"], "estimate_alloc_bytes": est_alloc,
-            "allocated_bytes": got["allocated"], "reserved_bytes": got["reserved"], "error": err,
-            "breakdown": est["breakdown"], "seconds": got["seconds"],
-        })
-        print(f"{label:<26} {est['per_device_bytes'] / GiB:>9.2f}G {est_alloc / GiB:>9.2f}G "
-              f"{got['allocated'] / GiB:>9.2f}G {got['reserved'] / GiB:>9.2f}G {err:>+7.1%}")
-    print(f"\nlargest error {worst:.1%} (target {args.target:.0%}); error = (estimate without the CUDA "
-          "context - max_memory_allocated) / max_memory_allocated")
+        rows.append(
+            {
+                "setup": label,
+                "estimate_bytes": est["per_device_bytes"],
+                "estimate_alloc_bytes": est_alloc,
+                "allocated_bytes": got["allocated"],
+                "reserved_bytes": got["reserved"],
+                "error": err,
+                "breakdown": est["breakdown"],
+                "seconds": got["seconds"],
+            }
+        )
+        print(
+            f"{label:<26} {est['per_device_bytes'] / GiB:>9.2f}G {est_alloc / GiB:>9.2f}G "
+            f"{got['allocated'] / GiB:>9.2f}G {got['reserved'] / GiB:>9.2f}G {err:>+7.1%}"
+        )
+    print(
+        f"\nlargest error {worst:.1%} (target {args.target:.0%}); error = (estimate without the CUDA "
+        "context - max_memory_allocated) / max_memory_allocated"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0 if worst <= args.target else 1

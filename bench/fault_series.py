@@ -121,8 +121,9 @@ def answers_while_pg_down(
 
 def redis_cli(*args: str) -> str:
     try:
-        out = subprocess.run(["redis-cli", "-p", str(REDIS_PORT), *args], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["redis-cli", "-p", str(REDIS_PORT), *args], capture_output=True, text=True, timeout=10
+        )
     except subprocess.TimeoutExpired:
         return ""
     return out.stdout.strip()
@@ -137,11 +138,28 @@ def ensure_redis() -> None:
     while not redis_up():
         if time.time() > deadline:
             raise RuntimeError("Redis did not come back")
-        subprocess.run([
-            "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", str(REDIS_PORT),
-            "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
-            "--logfile", "/var/log/redis/ci.log",
-        ], check=False, timeout=20)
+        subprocess.run(
+            [
+                "redis-server",
+                "--daemonize",
+                "yes",
+                "--bind",
+                "127.0.0.1",
+                "-::1",
+                "--port",
+                str(REDIS_PORT),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                "/var/lib/redis",
+                "--logfile",
+                "/var/log/redis/ci.log",
+            ],
+            check=False,
+            timeout=20,
+        )
         for _ in range(50):
             if redis_up():
                 return
@@ -163,8 +181,15 @@ def tiny_spec(tiny: Path, max_steps: int) -> dict[str, Any]:
         "name": f"fault-{max_steps}",
         "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
         "dataset": {"name_or_path": str(tiny / "data" / "train.jsonl"), "text_field": "text"},
-        "training": {"max_steps": max_steps, "max_seq_len": 64, "logging_steps": 1, "learning_rate": 1e-3,
-                     "mixed_precision": "no", "save_steps": None, "per_device_train_batch_size": 2},
+        "training": {
+            "max_steps": max_steps,
+            "max_seq_len": 64,
+            "logging_steps": 1,
+            "learning_rate": 1e-3,
+            "mixed_precision": "no",
+            "save_steps": None,
+            "per_device_train_batch_size": 2,
+        },
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
         "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1},
     }
@@ -216,15 +241,24 @@ class Deployment:
         self.data = data or Path(tempfile.mkdtemp(prefix=f"ftq-faults-{store}-"))
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith("FTQ_") or k.startswith("FTQ_TEST_")}
-        self.env.update({
-            "FTQ_ENV": "test", "FTQ_DATA_DIR": str(self.data), "FTQ_LOCAL_ROOTS": f"{tiny}:{self.data}",
-            "FTQ_PORT": str(self.port), "FTQ_CPU_SLOTS": "4", "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
-            "FTQ_INGEST_INTERVAL_SECONDS": "1", "FTQ_API_TOKENS": f"{TOKEN}:faults",
-            # Many POSTs over the series, from one owner.
-            "FTQ_POST_RATE_PER_MINUTE": "1000", "PYTHONUNBUFFERED": "1",
-        })
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith("FTQ_") or k.startswith("FTQ_TEST_")
+        }
+        self.env.update(
+            {
+                "FTQ_ENV": "test",
+                "FTQ_DATA_DIR": str(self.data),
+                "FTQ_LOCAL_ROOTS": f"{tiny}:{self.data}",
+                "FTQ_PORT": str(self.port),
+                "FTQ_CPU_SLOTS": "4",
+                "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
+                "FTQ_INGEST_INTERVAL_SECONDS": "1",
+                "FTQ_API_TOKENS": f"{TOKEN}:faults",
+                # Many POSTs over the series, from one owner.
+                "FTQ_POST_RATE_PER_MINUTE": "1000",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.db: str | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.codes: Counter[str] = Counter()
@@ -254,8 +288,9 @@ class Deployment:
 
     def spawn(self, name: str, *argv: str) -> None:
         log = open(self.data / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        self.procs[name] = subprocess.Popen([FTQ, *argv], cwd=REPO, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            [FTQ, *argv], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def kill9(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -612,16 +647,20 @@ def audit(dep: Deployment, sub: Submitter, final: dict[str, dict[str, Any]]) -> 
         starts = "\n".join(_lines(run_dir / "train.log")).count(TRAINER_START)
         metric_steps = [json.loads(line)["step"] for line in _lines(run_dir / "metrics.jsonl")]
         if len(launches) > 1 or starts > 1 or len(metric_steps) != len(set(metric_steps)):
-            twice.append(f"{job_id}: launches.log {len(launches)}, trainer starts {starts}, "
-                         f"metrics.jsonl steps {metric_steps}")
+            twice.append(
+                f"{job_id}: launches.log {len(launches)}, trainer starts {starts}, "
+                f"metrics.jsonl steps {metric_steps}"
+            )
         elif job["status"] == "succeeded" and (len(launches) != 1 or starts != 1):
             twice.append(f"{job_id}: succeeded with {len(launches)} launch lines and {starts} trainer starts")
         page = dep.get(f"/jobs/{job_id}/metrics", params={"limit": 10_000}).json()
         steps = [p["step"] for p in page["data"]]
         want = list(range(1, meta["max_steps"] + 1))
         if steps != want or not page["complete"] or job["progress"]["step"] != meta["max_steps"]:
-            incomplete.append(f"{job_id}: steps {steps} (want 1..{meta['max_steps']}), complete "
-                              f"{page['complete']}, progress {job['progress']}")
+            incomplete.append(
+                f"{job_id}: steps {steps} (want 1..{meta['max_steps']}), complete "
+                f"{page['complete']}, progress {job['progress']}"
+            )
     stored = all_job_ids(dep)
     phantom = sorted(set(stored) - set(sub.jobs))
     leftovers = marked_pids(set(sub.jobs))
@@ -652,8 +691,16 @@ def _lines(path: Path) -> list[str]:
 # Main -------------------------------------------------------------------------------------------------------
 
 
-def run_series(store: str, faults: int, inflight: int, outage_s: float, gap_s: float, drain_s: float,
-               seed: int, budget_s: float) -> dict[str, Any]:
+def run_series(
+    store: str,
+    faults: int,
+    inflight: int,
+    outage_s: float,
+    gap_s: float,
+    drain_s: float,
+    seed: int,
+    budget_s: float,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     tiny = tiny_assets()
     dep = Deployment(store, tiny)
@@ -684,28 +731,33 @@ def run_series(store: str, faults: int, inflight: int, outage_s: float, gap_s: f
         final = wait_all_terminal(dep, list(sub.jobs), drain_s)
         result = audit(dep, sub, final)
         by_kind = Counter(r["kind"] for r in inj.log)
-        result.update({
-            "store": store,
-            "faults_requested": faults,
-            "faults_injected": len(inj.log),
-            "faults_by_kind": dict(by_kind),
-            "faults_without_a_running_job": sum(
-                1 for r in inj.log if r["kind"].endswith(("_run", "restart")) and r.get("job") is None
-                and r["kind"] != "api_restart"
-            ),
-            "pg_outage_503s": inj.pg_503,
-            "pg_outage_other_answers": dict(inj.pg_other),
-            "pg_answers_after_an_early_restart_by_others": dict(inj.pg_back_early),
-            "pg_api_recovery_s_max": round(max(inj.pg_recovery_s), 1) if inj.pg_recovery_s else None,
-            "http_status_counts": dict(dep.codes),
-            "http_500s": len(dep.errors_500),
-            "http_500_samples": dep.errors_500[:10],
-            "series_s": round(faults_done - started, 1),
-            "drain_s": round(time.time() - faults_done, 1),
-            "data_dir": str(dep.data),
-            "load_avg": os.getloadavg()[0],
-            "fault_log": inj.log,
-        })
+        result.update(
+            {
+                "store": store,
+                "faults_requested": faults,
+                "faults_injected": len(inj.log),
+                "faults_by_kind": dict(by_kind),
+                "faults_without_a_running_job": sum(
+                    1
+                    for r in inj.log
+                    if r["kind"].endswith(("_run", "restart"))
+                    and r.get("job") is None
+                    and r["kind"] != "api_restart"
+                ),
+                "pg_outage_503s": inj.pg_503,
+                "pg_outage_other_answers": dict(inj.pg_other),
+                "pg_answers_after_an_early_restart_by_others": dict(inj.pg_back_early),
+                "pg_api_recovery_s_max": round(max(inj.pg_recovery_s), 1) if inj.pg_recovery_s else None,
+                "http_status_counts": dict(dep.codes),
+                "http_500s": len(dep.errors_500),
+                "http_500_samples": dep.errors_500[:10],
+                "series_s": round(faults_done - started, 1),
+                "drain_s": round(time.time() - faults_done, 1),
+                "data_dir": str(dep.data),
+                "load_avg": os.getloadavg()[0],
+                "fault_log": inj.log,
+            }
+        )
         return result
     finally:
         dep.close()
@@ -715,8 +767,15 @@ def run_series(store: str, faults: int, inflight: int, outage_s: float, gap_s: f
 
 def failed_checks(r: dict[str, Any]) -> list[str]:
     bad = []
-    for key in ("lost", "not_terminal", "not_succeeded", "launched_twice", "metrics_incomplete",
-                "jobs_in_store_not_submitted", "submissions_refused"):
+    for key in (
+        "lost",
+        "not_terminal",
+        "not_succeeded",
+        "launched_twice",
+        "metrics_incomplete",
+        "jobs_in_store_not_submitted",
+        "submissions_refused",
+    ):
         if r[key]:
             bad.append(f"{key}: {len(r[key])}")
     if r["submissions_never_accepted"]:
@@ -753,8 +812,12 @@ def main() -> int:
     ap.add_argument("--gap", type=float, default=2.0, help="seconds from one fault's recovery to the next")
     ap.add_argument("--drain", type=float, default=900.0, help="seconds allowed for every job to end")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--budget", type=float, default=float("inf"),
-                    help="seconds after which no new fault is started (the audit still runs in full)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=float("inf"),
+        help="seconds after which no new fault is started (the audit still runs in full)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "fault_series.json")
     args = ap.parse_args()
     signal.signal(signal.SIGUSR1, lambda *_: STOP_FAULTS.set())
@@ -762,13 +825,26 @@ def main() -> int:
     # PostgreSQL and Redis are left as found.
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGINT, _raise_exit)
-    result = run_series(args.store, args.faults, args.inflight, args.outage, args.gap, args.drain, args.seed,
-                        args.budget)
+    result = run_series(
+        args.store, args.faults, args.inflight, args.outage, args.gap, args.drain, args.seed, args.budget
+    )
     save(args.out, args.store, result)
     bad = failed_checks(result)
-    summary = {k: result[k] for k in (
-        "faults_requested", "faults_injected", "faults_by_kind", "jobs_submitted", "post_retries",
-        "succeeded", "pg_outage_503s", "http_500s", "series_s", "drain_s")}
+    summary = {
+        k: result[k]
+        for k in (
+            "faults_requested",
+            "faults_injected",
+            "faults_by_kind",
+            "jobs_submitted",
+            "post_retries",
+            "succeeded",
+            "pg_outage_503s",
+            "http_500s",
+            "series_s",
+            "drain_s",
+        )
+    }
     for key in ("lost", "launched_twice", "metrics_incomplete", "not_terminal"):
         summary[key] = len(result[key])
     print(f"[{args.store}] " + json.dumps(summary), flush=True)

@@ -89,8 +89,11 @@ def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except Exception as exc:
             if os.environ.get("FTQ_DEBUG"):
                 raise
-            err.print(f"ftq: unexpected error: {escape(type(exc).__name__)}: {escape(str(exc))} "
-                      "(FTQ_DEBUG=1 shows the traceback)", soft_wrap=True)
+            err.print(
+                f"ftq: unexpected error: {escape(type(exc).__name__)}: {escape(str(exc))} "
+                "(FTQ_DEBUG=1 shows the traceback)",
+                soft_wrap=True,
+            )
             raise typer.Exit(EXIT_REFUSED) from None
 
     return wrapper
@@ -136,8 +139,10 @@ class Api:
         try:
             return resp.json()
         except ValueError:
-            _fail(f"the server at {self.url} answered {resp.status_code} with a body that is not JSON; "
-                  "is FTQ_URL an ftq server?")
+            _fail(
+                f"the server at {self.url} answered {resp.status_code} with a body that is not JSON; "
+                "is FTQ_URL an ftq server?"
+            )
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
@@ -208,8 +213,10 @@ def read_spec_file(path: Path) -> tuple[str, str]:
             _fail(f"{path}: not valid YAML: {problem}{where}", EXIT_INPUT)
         ctype = "application/yaml"
     if not isinstance(body, dict):
-        _fail(f"{path}: a job spec is a mapping (name:, model:, dataset:, ...), not a {type(body).__name__}",
-              EXIT_INPUT)
+        _fail(
+            f"{path}: a job spec is a mapping (name:, model:, dataset:, ...), not a {type(body).__name__}",
+            EXIT_INPUT,
+        )
     return text, ctype
 
 

@@ -1,7 +1,14 @@
-"""What lives in a run directory `<FTQ_DATA_DIR>/runs/<job id>/`: the names both sides agree on."""
+"""The run directory `<FTQ_DATA_DIR>/runs/<job id>/`: the names every process agrees on, and the rules
+for reading what a run left there (its exit status, its checkpoints and whether each can be resumed).
+
+The trainer writes this layout, the launchers and the controller read the launch records, the API
+lists the checkpoints; none of them spells a name or a rule of its own.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 SPEC = "spec.json"
@@ -11,12 +18,129 @@ SBATCH_SCRIPT = "job.sbatch"
 TRAIN_LOG = "train.log"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "checkpoint-"  # checkpoints/checkpoint-<step>/, as transformers' Trainer names them
 FINAL = "final"
 # Written by launch.sh / job.sbatch when the launch ends: the exit status as text, e.g. "0" or "137".
 # How the service learns the end of a run it did not start itself (a restarted worker, or SLURM
 # without accounting, where finished jobs leave squeue).
 EXIT_STATUS = "exit_status"
+# The launcher's record of the run it started (pid and start time, or the SLURM job id), written
+# atomically right after the start, and of the cancel it sent (when, to escalate later).
+LAUNCH_RECORD = "launch.json"
+CANCEL_RECORD = "cancel.json"
+# Held (flock) by the worker for a whole launch of this run.
+RUN_LOCK = ".launch.lock"
+# What one attempt's launch leaves that the next attempt must not read as its own.
+ATTEMPT_RECORDS = (EXIT_STATUS, LAUNCH_RECORD, CANCEL_RECORD)
+
+# The files `from_pretrained` loads weights from: what a model folder must hold.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def run_dir(runs_root: Path, job_id: str) -> Path:
     return runs_root / job_id
+
+
+def has_weights(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in WEIGHT_FILES) or any(folder.glob("*.safetensors"))
+
+
+def read_exit_status(run_dir: Path) -> int | None:
+    """The launch's exit status, or None while it runs (or when the file is unreadable)."""
+    try:
+        return int((run_dir / EXIT_STATUS).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def set_attempt_aside(run_dir: Path, attempt: int) -> None:
+    """Keep an ended attempt's launch records as `<name>.attempt<N>`, so the next launch starts anew
+    instead of adopting them."""
+    for name in (LAUNCH_RECORD, EXIT_STATUS):
+        path = run_dir / name
+        if path.exists():
+            path.replace(run_dir / f"{name}.attempt{attempt}")
+
+
+# Checkpoints ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    step: int
+    path: Path
+    resumable: bool
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    """The step of `checkpoints/checkpoint-<step>`, or None for anything else."""
+    name = folder.name
+    if not name.startswith(CHECKPOINT_PREFIX):
+        return None
+    try:
+        return int(name[len(CHECKPOINT_PREFIX) :])
+    except ValueError:
+        return None
+
+
+def list_checkpoints(run_dir: Path) -> list[CheckpointDir]:
+    """The run's checkpoints, oldest first, each with whether the trainer can resume from it."""
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        step = checkpoint_step(child)
+        if step is not None and child.is_dir():
+            out.append(CheckpointDir(step=step, path=child, resumable=is_resumable(child)))
+    return sorted(out, key=lambda c: c.step)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    root = run_dir / CHECKPOINTS
+    return root.is_dir() and any(checkpoint_step(c) is not None for c in root.iterdir())
+
+
+def is_resumable(path: Path) -> bool:
+    """Whether the trainer can continue from this checkpoint: model, optimizer, scheduler, RNG and
+    trainer state are all there, and each was written to the end (checked against what the trainer
+    writes for one process, LoRA, FSDP2 sharded and DeepSpeed ZeRO-3)."""
+    try:
+        entries = {p.name: p for p in path.iterdir()}
+        # Written last by the trainer; a checkpoint cut short (a full disk, a kill) has none or half of one.
+        json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+    def whole(name: str) -> bool:
+        p = entries.get(name)
+        if p is None:
+            return False
+        if p.is_dir():
+            if name.startswith("global_step"):
+                # DeepSpeed: every rank's model and optimizer partitions.
+                files = [f.name for f in p.iterdir() if f.stat().st_size > 0]
+                return any(f.endswith("model_states.pt") for f in files) and any(
+                    f.endswith("optim_states.pt") for f in files
+                )
+            # torch.distributed.checkpoint (FSDP sharded) writes .metadata after every rank's shards.
+            return (p / ".metadata").is_file()
+        return p.stat().st_size > 0
+
+    names = [n for n in entries if whole(n)]
+    has_scheduler = "scheduler.pt" in names
+    has_rng = any(n.startswith("rng_state") for n in names)
+    # The optimizer is a file (one process, DDP, FSDP full), a folder (FSDP sharded) or ZeRO's global_stepN.
+    has_optimizer = any(n.startswith(("optimizer", "global_step")) for n in names)
+    has_model = any(
+        n.startswith(("adapter_model", "model", "pytorch_model", "pytorch_model_fsdp", "global_step"))
+        for n in names
+    )
+    if "latest" in entries and not any(n.startswith("global_step") for n in names):
+        return False  # DeepSpeed's pointer to partitions that are missing or incomplete
+    return has_scheduler and has_rng and has_optimizer and has_model

@@ -45,7 +45,7 @@ def _check_listen(host: str) -> None:
 
 
 def _migrate() -> None:
-    from service.migrate import upgrade
+    from ftq.store.migrate import upgrade
 
     settings = get_settings()
     settings.data_path.mkdir(parents=True, exist_ok=True)
@@ -94,9 +94,21 @@ def _die_with_parent() -> None:
 
 def worker_argv(*, beat: bool, concurrency: int) -> list[str]:
     argv = [
-        sys.executable, "-m", "celery", "-A", "worker.celery_app:celery_app", "worker",
-        "--pool", "threads", "--concurrency", str(concurrency), "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.celery_app:celery_app",
+        "worker",
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
     ]
     if beat:
         # The periodic schedule lives in memory: its intervals are seconds, so there is nothing worth

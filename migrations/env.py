@@ -1,11 +1,11 @@
-"""Alembic environment: the URL comes from the caller (service.migrate) or FTQ settings."""
+"""Alembic environment: the URL comes from the caller (ftq.store.migrate) or FTQ settings."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from service.models import Base
+from ftq.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ftq import __version__
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
-from service.db import get_engine, open_async_read_pool
+from ftq.store.db import get_engine, open_async_read_pool
 from service.errors import FtqError, PayloadTooLarge
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router

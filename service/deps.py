@@ -9,9 +9,9 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from ftq.settings import Settings, get_settings
-from service.db import new_session
+from ftq.store.db import new_session
+from ftq.store.repository import JobRepository
 from service.errors import Unauthorized
-from service.jobs.repository import JobRepository
 
 ANONYMOUS_OWNER = "local"
 

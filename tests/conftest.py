@@ -18,7 +18,7 @@ REDIS_URL = os.environ.get("FTQ_TEST_REDIS", "redis://127.0.0.1:6379")
 
 def _reset_caches() -> None:
     from ftq.settings import get_settings
-    from service.db import reset_engine_cache
+    from ftq.store.db import reset_engine_cache
 
     get_settings.cache_clear()
     reset_engine_cache()
@@ -81,8 +81,8 @@ def make_client(ftq_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):  # ty
             monkeypatch.setenv(f"FTQ_{k.upper()}", v)
         _reset_caches()
         from ftq.settings import get_settings
+        from ftq.store.migrate import upgrade
         from service.app import create_app
-        from service.migrate import upgrade
 
         upgrade(get_settings().sqlalchemy_url)
         client = TestClient(create_app())

@@ -9,18 +9,17 @@ can tell the user what to change instead of showing a stack trace. The codes are
 from __future__ import annotations
 
 import sys
-from typing import Literal
 
-ErrorCode = Literal["dataset_error", "model_error", "invalid_spec"]
+from ftq.errors import EXIT_USER_ERROR, ErrorCode
+from ftq.errors import USER_ERROR_PREFIX as PREFIX
 
-EXIT_USER_ERROR = 2
-PREFIX = "ftq-error:"
+__all__ = ["EXIT_USER_ERROR", "PREFIX", "DatasetError", "FtqError", "ModelError", "SpecError"]
 
 
 class FtqError(Exception):
     """A failure the user can fix by changing the spec or its inputs."""
 
-    code: ErrorCode = "invalid_spec"
+    code: ErrorCode = ErrorCode.invalid_spec
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -29,19 +28,19 @@ class FtqError(Exception):
     def line(self) -> str:
         # One physical line, whatever the message holds: the classifier reads line by line.
         flat = " ".join(self.message.split())
-        return f"{PREFIX} {self.code}: {flat}"
+        return f"{PREFIX} {self.code.value}: {flat}"
 
 
 class DatasetError(FtqError):
-    code: ErrorCode = "dataset_error"
+    code: ErrorCode = ErrorCode.dataset_error
 
 
 class ModelError(FtqError):
-    code: ErrorCode = "model_error"
+    code: ErrorCode = ErrorCode.model_error
 
 
 class SpecError(FtqError):
-    code: ErrorCode = "invalid_spec"
+    code: ErrorCode = ErrorCode.invalid_spec
 
 
 def report_and_exit(err: FtqError) -> None:

@@ -16,19 +16,13 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ftq import runs
 from ftq.spec import JobSpec, LoraSpec, ModelSpec, looks_local
 
 from .errors import ModelError
 
 if TYPE_CHECKING:
     import torch
-
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 def check_model_path(spec: ModelSpec) -> None:
@@ -40,7 +34,7 @@ def check_model_path(spec: ModelSpec) -> None:
         raise ModelError(f"model path {spec.name_or_path} is not a folder (or does not exist)")
     if not (path / "config.json").is_file():
         raise ModelError(f"model folder {spec.name_or_path} has no config.json")
-    if not any((path / name).is_file() for name in WEIGHT_FILES) and not any(path.glob("*.safetensors")):
+    if not runs.has_weights(path):
         raise ModelError(
             f"model folder {spec.name_or_path} has no weights (expected model.safetensors, "
             "a sharded *.safetensors index or pytorch_model.bin)"

@@ -11,13 +11,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-KNOWN_CODES = frozenset({
-    "invalid_spec", "launch_error", "dataset_error", "model_error", "out_of_memory", "nccl_timeout",
-    "rendezvous_error", "disk_full", "time_limit", "preempted", "node_failure", "cancelled", "unknown",
-})
+from ftq.errors import USER_ERROR_PREFIX, ErrorCode
+
+KNOWN_CODES = frozenset(c.value for c in ErrorCode)
 
 TAIL_BYTES = 64 * 1024
-_FTQ_ERROR = re.compile(r"ftq-error: ([a-z_]+): (.+)")
+_FTQ_ERROR = re.compile(re.escape(USER_ERROR_PREFIX) + r" ([a-z_]+): (.+)")
 
 
 @dataclass(frozen=True)
@@ -27,18 +26,32 @@ class Failure:
 
 
 _REASONS: dict[str, Failure] = {
-    "TIMEOUT": Failure("time_limit", "the SLURM job reached its time limit and was stopped; raise "
-                       "resources.slurm.time_limit, or resume from the last checkpoint with resume_from"),
-    "DEADLINE": Failure("time_limit", "the SLURM job reached its deadline and was stopped; resume it from "
-                        "the last checkpoint with resume_from"),
-    "PREEMPTED": Failure("preempted", "SLURM preempted the job for a higher-priority one; submit it again "
-                         "with resume_from to continue from the last checkpoint"),
-    "NODE_FAIL": Failure("node_failure", "a node of the job failed; submit it again with resume_from to "
-                         "continue from the last checkpoint"),
+    "TIMEOUT": Failure(
+        "time_limit",
+        "the SLURM job reached its time limit and was stopped; raise "
+        "resources.slurm.time_limit, or resume from the last checkpoint with resume_from",
+    ),
+    "DEADLINE": Failure(
+        "time_limit",
+        "the SLURM job reached its deadline and was stopped; resume it from "
+        "the last checkpoint with resume_from",
+    ),
+    "PREEMPTED": Failure(
+        "preempted",
+        "SLURM preempted the job for a higher-priority one; submit it again "
+        "with resume_from to continue from the last checkpoint",
+    ),
+    "NODE_FAIL": Failure(
+        "node_failure",
+        "a node of the job failed; submit it again with resume_from to continue from the last checkpoint",
+    ),
     "BOOT_FAIL": Failure("node_failure", "a node of the job failed to boot; submit it again"),
-    "OUT_OF_MEMORY": Failure("out_of_memory", "SLURM stopped the job for using more host memory than "
-                             "allowed; lower per_device_train_batch_size or max_seq_len, or ask for more "
-                             "memory"),
+    "OUT_OF_MEMORY": Failure(
+        "out_of_memory",
+        "SLURM stopped the job for using more host memory than "
+        "allowed; lower per_device_train_batch_size or max_seq_len, or ask for more "
+        "memory",
+    ),
 }
 
 _GPU_OOM = Failure(
@@ -58,39 +71,68 @@ _TIME_LIMIT = _REASONS["TIMEOUT"]
 _PREEMPTED = _REASONS["PREEMPTED"]
 _NODE_FAIL = _REASONS["NODE_FAIL"]
 _DISK_FULL = Failure(
-    "disk_full", "the disk holding the run directory is full; free space, raise training.save_steps or "
-                 "set training.save_total_limit")
+    "disk_full",
+    "the disk holding the run directory is full; free space, raise training.save_steps or "
+    "set training.save_total_limit",
+)
 # In order: what the scheduler says first (its kill causes the errors printed after it), then the root
 # causes before their consequences (one rank's CUDA OOM makes the others time out in NCCL).
 _PATTERNS: list[tuple[re.Pattern[str], Failure]] = [
-    (re.compile(r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT"
-                r"|CANCELLED (?:AT \S+ )?DUE TO TIME LIMIT"), _TIME_LIMIT),
+    (
+        re.compile(
+            r"\*\*\* (?:JOB|STEP) [\d.]+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT"
+            r"|CANCELLED (?:AT \S+ )?DUE TO TIME LIMIT"
+        ),
+        _TIME_LIMIT,
+    ),
     (re.compile(r"CANCELLED (?:AT \S+ )?DUE TO PREEMPTION"), _PREEMPTED),
     (re.compile(r"CANCELLED (?:AT \S+ )?DUE TO NODE FAILURE|DUE TO NODE FAILURE"), _NODE_FAIL),
     (re.compile(r"No space left on device|ENOSPC|StorageFull|Errno 28\b"), _DISK_FULL),
-    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError"
-                r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA error: out of memory|NCCL.*[Oo]ut of memory"), _GPU_OOM),
-    (re.compile(r"Watchdog caught collective operation timeout|collective operation timeout"
-                r"|ran for \d+ milliseconds before timing out|NCCL communicator was aborted"
-                r"|ProcessGroupNCCL.*(?:timed out|[Tt]imeout)"), Failure(
-        "nccl_timeout", "a collective operation (NCCL) timed out: one rank stalled or the network between "
-                        "GPUs/nodes failed; check that all nodes reach each other (NCCL_SOCKET_IFNAME), and "
-                        "that no rank is much slower (data loading, an eval on one rank)")),
-    (re.compile(r"Rendezvous\w*Error|RendezvousTimeout|DistNetworkError|DistStoreError|EADDRINUSE"
-                r"|Address already in use|failed to listen on any local network address"
-                r"|failed to connect to the master|TCPStore.*(?:timed out|Timed out)"), Failure(
-        "rendezvous_error", "the processes could not meet to start (rendezvous): the main node's address or "
-                            "port is unreachable or in use; check the nodes can reach each other, or retry")),
+    (
+        re.compile(
+            r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError"
+            r"|CUBLAS_STATUS_ALLOC_FAILED|CUDA error: out of memory|NCCL.*[Oo]ut of memory"
+        ),
+        _GPU_OOM,
+    ),
+    (
+        re.compile(
+            r"Watchdog caught collective operation timeout|collective operation timeout"
+            r"|ran for \d+ milliseconds before timing out|NCCL communicator was aborted"
+            r"|ProcessGroupNCCL.*(?:timed out|[Tt]imeout)"
+        ),
+        Failure(
+            "nccl_timeout",
+            "a collective operation (NCCL) timed out: one rank stalled or the network between "
+            "GPUs/nodes failed; check that all nodes reach each other (NCCL_SOCKET_IFNAME), and "
+            "that no rank is much slower (data loading, an eval on one rank)",
+        ),
+    ),
+    (
+        re.compile(
+            r"Rendezvous\w*Error|RendezvousTimeout|DistNetworkError|DistStoreError|EADDRINUSE"
+            r"|Address already in use|failed to listen on any local network address"
+            r"|failed to connect to the master|TCPStore.*(?:timed out|Timed out)"
+        ),
+        Failure(
+            "rendezvous_error",
+            "the processes could not meet to start (rendezvous): the main node's address or "
+            "port is unreachable or in use; check the nodes can reach each other, or retry",
+        ),
+    ),
     (re.compile(r"\bMemoryError\b|Cannot allocate memory"), _HOST_OOM),
 ]
 
 # A process of the run was ended by SIGKILL, as torch's elastic agent, accelerate or bash report it.
 _SIGKILL = re.compile(
     r"Signal 9 \(SIGKILL\)|Signals\.SIGKILL|exitcode\s*:\s*-9\b|exit(?:ed with)? code -9\b"
-    r"|non-zero exit status -9\b|\bKilled\s*$", re.MULTILINE)
+    r"|non-zero exit status -9\b|\bKilled\s*$",
+    re.MULTILINE,
+)
 _PIDS_IN_LOG = re.compile(
     r"exitcode\s*:\s*-9 \(pid: (\d+)\)|\(exitcode: -9\) local_rank: \d+ \(pid: (\d+)\)"
-    r"|Signal 9 \(SIGKILL\) received by PID (\d+)")
+    r"|Signal 9 \(SIGKILL\) received by PID (\d+)"
+)
 # "Out of memory: Killed process 123 (python)" and "Memory cgroup out of memory: Killed process 123 (...)".
 _KERNEL_OOM = re.compile(r"out of memory: Killed process (\d+) \(([^)]*)\)", re.IGNORECASE)
 # Under this much free space the disk of the run directory counts as full.
@@ -139,8 +181,10 @@ def classify(
     if exit_code in (137, -9) or _SIGKILL.search(log_tail):
         return _sigkill(log_tail, kernel_log, since_uptime)
     last = _last_error_line(log_tail)
-    what = f"the training run exited with code {exit_code}" if exit_code is not None else (
-        "the training run ended without an exit status (its processes vanished)"
+    what = (
+        f"the training run exited with code {exit_code}"
+        if exit_code is not None
+        else ("the training run ended without an exit status (its processes vanished)")
     )
     hint = f"; the log ends with: {last}" if last else ""
     return Failure("unknown", f"{what}{hint}; the job's log (GET /jobs/<id>/logs) has the full output")
@@ -248,8 +292,14 @@ def classify_run(run_dir: Path, *, exit_code: int | None, reason: str | None = N
             started = None
         if up is not None and started is not None:
             since = up - (time.time() - started) - 5
-    return classify(exit_code=exit_code, log_tail=tail, reason=reason, kernel_log=kernel_log,
-                    disk_free=disk_free, since_uptime=since)
+    return classify(
+        exit_code=exit_code,
+        log_tail=tail,
+        reason=reason,
+        kernel_log=kernel_log,
+        disk_free=disk_free,
+        since_uptime=since,
+    )
 
 
 def _last_error_line(tail: str) -> str | None:

@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ftq import runs
+from ftq.metrics import POINT_FIELDS
 from ftq.settings import get_settings
-from service.db import session_scope
-from service.jobs import repository
-from service.jobs.repository import POINT_FIELDS
-from service.jobs.schemas import JobStatus
-from service.models import Job
+from ftq.status import JobStatus
+from ftq.store import repository
+from ftq.store.db import session_scope
+from ftq.store.models import Job
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,9 @@ def ingest_job(job_id: str) -> int:
                 log.warning("job %s: skipped malformed metrics lines before byte %s", job.id, new_offset)
             step = max_steps = epoch = eta = latest = None
             if points:
-                repository.upsert_points(session, job.id, [
-                    {k: v for k, v in p.items() if k != "max_steps"} for p in points
-                ])
+                repository.upsert_points(
+                    session, job.id, [{k: v for k, v in p.items() if k != "max_steps"} for p in points]
+                )
                 latest = _latest(job.latest_metrics, points)
                 step = latest["step"]
                 if job.progress_step is not None and job.progress_step > step:
@@ -143,8 +143,14 @@ def ingest_job(job_id: str) -> int:
                 epoch = latest.get("epoch")
                 eta = _eta(job, step, max_steps, points)
             repository.update_progress(
-                session, job.id, metrics_offset=new_offset, step=step, max_steps=max_steps,
-                epoch=epoch, eta_seconds=eta, latest=latest,
+                session,
+                job.id,
+                metrics_offset=new_offset,
+                step=step,
+                max_steps=max_steps,
+                epoch=epoch,
+                eta_seconds=eta,
+                latest=latest,
             )
             # Each batch's points and its offset commit together: a catch-up over a long file shows
             # points as it goes (ingest lag), and a crash mid-way resumes at the last committed batch.

@@ -24,7 +24,7 @@ class Need:
 class Decision:
     job_id: str
     resources: dict[str, Any] | None = None  # start with these
-    impossible: str | None = None            # can never start here: the reason
+    impossible: str | None = None  # can never start here: the reason
 
 
 def need_of(spec: dict[str, Any]) -> Need:
@@ -58,11 +58,16 @@ def decide(
         if need.pool == "gpus":
             total = len(settings.gpu_indices)
             if need.count > total:
-                out.append(Decision(job_id, impossible=(
-                    f"the job needs {need.count} GPUs but this worker has {total} (FTQ_GPU_POOL="
-                    f"{settings.gpu_pool!r}); lower resources.processes_per_node, use resources.device: cpu, "
-                    "or run it with resources.launcher: slurm"
-                )))
+                out.append(
+                    Decision(
+                        job_id,
+                        impossible=(
+                            f"the job needs {need.count} GPUs but this worker has {total} (FTQ_GPU_POOL="
+                            f"{settings.gpu_pool!r}); lower resources.processes_per_node, use resources.device: cpu, "
+                            "or run it with resources.launcher: slurm"
+                        ),
+                    )
+                )
                 continue
             if "gpus" in blocked or need.count > len(free_gpus):
                 blocked.add("gpus")
@@ -72,10 +77,15 @@ def decide(
         else:
             total = settings.cpu_slots
             if need.count > total:
-                out.append(Decision(job_id, impossible=(
-                    f"the job needs {need.count} CPU processes but this worker allows {total} "
-                    "(FTQ_CPU_SLOTS); lower resources.processes_per_node"
-                )))
+                out.append(
+                    Decision(
+                        job_id,
+                        impossible=(
+                            f"the job needs {need.count} CPU processes but this worker allows {total} "
+                            "(FTQ_CPU_SLOTS); lower resources.processes_per_node"
+                        ),
+                    )
+                )
                 continue
             if "cpu_slots" in blocked or need.count > free_slots:
                 blocked.add("cpu_slots")

@@ -1,49 +1,43 @@
-"""The Celery tasks. Each is short and safe to run twice; the work is in `worker.reconcile`."""
+"""The Celery tasks, registered under the names in `ftq.queue`. Each is short and safe to run twice; the
+work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest` and the store's outbox."""
 
 from __future__ import annotations
 
-import logging
-
-from worker import reconcile as runtime
-from worker.celery_app import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT, celery_app
-
-log = logging.getLogger(__name__)
+from ftq.queue import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT
+from ftq.store import outbox, repository
+from ftq.store.db import session_scope
+from worker import controller, locks
+from worker.celery_app import celery_app
+from worker.ingest import ingest_all
 
 
 @celery_app.task(name=TASK_SUBMIT)
 def submit(job_id: str) -> None:
-    runtime.submit(job_id)
+    controller.submit(job_id)
 
 
 @celery_app.task(name=TASK_CANCEL)
 def cancel(job_id: str) -> None:
-    runtime.cancel(job_id)
+    controller.cancel(job_id)
 
 
 @celery_app.task(name=TASK_RECONCILE)
 def reconcile() -> None:
-    runtime.reconcile()
+    controller.reconcile()
 
 
 @celery_app.task(name=TASK_INGEST)
 def ingest() -> None:
-    from worker import store
-    from worker.ingest import ingest_all
-
-    with store.singleton("ingest") as mine:
+    with locks.singleton("ingest") as mine:
         if mine:
             ingest_all()
 
 
 @celery_app.task(name=TASK_RELAY)
 def relay() -> None:
-    from service.db import session_scope
-    from service.jobs import dispatch, repository
-    from worker import store
-
-    with store.singleton("relay") as mine:
+    with locks.singleton("relay") as mine:
         if not mine:
             return
-        dispatch.relay()
+        outbox.relay()
         with session_scope() as session:
             repository.purge_expired_idempotency(session)

@@ -18,13 +18,14 @@ from pydantic import BaseModel
 
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
-from service.db import new_session, read_session
+from ftq.store import outbox
+from ftq.store.db import new_session, read_session
+from ftq.store.repository import JobRepository
 from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
 from service.errors import BadRequest, TooManyRequests, UnsupportedMediaType, spec_field_error
-from service.jobs import dispatch
+from service.jobs import checkpoints, logs, metrics
 from service.jobs import service as jobs
 from service.jobs.poll_cache import PollCache
-from service.jobs.repository import JobRepository
 from service.jobs.schemas import (
     TERMINAL,
     CheckpointList,
@@ -142,7 +143,7 @@ async def create_job(
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     else:
-        background.add_task(dispatch.send_for_job, job.id)
+        background.add_task(outbox.send_for_job, job.id)
     response.headers["Location"] = f"/jobs/{job.id}"
     return jobs.to_public(job)
 
@@ -228,7 +229,7 @@ async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
 )
 def cancel_job(job_id: JobId, session: SessionDep, repo: RepoDep, background: BackgroundTasks) -> JobPublic:
     job = jobs.cancel(session, repo, job_id)
-    background.add_task(dispatch.send_for_job, job.id)
+    background.add_task(outbox.send_for_job, job.id)
     return jobs.to_public(job)
 
 
@@ -247,7 +248,7 @@ async def get_logs(
     job_id: JobId,
     owner: OwnerInline,
     offset: int = Query(0, ge=0, le=2**62),
-    limit: int = Query(65536, ge=1, le=jobs.LOG_CHUNK_MAX),
+    limit: int = Query(65536, ge=1, le=logs.LOG_CHUNK_MAX),
 ) -> Response:
     settings = get_settings()
 
@@ -255,7 +256,7 @@ async def get_logs(
         with read_session() as session:
             job = jobs.get_or_404(JobRepository(session, owner), job_id)
         return _json(
-            jobs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values())
+            logs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values())
         )
 
     return _json_response(await _read(body))
@@ -288,7 +289,7 @@ def stream_logs(
                     current = JobRepository(s, owner).get(job.id)
                     if current is None:
                         return None, True
-                    chunk = jobs.read_log(
+                    chunk = logs.read_log(
                         current, settings, offset=at, limit=65536, secrets_=settings.secret_values()
                     )
                     return chunk, JobStatus(current.status) in TERMINAL
@@ -334,12 +335,12 @@ async def get_metrics(
         return _json_response(cached)
     pool = getattr(request.app.state, "read_pool", None)
     if pool is not None:
-        body, final = await jobs.metrics_page_json_on_loop(
+        body, final = await metrics.metrics_page_json_on_loop(
             pool, owner, job_id, after_step=after_step, limit=limit
         )
     else:
         body, final = await _read(
-            lambda: jobs.metrics_page_json(owner, job_id, after_step=after_step, limit=limit)
+            lambda: metrics.metrics_page_json(owner, job_id, after_step=after_step, limit=limit)
         )
     _poll_cache.put(key, body, final=final)
     return _json_response(body)
@@ -350,7 +351,7 @@ async def get_metrics(
 )
 def get_checkpoints(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> CheckpointList:
     job = jobs.get_or_404(repo, job_id)
-    return CheckpointList(data=jobs.list_checkpoints(job, settings))
+    return CheckpointList(data=checkpoints.list_checkpoints(job, settings))
 
 
 # Keep the JobSpec schema in components/schemas for the request body's $ref.

@@ -3,56 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ftq.errors import ErrorCode
+from ftq.metrics import Point
+from ftq.render import Plan
 from ftq.spec import JobSpec
-from worker.render import Plan
+from ftq.status import ACTIVE, TERMINAL, JobStatus
 
-# The plan is rendered by the worker's pure renderer; the API serves that same model.
+# The plan is rendered by the core's pure renderer; the API serves that same model.
 PlanPublic = Plan
 
-
-class JobStatus(StrEnum):
-    queued = "queued"
-    starting = "starting"
-    running = "running"
-    cancelling = "cancelling"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-
-
-TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-ACTIVE = frozenset({JobStatus.queued, JobStatus.starting, JobStatus.running, JobStatus.cancelling})
-
-
-class ErrorCode(StrEnum):
-    invalid_spec = "invalid_spec"
-    launch_error = "launch_error"
-    dataset_error = "dataset_error"
-    model_error = "model_error"
-    out_of_memory = "out_of_memory"
-    nccl_timeout = "nccl_timeout"
-    rendezvous_error = "rendezvous_error"
-    disk_full = "disk_full"
-    time_limit = "time_limit"
-    preempted = "preempted"
-    node_failure = "node_failure"
-    cancelled = "cancelled"
-    unknown = "unknown"
-
-
-class Point(BaseModel):
-    step: int
-    epoch: float | None = None
-    loss: float | None = None
-    learning_rate: float | None = None
-    grad_norm: float | None = None
-    eval_loss: float | None = None
-    tokens_per_second: float | None = None
-    time: float | None = None
+__all__ = ["ACTIVE", "TERMINAL", "ErrorCode", "JobStatus", "PlanPublic", "Point"]
 
 
 class Progress(BaseModel):

@@ -187,8 +187,12 @@ def test_422_names_the_failing_field(server: Server, tmp_path: Path) -> None:
 
 
 def test_unknown_job_is_a_clean_404(server: Server) -> None:
-    for args in (("status", "job_0000000000000000"), ("logs", "job_0000000000000000"),
-                 ("metrics", "job_0000000000000000"), ("cancel", "job_0000000000000000")):
+    for args in (
+        ("status", "job_0000000000000000"),
+        ("logs", "job_0000000000000000"),
+        ("metrics", "job_0000000000000000"),
+        ("cancel", "job_0000000000000000"),
+    ):
         result = run_ftq(*args, url=server.url)
         assert result.returncode == 1, args
         assert "not found (404)" in assert_one_clean_line(result.stderr)

@@ -23,8 +23,10 @@ def test_prometheus_metrics_reflect_the_store(server: Server, finished_job: Fini
     text = resp.text
     assert _value(text, "ftq_store_up") == 1
     total = len(server.get("/jobs", limit=500)["data"])
-    by_status = {s: _value(text, f'ftq_jobs{{status="{s}"}}') for s in
-                 ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")}
+    by_status = {
+        s: _value(text, f'ftq_jobs{{status="{s}"}}')
+        for s in ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
+    }
     assert sum(by_status.values()) == total  # one GROUP BY over every job
     assert by_status["succeeded"] >= 1
     # The finished job was created, dispatched and started within the last hour.

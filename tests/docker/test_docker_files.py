@@ -36,7 +36,9 @@ def hadolint() -> str:
 def lint(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [hadolint(), "--no-color", "--failure-threshold", "info", str(path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -94,8 +96,10 @@ def test_cpu_image_takes_torch_from_the_cpu_index() -> None:
 
 
 def schema_errors(doc: Any) -> list[str]:
-    return [f"{'.'.join(map(str, e.instance_path))}: {e.message}"
-            for e in jsonschema_rs.validator_for(SCHEMA).iter_errors(doc)]
+    return [
+        f"{'.'.join(map(str, e.instance_path))}: {e.message}"
+        for e in jsonschema_rs.validator_for(SCHEMA).iter_errors(doc)
+    ]
 
 
 def load(path: Path) -> dict[str, Any]:

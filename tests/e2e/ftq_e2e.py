@@ -138,8 +138,13 @@ def start_server(root: Path, *, command: str = "up", tokens: str | None = None) 
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    server = Server(url=f"http://127.0.0.1:{port}", data_dir=data, log_path=log_path, proc=proc,
-                    token=AUTH_TOKEN if tokens else None)
+    server = Server(
+        url=f"http://127.0.0.1:{port}",
+        data_dir=data,
+        log_path=log_path,
+        proc=proc,
+        token=AUTH_TOKEN if tokens else None,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -163,8 +168,9 @@ class CliResult:
     seconds: float
 
 
-def run_ftq(*args: str, url: str | None, token: str | None = None, timeout: float = 120,
-            cwd: Path = REPO) -> CliResult:
+def run_ftq(
+    *args: str, url: str | None, token: str | None = None, timeout: float = 120, cwd: Path = REPO
+) -> CliResult:
     """Run the real `ftq` command as a user would, against `url`."""
     extra: dict[str, str] = {}
     if url:
@@ -173,7 +179,12 @@ def run_ftq(*args: str, url: str | None, token: str | None = None, timeout: floa
         extra["FTQ_TOKEN"] = token
     start = time.monotonic()
     proc = subprocess.run(
-        [FTQ, *args], cwd=cwd, env=clean_env(**extra), capture_output=True, text=True, timeout=timeout,
+        [FTQ, *args],
+        cwd=cwd,
+        env=clean_env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
     return CliResult(list(args), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
@@ -254,8 +265,14 @@ def start_curl_walkthrough(server: Server) -> None:
     REGISTRY.curl_log = REGISTRY.root / "curl-walkthrough.log"
     with REGISTRY.curl_log.open("w") as log:
         REGISTRY.curl = subprocess.Popen(
-            ["bash", str(CURL_SH)], cwd=REPO, env=clean_env(FTQ_URL=server.url), stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+            ["bash", str(CURL_SH)],
+            cwd=REPO,
+            env=clean_env(FTQ_URL=server.url),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
         )
 
 

@@ -31,8 +31,9 @@ def test_sigkill_of_the_worker_ends_its_beat(tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     beat: list[int] = []
     with open(log, "wb") as out:
-        worker = subprocess.Popen([FTQ, "worker"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        worker = subprocess.Popen(
+            [FTQ, "worker"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.time() + 120
         # The beat must be up and ticking (not merely started) before the worker is killed.

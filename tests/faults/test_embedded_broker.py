@@ -13,16 +13,21 @@ from pathlib import Path
 
 from kombu import Connection
 
-from worker.fsbroker import Transport
+from ftq.fsbroker import Transport
 
 MESSAGES = 1000
 
 
 def _connection(folder: Path) -> Connection:
-    return Connection(transport=Transport, transport_options={
-        "data_folder_in": str(folder), "data_folder_out": str(folder),
-        "processed_folder": str(folder.parent / "processed"), "store_processed": False,
-    })
+    return Connection(
+        transport=Transport,
+        transport_options={
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+            "processed_folder": str(folder.parent / "processed"),
+            "store_processed": False,
+        },
+    )
 
 
 def test_concurrent_puts_are_never_read_half_written(tmp_path: Path) -> None:

@@ -123,8 +123,12 @@ def test_production_job_trains_through_pg_redis_and_api_restarts(
         time.sleep(3)
     finally:
         start_redis()
-    stack.wait_for(job_id, lambda j: (j["progress"]["step"] or 0) > step or j["status"] == "succeeded", 120,
-                   "progress after the Redis restart")
+    stack.wait_for(
+        job_id,
+        lambda j: (j["progress"]["step"] or 0) > step or j["status"] == "succeeded",
+        120,
+        "progress after the Redis restart",
+    )
 
     # The API is SIGKILLed and started again.
     still_running(stack, job_id)

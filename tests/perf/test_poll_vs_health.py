@@ -39,9 +39,9 @@ def _store_job(db_url: str) -> None:
     from sqlalchemy.orm import Session
 
     from ftq.spec import JobSpec
-    from service.jobs import repository
-    from service.migrate import upgrade
-    from service.models import Job
+    from ftq.store import repository
+    from ftq.store.migrate import upgrade
+    from ftq.store.models import Job
 
     upgrade(db_url)
     spec = JobSpec.model_validate(

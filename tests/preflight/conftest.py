@@ -35,8 +35,12 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if all(p.exists() for p in needed):
         return shipped
     out = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out)], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "trainer.tiny", "--out", str(out)],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -46,8 +50,14 @@ def tiny_spec(tiny: Path, *, max_steps: int = 4, name: str = "tiny-pf", **traini
         "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
         "dataset": {"name_or_path": str(tiny / "data" / "train.jsonl"), "text_field": "text"},
         "training": {
-            "max_steps": max_steps, "max_seq_len": 64, "logging_steps": 1, "learning_rate": 1e-3,
-            "mixed_precision": "no", "save_steps": None, "per_device_train_batch_size": 2, **training,
+            "max_steps": max_steps,
+            "max_seq_len": 64,
+            "logging_steps": 1,
+            "learning_rate": 1e-3,
+            "mixed_precision": "no",
+            "save_steps": None,
+            "per_device_train_batch_size": 2,
+            **training,
         },
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
         "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1},
@@ -90,8 +100,14 @@ class Stack:
 
     def start(self) -> None:
         log = open(self.data_dir / "up.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        self.proc = subprocess.Popen([FTQ_BIN, "up", "--port", str(self.port)], cwd=REPO, env=self.env,
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [FTQ_BIN, "up", "--port", str(self.port)],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.time() + 90
         while time.time() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -162,17 +178,19 @@ class Stack:
 
 def stack_env(data_dir: Path, roots: list[Path], port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTQ_") or k.startswith("FTQ_TEST_")}
-    env.update({
-        "FTQ_ENV": "test",
-        "FTQ_DATA_DIR": str(data_dir),
-        "FTQ_LOCAL_ROOTS": ":".join(str(r) for r in roots),
-        "FTQ_CPU_SLOTS": "4",
-        "FTQ_CANCEL_GRACE_SECONDS": "5",
-        "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
-        "FTQ_INGEST_INTERVAL_SECONDS": "1",
-        "PYTHONUNBUFFERED": "1",
-        **extra,
-    })
+    env.update(
+        {
+            "FTQ_ENV": "test",
+            "FTQ_DATA_DIR": str(data_dir),
+            "FTQ_LOCAL_ROOTS": ":".join(str(r) for r in roots),
+            "FTQ_CPU_SLOTS": "4",
+            "FTQ_CANCEL_GRACE_SECONDS": "5",
+            "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
+            "FTQ_INGEST_INTERVAL_SECONDS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+        }
+    )
     return env
 
 

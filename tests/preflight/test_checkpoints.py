@@ -41,8 +41,13 @@ def test_real_checkpoints_are_listed_resumable(cstack: Stack, first: dict[str, A
     ckpt = Path(listed[-1]["path"])
     assert ckpt == cstack.run_dir(first["id"]) / "checkpoints" / "checkpoint-4"
     names = {p.name for p in ckpt.iterdir()}
-    assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
-            "trainer_state.json"} <= names
+    assert {
+        "adapter_model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "trainer_state.json",
+    } <= names
 
 
 @pytest.mark.parametrize(
@@ -55,8 +60,9 @@ def test_real_checkpoints_are_listed_resumable(cstack: Stack, first: dict[str, A
         (9, "scheduler.pt"),
     ],
 )
-def test_incomplete_checkpoints_are_not_resumable(cstack: Stack, first: dict[str, Any], step: int,
-                                                  damage: str) -> None:
+def test_incomplete_checkpoints_are_not_resumable(
+    cstack: Stack, first: dict[str, Any], step: int, damage: str
+) -> None:
     root = cstack.run_dir(first["id"]) / "checkpoints"
     copy = root / f"checkpoint-{step}"
     shutil.copytree(root / "checkpoint-4", copy)

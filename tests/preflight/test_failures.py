@@ -146,8 +146,9 @@ def test_full_disk(tmp_path: Path, tiny_dir: Path) -> None:
     data = tmp_path / "data"
     runs = data / "runs"
     runs.mkdir(parents=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(runs)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(runs)], capture_output=True, text=True
+    )
     assert res.returncode == 0, f"this test needs root to mount a 1 MiB tmpfs: {res.stderr}"
     try:
         with running_stack(data, [data, tiny_dir]) as stack:

@@ -143,8 +143,9 @@ def small_disk_stack(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -
     runs.mkdir()
     mounted = False
     if shutil.which("mount"):
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(runs)],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(runs)], capture_output=True, text=True
+        )
         mounted = res.returncode == 0
     try:
         with running_stack(data, [data, tiny_dir]) as s:

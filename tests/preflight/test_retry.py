@@ -47,8 +47,8 @@ def store(tmp_path: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("FTQ_LOCAL_ROOTS", f"{tmp_path}:{tiny_dir}")
     monkeypatch.setenv("FTQ_PYTHON", "/bin/echo")
     from ftq.settings import get_settings
-    from service.db import reset_engine_cache
-    from service.migrate import upgrade
+    from ftq.store.db import reset_engine_cache
+    from ftq.store.migrate import upgrade
 
     get_settings.cache_clear()
     reset_engine_cache()
@@ -66,13 +66,13 @@ def retries(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
 
 
 def add_job(job_id: str, tiny: Path) -> Path:
+    from ftq.render import render_plan
     from ftq.settings import get_settings
     from ftq.spec import JobSpec
-    from service.db import session_scope
-    from service.jobs.repository import utcnow
-    from service.models import Job
+    from ftq.store.db import session_scope
+    from ftq.store.models import Job
+    from ftq.store.repository import utcnow
     from tests.preflight.conftest import tiny_spec
-    from worker.render import render_plan
 
     settings = get_settings()
     spec = JobSpec.model_validate(tiny_spec(tiny, max_steps=4, save_steps=2))
@@ -80,17 +80,30 @@ def add_job(job_id: str, tiny: Path) -> Path:
     plan = render_plan(spec, job_id=job_id, run_dir=run_dir, settings=settings)
     now = utcnow()
     with session_scope() as s:
-        s.add(Job(id=job_id, name=job_id, owner="t", status="queued", spec=spec.model_dump(mode="json"),
-                  plan=plan.model_dump(mode="json"), launcher="local", device="cpu", created_at=now,
-                  updated_at=now, attempt=0, metrics_offset=0))
+        s.add(
+            Job(
+                id=job_id,
+                name=job_id,
+                owner="t",
+                status="queued",
+                spec=spec.model_dump(mode="json"),
+                plan=plan.model_dump(mode="json"),
+                launcher="local",
+                device="cpu",
+                created_at=now,
+                updated_at=now,
+                attempt=0,
+                metrics_offset=0,
+            )
+        )
     # What the preempted attempt had saved before it was stopped.
     (run_dir / runs.CHECKPOINTS / "checkpoint-2").mkdir(parents=True)
     return run_dir
 
 
 def settle(job_id: str, launcher: LocalLauncher, monkeypatch: pytest.MonkeyPatch, timeout: float = 30) -> Any:
-    from service.db import session_scope
-    from service.jobs import repository
+    from ftq.store import repository
+    from ftq.store.db import session_scope
     from worker import reconcile
 
     monkeypatch.setattr(reconcile, "get_launcher", lambda name: launcher)

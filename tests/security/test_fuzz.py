@@ -35,23 +35,30 @@ CHECKS = {
 
 
 def _config(max_examples: int) -> schemathesis.Config:
-    return schemathesis.Config.from_dict({
-        "seed": 20240607,
-        "headers": {"Authorization": f"Bearer {TOKEN}"},
-        "request-timeout": 20,
-        "max-failures": 50,
-        "generation": {"mode": "all", "max-examples": max_examples, "no-shrink": True, "database": "none"},
-        "checks": CHECKS,
-        "phases": {
-            # The document has no examples of its own: build them from the schemas.
-            "examples": {"enabled": True, "fill-missing": True},
-            "coverage": {"enabled": True},
-            "fuzzing": {"enabled": True},
-            "stateful": {"enabled": True, "max-steps": 10},
-        },
-        # A log stream follows a job until it ends; no worker runs here, so its jobs never end.
-        "operations": [{"include-path-regex": "/logs/stream$", "request-timeout": 1.5}],
-    })
+    return schemathesis.Config.from_dict(
+        {
+            "seed": 20240607,
+            "headers": {"Authorization": f"Bearer {TOKEN}"},
+            "request-timeout": 20,
+            "max-failures": 50,
+            "generation": {
+                "mode": "all",
+                "max-examples": max_examples,
+                "no-shrink": True,
+                "database": "none",
+            },
+            "checks": CHECKS,
+            "phases": {
+                # The document has no examples of its own: build them from the schemas.
+                "examples": {"enabled": True, "fill-missing": True},
+                "coverage": {"enabled": True},
+                "fuzzing": {"enabled": True},
+                "stateful": {"enabled": True, "max-steps": 10},
+            },
+            # A log stream follows a job until it ends; no worker runs here, so its jobs never end.
+            "operations": [{"include-path-regex": "/logs/stream$", "request-timeout": 1.5}],
+        }
+    )
 
 
 def _describe(failure_events: list[Any]) -> str:
@@ -80,9 +87,9 @@ def test_schemathesis_all_phases(ftq_env, monkeypatch, assets: Path) -> None:
     from fastapi.testclient import TestClient
 
     from ftq.settings import get_settings
+    from ftq.store.db import reset_engine_cache
+    from ftq.store.migrate import upgrade
     from service.app import create_app
-    from service.db import reset_engine_cache
-    from service.migrate import upgrade
 
     settings = {
         "FTQ_API_TOKENS": f"{TOKEN}:fuzzer,{OTHER}:other",

@@ -33,7 +33,7 @@ def payloads(marker: Path) -> list[str]:
         f"$(touch {m})",
         f"`touch {m}`",
         f"; touch {m}",
-        f"'\"; touch {m}; \"",
+        f'\'"; touch {m}; "',
         f'x\n#SBATCH --wrap="touch {m}"',
         f"x\ntouch {m}",
         f"x && touch {m} #",
@@ -165,9 +165,17 @@ def run_scripts(plan: dict[str, Any], work: Path, stubs: Path, marker: Path) -> 
 def test_every_string_field_is_covered() -> None:
     fields = {".".join(map(str, p)) for p in string_fields(JobSpec.model_json_schema())}
     # The walk finds the fields that carry names and paths (a guard against a walk that finds nothing).
-    for expected in ("name", "model.name_or_path", "dataset.name_or_path", "dataset.text_field",
-                     "lora.target_modules.0", "resources.slurm.partition", "resources.slurm.time_limit",
-                     "resume_from.job_id", "distributed.strategy"):
+    for expected in (
+        "name",
+        "model.name_or_path",
+        "dataset.name_or_path",
+        "dataset.text_field",
+        "lora.target_modules.0",
+        "resources.slurm.partition",
+        "resources.slurm.time_limit",
+        "resume_from.job_id",
+        "distributed.strategy",
+    ):
         assert expected in fields, sorted(fields)
 
 

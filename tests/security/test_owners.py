@@ -118,7 +118,10 @@ def test_another_owners_job_is_404_on_every_route(server: Server, alice_job: dic
         assert alice.get(f"/jobs/{alice_job['id']}").json()["status"] == "cancelled"
         # Bob's list never shows it, whatever the filters and pages.
         filters: list[dict[str, Any]] = [
-            {}, {"status": "queued,cancelled"}, {"limit": 500}, {"status": "cancelled", "limit": 1}
+            {},
+            {"status": "queued,cancelled"},
+            {"limit": 500},
+            {"status": "cancelled", "limit": 1},
         ]
         for params in filters:
             ids = [j["id"] for j in bob.get("/jobs", params=params).json()["data"]]

@@ -96,7 +96,8 @@ def test_log_stream_is_redacted(server: Server) -> None:
         body = "".join(r.iter_text())
     assert "event: end" in body
     data = "".join(
-        json.loads(line[len("data: "):])["text"] for line in body.splitlines()
+        json.loads(line[len("data: ") :])["text"]
+        for line in body.splitlines()
         if line.startswith("data: ") and line != "data: {}"
     )
     assert not _leaks(body) and not _leaks(data)

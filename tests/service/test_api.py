@@ -206,8 +206,8 @@ def test_cancel_queued_job(make_client, tiny_spec) -> None:
 def test_logs_metrics_checkpoints_read_the_run_dir(make_client, store_url, ftq_env, tiny_spec) -> None:
     from pathlib import Path
 
-    from service.db import session_scope
-    from service.jobs import repository
+    from ftq.store import repository
+    from ftq.store.db import session_scope
 
     client = make_client(store_url)
     job = client.post("/jobs", json=tiny_spec).json()

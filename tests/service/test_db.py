@@ -15,7 +15,7 @@ ALICE, BOB = "alice-db-token-0001", "bob-db-token-0002"
 
 def _pool_backends(url: str, *, terminate: bool = False) -> int:
     """How many connections the read pool holds in this database (terminating them if asked)."""
-    from service.db import READ_POOL_APPLICATION_NAME
+    from ftq.store.db import READ_POOL_APPLICATION_NAME
 
     what = "pg_terminate_backend(pid)" if terminate else "pid"
     with psycopg.connect(url, autocommit=True) as conn:
@@ -37,8 +37,8 @@ def pg_url(request: pytest.FixtureRequest) -> str:
 
 
 def _job_with_points(client, tiny_spec, token: str, n: int) -> str:  # type: ignore[no-untyped-def]
-    from service.db import session_scope
-    from service.jobs import repository
+    from ftq.store import repository
+    from ftq.store.db import session_scope
 
     job = client.post("/jobs", json=tiny_spec, headers={"Authorization": f"Bearer {token}"}).json()
     with session_scope() as s:
@@ -74,8 +74,8 @@ def test_event_loop_poll_gives_the_thread_path_bytes(make_client, pg_url, tiny_s
 
 
 def test_read_pool_is_bounded_and_survives_terminated_connections(make_client, pg_url, tiny_spec) -> None:
+    from ftq.store.db import AsyncReadPool
     from service.app import create_app
-    from service.db import AsyncReadPool
 
     first = make_client(pg_url)
     job = _job_with_points(first, tiny_spec, "", 50)
@@ -110,7 +110,7 @@ def test_sqlite_store_has_no_read_pool(make_client, tiny_spec) -> None:
 def test_cancelled_polls_give_their_connections_back(pg_url) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from service.db import READ_POOL_APPLICATION_NAME, AsyncReadPool
+    from ftq.store.db import READ_POOL_APPLICATION_NAME, AsyncReadPool
 
     async def scenario() -> list[int]:
         pool = AsyncReadPool({"conninfo": pg_url, "application_name": READ_POOL_APPLICATION_NAME}, size=2)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import create_engine, inspect
 
-from service.migrate import downgrade, upgrade
-from service.models import Base
+from ftq.store.migrate import downgrade, upgrade
+from ftq.store.models import Base
 
 
 def test_upgrade_to_head_then_downgrade_to_base(store_url) -> None:

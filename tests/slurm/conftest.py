@@ -37,8 +37,13 @@ def slurm_cluster() -> list[str]:
     if "is UP" not in ping.stdout:
         answer = (ping.stdout + ping.stderr).strip()
         pytest.fail(f"slurmctld does not answer `scontrol ping` ({answer}): {hint}", pytrace=False)
-    sinfo = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %t"], capture_output=True,
-                           text=True, timeout=20, check=True)
+    sinfo = subprocess.run(
+        ["sinfo", "--noheader", "--Node", "--format=%N %t"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
     up = ("idle", "mix", "alloc")
     nodes = [line.split()[0] for line in sinfo.stdout.splitlines() if line.split()[1] in up]
     if not nodes:
@@ -90,8 +95,9 @@ def wait_phase(launcher: SlurmLauncher, ref: RunRef, phases: set[RunPhase], time
 
 
 def squeue_ids(*extra: str) -> set[str]:
-    out = subprocess.run(["squeue", "--noheader", "--format=%i", *extra], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["squeue", "--noheader", "--format=%i", *extra], capture_output=True, text=True, check=True
+    ).stdout
     return set(out.split())
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from ftq.runs import LAUNCH_RECORD
 from tests.slurm.conftest import poll_one, procs_with, squeue_ids, wait_for, wait_phase
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
-from worker.launchers.slurm import LAUNCH_RECORD, SlurmError, SlurmLauncher
+from worker.launchers.slurm import SlurmError, SlurmLauncher
 
 pytestmark = pytest.mark.slurm
 
@@ -32,21 +33,40 @@ trap 'echo "got SIGTERM" >&2' TERM
 """
 
 
-def submit(launcher: SlurmLauncher, tmp_path: Path, name: str, body: str, cleanup: list[str],
-           extra: str = "", env: dict[str, str] | None = None) -> RunRef:
+def submit(
+    launcher: SlurmLauncher,
+    tmp_path: Path,
+    name: str,
+    body: str,
+    cleanup: list[str],
+    extra: str = "",
+    env: dict[str, str] | None = None,
+) -> RunRef:
     run_dir = tmp_path / f"{name}-{uuid.uuid4().hex[:6]}"
-    req = LaunchRequest(job_id=run_dir.name, run_dir=run_dir, spec={"resources": {"device": "cpu"}},
-                        plan={"sbatch_script": batch_script(run_dir, body, extra)}, env=env or {})
+    req = LaunchRequest(
+        job_id=run_dir.name,
+        run_dir=run_dir,
+        spec={"resources": {"device": "cpu"}},
+        plan={"sbatch_script": batch_script(run_dir, body, extra)},
+        env=env or {},
+    )
     handle = launcher.submit(req)
     assert handle.external_id and handle.external_id.isdigit()
     cleanup.append(handle.external_id)
     return RunRef(req.job_id, run_dir, handle.external_id, None, None)
 
 
-def test_job_runs_to_exit_zero_with_env_not_in_script(launcher: SlurmLauncher, tmp_path: Path,
-                                                       cleanup_jobs: list[str]) -> None:
-    ref = submit(launcher, tmp_path, "ok", 'echo "hello from $SLURMD_NODENAME secret=$FTQ_TEST_SECRET"',
-                 cleanup_jobs, env={"FTQ_TEST_SECRET": "s3cr3t-value"})
+def test_job_runs_to_exit_zero_with_env_not_in_script(
+    launcher: SlurmLauncher, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    ref = submit(
+        launcher,
+        tmp_path,
+        "ok",
+        'echo "hello from $SLURMD_NODENAME secret=$FTQ_TEST_SECRET"',
+        cleanup_jobs,
+        env={"FTQ_TEST_SECRET": "s3cr3t-value"},
+    )
     assert (ref.run_dir / "job.sbatch").is_file()
     assert "s3cr3t-value" not in (ref.run_dir / "job.sbatch").read_text()
     state = wait_phase(launcher, ref, {RunPhase.exited, RunPhase.lost}, timeout=60)
@@ -56,8 +76,9 @@ def test_job_runs_to_exit_zero_with_env_not_in_script(launcher: SlurmLauncher, t
     assert (ref.run_dir / "exit_status").read_text().strip() == "0"
 
 
-def test_failing_job_gives_its_exit_code(launcher: SlurmLauncher, tmp_path: Path,
-                                         cleanup_jobs: list[str]) -> None:
+def test_failing_job_gives_its_exit_code(
+    launcher: SlurmLauncher, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
     ref = submit(launcher, tmp_path, "fail", "echo failing; exit 7", cleanup_jobs)
     state = wait_phase(launcher, ref, {RunPhase.exited, RunPhase.lost}, timeout=60)
     assert (state.phase, state.exit_code, state.reason) == (RunPhase.exited, 7, None), state
@@ -104,8 +125,9 @@ def test_unknown_job_without_exit_status_is_lost(launcher: SlurmLauncher, tmp_pa
     launcher.cancel(ref)  # no such job: nothing to do, no error
 
 
-def test_find_recovers_an_unrecorded_submission(launcher: SlurmLauncher, tmp_path: Path,
-                                                cleanup_jobs: list[str]) -> None:
+def test_find_recovers_an_unrecorded_submission(
+    launcher: SlurmLauncher, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
     ref = submit(launcher, tmp_path, "find", "sleep 60", cleanup_jobs)
     found = launcher.find(ref.run_dir)
     assert found is not None and found.external_id == ref.external_id
@@ -130,6 +152,14 @@ def test_missing_commands_are_reported(tmp_path: Path) -> None:
     launcher = SlurmLauncher(Settings(data_dir=tmp_path, slurm_bin_dir=str(tmp_path / "no-bin")))
     with pytest.raises(SlurmError, match="FTQ_SLURM_BIN_DIR"):
         launcher.poll([RunRef("x", tmp_path, "1", None, None)])
-    good = SlurmLauncher(Settings(data_dir=tmp_path, slurm_bin_dir=str(Path(
-        subprocess.run(["which", "squeue"], capture_output=True, text=True).stdout.strip()).parent)))
+    good = SlurmLauncher(
+        Settings(
+            data_dir=tmp_path,
+            slurm_bin_dir=str(
+                Path(
+                    subprocess.run(["which", "squeue"], capture_output=True, text=True).stdout.strip()
+                ).parent
+            ),
+        )
+    )
     assert good.bin("squeue").startswith("/")

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from ftq.render import render_plan
 from ftq.settings import Settings
 from ftq.spec import JobSpec
 from tests.slurm.conftest import poll_one, wait_for, wait_phase
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.slurm import SlurmLauncher
-from worker.render import render_plan
 
 pytestmark = pytest.mark.slurm
 
@@ -36,8 +36,13 @@ def two_node_spec(tmp_path: Path) -> dict[str, Any]:
         "dataset": {"name_or_path": str(tmp_path / "data.jsonl"), "text_field": "text"},
         "training": {"max_steps": 4, "mixed_precision": "no"},
         "distributed": {"strategy": "ddp"},
-        "resources": {"launcher": "slurm", "device": "cpu", "num_nodes": 2, "processes_per_node": 1,
-                      "slurm": {"time_limit": "00:10:00"}},
+        "resources": {
+            "launcher": "slurm",
+            "device": "cpu",
+            "num_nodes": 2,
+            "processes_per_node": 1,
+            "slurm": {"time_limit": "00:10:00"},
+        },
     }
 
 
@@ -46,8 +51,9 @@ def argv_lines(run_dir: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_requeued_job_resumes_from_latest_checkpoint(slurm_cluster: list[str], tmp_path: Path,
-                                                      cleanup_jobs: list[str]) -> None:
+def test_requeued_job_resumes_from_latest_checkpoint(
+    slurm_cluster: list[str], tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
     assert len(slurm_cluster) >= 2, f"the rehearsal needs the 2-node test cluster, got {slurm_cluster}"
     stub = tmp_path / "python-stub"
     stub.write_text(STUB)
@@ -62,14 +68,21 @@ def test_requeued_job_resumes_from_latest_checkpoint(slurm_cluster: list[str], t
     assert "--resume_from_checkpoint latest" in script
 
     launcher = SlurmLauncher(settings)
-    handle = launcher.submit(LaunchRequest(job_id=job_id, run_dir=run_dir, spec=spec.model_dump(mode="json"),
-                                           plan=plan.model_dump(mode="json")))
+    handle = launcher.submit(
+        LaunchRequest(
+            job_id=job_id,
+            run_dir=run_dir,
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+        )
+    )
     assert handle.external_id
     cleanup_jobs.append(handle.external_id)
     ref = RunRef(job_id, run_dir, handle.external_id, None, None)
 
-    first = wait_for("both nodes' launches", lambda: len(argv_lines(run_dir)) >= 2 and argv_lines(run_dir),
-                     timeout=60)
+    first = wait_for(
+        "both nodes' launches", lambda: len(argv_lines(run_dir)) >= 2 and argv_lines(run_dir), timeout=60
+    )
     ranks = {}
     for line in first:
         node, restart, *argv = line.split()
@@ -93,7 +106,7 @@ def test_requeued_job_resumes_from_latest_checkpoint(slurm_cluster: list[str], t
 
     state = wait_phase(launcher, ref, {RunPhase.exited, RunPhase.lost}, timeout=90)
     assert state.phase == RunPhase.exited and state.exit_code == 0, state
-    second = argv_lines(run_dir)[len(first):]
+    second = argv_lines(run_dir)[len(first) :]
     assert len(second) == 2, argv_lines(run_dir)
     for line in second:
         node, restart, *argv = line.split()

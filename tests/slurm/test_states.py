@@ -118,11 +118,21 @@ def test_reason_from_slurmstepd_lines() -> None:
         "step 2\n"
     )
     assert reason_from_log(tail, "11") is None
-    assert reason_from_log(tail + "slurmstepd: error: *** JOB 11 ON vm CANCELLED AT 2026-11-30T03:40:00 "
-                           "DUE TO TIME LIMIT ***\n", "11") == "TIMEOUT"
-    assert reason_from_log("slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-11-30T03:40:00 ***", "12") \
+    assert (
+        reason_from_log(
+            tail + "slurmstepd: error: *** JOB 11 ON vm CANCELLED AT 2026-11-30T03:40:00 "
+            "DUE TO TIME LIMIT ***\n",
+            "11",
+        )
+        == "TIMEOUT"
+    )
+    assert (
+        reason_from_log("slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-11-30T03:40:00 ***", "12")
         == "CANCELLED"
-    assert reason_from_log("*** JOB 12 ON n1 CANCELLED AT 2026-11-30T03:40:00 DUE TO PREEMPTION ***", "12") \
+    )
+    assert (
+        reason_from_log("*** JOB 12 ON n1 CANCELLED AT 2026-11-30T03:40:00 DUE TO PREEMPTION ***", "12")
         == "PREEMPTED"
+    )
     # Another job's line (an earlier submission of the same run dir) says nothing about this one.
     assert reason_from_log("*** JOB 12 ON n1 CANCELLED AT 2026-11-30T03:40:00 ***", "13") is None

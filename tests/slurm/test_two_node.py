@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from ftq.render import render_plan
 from ftq.settings import Settings
 from ftq.spec import JobSpec
 from tests.slurm.conftest import wait_phase
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.slurm import SlurmLauncher
-from worker.render import render_plan
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -57,8 +57,9 @@ exec @PYTHON@ "${args[@]}"
 """
 
 
-def test_two_machines_form_one_process_group(slurm_cluster: list[str], tmp_path: Path,
-                                             cleanup_jobs: list[str]) -> None:
+def test_two_machines_form_one_process_group(
+    slurm_cluster: list[str], tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
     assert len(slurm_cluster) >= 2, f"the rehearsal needs the 2-node test cluster, got {slurm_cluster}"
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
@@ -68,21 +69,33 @@ def test_two_machines_form_one_process_group(slurm_cluster: list[str], tmp_path:
     settings = Settings(data_dir=tmp_path / "data", env="test", python=str(wrapper))
     job_id = "twonode"
     run_dir = settings.runs_dir / job_id
-    spec = JobSpec.model_validate({
-        "model": {"name_or_path": str(tmp_path / "model")},
-        "dataset": {"name_or_path": str(tmp_path / "data.jsonl"), "text_field": "text"},
-        "training": {"max_steps": 1, "mixed_precision": "no"},
-        "distributed": {"strategy": "ddp"},
-        "resources": {"launcher": "slurm", "device": "cpu", "num_nodes": 2,
-                      "processes_per_node": PROCESSES_PER_NODE},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name_or_path": str(tmp_path / "model")},
+            "dataset": {"name_or_path": str(tmp_path / "data.jsonl"), "text_field": "text"},
+            "training": {"max_steps": 1, "mixed_precision": "no"},
+            "distributed": {"strategy": "ddp"},
+            "resources": {
+                "launcher": "slurm",
+                "device": "cpu",
+                "num_nodes": 2,
+                "processes_per_node": PROCESSES_PER_NODE,
+            },
+        }
+    )
     plan = render_plan(spec, job_id=job_id, run_dir=run_dir, settings=settings)
     run_dir.mkdir(parents=True)
     (run_dir / "accelerate_config.yaml").write_text(plan.accelerate_config_yaml)
 
     launcher = SlurmLauncher(settings)
-    handle = launcher.submit(LaunchRequest(job_id=job_id, run_dir=run_dir, spec=spec.model_dump(mode="json"),
-                                           plan=plan.model_dump(mode="json")))
+    handle = launcher.submit(
+        LaunchRequest(
+            job_id=job_id,
+            run_dir=run_dir,
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+        )
+    )
     assert handle.external_id
     cleanup_jobs.append(handle.external_id)
     ref = RunRef(job_id, run_dir, handle.external_id, None, None)

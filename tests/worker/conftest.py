@@ -42,20 +42,30 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (shipped / "model" / "config.json").exists() and (shipped / "data" / "train.jsonl").exists():
         return shipped
     out = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out)], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "trainer.tiny", "--out", str(out)],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
-def tiny_spec(tiny: Path, *, max_steps: int = 6, processes: int = 1, dataset: str = "train.jsonl",
-              name: str = "tiny-rt") -> dict[str, Any]:
+def tiny_spec(
+    tiny: Path, *, max_steps: int = 6, processes: int = 1, dataset: str = "train.jsonl", name: str = "tiny-rt"
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": name,
         "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
         "dataset": {"name_or_path": str(tiny / "data" / dataset), "text_field": "text"},
         "training": {
-            "max_steps": max_steps, "max_seq_len": 64, "logging_steps": 1, "learning_rate": 1e-3,
-            "mixed_precision": "no", "save_steps": None, "per_device_train_batch_size": 2,
+            "max_steps": max_steps,
+            "max_seq_len": 64,
+            "logging_steps": 1,
+            "learning_rate": 1e-3,
+            "mixed_precision": "no",
+            "save_steps": None,
+            "per_device_train_batch_size": 2,
         },
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
         "resources": {"launcher": "local", "device": "cpu", "processes_per_node": processes},
@@ -129,8 +139,14 @@ class Stack:
     # processes
     def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        proc = subprocess.Popen([FTQ_BIN, *argv], cwd=REPO, env=self.env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [FTQ_BIN, *argv],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
@@ -211,8 +227,9 @@ class Stack:
         assert r.status_code == 200, r.text
         return dict(r.json())
 
-    def wait_for(self, job_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float,
-                 what: str = "condition") -> dict[str, Any]:
+    def wait_for(
+        self, job_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str = "condition"
+    ) -> dict[str, Any]:
         deadline = time.time() + timeout
         job: dict[str, Any] = {}
         while time.time() < deadline:
@@ -252,17 +269,19 @@ def _suppress() -> contextlib.suppress:
 
 def base_env(data_dir: Path, tiny: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTQ_") or k.startswith("FTQ_TEST_")}
-    env.update({
-        "FTQ_ENV": "test",
-        "FTQ_DATA_DIR": str(data_dir),
-        "FTQ_LOCAL_ROOTS": f"{tiny}:{data_dir}",
-        "FTQ_PORT": str(port),
-        "FTQ_CPU_SLOTS": "4",
-        "FTQ_CANCEL_GRACE_SECONDS": "5",
-        "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
-        "FTQ_INGEST_INTERVAL_SECONDS": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "FTQ_ENV": "test",
+            "FTQ_DATA_DIR": str(data_dir),
+            "FTQ_LOCAL_ROOTS": f"{tiny}:{data_dir}",
+            "FTQ_PORT": str(port),
+            "FTQ_CPU_SLOTS": "4",
+            "FTQ_CANCEL_GRACE_SECONDS": "5",
+            "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
+            "FTQ_INGEST_INTERVAL_SECONDS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -298,10 +317,28 @@ def redis_up() -> bool:
 def start_redis() -> None:
     if redis_up():
         return
-    subprocess.run([
-        "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", str(REDIS_PORT),
-        "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log",
-    ], check=True, timeout=20)
+    subprocess.run(
+        [
+            "redis-server",
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            str(REDIS_PORT),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
+        ],
+        check=True,
+        timeout=20,
+    )
     deadline = time.time() + 20
     while time.time() < deadline and not redis_up():
         time.sleep(0.2)

@@ -1,4 +1,4 @@
-"""worker.estimate: the acceptance figures for the two article jobs from their config.json alone, parameter
+"""ftq.estimate: the acceptance figures for the two article jobs from their config.json alone, parameter
 counts checked against real (tiny) transformers models and PEFT, and the sanity of the memory model."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ftq.spec import JobSpec
-from worker.estimate import (
+from ftq.estimate import (
     estimate_disk,
     estimate_memory,
     load_model_config,
@@ -21,6 +20,7 @@ from worker.estimate import (
     parse_arch,
     suggest_fix,
 )
+from ftq.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -434,7 +434,7 @@ def test_load_model_config_from_the_hub_cache_only(tmp_path: Path) -> None:
     (tmp_path / "hub" / "models--tiiuae--falcon-180B" / "refs").mkdir()
     (tmp_path / "hub" / "models--tiiuae--falcon-180B" / "refs" / "main").write_text("abc123")
     code = (
-        "import json; from worker.estimate import load_model_config as f\n"
+        "import json; from ftq.estimate import load_model_config as f\n"
         "print(json.dumps([f('tiiuae/falcon-180B')[0]['num_kv_heads'], f('meta-llama/Llama-2-70b-hf')]))"
     )
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}

@@ -1,4 +1,4 @@
-"""worker.render: golden files for the article jobs, every config through accelerate's own loader and
+"""ftq.render: golden files for the article jobs, every config through accelerate's own loader and
 launch-argument handling, scripts that quote everything, and launch.sh / job.sbatch run for real with a
 stand-in interpreter (plus one real 2-process `accelerate launch` per strategy on CPU)."""
 
@@ -22,9 +22,9 @@ import yaml
 from accelerate.commands.config.config_args import ClusterConfig
 from pydantic import ValidationError
 
+from ftq.render import Plan, default_port, render_plan
 from ftq.settings import Settings
 from ftq.spec import JobSpec
-from worker.render import Plan, default_port, render_plan
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -902,7 +902,7 @@ def test_real_two_process_cpu_launch(dist: dict[str, Any], plugin: int | None, t
 
 
 def test_no_heavy_imports() -> None:
-    code = "import sys, worker.render, worker.estimate\n"
+    code = "import sys, ftq.render, ftq.estimate\n"
     code += "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -130,8 +130,10 @@ def test_kill9_ftq_up_mid_training_then_restart(embedded: Stack, tiny_dir: Path)
     embedded.wait_ready()
     done = embedded.wait_terminal(job["id"], timeout=180)
     assert done["status"] == "succeeded", embedded.log_tail(job["id"])
-    steps = [p["step"] for p in embedded.http.get(
-        f"/jobs/{job['id']}/metrics", params={"limit": 10_000}).json()["data"]]
+    steps = [
+        p["step"]
+        for p in embedded.http.get(f"/jobs/{job['id']}/metrics", params={"limit": 10_000}).json()["data"]
+    ]
     assert steps == list(range(1, max_steps + 1))
     assert done["progress"]["step"] == max_steps
     assert run_pids(job["id"]) == []

@@ -112,10 +112,18 @@ def test_api_and_workers_starting_together_migrate_once(tmp_path: Path) -> None:
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        env = {**os.environ, "FTQ_DATA_DIR": str(tmp_path), "FTQ_ENV": "test",
-               "FTQ_DATABASE_URL": f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}"}
-        procs = [subprocess.Popen([FTQ_BIN, "migrate"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT) for _ in range(3)]
+        env = {
+            **os.environ,
+            "FTQ_DATA_DIR": str(tmp_path),
+            "FTQ_ENV": "test",
+            "FTQ_DATABASE_URL": f"{PG_ADMIN.rsplit('/', 1)[0]}/{name}",
+        }
+        procs = [
+            subprocess.Popen(
+                [FTQ_BIN, "migrate"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            for _ in range(3)
+        ]
         outs = [p.communicate(timeout=120)[0].decode() for p in procs]
         assert [p.returncode for p in procs] == [0, 0, 0], outs
     finally:

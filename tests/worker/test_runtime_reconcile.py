@@ -13,10 +13,14 @@ import pytest
 
 from ftq import runs
 
-SCRIPT_OK = 'echo "step ok"\nprintf \'{"step": 1, "loss": 1.5, "max_steps": 1}\\n\' >> metrics.jsonl\n' \
-            "printf '0\\n' > .s && mv .s exit_status\n"
-SCRIPT_FAIL = "echo 'ftq-error: dataset_error: column text not found; set dataset.text_field' >&2\n" \
-              "printf '1\\n' > .s && mv .s exit_status\nexit 1\n"
+SCRIPT_OK = (
+    'echo "step ok"\nprintf \'{"step": 1, "loss": 1.5, "max_steps": 1}\\n\' >> metrics.jsonl\n'
+    "printf '0\\n' > .s && mv .s exit_status\n"
+)
+SCRIPT_FAIL = (
+    "echo 'ftq-error: dataset_error: column text not found; set dataset.text_field' >&2\n"
+    "printf '1\\n' > .s && mv .s exit_status\nexit 1\n"
+)
 SCRIPT_SLEEP = "sleep 30\nprintf '0\\n' > .s && mv .s exit_status\n"
 
 
@@ -31,8 +35,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("FTQ_CPU_SLOTS", "1")
     monkeypatch.setenv("FTQ_CANCEL_GRACE_SECONDS", "1")
     from ftq.settings import get_settings
-    from service.db import reset_engine_cache
-    from service.migrate import upgrade
+    from ftq.store.db import reset_engine_cache
+    from ftq.store.migrate import upgrade
     from worker import reconcile
 
     get_settings.cache_clear()
@@ -47,23 +51,38 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def add_job(job_id: str, script: str, status: str = "queued", **values: Any) -> None:
-    from service.db import session_scope
-    from service.jobs.repository import utcnow
-    from service.models import Job
+    from ftq.store.db import session_scope
+    from ftq.store.models import Job
+    from ftq.store.repository import utcnow
 
     now = utcnow()
-    spec = {"resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1, "num_nodes": 1},
-            "training": {"max_steps": 1}}
+    spec = {
+        "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1, "num_nodes": 1},
+        "training": {"max_steps": 1},
+    }
     with session_scope() as s:
-        s.add(Job(id=job_id, name=job_id, owner="t", status=status, spec=spec,
-                  plan={"launch_script": "set -u\n" + script, "accelerate_config_yaml": "{}\n"},
-                  launcher="local", device="cpu", created_at=now, updated_at=now, attempt=0, metrics_offset=0,
-                  **values))
+        s.add(
+            Job(
+                id=job_id,
+                name=job_id,
+                owner="t",
+                status=status,
+                spec=spec,
+                plan={"launch_script": "set -u\n" + script, "accelerate_config_yaml": "{}\n"},
+                launcher="local",
+                device="cpu",
+                created_at=now,
+                updated_at=now,
+                attempt=0,
+                metrics_offset=0,
+                **values,
+            )
+        )
 
 
 def job(job_id: str) -> Any:
-    from service.db import session_scope
-    from service.jobs import repository
+    from ftq.store import repository
+    from ftq.store.db import session_scope
 
     with session_scope() as s:
         return repository.get_job(s, job_id)
@@ -124,8 +143,8 @@ def test_jobs_wait_for_a_free_slot_first_come_first_served(store: Path) -> None:
     add_job("j_2", SCRIPT_OK)
     reconcile.submit("j_2")
     assert job("j_1").status == "running" and job("j_2").status == "queued"  # one CPU slot: j_1 came first
-    from service.db import session_scope
-    from service.jobs import repository
+    from ftq.store import repository
+    from ftq.store.db import session_scope
 
     with session_scope() as s:
         repository.request_cancel(s, "j_1")
@@ -141,10 +160,14 @@ def test_claimed_but_never_launched_goes_back_to_the_queue(store: Path) -> None:
 
 
 def test_a_launch_the_dead_worker_did_not_record_is_adopted_not_repeated(store: Path) -> None:
-    from worker.reconcile import get_launcher, write_run_dir
+    from worker.controller import get_launcher, write_run_dir
 
-    add_job("j_adopt", SCRIPT_SLEEP.replace("sleep 30", "echo once >> launches; sleep 1"), status="starting",
-            resources={"cpu_slots": 1})
+    add_job(
+        "j_adopt",
+        SCRIPT_SLEEP.replace("sleep 30", "echo once >> launches; sleep 1"),
+        status="starting",
+        resources={"cpu_slots": 1},
+    )
     run_dir = store / "j_adopt"
     # What the dead worker got done: the run dir written and the process started, no pid in the store.
     from worker.launchers.base import LaunchRequest

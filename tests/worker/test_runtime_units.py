@@ -27,8 +27,14 @@ def spec(device: str = "cpu", procs: int = 1, launcher: str = "local") -> dict:
 def test_gpus_are_disjoint_and_jobs_wait_first_come_first_served() -> None:
     s = Settings(gpu_pool="0,1,2,3", cpu_slots=2)
     held = [{"gpus": [1]}, {"cpu_slots": 1}]
-    queued = [("a", spec("cuda", 2)), ("b", spec("cuda", 2)), ("c", spec("cuda", 1)), ("d", spec("cpu", 1)),
-              ("e", spec("cpu", 1)), ("f", spec(launcher="slurm", device="cuda", procs=8))]
+    queued = [
+        ("a", spec("cuda", 2)),
+        ("b", spec("cuda", 2)),
+        ("c", spec("cuda", 1)),
+        ("d", spec("cpu", 1)),
+        ("e", spec("cpu", 1)),
+        ("f", spec(launcher="slurm", device="cuda", procs=8)),
+    ]
     out = {d.job_id: d for d in scheduling.decide(queued, held, s)}
     assert out["a"].resources == {"gpus": [0, 2]}
     # b does not fit in the one GPU left; c, although it would fit, waits behind b (no starvation).
@@ -50,8 +56,12 @@ def test_a_job_larger_than_the_pool_is_refused_with_the_reason() -> None:
 @pytest.mark.parametrize(
     ("tail", "code", "reason", "exit_code"),
     [
-        ("x\nftq-error: dataset_error: column 'text' not found; set dataset.text_field\n", "dataset_error",
-         None, 1),
+        (
+            "x\nftq-error: dataset_error: column 'text' not found; set dataset.text_field\n",
+            "dataset_error",
+            None,
+            1,
+        ),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "out_of_memory", None, 1),
         ("", "out_of_memory", None, 137),
         ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(5)", "nccl_timeout", None, 1),
@@ -122,8 +132,12 @@ def test_local_launcher_runs_polls_and_reads_the_exit_status(tmp_path: Path) -> 
     launcher = LocalLauncher(Settings(data_dir=tmp_path, cpu_slots=2, pass_env="FTQ_RT_SECRET"))
     os.environ["FTQ_RT_SECRET"] = "s3cret"
     try:
-        req = _request(tmp_path, "job_ok", 'echo "omp=$OMP_NUM_THREADS cuda=[$CUDA_VISIBLE_DEVICES] '
-                                           'secret=$FTQ_RT_SECRET"\nprintf "0\\n" > exit_status\n')
+        req = _request(
+            tmp_path,
+            "job_ok",
+            'echo "omp=$OMP_NUM_THREADS cuda=[$CUDA_VISIBLE_DEVICES] '
+            'secret=$FTQ_RT_SECRET"\nprintf "0\\n" > exit_status\n',
+        )
         handle = launcher.submit(req)
     finally:
         del os.environ["FTQ_RT_SECRET"]

@@ -8,7 +8,7 @@ from ftq.settings import Settings, get_settings
 from worker.launchers.base import Launcher
 
 
-def get_launcher(
+def make_launcher(
     name: str, settings: Settings | None = None, on_exit: Callable[[], None] | None = None
 ) -> Launcher:
     """`on_exit`: called when a local run this process started ends (SLURM's end is learned by polling)."""

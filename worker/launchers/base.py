@@ -9,15 +9,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from ftq.render import Plan
 from ftq.settings import REPO_ROOT, Settings
+from ftq.spec import JobSpec
 
 
 @dataclass(frozen=True)
 class LaunchRequest:
     job_id: str
     run_dir: Path
-    spec: dict[str, Any]  # the validated JobSpec as JSON (paths already resolved)
-    plan: dict[str, Any]  # the rendered Plan (see worker.render)
+    spec: JobSpec  # validated, local paths already resolved
+    plan: Plan  # rendered for this attempt (see ftq.render)
     resources: dict[str, Any] = field(default_factory=dict)  # e.g. {"gpus": [0, 1]} or {"cpu_slots": 2}
     env: dict[str, str] = field(default_factory=dict)  # secrets and site env, never stored
 
@@ -66,6 +68,24 @@ class Launcher(Protocol):
     def cancel(self, run: RunRef) -> None:
         """Ask the run to stop. Returns at once; `poll` says when it has gone."""
         ...
+
+    def find(self, run_dir: Path) -> LaunchHandle | None:
+        """A launch made earlier from this run directory (its records), when its worker died before
+        storing the handle. A handle with neither pid nor external id: the run already ended."""
+        ...
+
+    def kill_leftovers(self, run: RunRef) -> None:
+        """After the run has ended, stop whatever of it is still alive (orphaned ranks)."""
+        ...
+
+
+# Operator settings that hold credentials; a training run has no use for them.
+WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
+
+
+def service_environment() -> dict[str, str]:
+    """The worker's environment less the service's own credentials: where a run's environment starts."""
+    return {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
 
 
 def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequest) -> None:

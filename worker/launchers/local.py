@@ -34,16 +34,13 @@ from worker.launchers.base import (
     RunRef,
     RunState,
     add_run_environment,
+    service_environment,
 )
 
 log = logging.getLogger(__name__)
 
-LAUNCH_RECORD = "launch.json"
-CANCEL_RECORD = "cancel.json"
 LAUNCHES_LOG = "launches.log"
 RUN_MARKER = "FTQ_JOB_ID"
-# Operator settings that hold credentials; a training run has no use for them.
-_WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
 
 
 @dataclass(frozen=True)
@@ -110,20 +107,9 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def read_exit_status(run_dir: Path) -> int | None:
-    try:
-        text = (run_dir / runs.EXIT_STATUS).read_text().strip()
-    except FileNotFoundError:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
 def read_launch_record(run_dir: Path) -> LaunchHandle | None:
     try:
-        data = json.loads((run_dir / LAUNCH_RECORD).read_text())
+        data = json.loads((run_dir / runs.LAUNCH_RECORD).read_text())
         return LaunchHandle(external_id=None, pid=int(data["pid"]), pid_start_ticks=int(data["start_ticks"]))
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
@@ -158,7 +144,7 @@ class LocalLauncher:
 
     # Environment -----------------------------------------------------------------------------------
     def run_env(self, req: LaunchRequest) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _WITHHELD_ENV}
+        env = service_environment()
         gpus = req.resources.get("gpus")
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -201,7 +187,7 @@ class LocalLauncher:
         # The process may already have ended (and been reaped); its ticks then no longer matter.
         ticks = info.start_ticks if info is not None else 0
         _write_atomic(
-            run_dir / LAUNCH_RECORD,
+            run_dir / runs.LAUNCH_RECORD,
             json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "started": time.time()}),
         )
         with open(run_dir / LAUNCHES_LOG, "a") as audit:
@@ -213,7 +199,7 @@ class LocalLauncher:
         record = read_launch_record(run_dir)
         if record is not None:
             return record
-        if read_exit_status(run_dir) is not None:
+        if runs.read_exit_status(run_dir) is not None:
             return LaunchHandle(external_id=None, pid=None, pid_start_ticks=None)
         # The start happened but launch.json was not written: find the group by its working directory.
         for p in scan_proc():
@@ -247,14 +233,14 @@ class LocalLauncher:
         # Only when the group is gone: ranks in sessions of their own (read environ only then).
         if marked(ref.job_id, procs):
             return RunState(phase=RunPhase.running)
-        code = read_exit_status(ref.run_dir)
+        code = runs.read_exit_status(ref.run_dir)
         if code is not None:
             return RunState(phase=RunPhase.exited, exit_code=code)
         return RunState(phase=RunPhase.lost, reason="no process and no exit status")
 
     def cancel(self, run: RunRef) -> None:
         """SIGTERM to the whole group the first time; SIGKILL once the grace period has passed."""
-        record = run.run_dir / CANCEL_RECORD
+        record = run.run_dir / runs.CANCEL_RECORD
         try:
             sent = float(json.loads(record.read_text())["term_sent"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):

@@ -47,17 +47,14 @@ from worker.launchers.base import (
     RunRef,
     RunState,
     add_run_environment,
+    service_environment,
 )
 
 log = logging.getLogger(__name__)
 
-LAUNCH_RECORD = "launch.json"
-CANCEL_RECORD = "cancel.json"
 # A cancel is repeated after this long if the job is still there (a lost scancel, a restarted controller).
 RECANCEL_SECONDS = 30.0
 COMMAND_TIMEOUT = 60.0
-# Operator settings that hold credentials; a training run has no use for them.
-_WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
 # A worker that itself runs inside an allocation must not hand that allocation's variables to sbatch
 # (SLURM_JOB_ID and friends would make the new job think it is a step of the old one).
 _WITHHELD_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
@@ -66,7 +63,7 @@ _WITHHELD_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 @dataclass(frozen=True)
 class StateRule:
     phase: RunPhase
-    reason: str | None = None   # what RunState.reason says for an ended job
+    reason: str | None = None  # what RunState.reason says for an ended job
     requeued: bool = False
 
 
@@ -200,13 +197,6 @@ def reason_from_log(log_tail: str, external_id: str | None) -> str | None:
     return found
 
 
-def read_exit_status(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / runs.EXIT_STATUS).read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 class SlurmError(RuntimeError):
     """A SLURM command failed in a way that says nothing about the job (controller down, bad config)."""
 
@@ -229,8 +219,14 @@ class SlurmLauncher:
     ) -> subprocess.CompletedProcess[str]:
         try:
             return subprocess.run(
-                argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
-                stdin=subprocess.DEVNULL, check=False,
+                argv,
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+                check=False,
             )
         except FileNotFoundError as exc:
             raise SlurmError(
@@ -241,14 +237,11 @@ class SlurmLauncher:
 
     # Environment ----------------------------------------------------------------------------------------
     def run_env(self, req: LaunchRequest) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items()
-            if k not in _WITHHELD_ENV and not k.startswith(_WITHHELD_PREFIXES)
-        }
+        env = {k: v for k, v in service_environment().items() if not k.startswith(_WITHHELD_PREFIXES)}
         # SLURM hands out GPUs (--gres) and sets CUDA_VISIBLE_DEVICES per node; the worker's own
         # value is for this host only.
         env.pop("CUDA_VISIBLE_DEVICES", None)
-        if req.spec.get("resources", {}).get("device") == "cpu":
+        if req.spec.resources.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         add_run_environment(env, self.settings, req)
         if self.settings.slurm_bin_dir:
@@ -261,7 +254,7 @@ class SlurmLauncher:
     # Launcher protocol ----------------------------------------------------------------------------------
     def submit(self, req: LaunchRequest) -> LaunchHandle:
         """`sbatch --parsable job.sbatch` from the run directory; the job id is the handle."""
-        script_text = req.plan.get("sbatch_script")
+        script_text = req.plan.sbatch_script
         if not script_text:
             raise ValueError("the plan has no sbatch_script (rendered without resources.launcher: slurm?)")
         run_dir = req.run_dir
@@ -279,8 +272,8 @@ class SlurmLauncher:
             raise SlurmError(f"sbatch refused the job: {detail}")
         job_id = m.group(1)
         # Written after the fact so a worker that dies here leaves a trail `find` follows.
-        record = run_dir / LAUNCH_RECORD
-        tmp = run_dir / f".{LAUNCH_RECORD}.tmp"
+        record = run_dir / runs.LAUNCH_RECORD
+        tmp = run_dir / f".{runs.LAUNCH_RECORD}.tmp"
         tmp.write_text(json.dumps({"external_id": job_id, "submitted": time.time()}))
         tmp.replace(record)
         log.info("job %s submitted to SLURM as %s", req.job_id, job_id)
@@ -289,7 +282,7 @@ class SlurmLauncher:
     def find(self, run_dir: Path) -> LaunchHandle | None:
         """A batch job submitted earlier for this run directory, by a worker that did not record it."""
         with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
-            job_id = str(json.loads((run_dir / LAUNCH_RECORD).read_text())["external_id"])
+            job_id = str(json.loads((run_dir / runs.LAUNCH_RECORD).read_text())["external_id"])
             if job_id.isdigit():
                 return LaunchHandle(external_id=job_id)
         # The record may not have been written: look for the job by its name (job.sbatch names it).
@@ -311,6 +304,9 @@ class SlurmLauncher:
             out[ref.job_id] = state if state is not None else self._from_run_dir(ref)
         return out
 
+    def kill_leftovers(self, run: RunRef) -> None:
+        """Nothing to do: SLURM ends every process of a job's steps when the job ends (proctrack)."""
+
     def cancel(self, run: RunRef) -> None:
         """`scancel <id>`: SLURM sends SIGTERM to every step and the script, SIGKILL after KillWait.
 
@@ -319,7 +315,7 @@ class SlurmLauncher:
         """
         if not run.external_id:
             return
-        record = run.run_dir / CANCEL_RECORD
+        record = run.run_dir / runs.CANCEL_RECORD
         with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
             sent = json.loads(record.read_text())
             recent = time.time() - float(sent["sent"]) < RECANCEL_SECONDS
@@ -330,16 +326,21 @@ class SlurmLauncher:
         if proc.returncode != 0 and not re.search(r"already completing|completed|Invalid job id", err):
             raise SlurmError(f"scancel {run.external_id} failed: {err}")
         with contextlib.suppress(OSError):
-            tmp = run.run_dir / f".{CANCEL_RECORD}.tmp"
+            tmp = run.run_dir / f".{runs.CANCEL_RECORD}.tmp"
             tmp.write_text(json.dumps({"external_id": run.external_id, "sent": time.time()}))
             tmp.replace(record)
 
     # Sources of truth -----------------------------------------------------------------------------------
     def _squeue(self, ids: list[str]) -> dict[str, RunState]:
-        proc = self._run([
-            self.bin("squeue"), "--noheader", "--states=all", f"--jobs={','.join(ids)}",
-            "--Format=JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|",
-        ])
+        proc = self._run(
+            [
+                self.bin("squeue"),
+                "--noheader",
+                "--states=all",
+                f"--jobs={','.join(ids)}",
+                "--Format=JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|",
+            ]
+        )
         if proc.returncode != 0:
             # Asked about one id only, squeue fails when the job record is gone (with several it
             # leaves unknown ids out): that is an answer, not an error.
@@ -352,10 +353,16 @@ class SlurmLauncher:
         if self._sacct_ok is False:
             return {}
         try:
-            proc = self._run([
-                self.bin("sacct"), "--noheader", "--parsable2", "--allocations", f"--jobs={','.join(ids)}",
-                "--format=JobIDRaw,State,ExitCode",
-            ])
+            proc = self._run(
+                [
+                    self.bin("sacct"),
+                    "--noheader",
+                    "--parsable2",
+                    "--allocations",
+                    f"--jobs={','.join(ids)}",
+                    "--format=JobIDRaw,State,ExitCode",
+                ]
+            )
         except SlurmError:
             self._sacct_ok = False
             return {}
@@ -370,7 +377,7 @@ class SlurmLauncher:
         return parse_sacct(proc.stdout)
 
     def _from_run_dir(self, ref: RunRef) -> RunState:
-        code = read_exit_status(ref.run_dir)
+        code = runs.read_exit_status(ref.run_dir)
         if code is None:
             return RunState(phase=RunPhase.lost, reason="not in squeue, no accounting record, no exit status")
         reason = None

@@ -17,12 +17,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, defer
 
-from service.db import AsyncReadPool
-from service.jobs.schemas import ACTIVE, TERMINAL, JobStatus
-from service.models import Dispatch, IdempotencyKey, Job, MetricPoint
-from service.redact import redact
-
-POINT_FIELDS = ("epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "tokens_per_second", "time")
+from ftq.metrics import POINT_FIELDS
+from ftq.redact import redact
+from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move
+from ftq.store.db import AsyncReadPool
+from ftq.store.models import Dispatch, IdempotencyKey, Job, MetricPoint
 
 
 def utcnow() -> datetime:
@@ -211,6 +210,10 @@ def get_job(session: Session, job_id: str) -> Job | None:
 
 
 def _cas(session: Session, job_id: str, from_: Iterable[str], to: str, **values: Any) -> bool:
+    from_ = list(from_)
+    illegal = [s for s in from_ if not can_move(s, to)]
+    if illegal:
+        raise ValueError(f"no transition {illegal[0]} -> {to} (see ftq.status.TRANSITIONS)")
     stmt = (
         update(Job)
         .where(Job.id == job_id, Job.status.in_([str(s) for s in from_]))
@@ -251,9 +254,7 @@ def record_launch(
     """Store the launch handle while the job may already be `cancelling` (cancel raced the launch)."""
     stmt = (
         update(Job)
-        .where(
-            Job.id == job_id, Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling])
-        )
+        .where(Job.id == job_id, Job.status.in_(list(LAUNCHED)))
         .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
     )
     return (session.execute(stmt).rowcount or 0) == 1  # type: ignore[attr-defined]
@@ -277,11 +278,12 @@ def mark_finished(
     exit_code: int | None = None,
 ) -> bool:
     """-> succeeded | failed | cancelled, from any non-terminal state; releases held resources."""
-    assert status in TERMINAL
+    if status not in TERMINAL:
+        raise ValueError(f"mark_finished needs a terminal status, not {status}")
     return _cas(
         session,
         job_id,
-        [JobStatus.queued, JobStatus.starting, JobStatus.running, JobStatus.cancelling],
+        list(ACTIVE),
         status,
         finished_at=utcnow(),
         error_code=error_code,
@@ -328,7 +330,7 @@ def jobs_in(session: Session, statuses: Iterable[str], *, launcher: str | None =
 
 def held_resources(session: Session) -> list[dict[str, Any]]:
     stmt = select(Job.resources).where(
-        Job.status.in_([JobStatus.starting, JobStatus.running, JobStatus.cancelling]),
+        Job.status.in_(list(LAUNCHED)),
         Job.resources.is_not(None),
     )
     return [r for r in session.scalars(stmt) if r]

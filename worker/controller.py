@@ -1,7 +1,9 @@
-"""The worker's runtime: claim resources, launch, cancel, and bring every job in line with reality.
+"""The job controller: drives each job through its states. Claim resources, launch, cancel, and bring
+every job in line with what its launcher reports. What to do after a failure (retry, requeue, resume
+from a checkpoint) is `worker.recovery`'s.
 
 Every function here is safe to run twice or concurrently: the store's compare-and-set transitions
-decide who acts, `worker.store` locks keep two claims from handing out one GPU and two launches of
+decide who acts, `worker.locks` locks keep two claims from handing out one GPU and two launches of
 one job from both starting, and what a launch left behind (run directory, /proc, the scheduler) is
 looked at before anything new is started. A worker killed at any point is made whole by the next
 `reconcile()`, in this worker or any other.
@@ -9,7 +11,6 @@ looked at before anything new is started. A worker killed at any point is made w
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -18,29 +19,29 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from ftq import runs
+from ftq.errors import ErrorCode
+from ftq.render import Plan
 from ftq.settings import get_settings
-from service.db import session_scope
-from service.jobs import repository
-from service.jobs.schemas import JobStatus
-from service.models import Job
-from worker import failures, ingest, scheduling, store
-from worker.launchers.base import LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+from ftq.spec import JobSpec
+from ftq.status import LAUNCHED, JobStatus
+from ftq.store import repository
+from ftq.store.db import session_scope
+from ftq.store.models import Job
+from worker import ingest, locks, recovery, scheduling
+from worker.launchers import make_launcher
+from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
 
 log = logging.getLogger(__name__)
 
 # A `starting` job younger than this may be between its claim and its launch: leave it alone.
 STARTING_GRACE_SECONDS = 15.0
-NON_TERMINAL_LAUNCHED = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
 
 
 @lru_cache
-def get_launcher(name: str) -> Any:
-    from worker.launchers import get_launcher as make
-
-    return make(name, on_exit=_sweep_after_exit)
+def get_launcher(name: str) -> Launcher:
+    return make_launcher(name, on_exit=_sweep_after_exit)
 
 
 _sweep_pending = threading.Event()
@@ -89,8 +90,13 @@ class JobView:
 
 def _view(job: Job) -> JobView:
     return JobView(
-        id=job.id, status=job.status, launcher=job.launcher, external_id=job.external_id, pid=job.pid,
-        pid_start_ticks=job.pid_start_ticks, updated_at=job.updated_at,
+        id=job.id,
+        status=job.status,
+        launcher=job.launcher,
+        external_id=job.external_id,
+        pid=job.pid,
+        pid_start_ticks=job.pid_start_ticks,
+        updated_at=job.updated_at,
         run_dir=runs.run_dir(get_settings().runs_dir, job.id),
     )
 
@@ -100,12 +106,6 @@ def _age(ts: datetime) -> float:
     return (datetime.now(UTC) - ts).total_seconds()
 
 
-def _find(launcher: Any, view: JobView) -> LaunchHandle | None:
-    """A launch made earlier from this run directory (optional launcher method `find(run_dir)`)."""
-    find = getattr(launcher, "find", None)
-    return find(view.run_dir) if find is not None else None
-
-
 # Scheduling ---------------------------------------------------------------------------------------------
 
 
@@ -113,7 +113,7 @@ def schedule() -> list[str]:
     """Claim resources for queued jobs, oldest first; returns the ids now `starting` to launch."""
     settings = get_settings()
     claimed: list[str] = []
-    with session_scope() as session, store.scheduler_lock(session):
+    with session_scope() as session, locks.scheduler_lock(session):
         queued = repository.jobs_in(session, [JobStatus.queued])
         if not queued:
             return claimed
@@ -121,7 +121,11 @@ def schedule() -> list[str]:
         for d in scheduling.decide([(j.id, j.spec) for j in queued], held, settings):
             if d.impossible is not None:
                 repository.mark_finished(
-                    session, d.job_id, JobStatus.failed, error_code="launch_error", error_message=d.impossible
+                    session,
+                    d.job_id,
+                    JobStatus.failed,
+                    error_code=ErrorCode.launch_error,
+                    error_message=d.impossible,
                 )
             elif repository.mark_starting(session, d.job_id, resources=d.resources):
                 claimed.append(d.job_id)
@@ -133,46 +137,23 @@ def schedule() -> list[str]:
 # Launch ---------------------------------------------------------------------------------------------------
 
 
-# Failures that say nothing about the job itself: FTQ_RETRY_PREEMPTED queues such a job again.
-RETRYABLE = frozenset({"preempted", "node_failure"})
-
-
-def plan_for_attempt(job: Job, run_dir: Path) -> dict[str, Any]:
-    """The stored plan; for a retried attempt, relaunched from the run's newest checkpoint when it has one."""
-    plan = dict(job.plan or {})
-    if not job.attempt or not any((run_dir / runs.CHECKPOINTS).glob("checkpoint-*")):
-        return plan
-    from ftq.spec import JobSpec
-    from worker.render import render_plan
-
-    again = render_plan(
-        JobSpec.model_validate(job.spec), job_id=job.id, run_dir=run_dir, settings=get_settings(),
-        resume_from_checkpoint="latest",
-    )
-    plan.update(launch_script=again.launch_script, sbatch_script=again.sbatch_script, command=again.command,
-                trainer_args=again.trainer_args)
-    return plan
-
-
-def write_run_dir(job: Job, run_dir: Path, plan: dict[str, Any] | None = None) -> None:
-    plan = plan if plan is not None else (job.plan or {})
+def write_run_dir(job: Job, run_dir: Path, plan: Plan) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / runs.CHECKPOINTS).mkdir(exist_ok=True)
     files = {
         runs.SPEC: json.dumps(job.spec, indent=2, sort_keys=True) + "\n",
-        runs.ACCELERATE_CONFIG: plan.get("accelerate_config_yaml") or "",
+        runs.ACCELERATE_CONFIG: plan.accelerate_config_yaml,
+        runs.LAUNCH_SCRIPT: plan.launch_script,
     }
-    if plan.get("launch_script"):
-        files[runs.LAUNCH_SCRIPT] = plan["launch_script"]
-    if plan.get("sbatch_script"):
-        files[runs.SBATCH_SCRIPT] = plan["sbatch_script"]
+    if plan.sbatch_script:
+        files[runs.SBATCH_SCRIPT] = plan.sbatch_script
     for name, text in files.items():
         tmp = run_dir / f".{name}.tmp"
         tmp.write_text(text)
         tmp.chmod(0o755 if name in (runs.LAUNCH_SCRIPT, runs.SBATCH_SCRIPT) else 0o644)
         tmp.replace(run_dir / name)
     # Leftovers of an attempt that never started must not be read as this attempt's end.
-    for stale in (runs.EXIT_STATUS, "launch.json", "cancel.json"):
+    for stale in runs.ATTEMPT_RECORDS:
         (run_dir / stale).unlink(missing_ok=True)
 
 
@@ -184,7 +165,7 @@ def launch(job_id: str) -> None:
         job = repository.get_job(session, job_id)
         if job is None or job.status not in (JobStatus.starting, JobStatus.cancelling):
             return
-    with store.run_lock(run_dir), session_scope() as session:
+    with locks.run_lock(run_dir), session_scope() as session:
         job = repository.get_job(session, job_id)  # again, under the lock: the truth now
         if job is None or job.status not in (JobStatus.starting, JobStatus.cancelling):
             return
@@ -194,26 +175,36 @@ def launch(job_id: str) -> None:
         if view.launched:
             handle = LaunchHandle(job.external_id, job.pid, job.pid_start_ticks)
         else:
-            handle = _find(launcher, view)
+            handle = launcher.find(view.run_dir)
         if handle is None:
             if job.status == JobStatus.cancelling:
                 repository.mark_finished(
-                    session, job_id, JobStatus.cancelled, error_code="cancelled",
+                    session,
+                    job_id,
+                    JobStatus.cancelled,
+                    error_code=ErrorCode.cancelled,
                     error_message="cancelled before it started",
                 )
                 return
             try:
-                plan = plan_for_attempt(job, run_dir)
+                plan = recovery.plan_for_attempt(job, run_dir)
                 write_run_dir(job, run_dir, plan)
                 req = LaunchRequest(
-                    job_id=job.id, run_dir=run_dir, spec=job.spec, plan=plan,
-                    resources=job.resources or {}, env={},
+                    job_id=job.id,
+                    run_dir=run_dir,
+                    spec=JobSpec.model_validate(job.spec),
+                    plan=plan,
+                    resources=job.resources or {},
+                    env={},
                 )
                 handle = launcher.submit(req)
             except Exception as exc:
                 log.exception("launch of %s failed", job_id)
                 repository.mark_finished(
-                    session, job_id, JobStatus.failed, error_code="launch_error",
+                    session,
+                    job_id,
+                    JobStatus.failed,
+                    error_code=ErrorCode.launch_error,
                     error_message=f"the run could not be started: {exc}"[:2000],
                 )
                 return
@@ -221,13 +212,19 @@ def launch(job_id: str) -> None:
         else:
             log.info("job %s: adopting the launch found in its run directory: %s", job_id, handle)
         repository.record_launch(
-            session, job_id, external_id=handle.external_id, pid=handle.pid,
+            session,
+            job_id,
+            external_id=handle.external_id,
+            pid=handle.pid,
             pid_start_ticks=handle.pid_start_ticks,
         )
         # Commit the handle before anything else can fail: it is what makes the run adoptable.
         session.commit()
         repository.mark_running(
-            session, job_id, external_id=handle.external_id, pid=handle.pid,
+            session,
+            job_id,
+            external_id=handle.external_id,
+            pid=handle.pid,
             pid_start_ticks=handle.pid_start_ticks,
         )
         session.commit()
@@ -238,11 +235,13 @@ def launch(job_id: str) -> None:
 
 
 def submit(job_id: str) -> None:
-    """The `ftq.submit` task: schedule (this job and whatever else fits), then launch what was claimed."""
-    for claimed in schedule():
-        launch(claimed)
-    # A redelivered submit of a job left `starting` (its worker died) is for reconcile to sort out.
-    del job_id
+    """The `ftq.submit` task: schedule (this job and whatever else fits, oldest first), then launch what
+    was claimed. A redelivered submit of a job left `starting` (its worker died) is for reconcile."""
+    claimed = schedule()
+    for claimed_id in claimed:
+        launch(claimed_id)
+    if job_id not in claimed:
+        log.debug("job %s: not claimed by this submit (it waits for resources, or was already)", job_id)
 
 
 # Cancel ---------------------------------------------------------------------------------------------------
@@ -262,20 +261,26 @@ def cancel(job_id: str) -> None:
     _settle_unlaunched_cancel(view, launcher)
 
 
-def _settle_unlaunched_cancel(view: JobView, launcher: Any) -> None:
-    with store.try_run_lock(view.run_dir) as free:
+def _settle_unlaunched_cancel(view: JobView, launcher: Launcher) -> None:
+    with locks.try_run_lock(view.run_dir) as free:
         if not free:
             return  # a launch is under way; it sees `cancelling` and cancels what it started
-        handle = _find(launcher, view)
+        handle = launcher.find(view.run_dir)
         with session_scope() as session:
             if handle is None:
                 repository.mark_finished(
-                    session, view.id, JobStatus.cancelled, error_code="cancelled",
+                    session,
+                    view.id,
+                    JobStatus.cancelled,
+                    error_code=ErrorCode.cancelled,
                     error_message="cancelled before it started",
                 )
             else:
                 repository.record_launch(
-                    session, view.id, external_id=handle.external_id, pid=handle.pid,
+                    session,
+                    view.id,
+                    external_id=handle.external_id,
+                    pid=handle.pid,
                     pid_start_ticks=handle.pid_start_ticks,
                 )
 
@@ -286,11 +291,11 @@ def _settle_unlaunched_cancel(view: JobView, launcher: Any) -> None:
 def reconcile() -> bool:
     """The periodic sweep: settle launched jobs, then start queued ones as resources allow. False when
     another sweep was under way (this one did nothing)."""
-    with store.singleton("reconcile") as mine:
+    with locks.singleton("reconcile") as mine:
         if not mine:
             return False
         with session_scope() as session:
-            views = [_view(j) for j in repository.jobs_in(session, NON_TERMINAL_LAUNCHED)]
+            views = [_view(j) for j in repository.jobs_in(session, LAUNCHED)]
         by_launcher: dict[str, list[JobView]] = {}
         for v in views:
             by_launcher.setdefault(v.launcher, []).append(v)
@@ -314,7 +319,7 @@ def reconcile() -> bool:
     return True
 
 
-def _reconcile_one(v: JobView, launcher: Any, state: RunState | None) -> None:
+def _reconcile_one(v: JobView, launcher: Launcher, state: RunState | None) -> None:
     if not v.launched:
         if v.status == JobStatus.starting and _age(v.updated_at) < STARTING_GRACE_SECONDS:
             return
@@ -331,12 +336,12 @@ def _reconcile_one(v: JobView, launcher: Any, state: RunState | None) -> None:
     finish(v, launcher, state)
 
 
-def _settle_unlaunched(v: JobView, launcher: Any) -> None:
+def _settle_unlaunched(v: JobView, launcher: Launcher) -> None:
     """A `starting`/`cancelling` job with no launch recorded: its worker died mid-launch, or it is slow."""
-    with store.try_run_lock(v.run_dir) as free:
+    with locks.try_run_lock(v.run_dir) as free:
         if not free:
             return  # a launch is in progress right now
-        handle = _find(launcher, v)
+        handle = launcher.find(v.run_dir)
         if handle is not None and not (handle.pid or handle.external_id):
             # Only an exit status is left: the run started and has already ended.
             state = launcher.poll([RunRef(v.id, v.run_dir, None, None, None)]).get(v.id)
@@ -347,16 +352,25 @@ def _settle_unlaunched(v: JobView, launcher: Any) -> None:
             if handle is not None:
                 log.info("job %s: adopting a launch its worker did not record: %s", v.id, handle)
                 repository.record_launch(
-                    session, v.id, external_id=handle.external_id, pid=handle.pid,
+                    session,
+                    v.id,
+                    external_id=handle.external_id,
+                    pid=handle.pid,
                     pid_start_ticks=handle.pid_start_ticks,
                 )
                 repository.mark_running(
-                    session, v.id, external_id=handle.external_id, pid=handle.pid,
+                    session,
+                    v.id,
+                    external_id=handle.external_id,
+                    pid=handle.pid,
                     pid_start_ticks=handle.pid_start_ticks,
                 )
             elif v.status == JobStatus.cancelling:
                 repository.mark_finished(
-                    session, v.id, JobStatus.cancelled, error_code="cancelled",
+                    session,
+                    v.id,
+                    JobStatus.cancelled,
+                    error_code=ErrorCode.cancelled,
                     error_message="cancelled before it started",
                 )
             elif repository.requeue(session, v.id):
@@ -370,13 +384,12 @@ def _mark_running(v: JobView) -> None:
         )
 
 
-def finish(v: JobView, launcher: Any, state: RunState) -> None:
-    """The run has ended: take in its last metrics, then record how it ended."""
+def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
+    """The run has ended: take in its last metrics, then record how it ended (or, for a failure the
+    recovery policy retries, queue it again)."""
     # Ingest first, so a terminal job's metrics are complete the moment clients see it terminal.
     ingest.ingest_job(v.id)
-    kill = getattr(launcher, "kill_leftovers", None)
-    if kill is not None:
-        kill(v.ref())
+    launcher.kill_leftovers(v.ref())
     with session_scope() as session:
         job = repository.get_job(session, v.id)
         if job is None:
@@ -384,39 +397,25 @@ def finish(v: JobView, launcher: Any, state: RunState) -> None:
         status = job.status
         if status == JobStatus.cancelling:
             repository.mark_finished(
-                session, v.id, JobStatus.cancelled, error_code="cancelled",
-                error_message="cancelled on request", exit_code=state.exit_code,
+                session,
+                v.id,
+                JobStatus.cancelled,
+                error_code=ErrorCode.cancelled,
+                error_message="cancelled on request",
+                exit_code=state.exit_code,
             )
         elif state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
             repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
         elif status in (JobStatus.starting, JobStatus.running):
-            if state.phase == RunPhase.lost and state.exit_code is None:
-                failure = failures.classify_run(v.run_dir, exit_code=None, reason=state.reason if state.reason
-                                                and state.reason != "no process and no exit status" else None)
-                if failure.code == "unknown":
-                    failure = failures.Failure(
-                        "unknown",
-                        "the run's processes are gone and it left no exit status: it was killed (SIGKILL, "
-                        "e.g. by the out-of-memory killer) or the host restarted; submit it again, with "
-                        "resume_from to continue from its last checkpoint",
-                    )
-            else:
-                # The log tail, the free space and (after a SIGKILL) the kernel's OOM messages.
-                failure = failures.classify_run(v.run_dir, exit_code=state.exit_code, reason=state.reason)
-            retries = get_settings().retry_preempted
-            if failure.code in RETRYABLE and job.attempt < retries:
-                # Set this attempt's records aside, so the next launch starts anew instead of adopting them.
-                for name in ("launch.json", runs.EXIT_STATUS):
-                    with contextlib.suppress(FileNotFoundError):
-                        (v.run_dir / name).replace(v.run_dir / f"{name}.attempt{job.attempt}")
-            if failure.code in RETRYABLE and job.attempt < retries and repository.requeue(
-                session, v.id, attempt_increment=1
-            ):
-                log.info("job %s ended %s; queued again (attempt %d of %d) to resume from its newest "
-                         "checkpoint", v.id, failure.code, job.attempt + 1, retries)
+            failure = recovery.why_it_failed(v.run_dir, state)
+            if recovery.retry(session, job, v.run_dir, failure):
                 return
             repository.mark_finished(
-                session, v.id, JobStatus.failed, error_code=failure.code, error_message=failure.message,
+                session,
+                v.id,
+                JobStatus.failed,
+                error_code=failure.code,
+                error_message=failure.message,
                 exit_code=state.exit_code,
             )
     log.info("job %s ended: %s", v.id, state)

@@ -6,19 +6,15 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from service.db import session_scope
-from service.jobs import repository
+from ftq import queue
+from ftq.store import repository
+from ftq.store.db import session_scope
 
 log = logging.getLogger(__name__)
 
-_TASK_FOR_KIND = {"submit": "ftq.submit", "cancel": "ftq.cancel"}
-
 
 def _send(job_id: str, kind: str) -> None:
-    from worker.celery_app import celery_app
-
-    # retry=False: with the broker down this fails fast and the relay sends it later.
-    celery_app.send_task(_TASK_FOR_KIND[kind], args=[job_id], retry=False)
+    queue.send(queue.TASK_FOR_DISPATCH[kind], job_id)
 
 
 def send_for_job(job_id: str) -> int:

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from ftq import runs
+from ftq.estimate import Estimate
 from ftq.settings import Settings
 from ftq.spec import JobSpec
 
@@ -30,18 +31,6 @@ TRAINER_MODULE = "trainer"
 NVME_OFFLOAD_ROOT = "/tmp/ftq-offload"
 PORT_BASE = 29500
 PORT_SPAN = 20000
-
-
-class Estimate(BaseModel):
-    """Preflight memory estimate per device (see worker.estimate); numbers are None when skipped."""
-
-    model_config = ConfigDict(extra="allow")
-
-    per_device_bytes: int | None = None
-    device_memory_bytes: int | None = None
-    fits: bool | None = None
-    breakdown: dict[str, Any] = Field(default_factory=dict)
-    reason: str | None = None
 
 
 class Plan(BaseModel):
@@ -394,7 +383,7 @@ def render_plan(
     job_id: str,
     run_dir: Path,
     settings: Settings,
-    estimate: dict[str, Any] | None = None,
+    estimate: Estimate | None = None,
     main_process_port: int | None = None,
     resume_from_checkpoint: str | None = None,
 ) -> Plan:
@@ -425,6 +414,6 @@ def render_plan(
             "output_dir": str(run_dir),
             "resume_from_checkpoint": resume_from_checkpoint,
         },
-        estimate=Estimate.model_validate(estimate) if estimate is not None else None,
+        estimate=estimate,
         launch_script=launch_script(run_dir, argv),
     )

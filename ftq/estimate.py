@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
+from ftq import runs
 from ftq.spec import JobSpec, LoraSpec, looks_local
 
 GiB = 1024**3
@@ -28,6 +31,36 @@ CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # CUDA/NCCL context and cuBLAS workspaces
 # Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
 ADAM_MASTER_AND_MOMENTS = 12
 ADAM_MOMENTS = 8
+
+
+class DiskEstimate(BaseModel):
+    """Bytes the run writes where runs are stored; None where it cannot be known before the run."""
+
+    checkpoint_bytes: int | None = None
+    final_bytes: int | None = None
+    num_checkpoints: int | None = None
+    checkpoints_on_disk: int | None = None
+    checkpoints_total_bytes: int | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    reason: str | None = None
+
+
+class Estimate(BaseModel):
+    """Preflight memory estimate per device, and the disk the run needs; numbers are None when skipped."""
+
+    per_device_bytes: int | None = None
+    device_memory_bytes: int | None = None
+    fits: bool | None = None
+    breakdown: dict[str, int] = Field(default_factory=dict)
+    reason: str | None = None
+    model_type: str | None = None
+    num_parameters: int | None = None
+    trainable_parameters: int | None = None
+    world_size: int | None = None
+    note: str | None = None
+    disk: DiskEstimate | None = None
+
 
 LLAMA_LIKE = {
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
@@ -250,7 +283,7 @@ def _activation_bytes(spec: JobSpec, arch: Arch) -> dict[str, int]:
 
 def estimate_memory(
     spec: JobSpec, model_config: dict[str, Any] | None, *, device_memory_bytes: int
-) -> dict[str, Any]:
+) -> Estimate:
     """Peak memory per device for this job: per_device_bytes, fits, and a breakdown in bytes."""
     arch = parse_arch(model_config) if model_config else None
     if arch is None:
@@ -258,13 +291,7 @@ def estimate_memory(
         reason = (
             f"model type {kind!r} is not one the estimate can count" if model_config else "no model config"
         )
-        return {
-            "per_device_bytes": None,
-            "device_memory_bytes": device_memory_bytes,
-            "fits": None,
-            "breakdown": {},
-            "reason": f"{reason}; estimate skipped",
-        }
+        return Estimate(device_memory_bytes=device_memory_bytes, reason=f"{reason}; estimate skipped")
     res, dist = spec.resources, spec.distributed
     world = res.num_nodes * res.processes_per_node
     cb = _compute_bytes(spec)
@@ -341,25 +368,22 @@ def estimate_memory(
         "cuda_context": CUDA_CONTEXT_BYTES if res.device == "cuda" else 0,
     }
     per_device = sum(breakdown.values())
-    out: dict[str, Any] = {
-        "per_device_bytes": per_device,
-        "device_memory_bytes": device_memory_bytes,
-        "fits": per_device <= device_memory_bytes,
-        "breakdown": breakdown,
-        "reason": None,
-        "model_type": arch.model_type,
-        "num_parameters": total,
-        "trainable_parameters": trainable,
-        "world_size": world,
-    }
-    if arch.note:
-        out["note"] = arch.note
-    return out
+    return Estimate(
+        per_device_bytes=per_device,
+        device_memory_bytes=device_memory_bytes,
+        fits=per_device <= device_memory_bytes,
+        breakdown=breakdown,
+        model_type=arch.model_type,
+        num_parameters=total,
+        trainable_parameters=trainable,
+        world_size=world,
+        note=arch.note or None,
+    )
 
 
 def _fits(spec: JobSpec, arch_config: dict[str, Any], device_memory_bytes: int) -> tuple[bool, int]:
     est = estimate_memory(spec, arch_config, device_memory_bytes=device_memory_bytes)
-    return bool(est["fits"]), int(est["per_device_bytes"] or 0)
+    return bool(est.fits), int(est.per_device_bytes or 0)
 
 
 def suggest_fix(spec: JobSpec, model_config: dict[str, Any] | None, device_memory_bytes: int) -> str | None:
@@ -498,11 +522,11 @@ def _fix_steps(spec: JobSpec) -> list[tuple[str, Any]]:
 # Disk -----------------------------------------------------------------------------------------------------
 
 
-def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> dict[str, Any]:
+def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> DiskEstimate:
     """Bytes the run writes: its checkpoints (at their peak count on disk) and final/."""
     arch = parse_arch(model_config) if model_config else None
     if arch is None:
-        return {"total_bytes": None, "reason": "model config unknown; disk estimate skipped"}
+        return DiskEstimate(reason="model config unknown; disk estimate skipped")
     tr, dist = spec.training, spec.distributed
     total = arch.num_params
     deepspeed = dist.strategy == "deepspeed"
@@ -519,7 +543,7 @@ def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> dict[st
         # fp32 weights (sharded under FSDP) plus Adam moments.
         per_checkpoint = total * (4 + ADAM_MOMENTS)
         final = total * 4
-    out: dict[str, Any] = {"checkpoint_bytes": int(per_checkpoint), "final_bytes": int(final)}
+    out = DiskEstimate(checkpoint_bytes=int(per_checkpoint), final_bytes=int(final))
     if not tr.save_steps:
         count: int | None = 0
     elif tr.max_steps is not None:
@@ -528,33 +552,21 @@ def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> dict[st
     else:
         count = None
     if count is None:
-        out.update(num_checkpoints=None, checkpoints_on_disk=None, checkpoints_total_bytes=None)
-        out["total_bytes"] = (
+        out.total_bytes = (
             int(per_checkpoint) * (tr.save_total_limit + 1) + int(final) if tr.save_total_limit else None
         )
-        out["reason"] = "training by epochs: the checkpoint count depends on the dataset size"
+        out.reason = "training by epochs: the checkpoint count depends on the dataset size"
         return out
     # The trainer writes a new checkpoint before deleting the oldest beyond save_total_limit.
     on_disk = min(count, tr.save_total_limit + 1) if tr.save_total_limit else count
-    out.update(
-        num_checkpoints=count,
-        checkpoints_on_disk=on_disk,
-        checkpoints_total_bytes=int(per_checkpoint) * on_disk,
-        total_bytes=int(per_checkpoint) * on_disk + int(final),
-    )
+    out.num_checkpoints = count
+    out.checkpoints_on_disk = on_disk
+    out.checkpoints_total_bytes = int(per_checkpoint) * on_disk
+    out.total_bytes = int(per_checkpoint) * on_disk + int(final)
     return out
 
 
 # Model config ---------------------------------------------------------------------------------------------
-
-
-# The files `from_pretrained` loads weights from; the trainer's own check (trainer.model) uses the same.
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 def local_model_problem(name_or_path: str) -> str | None:
@@ -570,7 +582,7 @@ def local_model_problem(name_or_path: str) -> str | None:
         return f"{name_or_path} is not a model folder"
     if not (path / "config.json").is_file():
         return f"model folder {name_or_path} has no config.json"
-    if not any((path / n).is_file() for n in WEIGHT_FILES) and not any(path.glob("*.safetensors")):
+    if not runs.has_weights(path):
         return (
             f"model folder {name_or_path} has no weights (expected model.safetensors, a sharded "
             "*.safetensors index or pytorch_model.bin); save the model there with save_pretrained"

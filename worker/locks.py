@@ -22,10 +22,10 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ftq import runs
 from ftq.settings import get_settings
-from service.db import get_engine
+from ftq.store.db import get_engine
 
-RUN_LOCK = ".launch.lock"
 _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
 
@@ -110,7 +110,7 @@ def singleton(name: str) -> Iterator[bool]:
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Held for a whole launch (blocking; launches of one job are rare and short)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with _thread_lock(f"run:{run_dir}"), _flock(run_dir / RUN_LOCK, blocking=True):
+    with _thread_lock(f"run:{run_dir}"), _flock(run_dir / runs.RUN_LOCK, blocking=True):
         yield
 
 
@@ -125,7 +125,7 @@ def try_run_lock(run_dir: Path) -> Iterator[bool]:
         yield False
         return
     try:
-        with _flock(run_dir / RUN_LOCK, blocking=False) as got:
+        with _flock(run_dir / runs.RUN_LOCK, blocking=False) as got:
             yield got
     finally:
         tlock.release()

@@ -1,0 +1,42 @@
+"""A job's statuses and the transitions between them: the one definition every process uses."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    cancelling = "cancelling"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+ACTIVE = frozenset({JobStatus.queued, JobStatus.starting, JobStatus.running, JobStatus.cancelling})
+# Launched or about to be: what a reconcile sweep looks at.
+LAUNCHED = (JobStatus.starting, JobStatus.running, JobStatus.cancelling)
+
+# Every compare-and-set in the store moves a job along one of these edges and no other. `starting` and
+# `running` go back to `queued` when a claim was never launched or a preempted run is retried.
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.queued: frozenset({JobStatus.starting, JobStatus.cancelled, JobStatus.failed}),
+    JobStatus.starting: frozenset({JobStatus.running, JobStatus.queued, JobStatus.cancelling, *TERMINAL}),
+    JobStatus.running: frozenset({JobStatus.queued, JobStatus.cancelling, *TERMINAL}),
+    JobStatus.cancelling: frozenset(TERMINAL),
+    JobStatus.succeeded: frozenset(),
+    JobStatus.failed: frozenset(),
+    JobStatus.cancelled: frozenset(),
+}
+
+
+def can_move(src: JobStatus | str, dst: JobStatus | str) -> bool:
+    return JobStatus(dst) in TRANSITIONS[JobStatus(src)]
+
+
+def sources_of(dst: JobStatus) -> list[JobStatus]:
+    """The statuses a job may be in to move to `dst` (the WHERE of a compare-and-set)."""
+    return [s for s, targets in TRANSITIONS.items() if dst in targets]

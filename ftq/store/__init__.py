@@ -1,0 +1,1 @@
+"""The store: engine and sessions, tables, every SQL statement, the outbox, migrations."""

@@ -1,0 +1,93 @@
+"""Reading a job's train.log in chunks for the API: whole UTF-8 characters, the run's secrets masked."""
+
+from __future__ import annotations
+
+from ftq import runs
+from ftq.settings import Settings
+from ftq.status import TERMINAL, JobStatus
+from ftq.store.models import Job
+from service.jobs.schemas import LogChunk
+
+LOG_CHUNK_MAX = 1_048_576
+
+
+def read_log(job: Job, settings: Settings, *, offset: int, limit: int, secrets_: list[str]) -> LogChunk:
+    """Bytes [offset, offset+limit) of train.log, cut back to a whole UTF-8 character, secrets masked.
+
+    A chunk holds at least one whole character when one is there, so a small `limit` still moves on.
+    A secret is masked even when the chunk holds only part of it: the bytes around the chunk are read
+    too, and every byte of the chunk that lies inside a secret becomes part of a `***`.
+    """
+    path = runs.run_dir(settings.runs_dir, job.id) / runs.TRAIN_LOG
+    limit = max(1, min(limit, LOG_CHUNK_MAX))
+    terminal = JobStatus(job.status) in TERMINAL
+    needles = sorted({v.encode() for v in secrets_ if v})
+    pad = max((len(n) for n in needles), default=1) - 1
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            start = min(offset, size)
+            before = max(0, start - pad)
+            f.seek(before)
+            # `pad` bytes either side find secrets across the chunk's edges; 3 more end a character.
+            window = f.read(start - before + limit + 3 + pad)
+    except FileNotFoundError:
+        return LogChunk(offset=offset, next_offset=offset, text="", complete=terminal)
+    at = start - before
+    data = window[at : at + limit]
+    # A live log may end inside a character that is still being written: leave it for the next read.
+    if start + len(data) < size or not terminal:
+        data = _trim_partial_utf8(data) or _first_char(window[at : at + 4])
+    next_offset = start + len(data) if data else offset
+    text = mask(window, at, len(data), needles).decode("utf-8", errors="replace")
+    return LogChunk(
+        offset=offset, next_offset=next_offset, text=text, complete=terminal and next_offset >= size
+    )
+
+
+def _trim_partial_utf8(data: bytes) -> bytes:
+    # Drop an incomplete multi-byte sequence at the end; the next poll starts on its first byte.
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
+            continue
+        if b & 0x80 == 0:  # ASCII
+            return data
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4
+        return data if back >= need else data[:-back]
+    return data
+
+
+def _first_char(data: bytes) -> bytes:
+    """The first UTF-8 character of data when it is all there, else b""."""
+    if not data:
+        return b""
+    b = data[0]
+    need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+    return data[:need] if len(data) >= need else b""
+
+
+def mask(window: bytes, at: int, length: int, needles: list[bytes]) -> bytes:
+    """window[at:at+length], each run of bytes inside an occurrence of a needle replaced by `***`."""
+    chunk = window[at : at + length]
+    spans: list[list[int]] = []
+    for needle in needles:
+        i = window.find(needle)
+        while i != -1:
+            lo, hi = max(i, at) - at, min(i + len(needle), at + length) - at
+            if lo < hi:
+                spans.append([lo, hi])
+            i = window.find(needle, i + 1)
+    if not spans:
+        return chunk
+    merged: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    out, pos = bytearray(), 0
+    for lo, hi in merged:
+        out += chunk[pos:lo] + b"***"
+        pos = hi
+    return bytes(out + chunk[pos:])
