@@ -28,10 +28,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ftq.status import JobStatus
 from ftq.store.db import new_session
 from ftq.store.models import Dispatch, Job, MetricPoint
 from ftq.store.repository import count_by_status, utcnow
-from service.jobs.schemas import JobStatus
 
 log = logging.getLogger(__name__)
 

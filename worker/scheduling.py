@@ -63,8 +63,8 @@ def decide(
                         job_id,
                         impossible=(
                             f"the job needs {need.count} GPUs but this worker has {total} (FTQ_GPU_POOL="
-                            f"{settings.gpu_pool!r}); lower resources.processes_per_node, use resources.device: cpu, "
-                            "or run it with resources.launcher: slurm"
+                            f"{settings.gpu_pool!r}); lower resources.processes_per_node, use "
+                            "resources.device: cpu, or run it with resources.launcher: slurm"
                         ),
                     )
                 )

@@ -1,87 +1,37 @@
-"""Request and response models of the jobs API (the contract's Job, Point, pages)."""
+"""The jobs API's request and response models: the contract's models live in the core (`ftq.schemas`),
+shared with the client SDK; this module names them for the routes."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from ftq.schemas import (
+    Checkpoint,
+    CheckpointList,
+    ErrorBody,
+    Health,
+    JobError,
+    JobList,
+    JobPublic,
+    LogChunk,
+    MetricsPage,
+    PlanPublic,
+    Point,
+    Progress,
+)
+from ftq.status import TERMINAL, JobStatus
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from ftq.errors import ErrorCode
-from ftq.metrics import Point
-from ftq.render import Plan
-from ftq.spec import JobSpec
-from ftq.status import ACTIVE, TERMINAL, JobStatus
-
-# The plan is rendered by the core's pure renderer; the API serves that same model.
-PlanPublic = Plan
-
-__all__ = ["ACTIVE", "TERMINAL", "ErrorCode", "JobStatus", "PlanPublic", "Point"]
-
-
-class Progress(BaseModel):
-    step: int | None = None
-    max_steps: int | None = None
-    epoch: float | None = None
-    eta_seconds: float | None = None
-
-
-class JobError(BaseModel):
-    code: ErrorCode
-    message: str
-    exit_code: int | None = None
-
-
-class JobPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    id: str
-    name: str
-    owner: str
-    status: JobStatus
-    spec: JobSpec
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    launcher: str
-    external_id: str | None
-    progress: Progress
-    latest_metrics: Point | None
-    error: JobError | None
-
-
-class JobList(BaseModel):
-    data: list[JobPublic]
-    next_cursor: str | None
-
-
-class LogChunk(BaseModel):
-    offset: int
-    next_offset: int
-    text: str
-    complete: bool
-
-
-class MetricsPage(BaseModel):
-    data: list[Point]
-    next_after_step: int
-    complete: bool
-
-
-class Checkpoint(BaseModel):
-    step: int
-    path: str
-    resumable: bool
-
-
-class CheckpointList(BaseModel):
-    data: list[Checkpoint]
-
-
-class ErrorBody(BaseModel):
-    detail: str
-    code: str
-
-
-class Health(BaseModel):
-    status: str
-    checks: dict[str, str] = Field(default_factory=dict)
+__all__ = [
+    "TERMINAL",
+    "Checkpoint",
+    "CheckpointList",
+    "ErrorBody",
+    "Health",
+    "JobError",
+    "JobList",
+    "JobPublic",
+    "JobStatus",
+    "LogChunk",
+    "MetricsPage",
+    "PlanPublic",
+    "Point",
+    "Progress",
+]

@@ -1,0 +1,88 @@
+"""The API's response models (the contract's Job, Point, pages, plan): the service serves them and the
+client SDK (`ftq.client`) parses them, so both sides share one definition."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ftq.errors import ErrorCode
+from ftq.metrics import Point
+from ftq.render import Plan
+from ftq.spec import JobSpec
+from ftq.status import JobStatus
+
+# The plan is rendered by the core's pure renderer; the API serves that same model.
+PlanPublic = Plan
+
+__all__ = ["ErrorCode", "JobStatus", "PlanPublic", "Point"]
+
+
+class Progress(BaseModel):
+    step: int | None = None
+    max_steps: int | None = None
+    epoch: float | None = None
+    eta_seconds: float | None = None
+
+
+class JobError(BaseModel):
+    code: ErrorCode
+    message: str
+    exit_code: int | None = None
+
+
+class JobPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    name: str
+    owner: str
+    status: JobStatus
+    spec: JobSpec
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    launcher: str
+    external_id: str | None
+    progress: Progress
+    latest_metrics: Point | None
+    error: JobError | None
+
+
+class JobList(BaseModel):
+    data: list[JobPublic]
+    next_cursor: str | None
+
+
+class LogChunk(BaseModel):
+    offset: int
+    next_offset: int
+    text: str
+    complete: bool
+
+
+class MetricsPage(BaseModel):
+    data: list[Point]
+    next_after_step: int
+    complete: bool
+
+
+class Checkpoint(BaseModel):
+    step: int
+    path: str
+    resumable: bool
+
+
+class CheckpointList(BaseModel):
+    data: list[Checkpoint]
+
+
+class ErrorBody(BaseModel):
+    detail: str
+    code: str
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, str] = Field(default_factory=dict)
