@@ -149,19 +149,19 @@ def main(argv: list[str] | None = None) -> int:
         spec = job_spec(lora, ckpt, args.seq)
         est = estimate_memory(spec, LLAMA_1B, device_memory_bytes=device.total_memory)
         # max_memory_allocated counts what torch's allocator handed out: not the CUDA context.
-        est_alloc = est["per_device_bytes"] - est["breakdown"]["cuda_context"]
+        est_alloc = est.per_device_bytes - est.breakdown["cuda_context"]
         got = measure(lora, ckpt, args.seq, args.steps)
         err = (est_alloc - got["allocated"]) / got["allocated"]
         worst = max(worst, abs(err))
         rows.append(
             {
                 "setup": label,
-                "estimate_bytes": est["per_device_bytes"],
+                "estimate_bytes": est.per_device_bytes,
                 "estimate_alloc_bytes": est_alloc,
                 "allocated_bytes": got["allocated"],
                 "reserved_bytes": got["reserved"],
                 "error": err,
-                "breakdown": est["breakdown"],
+                "breakdown": est.breakdown,
                 "seconds": got["seconds"],
             }
         )

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, defer
 
 from ftq.metrics import POINT_FIELDS
 from ftq.redact import redact
-from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move
+from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
 from ftq.store.db import AsyncReadPool
 from ftq.store.models import Dispatch, IdempotencyKey, Job, MetricPoint
 
@@ -277,13 +277,14 @@ def mark_finished(
     error_message: str | None = None,
     exit_code: int | None = None,
 ) -> bool:
-    """-> succeeded | failed | cancelled, from any non-terminal state; releases held resources."""
+    """-> succeeded | failed | cancelled, from every state that may end so (ftq.status.TRANSITIONS: a
+    queued job fails or is cancelled, never succeeds); releases held resources."""
     if status not in TERMINAL:
         raise ValueError(f"mark_finished needs a terminal status, not {status}")
     return _cas(
         session,
         job_id,
-        list(ACTIVE),
+        sources_of(status),
         status,
         finished_at=utcnow(),
         error_code=error_code,

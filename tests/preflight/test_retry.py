@@ -104,13 +104,13 @@ def add_job(job_id: str, tiny: Path) -> Path:
 def settle(job_id: str, launcher: LocalLauncher, monkeypatch: pytest.MonkeyPatch, timeout: float = 30) -> Any:
     from ftq.store import repository
     from ftq.store.db import session_scope
-    from worker import reconcile
+    from worker import controller
 
-    monkeypatch.setattr(reconcile, "get_launcher", lambda name: launcher)
-    monkeypatch.setattr(reconcile, "STARTING_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(controller, "get_launcher", lambda name: launcher)
+    monkeypatch.setattr(controller, "STARTING_GRACE_SECONDS", 0.0)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        reconcile.reconcile()
+        controller.reconcile()
         with session_scope() as s:
             job = repository.get_job(s, job_id)
             if job is not None and job.status in ("succeeded", "failed", "cancelled"):

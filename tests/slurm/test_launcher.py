@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from ftq.runs import LAUNCH_RECORD
+from tests.launching import launch_request
 from tests.slurm.conftest import poll_one, procs_with, squeue_ids, wait_for, wait_phase
-from worker.launchers.base import LaunchRequest, RunPhase, RunRef
+from worker.launchers.base import RunPhase, RunRef
 from worker.launchers.slurm import SlurmError, SlurmLauncher
 
 pytestmark = pytest.mark.slurm
@@ -43,13 +44,7 @@ def submit(
     env: dict[str, str] | None = None,
 ) -> RunRef:
     run_dir = tmp_path / f"{name}-{uuid.uuid4().hex[:6]}"
-    req = LaunchRequest(
-        job_id=run_dir.name,
-        run_dir=run_dir,
-        spec={"resources": {"device": "cpu"}},
-        plan={"sbatch_script": batch_script(run_dir, body, extra)},
-        env=env or {},
-    )
+    req = launch_request(run_dir.name, run_dir, sbatch_script=batch_script(run_dir, body, extra), env=env)
     handle = launcher.submit(req)
     assert handle.external_id and handle.external_id.isdigit()
     cleanup.append(handle.external_id)
@@ -141,7 +136,7 @@ def test_find_recovers_an_unrecorded_submission(
 def test_sbatch_refusal_is_an_error(launcher: SlurmLauncher, tmp_path: Path) -> None:
     run_dir = tmp_path / "refused"
     script = batch_script(run_dir, "true", "#SBATCH --partition=no-such-part")
-    req = LaunchRequest(job_id="refused", run_dir=run_dir, spec={}, plan={"sbatch_script": script})
+    req = launch_request("refused", run_dir, sbatch_script=script)
     with pytest.raises(SlurmError, match="sbatch refused"):
         launcher.submit(req)
 

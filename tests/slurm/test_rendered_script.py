@@ -72,8 +72,8 @@ def test_requeued_job_resumes_from_latest_checkpoint(
         LaunchRequest(
             job_id=job_id,
             run_dir=run_dir,
-            spec=spec.model_dump(mode="json"),
-            plan=plan.model_dump(mode="json"),
+            spec=spec,
+            plan=plan,
         )
     )
     assert handle.external_id

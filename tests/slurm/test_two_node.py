@@ -92,8 +92,8 @@ def test_two_machines_form_one_process_group(
         LaunchRequest(
             job_id=job_id,
             run_dir=run_dir,
-            spec=spec.model_dump(mode="json"),
-            plan=plan.model_dump(mode="json"),
+            spec=spec,
+            plan=plan,
         )
     )
     assert handle.external_id

@@ -67,30 +67,30 @@ def one_gpu(spec_name: str, **changes: Any) -> JobSpec:
 @pytest.mark.parametrize("name", ["llama2-70b-fsdp", "llama2-70b-fsdp1"])
 def test_llama2_70b_full_finetune_over_16_gpus_fits_80gb(name: str) -> None:
     est = estimate_memory(example(name), config(LLAMA), device_memory_bytes=A100)
-    assert 40 * GB <= est["per_device_bytes"] <= 80 * GB
-    assert est["fits"] is True
+    assert 40 * GB <= est.per_device_bytes <= 80 * GB
+    assert est.fits is True
     # Also against 80 decimal GB, the way GPU memory is sold.
-    assert estimate_memory(example(name), config(LLAMA), device_memory_bytes=80 * GB)["fits"] is True
-    assert est["world_size"] == 16
-    assert est["trainable_parameters"] == est["num_parameters"]
+    assert estimate_memory(example(name), config(LLAMA), device_memory_bytes=80 * GB).fits is True
+    assert est.world_size == 16
+    assert est.trainable_parameters == est.num_parameters
 
 
 def test_llama2_70b_full_finetune_on_one_gpu_does_not_fit() -> None:
     est = estimate_memory(one_gpu("llama2-70b-fsdp"), config(LLAMA), device_memory_bytes=A100)
-    assert est["per_device_bytes"] > 500 * GB
-    assert est["fits"] is False
+    assert est.per_device_bytes > 500 * GB
+    assert est.fits is False
     # 16 bytes per parameter for weights, gradients and Adam, nothing sharded.
-    b = est["breakdown"]
-    assert b["params"] + b["grads"] + b["optimizer"] == 16 * est["num_parameters"]
+    b = est.breakdown
+    assert b["params"] + b["grads"] + b["optimizer"] == 16 * est.num_parameters
 
 
 def test_falcon_180b_lora_zero3_over_16_gpus_fits_80gb() -> None:
     est = estimate_memory(example("falcon-180b-lora-zero3"), config(FALCON), device_memory_bytes=A100)
-    assert est["fits"] is True
-    assert est["per_device_bytes"] < 80 * GB
+    assert est.fits is True
+    assert est.per_device_bytes < 80 * GB
     # The frozen base in bf16 is sharded 16 ways; it dominates the LoRA job's memory.
-    assert est["breakdown"]["params"] == pytest.approx(est["num_parameters"] * 2 / 16, rel=0.01)
-    assert est["trainable_parameters"] < 0.002 * est["num_parameters"]
+    assert est.breakdown["params"] == pytest.approx(est.num_parameters * 2 / 16, rel=0.01)
+    assert est.trainable_parameters < 0.002 * est.num_parameters
 
 
 def test_parameter_counts_of_the_article_models() -> None:
@@ -248,7 +248,7 @@ def test_known_public_model_sizes() -> None:
 
 
 def per_device(spec: JobSpec, cfg: dict[str, Any]) -> int:
-    return int(estimate_memory(spec, cfg, device_memory_bytes=A100)["per_device_bytes"])
+    return int(estimate_memory(spec, cfg, device_memory_bytes=A100).per_device_bytes)
 
 
 def test_lora_needs_far_less_than_full_finetuning() -> None:
@@ -261,8 +261,8 @@ def test_gradient_checkpointing_lowers_activations() -> None:
     on = estimate_memory(example("llama2-70b-fsdp"), config(LLAMA), device_memory_bytes=A100)
     off_spec = example("llama2-70b-fsdp", training__gradient_checkpointing=False)
     off = estimate_memory(off_spec, config(LLAMA), device_memory_bytes=A100)
-    assert off["breakdown"]["activations"] > 10 * on["breakdown"]["activations"]
-    assert off["fits"] is False and on["fits"] is True
+    assert off.breakdown["activations"] > 10 * on.breakdown["activations"]
+    assert off.fits is False and on.fits is True
     # Activations grow with the micro-batch and the sequence.
     bigger = example("llama2-70b-fsdp", training__per_device_train_batch_size=4)
     assert per_device(bigger, config(LLAMA)) > per_device(example("llama2-70b-fsdp"), config(LLAMA))
@@ -311,8 +311,8 @@ def test_offload_moves_state_off_the_device() -> None:
     offloaded = estimate_memory(
         example("llama2-70b-fsdp", distributed=off), config(LLAMA), device_memory_bytes=A100
     )
-    assert offloaded["breakdown"]["optimizer"] == 0 and offloaded["breakdown"]["params"] == 0
-    assert offloaded["per_device_bytes"] < on_device["per_device_bytes"]
+    assert offloaded.breakdown["optimizer"] == 0 and offloaded.breakdown["params"] == 0
+    assert offloaded.per_device_bytes < on_device.per_device_bytes
     fsdp_off = example("llama2-70b-fsdp", distributed__fsdp__offload_params=True)
     assert per_device(fsdp_off, config(LLAMA)) < per_device(example("llama2-70b-fsdp"), config(LLAMA))
 
@@ -325,9 +325,9 @@ def test_unknown_or_broken_configs_skip_the_estimate_without_raising() -> None:
         None,
     ):
         est = estimate_memory(example("llama2-70b-fsdp"), cfg, device_memory_bytes=A100)
-        assert est["per_device_bytes"] is None and est["fits"] is None
-        assert "estimate skipped" in est["reason"]
-        assert estimate_disk(example("llama2-70b-fsdp"), cfg)["total_bytes"] is None
+        assert est.per_device_bytes is None and est.fits is None
+        assert "estimate skipped" in est.reason
+        assert estimate_disk(example("llama2-70b-fsdp"), cfg).total_bytes is None
         assert suggest_fix(example("llama2-70b-fsdp"), cfg, A100) is None
 
 
@@ -351,13 +351,13 @@ def test_suggest_fix_names_the_smallest_change() -> None:
             "deepspeed": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
         },
     )
-    assert estimate_memory(fixed, config(LLAMA), device_memory_bytes=A100)["fits"] is True
+    assert estimate_memory(fixed, config(LLAMA), device_memory_bytes=A100).fits is True
 
 
 def test_suggest_fix_asks_a_sharded_slurm_job_for_more_nodes() -> None:
     # Falcon LoRA on one node of 40 GB cards: the bf16 base split 8 ways does not fit, 16 ways does.
     spec = example("falcon-180b-lora-zero3", resources__num_nodes=1)
-    assert estimate_memory(spec, config(FALCON), device_memory_bytes=40 * GiB)["fits"] is False
+    assert estimate_memory(spec, config(FALCON), device_memory_bytes=40 * GiB).fits is False
     fix = suggest_fix(spec, config(FALCON), 40 * GiB)
     assert fix is not None and fix.startswith("it would fit with resources.num_nodes: 2 ")
     # A local job cannot grow: offload instead.
@@ -373,39 +373,37 @@ def test_disk_for_the_falcon_lora_job() -> None:
     cfg = config(FALCON)
     spec = example("falcon-180b-lora-zero3")
     disk = estimate_disk(spec, cfg)
-    assert disk["num_checkpoints"] == 50  # 5000 steps, every 100
+    assert disk.num_checkpoints == 50  # 5000 steps, every 100
     arch = parse_arch(cfg)
     assert arch is not None and spec.lora is not None
-    assert disk["final_bytes"] == lora_params(arch, spec.lora) * 4  # the fp32 adapter
-    assert disk["total_bytes"] == disk["checkpoint_bytes"] * 50 + disk["final_bytes"]
-    assert disk["total_bytes"] < 500 * GB
+    assert disk.final_bytes == lora_params(arch, spec.lora) * 4  # the fp32 adapter
+    assert disk.total_bytes == disk.checkpoint_bytes * 50 + disk.final_bytes
+    assert disk.total_bytes < 500 * GB
     limited = estimate_disk(example("falcon-180b-lora-zero3", training__save_total_limit=3), cfg)
-    assert limited["checkpoints_on_disk"] == 4  # the newest is written before the oldest is deleted
+    assert limited.checkpoints_on_disk == 4  # the newest is written before the oldest is deleted
 
 
 def test_disk_for_the_llama_full_finetune() -> None:
     disk = estimate_disk(example("llama2-70b-fsdp"), config(LLAMA))
-    assert disk["num_checkpoints"] == 2  # 500 steps, every 250
+    assert disk.num_checkpoints == 2  # 500 steps, every 250
     # fp32 weights + two Adam moments per parameter, sharded across the ranks' files.
-    assert disk["checkpoint_bytes"] == pytest.approx(69e9 * 12, rel=0.01)
-    assert disk["final_bytes"] == pytest.approx(69e9 * 4, rel=0.01)
+    assert disk.checkpoint_bytes == pytest.approx(69e9 * 12, rel=0.01)
+    assert disk.final_bytes == pytest.approx(69e9 * 4, rel=0.01)
     odd = estimate_disk(example("llama2-70b-fsdp", training__max_steps=501), config(LLAMA))
-    assert odd["num_checkpoints"] == 3  # the last step is saved too
+    assert odd.num_checkpoints == 3  # the last step is saved too
 
 
 def test_disk_when_training_by_epochs() -> None:
     spec = example("llama2-70b-fsdp", training__max_steps=None, training__num_train_epochs=1)
     disk = estimate_disk(spec, config(LLAMA))
-    assert disk["num_checkpoints"] is None and disk["total_bytes"] is None and "epochs" in disk["reason"]
+    assert disk.num_checkpoints is None and disk.total_bytes is None and "epochs" in disk.reason
     spec = example(
         "llama2-70b-fsdp",
         training__max_steps=None,
         training__num_train_epochs=1,
         training__save_total_limit=2,
     )
-    assert estimate_disk(spec, config(LLAMA))["total_bytes"] == pytest.approx(
-        3 * 69e9 * 12 + 69e9 * 4, rel=0.01
-    )
+    assert estimate_disk(spec, config(LLAMA)).total_bytes == pytest.approx(3 * 69e9 * 12 + 69e9 * 4, rel=0.01)
 
 
 # Loading configs ----------

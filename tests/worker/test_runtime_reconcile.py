@@ -37,17 +37,17 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     from ftq.settings import get_settings
     from ftq.store.db import reset_engine_cache
     from ftq.store.migrate import upgrade
-    from worker import reconcile
+    from worker import controller
 
     get_settings.cache_clear()
     reset_engine_cache()
-    reconcile.get_launcher.cache_clear()
-    monkeypatch.setattr(reconcile, "STARTING_GRACE_SECONDS", 0.0)
+    controller.get_launcher.cache_clear()
+    monkeypatch.setattr(controller, "STARTING_GRACE_SECONDS", 0.0)
     upgrade(get_settings().sqlalchemy_url)
     yield tmp_path / "runs"
     get_settings.cache_clear()
     reset_engine_cache()
-    reconcile.get_launcher.cache_clear()
+    controller.get_launcher.cache_clear()
 
 
 def add_job(job_id: str, script: str, status: str = "queued", **values: Any) -> None:
@@ -89,11 +89,11 @@ def job(job_id: str) -> Any:
 
 
 def settle(job_id: str, want: set[str], timeout: float = 20) -> Any:
-    from worker import reconcile
+    from worker import controller
 
     deadline = time.time() + timeout
     while time.time() < deadline:
-        reconcile.reconcile()
+        controller.reconcile()
         j = job(job_id)
         if j.status in want:
             return j
@@ -102,10 +102,10 @@ def settle(job_id: str, want: set[str], timeout: float = 20) -> Any:
 
 
 def test_submit_runs_to_success_with_metrics_ingested_first(store: Path) -> None:
-    from worker import reconcile
+    from worker import controller
 
     add_job("j_ok", SCRIPT_OK)
-    reconcile.submit("j_ok")
+    controller.submit("j_ok")
     assert job("j_ok").status in ("running", "succeeded")
     j = settle("j_ok", {"succeeded"})
     assert j.exit_code == 0 and j.progress_step == 1 and j.resources is None
@@ -116,11 +116,11 @@ def test_submit_runs_to_success_with_metrics_ingested_first(store: Path) -> None
 def test_an_ended_run_is_settled_and_the_next_started_without_a_sweep(store: Path) -> None:
     # Nothing here calls reconcile(): the worker that started the run learns its end from the reaper
     # and sweeps at once, which also starts the job that waited for the slot.
-    from worker import reconcile
+    from worker import controller
 
     add_job("j_first", SCRIPT_SLEEP.replace("sleep 30", "sleep 1"))
     add_job("j_next", SCRIPT_OK)
-    reconcile.submit("j_first")
+    controller.submit("j_first")
     assert job("j_first").status == "running" and job("j_next").status == "queued"
     deadline = time.time() + 20
     while time.time() < deadline and job("j_next").status != "succeeded":
@@ -137,18 +137,18 @@ def test_failure_gets_the_trainers_error(store: Path) -> None:
 
 
 def test_jobs_wait_for_a_free_slot_first_come_first_served(store: Path) -> None:
-    from worker import reconcile
+    from worker import controller
 
     add_job("j_1", SCRIPT_SLEEP)
     add_job("j_2", SCRIPT_OK)
-    reconcile.submit("j_2")
+    controller.submit("j_2")
     assert job("j_1").status == "running" and job("j_2").status == "queued"  # one CPU slot: j_1 came first
     from ftq.store import repository
     from ftq.store.db import session_scope
 
     with session_scope() as s:
         repository.request_cancel(s, "j_1")
-    reconcile.cancel("j_1")
+    controller.cancel("j_1")
     assert settle("j_1", {"cancelled"}).error_code == "cancelled"
     assert settle("j_2", {"succeeded"}).exit_code == 0
 
@@ -170,10 +170,12 @@ def test_a_launch_the_dead_worker_did_not_record_is_adopted_not_repeated(store: 
     )
     run_dir = store / "j_adopt"
     # What the dead worker got done: the run dir written and the process started, no pid in the store.
-    from worker.launchers.base import LaunchRequest
+    from ftq.render import Plan
+    from tests.launching import launch_request
 
-    write_run_dir(job("j_adopt"), run_dir)
-    get_launcher("local").submit(LaunchRequest("j_adopt", run_dir, {}, {}, {"cpu_slots": 1}))
+    adopt = job("j_adopt")
+    write_run_dir(adopt, run_dir, Plan.model_validate(adopt.plan))
+    get_launcher("local").submit(launch_request("j_adopt", run_dir, resources={"cpu_slots": 1}))
     j = settle("j_adopt", {"succeeded"})
     assert j.pid is not None and (run_dir / "launches").read_text() == "once\n"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ftq.settings import Settings
+from tests.launching import launch_request
 from worker import failures, ingest, scheduling
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.local import LocalLauncher, group_members, marked, read_stat
@@ -116,7 +117,7 @@ def _request(tmp_path: Path, job_id: str, script: str) -> LaunchRequest:
     run_dir = tmp_path / job_id
     run_dir.mkdir()
     (run_dir / "launch.sh").write_text(script)
-    return LaunchRequest(job_id=job_id, run_dir=run_dir, spec={}, plan={}, resources={"cpu_slots": 1})
+    return launch_request(job_id, run_dir, resources={"cpu_slots": 1})
 
 
 def _wait(pred, timeout: float = 15) -> bool:  # type: ignore[no-untyped-def]
