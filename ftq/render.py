@@ -362,7 +362,7 @@ def sbatch_script(
         f"RESUME_ARGS={default_resume}",
         "# A requeued job (preemption, node failure) continues from this run's newest checkpoint.",
         'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] \\',
-        f'    && ls -d "$RUN_DIR"/{runs.CHECKPOINTS}/checkpoint-* > /dev/null 2>&1; then',
+        f'    && ls -d "$RUN_DIR"/{runs.CHECKPOINTS}/{runs.CHECKPOINT_PREFIX}* > /dev/null 2>&1; then',
         "  RESUME_ARGS=(--resume_from_checkpoint latest)",
         "fi",
         "",
