@@ -31,8 +31,11 @@ examples/tiny/model/config.json: $(STAMP) trainer/tiny.py
 up: install
 	$(BIN)/ftq up --host $(HOST) --port $(PORT)
 
+# The same checks as .pre-commit-config.yaml: style, formatting, and the import contracts in pyproject.toml.
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 typecheck: install
 	$(BIN)/mypy ftq service worker trainer
