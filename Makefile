@@ -38,7 +38,7 @@ lint: install
 	$(BIN)/lint-imports --no-logo
 
 typecheck: install
-	$(BIN)/mypy ftq service worker trainer
+	$(BIN)/mypy ftq service worker trainer migrations
 
 openapi: install
 	$(BIN)/python -m service.openapi_dump > openapi/openapi.json

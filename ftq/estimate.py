@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ftq import runs
-from ftq.spec import JobSpec, LoraSpec, looks_local
+from ftq.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local
 
 GiB = 1024**3
 CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # CUDA/NCCL context and cuBLAS workspaces
@@ -433,7 +434,7 @@ def suggest_fix(spec: JobSpec, model_config: dict[str, Any] | None, device_memor
     return None
 
 
-def _more_nodes(spec: JobSpec, fits: Any) -> tuple[str, int] | None:
+def _more_nodes(spec: JobSpec, fits: Callable[[JobSpec], int | None]) -> tuple[str, int] | None:
     """Doubling the nodes of a sharded SLURM job until it fits (a local job cannot have more nodes)."""
     dist = spec.distributed
     sharded = dist.strategy == "fsdp" or (dist.strategy == "deepspeed" and dist.deepspeed.zero_stage == 3)
@@ -451,8 +452,8 @@ def _join(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
-def _fix_steps(spec: JobSpec) -> list[tuple[str, Any]]:
-    steps: list[tuple[str, Any]] = []
+def _fix_steps(spec: JobSpec) -> list[tuple[str, Callable[[JobSpec], None]]]:
+    steps: list[tuple[str, Callable[[JobSpec], None]]] = []
     tr, dist, res = spec.training, spec.distributed, spec.resources
     world = res.num_nodes * res.processes_per_node
     fsdp_ac = dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing
@@ -476,7 +477,7 @@ def _fix_steps(spec: JobSpec) -> list[tuple[str, Any]]:
         if dist.strategy == "ddp":
 
             def to_fsdp(s: JobSpec) -> None:
-                s.distributed.strategy = "fsdp"  # type: ignore[assignment]
+                s.distributed.strategy = Strategy.fsdp
 
             steps.append(("distributed.strategy: fsdp", to_fsdp))
         elif dist.strategy == "deepspeed" and dist.deepspeed.zero_stage < 3:
@@ -507,11 +508,11 @@ def _fix_steps(spec: JobSpec) -> list[tuple[str, Any]]:
     else:
 
         def ds_offload(s: JobSpec) -> None:
-            s.distributed.strategy = "deepspeed"  # type: ignore[assignment]
+            s.distributed.strategy = Strategy.deepspeed
             ds = s.distributed.deepspeed
             ds.zero_stage = 3
-            ds.offload_optimizer = "cpu"  # type: ignore[assignment]
-            ds.offload_params = "cpu"  # type: ignore[assignment]
+            ds.offload_optimizer = Offload.cpu
+            ds.offload_params = Offload.cpu
 
         label = "CPU offload (distributed: {strategy: deepspeed, deepspeed: {zero_stage: 3, "
         label += "offload_optimizer: cpu, offload_params: cpu}})"

@@ -86,7 +86,7 @@ class MetricsWriter:
                 f.flush()
 
     def _tokens_per_second(self, state: Any, now: float) -> float | None:
-        tokens = state.num_input_tokens_seen
+        tokens = int(state.num_input_tokens_seen)
         if self._last_time is None or now <= self._last_time or tokens <= self._last_tokens:
             return None
         rate = (tokens - self._last_tokens) / (now - self._last_time)

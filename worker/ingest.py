@@ -93,7 +93,7 @@ def _eta(job: Job, step: int, max_steps: int | None, points: list[dict[str, Any]
     if step >= max_steps:
         return 0.0
     # Rate from recent points (the trainer's clock); else the whole run's average since it started.
-    timed = [(p["step"], p["time"]) for p in points if p.get("time") is not None]
+    timed = [(int(p["step"]), float(p["time"])) for p in points if p.get("time") is not None]
     prev = job.latest_metrics or {}
     if prev.get("time") is not None and prev.get("step") is not None:
         timed.insert(0, (int(prev["step"]), float(prev["time"])))

@@ -11,8 +11,10 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from ftq.settings import get_settings
 
@@ -28,7 +30,7 @@ def make_engine(url: str) -> Engine:
         )
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             # WAL lets the API read while the worker writes; foreign keys are off by default in SQLite.
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -52,11 +54,13 @@ def _ping_when_idle(engine: Engine) -> None:
     load) fails that one statement (a 503 to the client), and SQLAlchemy then renews the whole pool."""
 
     @event.listens_for(engine, "checkin")
-    def _checked_in(_dbapi_conn, record):  # type: ignore[no-untyped-def]
+    def _checked_in(_dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry) -> None:
         record.info["ftq_checked_in"] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
-    def _checked_out(dbapi_conn, record, _proxy):  # type: ignore[no-untyped-def]
+    def _checked_out(
+        dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection
+    ) -> None:
         since = record.info.get("ftq_checked_in")
         if since is None or time.monotonic() - since < PING_AFTER_IDLE_SECONDS:
             return

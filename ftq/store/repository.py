@@ -12,7 +12,19 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, Integer, Select, bindparam, delete, func, select, true, update
+from sqlalchemy import (
+    CursorResult,
+    Engine,
+    Integer,
+    Result,
+    Select,
+    bindparam,
+    delete,
+    func,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, defer
@@ -209,6 +221,13 @@ def get_job(session: Session, job_id: str) -> Job | None:
     return session.scalars(select(Job).where(Job.id == job_id)).first()
 
 
+def _rowcount(result: Result[Any]) -> int:
+    """Rows an UPDATE or DELETE matched: only a cursor result carries the count."""
+    if not isinstance(result, CursorResult):
+        raise TypeError(f"expected the result of an UPDATE or DELETE, got {type(result).__name__}")
+    return int(result.rowcount or 0)
+
+
 def _cas(session: Session, job_id: str, from_: Iterable[str], to: str, **values: Any) -> bool:
     from_ = list(from_)
     illegal = [s for s in from_ if not can_move(s, to)]
@@ -220,7 +239,7 @@ def _cas(session: Session, job_id: str, from_: Iterable[str], to: str, **values:
         .values(status=to, updated_at=utcnow(), **values)
         .execution_options(synchronize_session=False)
     )
-    return (session.execute(stmt).rowcount or 0) == 1  # type: ignore[attr-defined]
+    return _rowcount(session.execute(stmt)) == 1
 
 
 def mark_starting(session: Session, job_id: str, *, resources: dict[str, Any] | None) -> bool:
@@ -257,7 +276,7 @@ def record_launch(
         .where(Job.id == job_id, Job.status.in_(list(LAUNCHED)))
         .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
     )
-    return (session.execute(stmt).rowcount or 0) == 1  # type: ignore[attr-defined]
+    return _rowcount(session.execute(stmt)) == 1
 
 
 def requeue(session: Session, job_id: str, *, attempt_increment: int = 0) -> bool:
@@ -370,7 +389,7 @@ def mark_dispatch_failed(session: Session, dispatch_id: int) -> None:
 
 def purge_expired_idempotency(session: Session) -> int:
     res = session.execute(delete(IdempotencyKey).where(IdempotencyKey.expires_at < utcnow()))
-    return int(res.rowcount or 0)  # type: ignore[attr-defined]
+    return _rowcount(res)
 
 
 # Ingest ------------------------------------------------------------------------------------------------
