@@ -161,8 +161,14 @@ def default_port(job_id: str) -> int:
     return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
 
 
-def trainer_argv(run_dir: Path, resume_from_checkpoint: str | None) -> list[str]:
+def trainer_argv(
+    run_dir: Path, resume_from_checkpoint: str | None, *, trust_remote_code: bool = False
+) -> list[str]:
     argv = ["-m", TRAINER_MODULE, "--spec", str(run_dir / runs.SPEC), "--output_dir", str(run_dir)]
+    if trust_remote_code:
+        # The plan rendered when the operator's policy let this job run remote code (checked at submit):
+        # the trainer passes trust_remote_code to transformers only with this flag and the spec's field.
+        argv += ["--trust_remote_code", "True"]
     if resume_from_checkpoint:
         argv += ["--resume_from_checkpoint", resume_from_checkpoint]
     return argv
@@ -180,7 +186,7 @@ def launch_argv(
         "--num_processes", str(res.num_nodes * res.processes_per_node),
         "--num_machines", str(res.num_nodes),
         "--main_process_port", str(port),
-        *trainer_argv(run_dir, resume_from_checkpoint),
+        *trainer_argv(run_dir, resume_from_checkpoint, trust_remote_code=spec.model.trust_remote_code),
     ]  # fmt: skip
 
 
@@ -327,7 +333,10 @@ def sbatch_script(
         '--main_process_port "$MASTER_PORT"',
         "--rdzv_backend static",
         "--same_network",
-        *(_q(pair) for pair in _pairs(trainer_argv(run_dir, None))),
+        *(
+            _q(pair)
+            for pair in _pairs(trainer_argv(run_dir, None, trust_remote_code=spec.model.trust_remote_code))
+        ),
         '"${RESUME_ARGS[@]}"',
     ]
     lines = [

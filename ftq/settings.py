@@ -63,9 +63,26 @@ class Settings(BaseSettings):
 
     # Limits
     max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_header_bytes: int = Field(
+        16_384, ge=1024, description="Request line plus headers, in bytes; more is a 431."
+    )
+    max_header_count: int = Field(100, ge=8, description="Request headers; more is a 431.")
     max_active_jobs_per_owner: int = Field(100, ge=1)
     post_rate_per_minute: int = Field(120, ge=1)
     idempotency_ttl_hours: float = Field(24.0, gt=0)
+
+    # Operator policy on what a job may do and who may reach the API
+    allow_remote_code: str = Field(
+        "false",
+        description="Who may submit `model.trust_remote_code: true` (code from the model repo runs in "
+        "the launch): `false` (nobody), `true` (every owner), or comma-separated owners.",
+    )
+    allowed_hosts: str = Field(
+        "",
+        description="Comma-separated names the Host header may carry (`*`: any). Empty: with auth off, "
+        "the loopback names and FTQ_HOST; with auth on, any.",
+    )
+    metrics_token: str = Field("", description="Bearer token `GET /metrics` requires; empty: none.")
 
     # Retries (operator policy, never from a job spec)
     retry_preempted: int = Field(
@@ -156,6 +173,27 @@ class Settings(BaseSettings):
         else:
             roots = [self.data_path, EXAMPLES_DIR]
         return [p.expanduser().resolve() for p in roots]
+
+    def remote_code_allowed(self, owner: str) -> bool:
+        """Whether this owner's jobs may set `model.trust_remote_code` (FTQ_ALLOW_REMOTE_CODE)."""
+        value = self.allow_remote_code.strip()
+        if value.lower() in ("", "false", "0", "no", "off"):
+            return False
+        if value.lower() in ("true", "1", "yes", "on", "*"):
+            return True
+        return owner in {o.strip() for o in value.split(",") if o.strip()}
+
+    @property
+    def allowed_host_names(self) -> frozenset[str] | None:
+        """Lower-case names the Host header may carry (no port); None: any."""
+        names = {h.strip().lower().strip("[]") for h in self.allowed_hosts.split(",") if h.strip()}
+        if "*" in names:
+            return None
+        if not names:
+            if self.auth_enabled:
+                return None
+            names = {"localhost", "127.0.0.1", "::1", self.host.strip().lower().strip("[]")}
+        return frozenset(names)
 
     @property
     def gpu_indices(self) -> list[int]:

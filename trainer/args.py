@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume_from_checkpoint",
         help="`latest` (newest under <output_dir>/checkpoints) or a checkpoint folder.",
     )
+    parser.add_argument(
+        "--trust_remote_code",
+        type=str2bool,
+        default=False,
+        metavar="True|False",
+        help="Let transformers run code from the model repo, when the spec also sets "
+        "model.trust_remote_code (ftq's plan adds it only where the operator allows remote code).",
+    )
     article = parser.add_argument_group("source articles' train.py flags (instead of --spec)")
     hints = {"str": str, "int": int, "float": float, "bool": str2bool}
     for f in dataclasses.fields(ArticleFlags):
@@ -228,6 +237,17 @@ def parse_args(argv: list[str] | None = None) -> TrainerArgs:
             spec = flags.to_job_spec()
         except (ValidationError, SpecFieldError) as err:
             parser.error(f"the flags do not make a valid job: {_first_error(err)}")
+
+    if spec.model.trust_remote_code and not ns.trust_remote_code:
+        # Code from the model repo runs only when the spec asks for it AND the launch says the operator
+        # allowed it: ftq's plan adds `--trust_remote_code True` only to a submit its policy allowed, so
+        # a spec.json that says so on its own (written by hand, or stored before the policy) runs none.
+        print(
+            "ftq: model.trust_remote_code is set but the launch does not allow remote code "
+            "(--trust_remote_code True); loading without it",
+            file=sys.stderr,
+        )
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
 
     resume = ns.resume_from_checkpoint
     if resume is not None and resume != "latest" and not Path(resume).is_dir():

@@ -17,7 +17,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ftq import runs
-from ftq.errors import ErrorCode
 from ftq.metrics import Point
 from ftq.redact import redact
 from ftq.render import Plan, render_plan
@@ -68,8 +67,22 @@ def request_hash(body: Any) -> str:
 # Create -----------------------------------------------------------------------------------------------
 
 
+def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
+    """What the operator allows one owner's job to do, beyond what the schema allows anyone."""
+    if spec.model.trust_remote_code and not settings.remote_code_allowed(owner):
+        # Code from a model repo runs inside the launch, with everything the launch can read.
+        raise spec_field_error(
+            ["model", "trust_remote_code"],
+            "running code from the model repo is not allowed on this server; use a model that "
+            "transformers supports natively, or ask the operator (FTQ_ALLOW_REMOTE_CODE)",
+            "not_allowed",
+        )
+
+
 def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str) -> tuple[JobSpec, Plan]:
-    spec = preflight.resolve_paths(parse_spec(body), settings, repo)
+    spec = parse_spec(body)
+    check_policy(spec, settings, repo.owner)
+    spec = preflight.resolve_paths(spec, settings, repo)
     resume = checkpoints.resume_checkpoint(spec, repo, settings)
     estimate, refusals = preflight.preflight(spec, settings)
     if refusals:
@@ -86,7 +99,9 @@ def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str)
 
 
 def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
-    spec = preflight.resolve_paths(parse_spec(body), settings, repo)
+    spec = parse_spec(body)
+    check_policy(spec, settings, repo.owner)
+    spec = preflight.resolve_paths(spec, settings, repo)
     resume = checkpoints.resume_checkpoint(spec, repo, settings)
     # A dry run always answers with the plan, fits or not, so the user can see why.
     estimate, _ = preflight.preflight(spec, settings)
@@ -227,7 +242,7 @@ def to_public(job: Job) -> JobPublic:
     if job.error_code:
         # Stored redacted; masked again in case the secret was set after the job ended.
         message = redact(job.error_message or "")
-        error = JobError(code=ErrorCode(job.error_code), message=message, exit_code=job.exit_code)
+        error = JobError(code=job.error_code, message=message, exit_code=job.exit_code)  # type: ignore[arg-type]
     return JobPublic(
         id=job.id,
         name=job.name,
