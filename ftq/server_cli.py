@@ -161,8 +161,20 @@ class WorkerSupervisor:
 def _serve(host: str, port: int) -> None:
     import uvicorn
 
+    from ftq.http_protocol import bounded_http_protocol
+
+    settings = get_settings()
+    # The request head is bounded while it is read (FTQ_MAX_HEADER_BYTES, FTQ_MAX_HEADER_COUNT).
+    protocol = bounded_http_protocol(settings.max_header_bytes, settings.max_header_count)
     uvicorn.run(
-        "service.app:create_app", factory=True, host=host, port=port, log_level="info", access_log=False
+        "service.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
+        http=protocol or "h11",
+        h11_max_incomplete_event_size=settings.max_header_bytes,
     )
 
 

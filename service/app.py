@@ -23,6 +23,7 @@ from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
 from service.errors import FtqError, PayloadTooLarge
+from service.guard import RequestGuard
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
@@ -152,7 +153,9 @@ def create_app() -> FastAPI:
     app.include_router(jobs_router)
 
     @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
-    def healthz() -> Health:
+    async def healthz() -> Health:
+        # On the event loop, no thread-pool hop: liveness means the loop answers, even while every
+        # worker thread is busy (parsing bodies, reading the store).
         return Health(status="ok")
 
     @app.get(
@@ -198,6 +201,8 @@ def create_app() -> FastAPI:
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Added last, so it runs first: header limits, the Host and the origin before anything is read.
+    app.add_middleware(RequestGuard, settings=settings)
     return app
 
 

@@ -31,6 +31,11 @@ class Unauthorized(FtqError):
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
 
 
+class Forbidden(FtqError):
+    status_code = 403
+    code = "forbidden"
+
+
 class NotFound(FtqError):
     status_code = 404
     code = "not_found"
@@ -49,6 +54,16 @@ class PayloadTooLarge(FtqError):
 class UnsupportedMediaType(FtqError):
     status_code = 415
     code = "unsupported_media_type"
+
+
+class MisdirectedRequest(FtqError):
+    status_code = 421
+    code = "misdirected_request"
+
+
+class HeadersTooLarge(FtqError):
+    status_code = 431
+    code = "headers_too_large"
 
 
 class TooManyRequests(FtqError):

@@ -14,12 +14,13 @@ it is the same whichever API replica answers and survives restarts:
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -28,10 +29,12 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ftq.settings import get_settings
 from ftq.status import JobStatus
 from ftq.store.db import new_session
 from ftq.store.models import Dispatch, Job, MetricPoint
 from ftq.store.repository import count_by_status, utcnow
+from service.errors import Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +172,18 @@ registry = CollectorRegistry(auto_describe=False)
 registry.register(StoreCollector())
 
 
+def _check_metrics_token(request: Request) -> None:
+    """With FTQ_METRICS_TOKEN set, a scrape must carry it as a bearer token (401 otherwise)."""
+    expected = get_settings().metrics_token
+    if not expected:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise Unauthorized("GET /metrics needs the bearer token FTQ_METRICS_TOKEN")
+
+
 @router.get("/metrics")
-def prometheus_metrics() -> Response:
+def prometheus_metrics(request: Request) -> Response:
     # A sync route: FastAPI runs it in its thread pool, so the store queries do not block the loop.
+    _check_metrics_token(request)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

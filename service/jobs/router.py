@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
-import yaml
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -21,8 +20,9 @@ from ftq.spec import JobSpec
 from ftq.store import outbox
 from ftq.store.db import new_session, read_session
 from ftq.store.repository import JobRepository
+from service.body import media_type, read_spec_body
 from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
-from service.errors import BadRequest, TooManyRequests, UnsupportedMediaType, spec_field_error
+from service.errors import BadRequest, SpecError, TooManyRequests, spec_field_error
 from service.jobs import checkpoints, logs, metrics
 from service.jobs import service as jobs
 from service.jobs.poll_cache import PollCache
@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
+_MAX_CURSOR = 2**63 - 1  # cursors are job sequence numbers: a signed 64-bit integer in the store
+
 JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job_0123456789abcdef")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -49,7 +51,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such job for this owner"},
 }
 
-YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 _SPEC_BODY = {
     "requestBody": {
         "required": True,
@@ -63,23 +64,11 @@ _SPEC_BODY = {
 
 
 async def _read_spec_body(request: Request) -> Any:
-    raw = await request.body()
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if not raw.strip():
-        raise BadRequest("the request body is empty; send a job spec as JSON or YAML")
-    if ctype in YAML_TYPES:
-        try:
-            return yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise BadRequest(f"the body is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if ctype in ("application/json", "") or ctype.endswith("+json"):
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"the body is not valid JSON: {exc}") from None
-    raise UnsupportedMediaType(
-        f"content type {ctype} is not supported; use application/json or application/yaml"
-    )
+    # The content type first, so an unsupported body is refused without being read (no type is a 415:
+    # a browser's no-cors form post sends none, and must not pass for JSON).
+    content_type = request.headers.get("content-type")
+    media_type(content_type)
+    return await read_spec_body(await request.body(), content_type)
 
 
 class RateLimiter:
@@ -113,7 +102,8 @@ class RateLimiter:
         400: {"model": ErrorBody, "description": "The body is not JSON or YAML"},
         409: {"model": ErrorBody, "description": "A request with this Idempotency-Key is in progress"},
         413: {"model": ErrorBody, "description": "The body is too large"},
-        415: {"model": ErrorBody, "description": "Unsupported content type"},
+        403: {"model": ErrorBody, "description": "Auth off: a cross-origin or cross-site request"},
+        415: {"model": ErrorBody, "description": "No content type, or not JSON or YAML"},
         429: {"model": ErrorBody, "description": "Rate or active-job limit reached"},
         **_ERRORS,
     },
@@ -134,12 +124,14 @@ async def create_job(
         description="Retries with the same key and body return the same job.",
     ),
 ) -> Any:
-    body = await _read_spec_body(request)
+    spec_body = await _read_spec_body(request)
     if dry_run:
-        plan = await asyncio.to_thread(jobs.dry_run, body, repo, settings)
+        plan = await asyncio.to_thread(jobs.dry_run, spec_body, repo, settings)
         return Response(content=plan.model_dump_json(), media_type="application/json", status_code=200)
     request.app.state.rate_limiter.check(repo.owner, settings.post_rate_per_minute)
-    job, replayed = await asyncio.to_thread(jobs.create_job, session, repo, settings, body, idempotency_key)
+    job, replayed = await asyncio.to_thread(
+        jobs.create_job, session, repo, settings, spec_body, idempotency_key
+    )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     else:
@@ -149,15 +141,15 @@ async def create_job(
 
 
 # The read routes polled all the time (job, list, logs, metrics) do all their work in one thread-pool
-# hop on a read session that is returned before the hop ends. With the session as a sync dependency, a
-# request held its pooled connection while it queued for a thread for its next step, so 200 pollers
-# could hold every connection while the threads waited for one (requests stalled for the pool's 30 s).
+# hop on a read session that is returned before the hop ends. A session held as a sync dependency would
+# keep its pooled connection while the request queues for a thread for its next step, so enough pollers
+# would hold every connection while the threads wait for one (and stall for the pool's 30 s timeout).
 # Their bodies are the bytes the response model would give (by_alias, as FastAPI serializes).
 
 
-# At most this many read hops at once, below the engine's pool of 20: with FastAPI's 40 threads free
-# for them, pollers held up to 40 connections, and each one past the pool was opened and closed per
-# request (py-spy: PostgreSQL connects inside the metrics poll). One core gains nothing from more.
+# At most this many read hops at once, below the engine's pool of 20: FastAPI's thread pool has 40
+# threads, and each connection past the pool would be opened and closed per request (a PostgreSQL
+# connect inside every metrics poll). One core gains nothing from more.
 _READ_SLOTS = anyio.CapacityLimiter(16)
 
 
@@ -201,6 +193,12 @@ async def list_jobs(
     if cursor:
         if not cursor.isdigit():
             raise BadRequest("cursor is not one this server gave out")
+        # isdigit() also holds for non-ASCII digits ("²", Arabic-Indic ones), and a long number overflows
+        # the store's 64-bit integer: both are a 422 naming the parameter, not a 500.
+        if not cursor.isascii() or int(cursor) > _MAX_CURSOR:
+            raise SpecError(
+                [{"loc": ["query", "cursor"], "msg": "cursor is out of range", "type": "value_error"}]
+            )
         before = int(cursor)
 
     def body() -> bytes:
