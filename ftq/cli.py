@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from ftq.client_cli import client_app
 from ftq.server_cli import server_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="ftq: fine-tuning jobs as a service.")
 app.registered_commands += server_app.registered_commands
-
-try:
-    from ftq.client_cli import client_app
-
-    app.registered_commands += client_app.registered_commands
-except ImportError:  # client commands are added by ftq/client_cli.py
-    pass
+app.registered_commands += client_app.registered_commands

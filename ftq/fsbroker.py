@@ -2,14 +2,13 @@
 
 kombu's own `_put` creates `<ms>_<uuid>.<queue>.msg` and only then writes into it. A consumer that
 lists the folder in between moves the still-empty file away, fails to decode it, and the Celery
-worker stops with "Unrecoverable error: JSONDecodeError" (and the message is gone). On a loaded host
-this happened about once a minute (the beat in the worker puts a message every second).
+worker stops with "Unrecoverable error: JSONDecodeError" (and the message is gone). The beat in the
+worker puts a message every second, so on a loaded host that window is hit often.
 
 Here a message is written under a name no consumer takes (a leading dot, a `.tmp` suffix) and renamed
-into place, so a consumer sees all of it or nothing. A file that still does not decode (one left half
-written by a process killed under the old scheme) is dropped with a warning instead of stopping the
-worker: every ftq task is safe to lose (reconcile redoes submits and cancels, the next tick redoes a
-sweep).
+into place, so a consumer sees all of it or nothing. A file that still does not decode (one that
+kombu's own `_put` left half written) is dropped with a warning instead of stopping the worker:
+every ftq task is safe to lose (reconcile redoes submits and cancels, the next tick redoes a sweep).
 """
 
 from __future__ import annotations

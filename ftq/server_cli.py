@@ -126,17 +126,20 @@ class WorkerSupervisor:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-supervisor", daemon=True)
 
-    def start(self) -> None:
-        self.proc = self._spawn()
+    def start(self) -> subprocess.Popen[bytes]:
+        proc = self.proc = self._spawn()
         self._thread.start()
+        return proc
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            assert self.proc is not None
-            code = self.proc.wait()
+            proc = self.proc
+            if proc is None:
+                raise RuntimeError("WorkerSupervisor: the watch thread runs only after start()")
+            code = proc.wait()
             if self._stopping.is_set():
                 return
             typer.echo(f"ftq: worker exited with {code}; starting it again", err=True)
@@ -225,10 +228,9 @@ def up(host: HostOpt = None, port: PortOpt = None) -> None:
     _check_listen(host)
     _migrate()
     supervisor = WorkerSupervisor(worker_argv(beat=True, concurrency=4))
-    supervisor.start()
-    assert supervisor.proc is not None
+    worker_proc = supervisor.start()
     typer.echo(
-        f"ftq: API on http://{host}:{port}  data in {settings.data_path}  worker pid {supervisor.proc.pid}"
+        f"ftq: API on http://{host}:{port}  data in {settings.data_path}  worker pid {worker_proc.pid}"
     )
     try:
         _serve(host, port)

@@ -22,11 +22,13 @@ from ftq import __version__
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
-from service.errors import FtqError, PayloadTooLarge
+from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
 from service.guard import RequestGuard
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
+from service.observability import router as metrics_router
+from service.ui.router import router as ui_router
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +146,8 @@ def create_app() -> FastAPI:
     async def _store_down(_: Request, exc: Exception) -> JSONResponse:
         # The store is unreachable (restarting, network): tell clients to come back, do not 500.
         log.warning("store unavailable: %s", str(exc).splitlines()[0])
-        return JSONResponse(
-            {"detail": "the job store is unavailable; retry shortly", "code": "unavailable"},
-            status_code=503,
-            headers={"Retry-After": "2"},
-        )
+        err = ServiceUnavailable("the job store is unavailable; retry shortly")
+        return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
     app.include_router(jobs_router)
 
@@ -171,18 +170,8 @@ def create_app() -> FastAPI:
         body = Health(status="ok" if ok else "unavailable", checks=checks)
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
-    try:
-        from service.ui.router import router as ui_router
-
-        app.include_router(ui_router)
-    except ImportError:  # the dashboard package is optional while it is being built
-        pass
-    try:
-        from service.observability import router as metrics_router
-
-        app.include_router(metrics_router)
-    except ImportError:
-        pass
+    app.include_router(ui_router)
+    app.include_router(metrics_router)
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema:

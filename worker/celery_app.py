@@ -27,9 +27,9 @@ def _beat_dies_with_its_worker(**_: Any) -> None:
     """Runs in the beat process that `celery worker --beat` forks (beat_embedded_init).
 
     A worker killed with SIGKILL cannot stop its beat, which then ticks on forever with no parent:
-    every restart adds one more, each sending every sweep again. On the embedded broker they flooded
-    the queue (40,000 messages after 25 worker kills) until nothing was consumed in time and jobs
-    stayed `running` long after their runs ended. The kernel now ends the beat with its worker.
+    every restart would add one more, each sending every sweep again, until the queue holds more than
+    the workers consume and jobs stay `running` long after their runs end. So the kernel ends the beat
+    with its worker (PR_SET_PDEATHSIG).
     """
     import ctypes
     import signal

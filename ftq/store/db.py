@@ -23,8 +23,8 @@ T = TypeVar("T")
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        # A pool as large as PostgreSQL's: at SQLAlchemy's default of 5 (+10 overflow), the API's 16
-        # concurrent read hops opened and closed a connection (and its PRAGMAs) on most polls.
+        # A pool as large as PostgreSQL's: the API runs up to 16 read hops at once, and a connection
+        # beyond the pool is opened (with its PRAGMAs) and closed again for each one.
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20, max_overflow=20
         )
@@ -49,9 +49,10 @@ PING_AFTER_IDLE_SECONDS = 10.0
 
 
 def _ping_when_idle(engine: Engine) -> None:
-    """pool_pre_ping, but only for a connection that sat idle: a ping on every checkout was a third of
-    the metrics poll's round trips. A connection that breaks while busy (the database restarted under
-    load) fails that one statement (a 503 to the client), and SQLAlchemy then renews the whole pool."""
+    """pool_pre_ping, but only for a connection that sat idle: a ping on every checkout would add a
+    round trip to every metrics poll, and an idle connection is the one a server restart leaves stale.
+    A connection that breaks while busy (the database restarted under load) fails that one statement
+    (a 503 to the client), and SQLAlchemy then renews the whole pool."""
 
     @event.listens_for(engine, "checkin")
     def _checked_in(_dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry) -> None:

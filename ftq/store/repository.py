@@ -41,7 +41,7 @@ def utcnow() -> datetime:
 
 
 # The metrics poll, built once: building a statement and matching its result columns to the cached
-# compiled form cost more CPU than PostgreSQL spends answering it. One round trip: the owner-filtered
+# compiled form costs more CPU than PostgreSQL spends answering it. One round trip: the owner-filtered
 # jobs row (as _readable() filters every other read) joined to the page of points, so a job without new
 # points still gives its status, and a job this owner cannot read gives no row at all.
 _POINTS_PAGE = (
@@ -179,16 +179,6 @@ class JobRepository:
         self.session.add(dispatch)
         self.session.flush()
         return dispatch
-
-    def metrics_after(self, job_id: str, after_step: int, limit: int) -> list[MetricPoint]:
-        # The caller has already checked ownership through get(); this is a pure index range scan.
-        stmt = (
-            select(MetricPoint)
-            .where(MetricPoint.job_id == job_id, MetricPoint.step > after_step)
-            .order_by(MetricPoint.step)
-            .limit(limit)
-        )
-        return list(self.session.scalars(stmt))
 
     # Idempotency keys -----------------------------------------------------------------------------
     def get_idempotency(self, key: str) -> IdempotencyKey | None:
@@ -416,8 +406,8 @@ def upsert_points(session: Session, job_id: str, points: Sequence[dict[str, Any]
         index_elements=[MetricPoint.job_id, MetricPoint.step],
         set_={f: func.coalesce(getattr(excluded, f), getattr(MetricPoint, f)) for f in POINT_FIELDS},
     )
-    # executemany of one cached statement: .values(rows) compiled a new statement with 9 parameters per
-    # row (31 s for 5,000 rows) and broke past PostgreSQL's 65,535 parameters (about 7,000 rows).
+    # executemany of one cached statement: a multi-row .values(rows) compiles a new statement for every
+    # batch, with 9 parameters per row, and PostgreSQL refuses more than 65,535 (about 7,000 rows).
     session.connection().execute(stmt, rows)
 
 
@@ -444,11 +434,6 @@ def update_progress(
     if latest is not None:
         values["latest_metrics"] = latest
     session.execute(update(Job).where(Job.id == job_id).values(**values))
-
-
-def latest_point(session: Session, job_id: str) -> MetricPoint | None:
-    stmt = select(MetricPoint).where(MetricPoint.job_id == job_id).order_by(MetricPoint.step.desc()).limit(1)
-    return session.scalars(stmt).first()
 
 
 def count_by_status(session: Session) -> dict[str, int]:

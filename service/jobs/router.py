@@ -16,7 +16,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from ftq.settings import get_settings
-from ftq.spec import JobSpec
 from ftq.store import outbox
 from ftq.store.db import new_session, read_session
 from ftq.store.repository import JobRepository
@@ -350,7 +349,3 @@ async def get_metrics(
 def get_checkpoints(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> CheckpointList:
     job = jobs.get_or_404(repo, job_id)
     return CheckpointList(data=checkpoints.list_checkpoints(job, settings))
-
-
-# Keep the JobSpec schema in components/schemas for the request body's $ref.
-SPEC_SCHEMA_MODELS = [JobSpec]

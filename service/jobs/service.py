@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ftq import runs
+from ftq.errors import ErrorCode
 from ftq.metrics import Point
 from ftq.redact import redact
 from ftq.render import Plan, render_plan
@@ -213,7 +214,7 @@ def _claim_idempotency(
 
 class _SpecCache:
     """Validated specs by job id. A job's spec never changes after it is stored, and validating it again
-    for every job of every list poll was a quarter of `GET /jobs` (py-spy)."""
+    for every job of every list poll would be a large share of what `GET /jobs` costs."""
 
     def __init__(self, size: int = 4096):
         self._size = size
@@ -242,7 +243,7 @@ def to_public(job: Job) -> JobPublic:
     if job.error_code:
         # Stored redacted; masked again in case the secret was set after the job ended.
         message = redact(job.error_message or "")
-        error = JobError(code=job.error_code, message=message, exit_code=job.exit_code)  # type: ignore[arg-type]
+        error = JobError(code=ErrorCode(job.error_code), message=message, exit_code=job.exit_code)
     return JobPublic(
         id=job.id,
         name=job.name,
