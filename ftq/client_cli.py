@@ -1,8 +1,9 @@
 """Client commands of `ftq`: submit, ls, status, logs, metrics, cancel.
 
-They talk to the API over HTTP only (httpx), at `FTQ_URL` (default http://127.0.0.1:8000), sending
-`FTQ_TOKEN` as a bearer token when it is set. Every expected failure (server down, 401, 404, a 422 on
-a spec field, a missing or unparsable file) is one line on stderr and a non-zero exit, never a traceback:
+They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
+http://127.0.0.1:8000), sending `FTQ_TOKEN` as a bearer token when it is set. Every expected failure
+(server down, 401, 404, a 422 on a spec field, a missing or unparsable file) is one line on stderr and
+a non-zero exit, never a traceback:
 
     exit 0  done (for `submit --follow`: the job succeeded)
     exit 1  the server refused the request, or the followed job failed or was cancelled
@@ -13,27 +14,40 @@ a spec field, a missing or unparsable file) is one line on stderr and a non-zero
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, NoReturn, ParamSpec, TypeVar
 
-import httpx
 import typer
-import yaml
+from pydantic import TypeAdapter
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
+from ftq.client import (
+    Client,
+    ConnectionFailed,
+    ConnectionLost,
+    FtqAPIError,
+    FtqClientError,
+    InvalidURL,
+    JobPublic,
+    PlanPublic,
+    Point,
+    ServerTimeout,
+    SpecFileError,
+    UnexpectedResponse,
+)
+
 client_app = typer.Typer(add_completion=False)
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUS_STYLE = {
     "queued": "cyan",
@@ -81,6 +95,10 @@ def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except ClientError as exc:
             err.print(f"ftq: {escape(exc.message)}", soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+        except FtqClientError as exc:
+            message, exit_code = describe_failure(exc)
+            err.print(f"ftq: {escape(message)}", soft_wrap=True)
+            raise typer.Exit(exit_code) from None
         except KeyboardInterrupt:
             err.print("ftq: interrupted", soft_wrap=True)
             raise typer.Exit(130) from None
@@ -102,122 +120,57 @@ def _one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
 # HTTP -------------------------------------------------------------------------------------------------
 
 
-class Api:
-    """A thin client over the ftq HTTP API that turns failures into `ClientError`s."""
-
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
-        self.url = (url or os.environ.get("FTQ_URL") or DEFAULT_URL).rstrip("/")
-        token = token if token is not None else os.environ.get("FTQ_TOKEN", "")
-        headers = {"User-Agent": "ftq-cli", "Accept": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        try:
-            self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-        except (httpx.InvalidURL, ValueError) as exc:
-            _fail(f"FTQ_URL {self.url!r} is not a valid URL: {exc}", EXIT_INPUT)
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            resp = self.http.request(method, path, **kwargs)
-        except httpx.UnsupportedProtocol:
-            _fail(f"FTQ_URL {self.url!r} is not an http(s) URL", EXIT_INPUT)
-        except httpx.ConnectError as exc:
-            reason = str(exc).split("] ")[-1] or "connection refused"
-            _fail(
-                f"cannot reach the ftq server at {self.url} ({reason}); "
-                "start it with `ftq up` or set FTQ_URL",
-                EXIT_UNREACHABLE,
-            )
-        except httpx.TimeoutException:
-            _fail(f"the ftq server at {self.url} did not answer in time", EXIT_UNREACHABLE)
-        except httpx.HTTPError as exc:
-            _fail(f"request to {self.url}{path} failed: {exc}", EXIT_UNREACHABLE)
-        if resp.status_code >= 400:
-            _fail(describe_error(resp))
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError:
-            _fail(
-                f"the server at {self.url} answered {resp.status_code} with a body that is not JSON; "
-                "is FTQ_URL an ftq server?"
-            )
-
-    def get(self, path: str, **params: Any) -> Any:
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
-
-    def post(self, path: str, **kwargs: Any) -> Any:
-        return self.request("POST", path, **kwargs)
+def api() -> Client:
+    """The SDK client for FTQ_URL and FTQ_TOKEN; every HTTP call of these commands goes through it."""
+    return Client(headers={"User-Agent": "ftq-cli"})
 
 
-def describe_error(resp: httpx.Response) -> str:
-    """One line for an error response: the status, and the failing field's path for a 422."""
-    status = resp.status_code
+def describe_failure(exc: FtqClientError) -> tuple[str, int]:
+    """The one line and the exit code for an SDK error."""
+    if isinstance(exc, SpecFileError):
+        return str(exc), EXIT_INPUT
+    if isinstance(exc, InvalidURL):
+        return f"FTQ_URL {exc.url!r} {exc.reason}", EXIT_INPUT
+    if isinstance(exc, ServerTimeout):
+        return f"the ftq server at {exc.url} did not answer in time", EXIT_UNREACHABLE
+    if isinstance(exc, ConnectionLost):
+        return f"request to {exc.url}{exc.path} failed: {exc.reason}", EXIT_UNREACHABLE
+    if isinstance(exc, ConnectionFailed):
+        return (
+            f"cannot reach the ftq server at {exc.url} ({exc.reason}); start it with `ftq up` or set FTQ_URL",
+            EXIT_UNREACHABLE,
+        )
+    if isinstance(exc, UnexpectedResponse):
+        return f"{exc}; is FTQ_URL an ftq server?", EXIT_REFUSED
+    if isinstance(exc, FtqAPIError):
+        return describe_error(exc), EXIT_REFUSED
+    return str(exc), EXIT_REFUSED
+
+
+def _phrase(status: int) -> str:
     try:
-        body = resp.json()
+        return HTTPStatus(status).phrase
     except ValueError:
-        text = " ".join(resp.text.split())[:200]
-        return f"server answered {status} {resp.reason_phrase}" + (f": {text}" if text else "")
-    detail = body.get("detail") if isinstance(body, dict) else body
+        return ""
+
+
+def describe_error(exc: FtqAPIError) -> str:
+    """One line for an error answer: the status, and the failing field's path for a 422."""
+    status = exc.status_code
+    if exc.body is None:  # not JSON: a proxy's page, say
+        return f"server answered {status} {_phrase(status)}" + (f": {exc.detail}" if exc.detail else "")
     if status == 401:
         hint = "set FTQ_TOKEN" if not os.environ.get("FTQ_TOKEN") else "check FTQ_TOKEN"
-        return f"unauthorized (401): {detail or 'missing or invalid bearer token'}; {hint}"
-    if isinstance(detail, list):
-        parts = []
-        for item in detail:
-            if not isinstance(item, dict):
-                parts.append(str(item))
-                continue
-            loc = [str(p) for p in item.get("loc", [])]
-            if loc and loc[0] == "body":
-                loc = loc[1:]
-            where = ".".join(loc) if loc else "spec"
-            parts.append(f"{where}: {item.get('msg', 'invalid')}")
+        return f"unauthorized (401): {exc.detail or 'missing or invalid bearer token'}; {hint}"
+    if exc.errors:
         label = "invalid spec" if status == 422 else f"request refused ({status})"
-        return f"{label}: " + "; ".join(parts)
+        return f"{label}: " + "; ".join(f"{e.field or 'spec'}: {e.msg}" for e in exc.errors)
     if status == 404:
-        return f"not found (404): {detail}"
-    retry = resp.headers.get("Retry-After")
-    suffix = f" (retry after {retry}s)" if retry and status in (429, 503) else ""
-    return f"server answered {status}: {detail}{suffix}"
-
-
-# Reading a spec file -------------------------------------------------------------------------------------
-
-
-def read_spec_file(path: Path) -> tuple[str, str]:
-    """The file's text and the content type to send it as; checks locally that it parses."""
-    if not path.exists():
-        _fail(f"{path}: no such file", EXIT_INPUT)
-    if path.is_dir():
-        _fail(f"{path}: is a directory, not a job spec file", EXIT_INPUT)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"{path}: cannot read it: {exc}", EXIT_INPUT)
-    if path.suffix.lower() == ".json":
-        try:
-            body = json.loads(text)
-        except json.JSONDecodeError as exc:
-            _fail(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", EXIT_INPUT)
-        ctype = "application/json"
-    else:
-        # YAML is a superset of JSON, so any other name is read as YAML.
-        try:
-            body = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            _fail(f"{path}: not valid YAML: {problem}{where}", EXIT_INPUT)
-        ctype = "application/yaml"
-    if not isinstance(body, dict):
-        _fail(
-            f"{path}: a job spec is a mapping (name:, model:, dataset:, ...), not a {type(body).__name__}",
-            EXIT_INPUT,
-        )
-    return text, ctype
+        return f"not found (404): {exc.detail}"
+    suffix = ""
+    if status in (429, 503) and exc.retry_after is not None:
+        suffix = f" (retry after {exc.retry_after:g}s)"
+    return f"server answered {status}: {exc.detail}{suffix}"
 
 
 # Formatting --------------------------------------------------------------------------------------------
@@ -274,20 +227,18 @@ def fmt_bytes(n: float | None) -> str:
     return f"{value:.2f} TiB"
 
 
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+_TIME = TypeAdapter(datetime)
 
 
-def fmt_age(value: str | None) -> str:
-    when = _parse_time(value)
-    if when is None:
+def fmt_time(value: datetime | None) -> str:
+    """A time as the API writes it in JSON (ISO 8601), so `ftq status` shows what curl shows."""
+    return _TIME.dump_python(value, mode="json") if value is not None else "-"
+
+
+def fmt_age(value: datetime | None) -> str:
+    if value is None:
         return "-"
+    when = value if value.tzinfo else value.replace(tzinfo=UTC)  # the store's times are UTC
     return fmt_duration((datetime.now(UTC) - when).total_seconds()) + " ago"
 
 
@@ -295,9 +246,8 @@ def fmt_status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def fmt_progress(job: dict[str, Any]) -> str:
-    progress = job.get("progress") or {}
-    step, max_steps = progress.get("step"), progress.get("max_steps")
+def fmt_progress(job: JobPublic) -> str:
+    step, max_steps = job.progress.step, job.progress.max_steps
     if step is None:
         return "-" if max_steps is None else f"0/{max_steps}"
     if max_steps:
@@ -334,67 +284,51 @@ def submit(
     ] = None,
 ) -> None:
     """Submit a job spec. With --follow, exit 0 when the job succeeds and 1 when it fails or is cancelled."""
-    text, ctype = read_spec_file(file)
-    api = Api()
-    headers = {"Content-Type": ctype}
-    if idempotency_key:
-        headers["Idempotency-Key"] = idempotency_key
-    if dry_run:
-        plan = api.post("/jobs", params={"dry_run": "true"}, content=text.encode(), headers=headers)
-        print_plan(plan)
-        return
-    job = api.post("/jobs", content=text.encode(), headers=headers)
-    out.print(f"submitted {job['id']} ({escape(job['name'])}): {fmt_status(job['status'])}")
-    if follow:
-        try:
-            code = follow_job(api, job["id"])
-        except KeyboardInterrupt:
-            # Following is only watching: the job goes on, and the user should know how to stop it.
-            _fail(f"stopped following {job['id']}; it keeps running (`ftq cancel {job['id']}` stops it)", 130)
-        raise typer.Exit(code)
-    out.print(f"follow it with: ftq status {job['id']}  |  ftq logs {job['id']} --follow")
+    with api() as client:
+        if dry_run:
+            print_plan(client.jobs.create(file, idempotency_key=idempotency_key, dry_run=True))
+            return
+        job = client.jobs.create(file, idempotency_key=idempotency_key)
+        out.print(f"submitted {job.id} ({escape(job.name)}): {fmt_status(job.status)}")
+        if follow:
+            try:
+                code = follow_job(client, job.id)
+            except KeyboardInterrupt:
+                # Following is only watching: the job goes on, and the user should know how to stop it.
+                _fail(f"stopped following {job.id}; it keeps running (`ftq cancel {job.id}` stops it)", 130)
+            raise typer.Exit(code)
+    out.print(f"follow it with: ftq status {job.id}  |  ftq logs {job.id} --follow")
 
 
-def print_plan(plan: dict[str, Any]) -> None:
+def print_plan(plan: PlanPublic) -> None:
     out.rule("accelerate config (accelerate_config.yaml)")
-    out.print(escape(plan.get("accelerate_config_yaml", "").rstrip()), soft_wrap=True)
+    out.print(escape(plan.accelerate_config_yaml.rstrip()), soft_wrap=True)
     out.rule("command")
-    out.print(escape(shlex.join(plan.get("command") or [])), soft_wrap=True)
-    if plan.get("sbatch_script"):
+    out.print(escape(shlex.join(plan.command)), soft_wrap=True)
+    if plan.sbatch_script:
         out.rule("sbatch script (job.sbatch)")
-        out.print(escape(plan["sbatch_script"].rstrip()), soft_wrap=True)
-    elif plan.get("launch_script"):
+        out.print(escape(plan.sbatch_script.rstrip()), soft_wrap=True)
+    elif plan.launch_script:
         out.rule("launch script (launch.sh)")
-        out.print(escape(plan["launch_script"].rstrip()), soft_wrap=True)
+        out.print(escape(plan.launch_script.rstrip()), soft_wrap=True)
     out.rule("memory estimate")
-    estimate = plan.get("estimate") or {}
-    if estimate.get("per_device_bytes") is None:
-        reason = estimate.get("reason") or "the model config could not be read"
+    estimate = plan.estimate
+    if estimate is None or estimate.per_device_bytes is None:
+        reason = (estimate.reason if estimate else None) or "the model config could not be read"
         out.print(f"no estimate: {escape(str(reason))}")
         return
-    fits = estimate.get("fits")
+    fits = estimate.fits
     verdict = "[green]fits[/]" if fits else "[red]does not fit[/]" if fits is False else "unknown"
     out.print(
-        f"per device: {fmt_bytes(estimate['per_device_bytes'])} of "
-        f"{fmt_bytes(estimate.get('device_memory_bytes'))}: {verdict}"
+        f"per device: {fmt_bytes(estimate.per_device_bytes)} of "
+        f"{fmt_bytes(estimate.device_memory_bytes)}: {verdict}"
     )
-    for key, value in (estimate.get("breakdown") or {}).items():
+    for key, value in estimate.breakdown.items():
         # The breakdown's numbers are bytes (params, grads, optimizer, activations, ...).
-        shown = fmt_bytes(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-        out.print(f"  {escape(str(key))}: {escape(str(shown))}")
+        out.print(f"  {escape(str(key))}: {escape(fmt_bytes(value))}")
 
 
-def _read_logs(api: Api, job_id: str, offset: int) -> Iterator[dict[str, Any]]:
-    """Chunks of train.log from `offset` until nothing more is there now."""
-    while True:
-        chunk = api.get(f"/jobs/{job_id}/logs", offset=offset, limit=262144)
-        yield chunk
-        if not chunk["text"] or chunk["next_offset"] == offset:
-            return
-        offset = chunk["next_offset"]
-
-
-def follow_job(api: Api, job_id: str) -> int:
+def follow_job(client: Client, job_id: str) -> int:
     """Progress bar, streamed log and final status of a job; returns the exit code."""
     offset = 0
     partial = ""
@@ -411,30 +345,30 @@ def follow_job(api: Api, job_id: str) -> int:
     with Progress(*columns, console=out, transient=False, refresh_per_second=4) as bar:
         task = bar.add_task(job_id, total=None, max_steps="?", loss="-", lr="-", eta="-")
         while True:
-            job = api.get(f"/jobs/{job_id}")
-            status = job["status"]
+            job = client.jobs.get(job_id)
+            status = job.status
             if status != last_status:
                 bar.console.print(f"{job_id}: {fmt_status(status)}")
                 last_status = status
             complete = False
-            for chunk in _read_logs(api, job_id, offset):
-                offset = chunk["next_offset"]
-                complete = chunk["complete"]
+            # What the log holds now: the status and the bar are refreshed between reads.
+            for chunk in client.jobs.log_chunks(job_id, offset=offset):
+                offset = chunk.next_offset
+                complete = chunk.complete
                 # Print whole lines only, so the bar never splits a line of the log.
-                lines = (partial + chunk["text"]).split("\n")
+                lines = (partial + chunk.text).split("\n")
                 partial = lines.pop()
                 for line in lines:
                     bar.console.print(escape(line), soft_wrap=True, highlight=False)
-            progress = job.get("progress") or {}
-            latest = job.get("latest_metrics") or {}
+            latest = job.latest_metrics or Point(step=0)
             bar.update(
                 task,
-                completed=progress.get("step") or 0,
-                total=progress.get("max_steps"),
-                max_steps=progress.get("max_steps") or "?",
-                loss=fmt_num(latest.get("loss")),
-                lr=fmt_num(latest.get("learning_rate")),
-                eta=fmt_duration(progress.get("eta_seconds")) if status == "running" else "-",
+                completed=job.progress.step or 0,
+                total=job.progress.max_steps,
+                max_steps=job.progress.max_steps or "?",
+                loss=fmt_num(latest.loss),
+                lr=fmt_num(latest.learning_rate),
+                eta=fmt_duration(job.progress.eta_seconds) if status == "running" else "-",
             )
             if status in TERMINAL and complete:
                 break
@@ -444,20 +378,17 @@ def follow_job(api: Api, job_id: str) -> int:
     return report_end(job)
 
 
-def report_end(job: dict[str, Any]) -> int:
-    status = job["status"]
-    latest = job.get("latest_metrics") or {}
-    progress = job.get("progress") or {}
-    if status == "succeeded":
-        loss = f", final loss {fmt_num(latest.get('loss'))}" if latest.get("loss") is not None else ""
-        out.print(f"{job['id']} [green]succeeded[/] at step {progress.get('step') or '-'}{loss}")
+def report_end(job: JobPublic) -> int:
+    latest = job.latest_metrics
+    if job.status == "succeeded":
+        loss = f", final loss {fmt_num(latest.loss)}" if latest and latest.loss is not None else ""
+        out.print(f"{job.id} [green]succeeded[/] at step {job.progress.step or '-'}{loss}")
         return 0
-    error = job.get("error") or {}
-    code = error.get("code") or status
-    message = error.get("message") or ""
-    exit_code = error.get("exit_code")
+    code = str(job.error.code) if job.error else str(job.status)
+    message = job.error.message if job.error else ""
+    exit_code = job.error.exit_code if job.error else None
     detail = f" (exit code {exit_code})" if exit_code is not None else ""
-    err.print(f"ftq: {job['id']} {status}: {escape(code)}: {escape(message)}{detail}", soft_wrap=True)
+    err.print(f"ftq: {job.id} {job.status}: {escape(code)}: {escape(message)}{detail}", soft_wrap=True)
     return EXIT_REFUSED
 
 
@@ -469,9 +400,9 @@ def ls(
     limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="Most jobs to show.")] = 20,
 ) -> None:
     """List jobs, newest first."""
-    page = Api().get("/jobs", status=status, limit=limit)
-    jobs = page["data"]
-    if not jobs:
+    with api() as client:
+        page = client.jobs.list_page(status, limit=limit)
+    if not page.data:
         out.print("no jobs" + (f" with status {status}" if status else ""))
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
@@ -481,18 +412,17 @@ def ls(
     table.add_column("PROGRESS", no_wrap=True)
     table.add_column("LOSS", no_wrap=True, justify="right")
     table.add_column("CREATED", no_wrap=True)
-    for job in jobs:
-        latest = job.get("latest_metrics") or {}
+    for job in page.data:
         table.add_row(
-            job["id"],
-            escape(job["name"]),
-            fmt_status(job["status"]),
+            job.id,
+            escape(job.name),
+            fmt_status(job.status),
             fmt_progress(job),
-            fmt_num(latest.get("loss")),
-            fmt_age(job.get("created_at")),
+            fmt_num(job.latest_metrics.loss if job.latest_metrics else None),
+            fmt_age(job.created_at),
         )
     out.print(table)
-    if page.get("next_cursor"):
+    if page.next_cursor:
         out.print(f"(more than {limit}; use --limit)")
 
 
@@ -502,36 +432,36 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the Job as JSON.")] = False,
 ) -> None:
     """Show one job."""
-    job = Api().get(f"/jobs/{job_id}")
+    with api() as client:
+        job = client.jobs.get(job_id)
     if as_json:
-        out.print_json(data=job)
+        out.print_json(data=job.model_dump(mode="json"))
         return
-    progress = job.get("progress") or {}
-    latest = job.get("latest_metrics") or {}
-    spec = job.get("spec") or {}
-    external = f" ({escape(str(job['external_id']))})" if job.get("external_id") else ""
+    progress = job.progress
+    latest = job.latest_metrics or Point(step=0)
+    external = f" ({escape(str(job.external_id))})" if job.external_id else ""
     rows: list[tuple[str, str]] = [
-        ("id", job["id"]),
-        ("name", escape(job["name"])),
-        ("owner", escape(job["owner"])),
-        ("status", fmt_status(job["status"])),
-        ("model", escape(str((spec.get("model") or {}).get("name_or_path", "-")))),
-        ("dataset", escape(str((spec.get("dataset") or {}).get("name_or_path", "-")))),
-        ("launcher", job["launcher"] + external),
-        ("created", f"{job['created_at']} ({fmt_age(job['created_at'])})"),
-        ("started", job.get("started_at") or "-"),
-        ("finished", job.get("finished_at") or "-"),
+        ("id", job.id),
+        ("name", escape(job.name)),
+        ("owner", escape(job.owner)),
+        ("status", fmt_status(job.status)),
+        ("model", escape(job.spec.model.name_or_path)),
+        ("dataset", escape(str(job.spec.dataset.name_or_path or "-"))),
+        ("launcher", job.launcher + external),
+        ("created", f"{fmt_time(job.created_at)} ({fmt_age(job.created_at)})"),
+        ("started", fmt_time(job.started_at)),
+        ("finished", fmt_time(job.finished_at)),
         ("progress", fmt_progress(job)),
-        ("epoch", fmt_num(progress.get("epoch"), 3)),
-        ("eta", fmt_duration(progress.get("eta_seconds")) if job["status"] == "running" else "-"),
-        ("loss", fmt_num(latest.get("loss"))),
-        ("eval loss", fmt_num(latest.get("eval_loss"))),
-        ("learning rate", fmt_num(latest.get("learning_rate"))),
+        ("epoch", fmt_num(progress.epoch, 3)),
+        ("eta", fmt_duration(progress.eta_seconds) if job.status == "running" else "-"),
+        ("loss", fmt_num(latest.loss)),
+        ("eval loss", fmt_num(latest.eval_loss)),
+        ("learning rate", fmt_num(latest.learning_rate)),
     ]
-    error = job.get("error")
+    error = job.error
     if error:
-        exit_code = f" (exit code {error['exit_code']})" if error.get("exit_code") is not None else ""
-        rows.append(("error", f"[red]{escape(error['code'])}[/]: {escape(error['message'])}{exit_code}"))
+        exit_code = f" (exit code {error.exit_code})" if error.exit_code is not None else ""
+        rows.append(("error", f"[red]{escape(str(error.code))}[/]: {escape(error.message)}{exit_code}"))
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -546,30 +476,11 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
 ) -> None:
     """Print the job's train.log."""
-    api = Api()
-    offset = 0
-    while True:
-        complete = False
-        for chunk in _read_logs(api, job_id, offset):
-            offset = chunk["next_offset"]
-            complete = chunk["complete"]
-            if chunk["text"]:
-                sys.stdout.write(chunk["text"])
+    with api() as client:
+        for chunk in client.jobs.log_chunks(job_id, follow=follow, poll=POLL_SECONDS):
+            if chunk.text:
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-        if not follow or complete:
-            return
-        time.sleep(POLL_SECONDS)
-
-
-def fetch_all_metrics(api: Api, job_id: str) -> list[dict[str, Any]]:
-    points: list[dict[str, Any]] = []
-    after = -1
-    while True:
-        page = api.get(f"/jobs/{job_id}/metrics", after_step=after, limit=10000)
-        points.extend(page["data"])
-        if not page["data"] or page["next_after_step"] == after:
-            return points
-        after = page["next_after_step"]
 
 
 @_command("metrics")
@@ -579,14 +490,14 @@ def metrics(
     as_json: Annotated[bool, typer.Option("--json", help="Print the points as JSON.")] = False,
 ) -> None:
     """Show the job's metric points and a sparkline of its loss."""
-    api = Api()
-    job = api.get(f"/jobs/{job_id}")
-    points = fetch_all_metrics(api, job_id)
+    with api() as client:
+        job = client.jobs.get(job_id)
+        points = list(client.jobs.iter_metrics(job_id, page_size=10000))
     if as_json:
-        out.print_json(data=points)
+        out.print_json(data=[p.model_dump(mode="json") for p in points])
         return
     if not points:
-        out.print(f"{job_id} ({fmt_status(job['status'])}) has logged no metrics yet")
+        out.print(f"{job_id} ({fmt_status(job.status)}) has logged no metrics yet")
         return
     shown = points[-tail:] if tail else points
     table = Table(box=None, header_style="bold", pad_edge=False)
@@ -594,17 +505,19 @@ def metrics(
         table.add_column(name, justify="right", no_wrap=True)
     for p in shown:
         table.add_row(
-            str(p["step"]),
-            fmt_num(p.get("epoch"), 3),
-            fmt_num(p.get("loss")),
-            fmt_num(p.get("eval_loss")),
-            fmt_num(p.get("learning_rate")),
-            fmt_num(p.get("grad_norm")),
-            fmt_num(p.get("tokens_per_second"), 5),
+            str(p.step),
+            fmt_num(p.epoch, 3),
+            fmt_num(p.loss),
+            fmt_num(p.eval_loss),
+            fmt_num(p.learning_rate),
+            fmt_num(p.grad_norm),
+            fmt_num(p.tokens_per_second, 5),
         )
     out.print(table)
-    for label, field in (("loss", "loss"), ("eval", "eval_loss")):
-        values = [p[field] for p in points if p.get(field) is not None]
+    for label, values in (
+        ("loss", [p.loss for p in points if p.loss is not None]),
+        ("eval", [p.eval_loss for p in points if p.eval_loss is not None]),
+    ):
         if values:
             first, last = fmt_num(values[0]), fmt_num(values[-1])
             out.print(f"{label:<5} {sparkline(values)}  {first} → {last}  ({len(values)} points)")
@@ -613,5 +526,6 @@ def metrics(
 @_command("cancel")
 def cancel(job_id: JobIdArg) -> None:
     """Cancel a job (a finished job stays as it is)."""
-    job = Api().post(f"/jobs/{job_id}/cancel")
-    out.print(f"{job['id']}: {fmt_status(job['status'])}")
+    with api() as client:
+        job = client.jobs.cancel(job_id)
+    out.print(f"{job.id}: {fmt_status(job.status)}")

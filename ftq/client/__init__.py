@@ -1,0 +1,93 @@
+"""The Python SDK for the ftq API: what internal tools use instead of hand-written HTTP calls.
+
+    from ftq.client import Client
+
+    with Client() as ftq:                      # FTQ_URL / FTQ_TOKEN, or Client(url, token)
+        job = ftq.jobs.create("examples/tiny-cpu.yaml", idempotency_key="nightly-2024-06-01")
+        for line in ftq.jobs.logs(job.id, follow=True):
+            print(line)
+        print(ftq.jobs.wait(job.id).status, [p.loss for p in ftq.jobs.iter_metrics(job.id)])
+
+Responses are the API's own models (`ftq.schemas`), failures typed exceptions (`ftq.client.errors`).
+`AsyncClient` has the same surface for async code.
+"""
+
+from __future__ import annotations
+
+from ftq.client._async import AsyncClient, AsyncJobs
+from ftq.client._core import DEFAULT_URL, SpecInput
+from ftq.client._sync import Client, Jobs
+from ftq.client.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    ConnectionFailed,
+    ConnectionLost,
+    FieldError,
+    Forbidden,
+    FtqAPIError,
+    FtqClientError,
+    InvalidURL,
+    NotFound,
+    RateLimited,
+    ServerError,
+    ServerTimeout,
+    SpecFileError,
+    Unauthorized,
+    Unavailable,
+    UnexpectedResponse,
+    ValidationError,
+    WaitTimeout,
+)
+from ftq.schemas import (
+    Checkpoint,
+    Health,
+    JobList,
+    JobPublic,
+    LogChunk,
+    MetricsPage,
+    PlanPublic,
+    Point,
+)
+from ftq.spec import JobSpec
+from ftq.status import TERMINAL, JobStatus
+
+__all__ = [
+    "DEFAULT_URL",
+    "TERMINAL",
+    "ApiError",
+    "AsyncClient",
+    "AsyncJobs",
+    "BadRequest",
+    "Checkpoint",
+    "Client",
+    "Conflict",
+    "ConnectionFailed",
+    "ConnectionLost",
+    "FieldError",
+    "Forbidden",
+    "FtqAPIError",
+    "FtqClientError",
+    "Health",
+    "InvalidURL",
+    "JobList",
+    "JobPublic",
+    "JobSpec",
+    "JobStatus",
+    "Jobs",
+    "LogChunk",
+    "MetricsPage",
+    "NotFound",
+    "PlanPublic",
+    "Point",
+    "RateLimited",
+    "ServerError",
+    "ServerTimeout",
+    "SpecFileError",
+    "SpecInput",
+    "Unauthorized",
+    "Unavailable",
+    "UnexpectedResponse",
+    "ValidationError",
+    "WaitTimeout",
+]

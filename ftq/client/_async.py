@@ -1,0 +1,281 @@
+"""The asyncio (and trio) client: the same surface as `Client`, with `await` and `async for`."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Literal, overload
+
+import anyio
+import httpx
+
+from ftq.client import _core
+from ftq.client._core import M, SpecInput, StatusFilter
+from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
+from ftq.schemas import (
+    Checkpoint,
+    CheckpointList,
+    Health,
+    JobList,
+    JobPublic,
+    LogChunk,
+    MetricsPage,
+    PlanPublic,
+    Point,
+)
+
+
+class AsyncClient:
+    """A connection to one ftq server for async code; `async with AsyncClient() as c: ...`.
+
+    Arguments as for `Client`; transport is an `httpx.AsyncBaseTransport`.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = _core.DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.url = _core.resolve_url(url)
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=_core.build_headers(token, headers),
+            timeout=timeout,
+            transport=transport,
+        )
+        self.jobs = AsyncJobs(self)
+
+    async def health(self) -> Health:
+        """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
+        return await self._call("GET", "/healthz", Health)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    aclose = close
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(url={self.url!r})"
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            resp = await self._http.request(method, path, params=query, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            raise _core.transport_error(exc, self.url, path) from exc
+        if resp.status_code >= 400:
+            raise _core.error_from_response(resp)
+        return resp
+
+    async def _call(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
+        return _core.parse_model(await self._send(method, path, **kwargs), model, self.url)
+
+    @asynccontextmanager
+    async def _stream(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[httpx.Response]:
+        try:
+            async with self._http.stream(
+                "GET", path, params=dict(params), headers={"Accept": "text/event-stream"}
+            ) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise _core.error_from_response(resp)
+                yield resp
+        except httpx.HTTPError as exc:
+            raise _core.transport_error(exc, self.url, path) from exc
+
+
+class AsyncJobs:
+    """The /jobs routes; reached as `client.jobs`. See `ftq.client.Jobs` for what each one does."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    @overload
+    async def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[False] = False
+    ) -> JobPublic: ...
+
+    @overload
+    async def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[True]
+    ) -> PlanPublic: ...
+
+    @overload
+    async def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool
+    ) -> JobPublic | PlanPublic: ...
+
+    async def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool = False
+    ) -> JobPublic | PlanPublic:
+        """Submit a job (JobSpec, dict or file path); with dry_run, only its plan, nothing stored."""
+        content, ctype = _core.spec_body(spec)
+        headers = {"Content-Type": ctype}
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        if dry_run:
+            params = {"dry_run": "true"}
+            return await self._client._call(
+                "POST", "/jobs", PlanPublic, params=params, content=content, headers=headers
+            )
+        return await self._client._call("POST", "/jobs", JobPublic, content=content, headers=headers)
+
+    async def list_page(
+        self, status: StatusFilter = None, *, limit: int = 50, cursor: str | None = None
+    ) -> JobList:
+        params = {"status": _core.status_param(status), "limit": limit, "cursor": cursor}
+        return await self._client._call("GET", "/jobs", JobList, params=params)
+
+    async def list(self, status: StatusFilter = None, *, limit: int = 50) -> AsyncIterator[JobPublic]:
+        """Every job (of these statuses), newest first: `async for job in client.jobs.list(): ...`."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_page(status, limit=limit, cursor=cursor)
+            for job in page.data:
+                yield job
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def get(self, job_id: str) -> JobPublic:
+        return await self._client._call("GET", _core.job_path(job_id), JobPublic)
+
+    async def cancel(self, job_id: str) -> JobPublic:
+        return await self._client._call("POST", _core.job_path(job_id, "cancel"), JobPublic)
+
+    async def plan(self, job_id: str) -> PlanPublic:
+        return await self._client._call("GET", _core.job_path(job_id, "plan"), PlanPublic)
+
+    async def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
+        page = await self._client._call("GET", _core.job_path(job_id, "checkpoints"), CheckpointList)
+        return page.data
+
+    # Logs
+
+    async def log_chunk(self, job_id: str, *, offset: int = 0, limit: int = _core.LOG_READ_BYTES) -> LogChunk:
+        params = {"offset": offset, "limit": limit}
+        return await self._client._call("GET", _core.job_path(job_id, "logs"), LogChunk, params=params)
+
+    async def log_chunks(
+        self, job_id: str, *, offset: int = 0, follow: bool = False, poll: float = 1.0
+    ) -> AsyncIterator[LogChunk]:
+        if follow:
+            async for chunk in self._follow(job_id, offset, poll):
+                yield chunk
+            return
+        while True:
+            chunk = await self.log_chunk(job_id, offset=offset)
+            yield chunk
+            if chunk.complete or not chunk.text or chunk.next_offset == offset:
+                return
+            offset = chunk.next_offset
+
+    async def logs(
+        self, job_id: str, *, follow: bool = False, offset: int = 0, poll: float = 1.0
+    ) -> AsyncIterator[str]:
+        lines = _core.LineBuffer()
+        async for chunk in self.log_chunks(job_id, offset=offset, follow=follow, poll=poll):
+            for line in lines.feed(chunk.text):
+                yield line
+        rest = lines.flush()
+        if rest is not None:
+            yield rest
+
+    async def _follow(self, job_id: str, offset: int, poll: float) -> AsyncIterator[LogChunk]:
+        path = _core.job_path(job_id, "logs", "stream")
+        while True:
+            try:
+                async with self._client._stream(path, {"offset": offset}) as resp:
+                    sse = _core.SSEDecoder()
+                    async for line in resp.aiter_lines():
+                        event = sse.feed(line)
+                        chunk = _core.log_event(*event, offset) if event else None
+                        if chunk is None:
+                            continue
+                        yield chunk
+                        if chunk.complete:
+                            return
+                        offset = chunk.next_offset
+            except ConnectionLost:
+                pass
+            await anyio.sleep(poll)
+            chunk = await self.log_chunk(job_id, offset=offset)
+            if chunk.text or chunk.complete:
+                yield chunk
+            if chunk.complete:
+                return
+            offset = chunk.next_offset
+
+    # Metrics
+
+    async def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> MetricsPage:
+        params = {"after_step": after_step, "limit": limit}
+        return await self._client._call("GET", _core.job_path(job_id, "metrics"), MetricsPage, params=params)
+
+    async def iter_metrics(
+        self,
+        job_id: str,
+        *,
+        after_step: int = -1,
+        follow: bool = False,
+        poll: float = 1.0,
+        page_size: int = 1000,
+    ) -> AsyncIterator[Point]:
+        while True:
+            page = await self.metrics(job_id, after_step=after_step, limit=page_size)
+            for point in page.data:
+                yield point
+            if page.data:
+                after_step = page.next_after_step
+            if page.complete:
+                return
+            if len(page.data) < page_size:
+                if not follow:
+                    return
+                await anyio.sleep(poll)
+
+    # Waiting
+
+    async def wait(self, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> JobPublic:
+        """The job once it has ended; WaitTimeout after `timeout` s; a 503 is waited out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                job = await self.get(job_id)
+            except Unavailable as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                await anyio.sleep(exc.retry_after or poll)
+                continue
+            if _core.is_terminal(job.status):
+                return job
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(job, timeout or 0.0)
+            await anyio.sleep(poll if deadline is None else max(0.0, min(poll, deadline - now)))

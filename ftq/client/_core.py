@@ -1,0 +1,329 @@
+"""What the sync and async clients share and that does no I/O on the network: the URL and headers,
+request bodies, turning responses into models or typed errors, and the line and SSE decoders.
+Keeping it here means `Client` and `AsyncClient` cannot drift apart in how they read the API."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeAlias, TypeVar
+from urllib.parse import quote
+
+import httpx
+import pydantic
+import pydantic_core
+import yaml
+
+from ftq import __version__
+from ftq.client.errors import (
+    BadRequest,
+    Conflict,
+    ConnectionFailed,
+    ConnectionLost,
+    FieldError,
+    Forbidden,
+    FtqAPIError,
+    FtqClientError,
+    InvalidURL,
+    NotFound,
+    RateLimited,
+    ServerError,
+    ServerTimeout,
+    SpecFileError,
+    Unauthorized,
+    Unavailable,
+    UnexpectedResponse,
+    ValidationError,
+)
+from ftq.schemas import LogChunk
+from ftq.spec import JobSpec
+from ftq.status import TERMINAL, JobStatus
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT = 30.0
+# Bytes of train.log per read: large enough that a finished log comes in a request or two.
+LOG_READ_BYTES = 262_144
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+# A spec as a tool holds it: the model, a dict, or a YAML/JSON file's path.
+SpecInput: TypeAlias = JobSpec | Mapping[str, Any] | str | os.PathLike[str]
+StatusFilter: TypeAlias = str | JobStatus | Iterable[str | JobStatus] | None
+
+__all__ = ["TERMINAL", "SpecInput", "StatusFilter"]
+
+
+# Where and as whom -----------------------------------------------------------------------------------------
+
+
+def resolve_url(url: str | None) -> str:
+    """url, else FTQ_URL, else the local default; checked here so a typo fails before any request."""
+    raw = (url or os.environ.get("FTQ_URL") or DEFAULT_URL).rstrip("/")
+    try:
+        parsed = httpx.URL(raw)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise InvalidURL(raw, f"is not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidURL(raw, "is not an http(s) URL")
+    return raw
+
+
+def build_headers(token: str | None, extra: Mapping[str, str] | None) -> dict[str, str]:
+    """token=None reads FTQ_TOKEN; an empty token sends none (auth-off servers, or to test a 401)."""
+    if token is None:
+        token = os.environ.get("FTQ_TOKEN", "")
+    headers = {"User-Agent": f"ftq-python/{__version__}", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    headers.update(extra or {})
+    return headers
+
+
+def job_path(job_id: str, *rest: str) -> str:
+    """/jobs/<id>/...; the id is quoted so that no id can reach another route."""
+    if not job_id:
+        raise ValueError("job_id is empty")
+    return "/".join(["/jobs", quote(job_id, safe=""), *rest])
+
+
+def status_param(status: StatusFilter) -> str | None:
+    if status is None:
+        return None
+    if isinstance(status, str):  # a JobStatus is a str too
+        return str(status) or None
+    return ",".join(str(s) for s in status) or None
+
+
+# Request bodies ----------------------------------------------------------------------------------------
+
+
+def spec_body(spec: SpecInput) -> tuple[bytes, str]:
+    """The bytes to POST and their content type. A file is sent as written (YAML stays YAML, so the
+    server's error positions match the user's file), after a local parse that catches typos early."""
+    if isinstance(spec, JobSpec):
+        # Only what was set: the server fills its own defaults, as it does for a dict.
+        return pydantic_core.to_json(spec.model_dump(mode="json", exclude_unset=True)), "application/json"
+    if isinstance(spec, str | os.PathLike):
+        return read_spec_file(Path(spec))
+    if isinstance(spec, Mapping):
+        return pydantic_core.to_json(dict(spec)), "application/json"
+    raise TypeError(f"a spec is a JobSpec, a mapping or a file path, not a {type(spec).__name__}")
+
+
+def read_spec_file(path: Path) -> tuple[bytes, str]:
+    """The file's bytes and content type (.json: JSON, anything else: YAML, a superset of JSON)."""
+    if not path.exists():
+        raise SpecFileError(str(path), "no such file")
+    if path.is_dir():
+        raise SpecFileError(str(path), "is a directory, not a job spec file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecFileError(str(path), f"cannot read it: {exc}") from None
+    body: Any
+    if path.suffix.lower() == ".json":
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecFileError(
+                str(path), f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
+        ctype = "application/json"
+    else:
+        try:
+            body = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise SpecFileError(str(path), f"not valid YAML: {problem}{where}") from None
+        ctype = "application/yaml"
+    if not isinstance(body, dict):
+        raise SpecFileError(
+            str(path), f"a job spec is a mapping (name:, model:, dataset:, ...), not a {type(body).__name__}"
+        )
+    return text.encode("utf-8"), ctype
+
+
+# Responses -----------------------------------------------------------------------------------------------
+
+_ERROR_CLASSES: dict[int, type[FtqAPIError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    422: ValidationError,
+    429: RateLimited,
+    503: Unavailable,
+}
+# What the server's own errors call themselves (service/errors.py), for bodies that carry no code:
+# FastAPI's 404 for an unknown route, its 422 for a bad parameter, a proxy's 502.
+_DEFAULT_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+    500: "internal",
+    503: "unavailable",
+}
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    value = headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:  # the HTTP-date form: ftq never sends it
+        return None
+
+
+def _field_errors(items: list[Any]) -> list[FieldError]:
+    errors = []
+    for item in items:
+        if isinstance(item, dict):
+            loc = item.get("loc") or []
+            errors.append(
+                FieldError(
+                    loc=tuple(p if isinstance(p, int) else str(p) for p in loc),
+                    msg=str(item.get("msg", "invalid")),
+                    type=str(item.get("type", "value_error")),
+                )
+            )
+        else:
+            errors.append(FieldError(loc=(), msg=str(item)))
+    return errors
+
+
+def error_from_response(resp: httpx.Response) -> FtqAPIError:
+    """The typed error for a 4xx/5xx: the API's `{"detail", "code"}`, or a 422's list of fields."""
+    status = resp.status_code
+    cls = _ERROR_CLASSES.get(status) or (ServerError if status >= 500 else FtqAPIError)
+    code = _DEFAULT_CODES.get(status) or f"http_{status}"
+    errors: list[FieldError] = []
+    body: Any = None
+    try:
+        body = resp.json()
+    except ValueError:
+        detail = " ".join(resp.text.split())[:200]
+    else:
+        raw = body.get("detail") if isinstance(body, dict) else body
+        if isinstance(body, dict) and isinstance(body.get("code"), str):
+            code = body["code"]
+        if isinstance(raw, list):
+            errors = _field_errors(raw)
+            detail = "; ".join(f"{e.field or 'spec'}: {e.msg}" for e in errors)
+            if status == 422 and not (isinstance(body, dict) and "code" in body):
+                # A spec error's locations start at "body"; anything else is a parameter or header.
+                on_body = any(e.loc[:1] == ("body",) for e in errors)
+                code = "invalid_spec" if on_body else "invalid_request"
+        else:
+            detail = "" if raw is None else str(raw)
+    return cls(
+        status,
+        code,
+        detail,
+        errors[0].field if errors else None,
+        errors=errors,
+        retry_after=_retry_after(resp.headers),
+        headers=resp.headers,
+        body=body,
+    )
+
+
+def parse_model(resp: httpx.Response, model: type[M], url: str) -> M:
+    """The response body as `model`; a body of another shape means FTQ_URL is not (this) ftq."""
+    try:
+        data = resp.json()
+    except ValueError:
+        raise UnexpectedResponse(url, resp.status_code, "not JSON") from None
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise UnexpectedResponse(
+            url, resp.status_code, f"not a {model.__name__} ({where}: {first['msg']})"
+        ) from None
+
+
+def transport_error(exc: httpx.HTTPError, url: str, path: str) -> FtqClientError:
+    """The typed error for a request that got no answer."""
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return InvalidURL(url, "is not an http(s) URL")
+    if isinstance(exc, httpx.ConnectError):
+        # "[Errno 111] Connection refused" -> "Connection refused"
+        return ConnectionFailed(url, str(exc).split("] ")[-1] or "connection refused", path)
+    if isinstance(exc, httpx.TimeoutException):
+        return ServerTimeout(url, str(exc) or "timed out", path)
+    return ConnectionLost(url, str(exc) or type(exc).__name__, path)
+
+
+# Decoders ------------------------------------------------------------------------------------------------
+
+
+class LineBuffer:
+    """Splits text that arrives in arbitrary chunks into whole lines (without their "\\n")."""
+
+    def __init__(self) -> None:
+        self._partial = ""
+
+    def feed(self, text: str) -> list[str]:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        return lines
+
+    def flush(self) -> str | None:
+        """The last line when the text did not end with a newline."""
+        rest, self._partial = self._partial, ""
+        return rest or None
+
+
+class SSEDecoder:
+    """Server-sent events, line by line, as the log stream route writes them (event:, data:, id:)."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        """(event, data) when `line` ends an event, else None."""
+        if not line:
+            if not self._event and not self._data:
+                return None
+            event = (self._event or "message", "\n".join(self._data))
+            self._event, self._data = "", []
+            return event
+        if line.startswith(":"):  # a comment: the server's keep-alive
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+
+def log_event(event: str, data: str, offset: int) -> LogChunk | None:
+    """A LogChunk for one event of /logs/stream: text for `log`, the complete marker for `end`."""
+    if event == "log":
+        payload = json.loads(data)
+        return LogChunk(
+            offset=int(payload["offset"]),
+            next_offset=int(payload["next_offset"]),
+            text=str(payload["text"]),
+            complete=False,
+        )
+    if event == "end":
+        return LogChunk(offset=offset, next_offset=offset, text="", complete=True)
+    return None
+
+
+def is_terminal(status: JobStatus | str) -> bool:
+    return status in TERMINAL

@@ -1,0 +1,293 @@
+"""The blocking client: `Client(...).jobs.create(...)`, for scripts, CLIs and internal tools."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Literal, overload
+
+import httpx
+
+from ftq.client import _core
+from ftq.client._core import M, SpecInput, StatusFilter
+from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
+from ftq.schemas import (
+    Checkpoint,
+    CheckpointList,
+    Health,
+    JobList,
+    JobPublic,
+    LogChunk,
+    MetricsPage,
+    PlanPublic,
+    Point,
+)
+
+
+class Client:
+    """A connection to one ftq server. Reuse it (it keeps connections open); close it when done.
+
+    url: the server (default: FTQ_URL, else http://127.0.0.1:8000). token: the bearer token (default:
+    FTQ_TOKEN; "" sends none). transport: an httpx transport, e.g. to route through a proxy or a test app.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = _core.DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.url = _core.resolve_url(url)
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=_core.build_headers(token, headers),
+            timeout=timeout,
+            transport=transport,
+        )
+        self.jobs = Jobs(self)
+
+    def health(self) -> Health:
+        """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
+        return self._call("GET", "/healthz", Health)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r})"
+
+    # Transport: every request goes through here, so every failure comes out as an ftq error.
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            resp = self._http.request(method, path, params=query, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            raise _core.transport_error(exc, self.url, path) from exc
+        if resp.status_code >= 400:
+            raise _core.error_from_response(resp)
+        return resp
+
+    def _call(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
+        return _core.parse_model(self._send(method, path, **kwargs), model, self.url)
+
+    @contextmanager
+    def _stream(self, path: str, params: Mapping[str, Any]) -> Iterator[httpx.Response]:
+        try:
+            with self._http.stream(
+                "GET", path, params=dict(params), headers={"Accept": "text/event-stream"}
+            ) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _core.error_from_response(resp)
+                yield resp
+        except httpx.HTTPError as exc:
+            raise _core.transport_error(exc, self.url, path) from exc
+
+
+class Jobs:
+    """The /jobs routes; reached as `client.jobs`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    @overload
+    def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[False] = False
+    ) -> JobPublic: ...
+
+    @overload
+    def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[True]
+    ) -> PlanPublic: ...
+
+    @overload
+    def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool
+    ) -> JobPublic | PlanPublic: ...
+
+    def create(
+        self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool = False
+    ) -> JobPublic | PlanPublic:
+        """Submit a job; with dry_run, only the plan (config, command, memory estimate), nothing stored.
+
+        spec: a JobSpec, a dict, or a YAML/JSON file's path. idempotency_key: a retry with the same key
+        and spec returns the same job instead of a second one, so a tool can retry a POST safely.
+        """
+        content, ctype = _core.spec_body(spec)
+        headers = {"Content-Type": ctype}
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        if dry_run:
+            params = {"dry_run": "true"}
+            return self._client._call(
+                "POST", "/jobs", PlanPublic, params=params, content=content, headers=headers
+            )
+        return self._client._call("POST", "/jobs", JobPublic, content=content, headers=headers)
+
+    def list_page(
+        self, status: StatusFilter = None, *, limit: int = 50, cursor: str | None = None
+    ) -> JobList:
+        """One page of jobs, newest first; pass its next_cursor to get the next page."""
+        params = {"status": _core.status_param(status), "limit": limit, "cursor": cursor}
+        return self._client._call("GET", "/jobs", JobList, params=params)
+
+    def list(self, status: StatusFilter = None, *, limit: int = 50) -> Iterator[JobPublic]:
+        """Every job (of these statuses), newest first, fetching `limit` per request as it goes."""
+        cursor: str | None = None
+        while True:
+            page = self.list_page(status, limit=limit, cursor=cursor)
+            yield from page.data
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def get(self, job_id: str) -> JobPublic:
+        return self._client._call("GET", _core.job_path(job_id), JobPublic)
+
+    def cancel(self, job_id: str) -> JobPublic:
+        """Ask the job to stop; idempotent, and a finished job is returned unchanged."""
+        return self._client._call("POST", _core.job_path(job_id, "cancel"), JobPublic)
+
+    def plan(self, job_id: str) -> PlanPublic:
+        """What was rendered for the job: accelerate config, command, launch or sbatch script."""
+        return self._client._call("GET", _core.job_path(job_id, "plan"), PlanPublic)
+
+    def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
+        return self._client._call("GET", _core.job_path(job_id, "checkpoints"), CheckpointList).data
+
+    # Logs
+
+    def log_chunk(self, job_id: str, *, offset: int = 0, limit: int = _core.LOG_READ_BYTES) -> LogChunk:
+        """Bytes [offset, offset+limit) of train.log; `complete` once the job ended and all was read."""
+        params = {"offset": offset, "limit": limit}
+        return self._client._call("GET", _core.job_path(job_id, "logs"), LogChunk, params=params)
+
+    def log_chunks(
+        self, job_id: str, *, offset: int = 0, follow: bool = False, poll: float = 1.0
+    ) -> Iterator[LogChunk]:
+        """train.log as it comes. Without follow: what is there now. With follow: until the job has
+        ended and the whole log was read; the last chunk then has `complete` set."""
+        if follow:
+            yield from self._follow(job_id, offset, poll)
+            return
+        while True:
+            chunk = self.log_chunk(job_id, offset=offset)
+            yield chunk
+            if chunk.complete or not chunk.text or chunk.next_offset == offset:
+                return
+            offset = chunk.next_offset
+
+    def logs(self, job_id: str, *, follow: bool = False, offset: int = 0, poll: float = 1.0) -> Iterator[str]:
+        """train.log line by line (without the newline); see `log_chunks` for follow."""
+        lines = _core.LineBuffer()
+        for chunk in self.log_chunks(job_id, offset=offset, follow=follow, poll=poll):
+            yield from lines.feed(chunk.text)
+        rest = lines.flush()
+        if rest is not None:
+            yield rest
+
+    def _follow(self, job_id: str, offset: int, poll: float) -> Iterator[LogChunk]:
+        # The server streams the log (one request for the whole run). Should the stream end early
+        # (server restart, a proxy's idle timeout), one plain read catches up and the stream reopens.
+        path = _core.job_path(job_id, "logs", "stream")
+        while True:
+            try:
+                with self._client._stream(path, {"offset": offset}) as resp:
+                    sse = _core.SSEDecoder()
+                    for line in resp.iter_lines():
+                        event = sse.feed(line)
+                        chunk = _core.log_event(*event, offset) if event else None
+                        if chunk is None:
+                            continue
+                        yield chunk
+                        if chunk.complete:
+                            return
+                        offset = chunk.next_offset
+            except ConnectionLost:
+                pass
+            time.sleep(poll)
+            chunk = self.log_chunk(job_id, offset=offset)
+            if chunk.text or chunk.complete:
+                yield chunk
+            if chunk.complete:
+                return
+            offset = chunk.next_offset
+
+    # Metrics
+
+    def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> MetricsPage:
+        """One page of points with step > after_step; after_step=-1 starts at the first point."""
+        params = {"after_step": after_step, "limit": limit}
+        return self._client._call("GET", _core.job_path(job_id, "metrics"), MetricsPage, params=params)
+
+    def iter_metrics(
+        self,
+        job_id: str,
+        *,
+        after_step: int = -1,
+        follow: bool = False,
+        poll: float = 1.0,
+        page_size: int = 1000,
+    ) -> Iterator[Point]:
+        """Every point after after_step, page by page; with follow, also those logged later, until the
+        job has ended and all were read."""
+        while True:
+            page = self.metrics(job_id, after_step=after_step, limit=page_size)
+            yield from page.data
+            if page.data:
+                after_step = page.next_after_step
+            if page.complete:
+                return
+            if len(page.data) < page_size:  # caught up with what is there now
+                if not follow:
+                    return
+                time.sleep(poll)
+
+    # Waiting
+
+    def wait(self, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> JobPublic:
+        """The job once it has ended (succeeded, failed or cancelled); WaitTimeout after `timeout` s.
+
+        A 503 (the server's store restarting) is waited out rather than raised, while time is left.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                job = self.get(job_id)
+            except Unavailable as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                time.sleep(exc.retry_after or poll)
+                continue
+            if _core.is_terminal(job.status):
+                return job
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(job, timeout or 0.0)
+            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - now)))
