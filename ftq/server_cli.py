@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from ftq import logs
 from ftq.settings import get_settings
 
 server_app = typer.Typer(add_completion=False)
@@ -105,7 +106,7 @@ def worker_argv(*, beat: bool, concurrency: int) -> list[str]:
         "--concurrency",
         str(concurrency),
         "--loglevel",
-        "INFO",
+        get_settings().log_level,
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
@@ -167,6 +168,8 @@ def _serve(host: str, port: int) -> None:
     from ftq.http_protocol import bounded_http_protocol
 
     settings = get_settings()
+    # uvicorn's own records go through the same root handler as the app's (log_config=None).
+    logs.configure(settings.log_level)
     # The request head is bounded while it is read (FTQ_MAX_HEADER_BYTES, FTQ_MAX_HEADER_COUNT).
     protocol = bounded_http_protocol(settings.max_header_bytes, settings.max_header_count)
     uvicorn.run(
@@ -174,7 +177,8 @@ def _serve(host: str, port: int) -> None:
         factory=True,
         host=host,
         port=port,
-        log_level="info",
+        log_config=None,
+        log_level=settings.log_level.lower(),
         access_log=False,
         http=protocol or "h11",
         h11_max_incomplete_event_size=settings.max_header_bytes,

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8000
+    log_level: str = Field(
+        "INFO", description="Log level of the API and the worker: DEBUG, INFO, WARNING, ERROR."
+    )
 
     # Local launcher
     gpu_pool: str = Field("", description="GPU indices jobs may use, e.g. `0,1,2,3`; empty: none.")
@@ -103,6 +106,14 @@ class Settings(BaseSettings):
         if v not in ("development", "production", "test"):
             raise ValueError("FTQ_ENV must be development, production or test")
         return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        level = v.strip().upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("FTQ_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return level
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ftq import __version__
+from ftq import __version__, logs
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
@@ -87,6 +87,7 @@ async def _send_error(send: Send, err: FtqError) -> None:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    logs.configure(get_settings().log_level)
     # Polls read on the event loop through this pool (PostgreSQL); without a lifespan (an app driven
     # without startup, as some tests do) they take the thread path instead.
     app.state.read_pool = open_async_read_pool()

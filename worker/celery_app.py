@@ -15,8 +15,9 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_embedded_init
+from celery.signals import beat_embedded_init, setup_logging
 
+from ftq import logs
 from ftq.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, make_celery
 from ftq.settings import get_settings
 
@@ -45,6 +46,15 @@ _LOADED_BY_PID = os.getpid()
 
 
 beat_embedded_init.connect(_beat_dies_with_its_worker, weak=False)
+
+
+def _configure_logging(loglevel: int | str | None = None, **_: Any) -> None:
+    """Celery's `setup_logging`: with a receiver connected, Celery leaves the root logger to it, so the
+    worker and its embedded beat log in ftq's format, with the job id (`--loglevel`, else FTQ_LOG_LEVEL)."""
+    logs.configure(loglevel or get_settings().log_level)
+
+
+setup_logging.connect(_configure_logging, weak=False)
 
 
 def make_worker_app() -> Celery:

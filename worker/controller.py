@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-from ftq import runs
+from ftq import logs, runs
 from ftq.errors import ErrorCode
 from ftq.render import Plan
 from ftq.settings import get_settings
@@ -157,6 +157,7 @@ def write_run_dir(job: Job, run_dir: Path, plan: Plan) -> None:
         (run_dir / stale).unlink(missing_ok=True)
 
 
+@logs.about_job
 def launch(job_id: str) -> None:
     """Start the run of a `starting` job, or adopt the one a previous attempt already started."""
     settings = get_settings()
@@ -247,6 +248,7 @@ def submit(job_id: str) -> None:
 # Cancel ---------------------------------------------------------------------------------------------------
 
 
+@logs.about_job
 def cancel(job_id: str) -> None:
     """The `ftq.cancel` task: SIGTERM (or scancel) now; reconcile escalates and records the end."""
     with session_scope() as session:
@@ -310,15 +312,18 @@ def reconcile() -> bool:
                 try:
                     _reconcile_one(v, launcher, states.get(v.id))
                 except Exception:
-                    log.exception("reconciling job %s failed; trying again next sweep", v.id)
+                    log.exception(
+                        "reconciling job %s failed; trying again next sweep", v.id, extra={"job_id": v.id}
+                    )
         for claimed in schedule():
             try:
                 launch(claimed)
             except Exception:
-                log.exception("launching job %s failed", claimed)
+                log.exception("launching job %s failed", claimed, extra={"job_id": claimed})
     return True
 
 
+@logs.about_job
 def _reconcile_one(v: JobView, launcher: Launcher, state: RunState | None) -> None:
     if not v.launched:
         if v.status == JobStatus.starting and _age(v.updated_at) < STARTING_GRACE_SECONDS:
@@ -384,6 +389,7 @@ def _mark_running(v: JobView) -> None:
         )
 
 
+@logs.about_job
 def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
     """The run has ended: take in its last metrics, then record how it ended (or, for a failure the
     recovery policy retries, queue it again)."""

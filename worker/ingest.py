@@ -13,7 +13,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from ftq import runs
+from ftq import logs, runs
 from ftq.metrics import POINT_FIELDS
 from ftq.settings import get_settings
 from ftq.status import JobStatus
@@ -111,6 +111,7 @@ def _eta(job: Job, step: int, max_steps: int | None, points: list[dict[str, Any]
     return round((max_steps - step) / rate, 1)
 
 
+@logs.about_job
 def ingest_job(job_id: str) -> int:
     """One pass over one job's new metric lines; returns how many points were stored."""
     settings = get_settings()
@@ -169,5 +170,5 @@ def ingest_all() -> int:
         try:
             total += ingest_job(job_id)
         except Exception:
-            log.exception("ingest of %s failed; the next pass retries", job_id)
+            log.exception("ingest of %s failed; the next pass retries", job_id, extra={"job_id": job_id})
     return total

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from ftq import queue
+from ftq import logs, queue
 from ftq.store import repository
 from ftq.store.db import session_scope
 
@@ -17,6 +17,7 @@ def _send(job_id: str, kind: str) -> None:
     queue.send(queue.TASK_FOR_DISPATCH[kind], job_id)
 
 
+@logs.about_job
 def send_for_job(job_id: str) -> int:
     """Send this job's unsent dispatches now; returns how many went out."""
     sent = 0

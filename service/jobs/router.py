@@ -13,8 +13,11 @@ from typing import Annotated, Any, TypeVar
 import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
 
+from ftq.logs import job_context
 from ftq.settings import get_settings
 from ftq.store import outbox
 from ftq.store.db import new_session, read_session
@@ -39,7 +42,18 @@ from service.jobs.schemas import (
 
 T = TypeVar("T")
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+class JobLogRoute(APIRoute):
+    """A route under /jobs/{job_id}: what is logged while it runs (its dependencies, the endpoint, the
+    response and its background tasks) carries the job id (ftq.logs)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        job_id = scope.get("path_params", {}).get("job_id")
+        with job_context(job_id if isinstance(job_id, str) else None):
+            await super().handle(scope, receive, send)
+
+
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=JobLogRoute)
 
 _MAX_CURSOR = 2**63 - 1  # cursors are job sequence numbers: a signed 64-bit integer in the store
 
