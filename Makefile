@@ -5,15 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ftq-installed
 TORCH_CPU := torch==2.13.0
+CONSTRAINTS := constraints.txt
+LOCK_VENV := build/lock-venv
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install up test lint typecheck openapi openapi-check bench clean
+.PHONY: install up test lint typecheck openapi openapi-check bench clean lock
 
-# Idempotent and quick when nothing changed: the stamp is newer than pyproject.toml.
+# Idempotent and quick when nothing changed: the stamp is newer than pyproject.toml and the constraints.
+# Every dependency but torch is pinned by constraints.txt (`make lock` refreshes it).
 install: $(STAMP) examples/tiny/model/config.json
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q -U pip wheel
 	@# Without a GPU, take the CPU build of torch first; with one, pip's default (CUDA) build.
@@ -22,8 +25,23 @@ $(STAMP): pyproject.toml
 	else \
 		$(BIN)/pip install -q $(TORCH_CPU); \
 	fi
-	$(BIN)/pip install -q -e ".[train,dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,dev]"
 	@touch $(STAMP)
+
+# Re-resolve pyproject.toml's dependencies at their newest allowed versions in a throwaway venv (on the
+# CPU build of torch, so no CUDA package is pinned) and write them to constraints.txt, torch left out:
+# it is installed first, CPU or CUDA build, by `make install`. Review the diff, then `make test`.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PY) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q -U pip wheel
+	$(LOCK_VENV)/bin/pip install -q $(TORCH_CPU)
+	$(LOCK_VENV)/bin/pip install -q -e ".[train,dev]"
+	{ echo "# Pins for \`make install\` (pip install -c constraints.txt): written by \`make lock\`, do not edit."; \
+	  echo "# torch is left out on purpose: make install puts in the CPU build ($(TORCH_CPU)) or a CUDA one first."; \
+	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|nvidia-[a-z0-9-]+|triton)=='; \
+	} > $(CONSTRAINTS)
+	rm -rf $(LOCK_VENV)
 
 examples/tiny/model/config.json: $(STAMP) trainer/tiny.py
 	$(BIN)/python -m trainer.tiny --out examples/tiny
