@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 PACKAGES = ("ftq", "service", "worker", "trainer", "migrations")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
