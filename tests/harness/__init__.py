@@ -1,0 +1,76 @@
+"""The one test harness, shared by tests/ and bench/ (`from tests.harness import Deployment, tiny_spec`).
+
+- Deployment (deployment.py): ftq as real processes, `ftq up` or `ftq api` + `ftq worker`, on SQLite or
+  PostgreSQL + Redis; its URL, tokens, data dir, run dirs, logs and processes.
+- JobsApi (api.py): the harness's own API calls (submit, wait, cancel), through the SDK `ftq.client`.
+- assets.py: the tiny model and data (`tiny_assets()`, examples/tiny), `tiny_spec()`, the shipped examples,
+  config-only models.
+- postgres.py: throwaway databases, and stopping/starting the server for fault tests.
+- redis.py: PrivateRedis, a redis-server of the harness's own (a fault test may stop it).
+- procs.py: free_port(), /proc readers (pids of a run, process groups), stopping process groups.
+- cli.py: run_ftq(), the CLI as a user runs it.
+- inprocess.py: settings for code run inside the test process.
+- launching.py: launch requests for launcher tests that run scripts of their own.
+"""
+
+from tests.harness.api import Job, JobsApi
+from tests.harness.assets import (
+    EXAMPLES,
+    MODEL_CONFIGS,
+    TINY,
+    TINY_RELATIVE,
+    config_only_model,
+    example_spec,
+    model_config,
+    text_dataset,
+    tiny_assets,
+    tiny_spec,
+)
+from tests.harness.cli import CliResult, run_ftq
+from tests.harness.deployment import QUICK_SETTINGS, Deployment
+from tests.harness.env import ARTIFACTS, FTQ, REPO, clean_env
+from tests.harness.procs import (
+    free_port,
+    marked_pids,
+    pid_alive,
+    proc_children,
+    proc_groups,
+    procs_with,
+    run_pids,
+    wait_gone,
+    wait_until,
+)
+from tests.harness.redis import PrivateRedis
+
+__all__ = [
+    "ARTIFACTS",
+    "EXAMPLES",
+    "FTQ",
+    "MODEL_CONFIGS",
+    "QUICK_SETTINGS",
+    "REPO",
+    "TINY",
+    "TINY_RELATIVE",
+    "CliResult",
+    "Deployment",
+    "Job",
+    "JobsApi",
+    "PrivateRedis",
+    "clean_env",
+    "config_only_model",
+    "example_spec",
+    "free_port",
+    "marked_pids",
+    "model_config",
+    "pid_alive",
+    "proc_children",
+    "proc_groups",
+    "procs_with",
+    "run_ftq",
+    "run_pids",
+    "text_dataset",
+    "tiny_assets",
+    "tiny_spec",
+    "wait_gone",
+    "wait_until",
+]

@@ -1,0 +1,41 @@
+"""The `ftq` command run as a user runs it: a subprocess against a server URL, output captured."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.harness.env import FTQ, REPO, clean_env
+
+
+@dataclass
+class CliResult:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def run_ftq(
+    *args: str, url: str | None, token: str | None = None, timeout: float = 120, cwd: Path = REPO
+) -> CliResult:
+    """`ftq ARGS` with FTQ_URL (and FTQ_TOKEN) set, in a clean environment; never raises on its status."""
+    extra: dict[str, str] = {}
+    if url:
+        extra["FTQ_URL"] = url
+    if token:
+        extra["FTQ_TOKEN"] = token
+    start = time.monotonic()
+    proc = subprocess.run(
+        [FTQ, *args],
+        cwd=cwd,
+        env=clean_env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    return CliResult(list(args), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)

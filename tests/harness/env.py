@@ -1,0 +1,33 @@
+"""Where things are, and the environment every process the harness starts is given."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The venv's console scripts, next to the interpreter running the tests or the bench.
+BIN = Path(sys.executable).parent
+FTQ = str(BIN / "ftq")
+# Screenshots and other files a human may want to look at after a run (gitignored).
+ARTIFACTS = REPO / "tests" / "_artifacts"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without FTQ_ settings (a developer's shell cannot leak in; the suite's own
+    FTQ_TEST_ knobs stay), with wide colourless unbuffered output, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTQ_") or k.startswith("FTQ_TEST_")}
+    # Wide, colourless output: rich tables and lines are then easy to assert on.
+    env.update({"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+def ftq_settings(settings: dict[str, object]) -> dict[str, str]:
+    """`{"cpu_slots": 4}` -> `{"FTQ_CPU_SLOTS": "4"}` (names already spelt FTQ_... are kept as given)."""
+    out = {}
+    for key, value in settings.items():
+        name = key if key.startswith("FTQ_") else f"FTQ_{key.upper()}"
+        out[name] = str(value)
+    return out
