@@ -10,7 +10,7 @@ LOCK_VENV := build/lock-venv
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install up test lint typecheck openapi openapi-check bench clean lock
+.PHONY: install up test test-fast lint typecheck openapi openapi-check bench clean lock
 
 # Idempotent and quick when nothing changed: the stamp is newer than pyproject.toml and the constraints.
 # Every dependency but torch is pinned by constraints.txt (`make lock` refreshes it).
@@ -65,8 +65,13 @@ openapi-check: install
 	$(BIN)/python -m service.openapi_dump | diff -u openapi/openapi.json - \
 		|| (echo "openapi/openapi.json is stale: run 'make openapi'" && exit 1)
 
+# Everything: lint, types, the OpenAPI document, then tests/unit, tests/integration and tests/e2e.
 test: install lint typecheck openapi-check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit tests alone (in process: no subprocess, server or training), in well under two minutes.
+test-fast: install
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m bench.run_all

@@ -14,18 +14,17 @@ import contextlib
 import json
 import socket
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-# The helper module sits beside this file; found by path, so the folder may be a package or not.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_server import Live, live_api, spec
+from tests.e2e.security.common import live_api, spec
+from tests.harness import Deployment
 
 MAX_BODY = 1_048_576  # the default FTQ_MAX_BODY_BYTES, set explicitly for the server below
 METRICS_TOKEN = "scrape-token-5f2c"
@@ -36,7 +35,7 @@ JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     with live_api(
         tmp_path_factory.mktemp("hostile"),
         max_body_bytes=str(MAX_BODY),
@@ -49,7 +48,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 
 @pytest.fixture
-def client(api: Live) -> Iterator[httpx.Client]:
+def client(api: Deployment) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=api.url, timeout=60) as c:
         yield c
 
@@ -159,7 +158,7 @@ def hostile_bodies() -> list[bytes]:
     ]
 
 
-def test_healthz_answers_fast_while_hostile_yaml_is_parsed(api: Live) -> None:
+def test_healthz_answers_fast_while_hostile_yaml_is_parsed(api: Deployment) -> None:
     stop = threading.Event()
     statuses: list[int] = []
     errors: list[str] = []
@@ -231,13 +230,14 @@ def test_json_and_yaml_content_types_still_create(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("host", ["attacker.example", "attacker.example:80", "127.0.0.1.nip.io", "evil"])
-def test_foreign_host_is_not_served(api: Live, client: httpx.Client, host: str) -> None:
+def test_foreign_host_is_not_served(api: Deployment, client: httpx.Client, host: str) -> None:
     before = job_count(client)
-    for method, path, kw in (
+    calls: list[tuple[str, str, dict[str, Any]]] = [
         ("GET", "/jobs", {}),
         ("GET", "/", {}),
         ("POST", "/jobs", {"json": spec()}),
-    ):
+    ]
+    for method, path, kw in calls:
         resp = client.request(method, path, headers={"host": host}, **kw)
         assert resp.status_code == 421, (method, path, resp.status_code, resp.text)
         assert resp.json()["code"] == "misdirected_request"
@@ -245,12 +245,12 @@ def test_foreign_host_is_not_served(api: Live, client: httpx.Client, host: str) 
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "LOCALHOST", "[::1]"])
-def test_loopback_names_are_served(api: Live, client: httpx.Client, host: str) -> None:
+def test_loopback_names_are_served(api: Deployment, client: httpx.Client, host: str) -> None:
     resp = client.get("/jobs", headers={"host": f"{host}:{api.port}"})
     assert resp.status_code == 200, resp.text
 
 
-def test_cross_origin_state_changes_are_403(api: Live, client: httpx.Client) -> None:
+def test_cross_origin_state_changes_are_403(api: Deployment, client: httpx.Client) -> None:
     created = client.post("/jobs", json=spec())
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
@@ -297,7 +297,7 @@ def test_largest_cursor_is_accepted(client: httpx.Client) -> None:
     assert client.get("/jobs", params={"cursor": str(2**63 - 1)}).status_code == 200
 
 
-def raw_request(api: Live, head: bytes, read_timeout: float = 20.0) -> bytes:
+def raw_request(api: Deployment, head: bytes, read_timeout: float = 20.0) -> bytes:
     """Send a hand-made request head; return what the server answered (its first bytes)."""
     with socket.create_connection(("127.0.0.1", api.port), timeout=read_timeout) as s:
         # The server may close while a huge head is still being sent.
@@ -323,7 +323,7 @@ def _status(answer: bytes) -> int:
     ],
     ids=["105-headers", "100k-headers", "16k-header", "20m-header"],
 )
-def test_request_heads_are_bounded(api: Live, client: httpx.Client, extra: bytes) -> None:
+def test_request_heads_are_bounded(api: Deployment, client: httpx.Client, extra: bytes) -> None:
     t0 = time.monotonic()
     answer = raw_request(api, b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n" + extra + b"\r\n")
     assert _status(answer) == 431, answer[:200]
@@ -332,7 +332,7 @@ def test_request_heads_are_bounded(api: Live, client: httpx.Client, extra: bytes
     assert client.get("/healthz").status_code == 200  # the server is fine
 
 
-def test_ordinary_heads_pass(api: Live) -> None:
+def test_ordinary_heads_pass(api: Deployment) -> None:
     extra = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(40))
     answer = raw_request(api, b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n" + extra + b"\r\n")
     assert _status(answer) == 200, answer[:200]
@@ -343,7 +343,7 @@ def test_ordinary_heads_pass(api: Live) -> None:
     assert _status(answer) == 422, answer[:300]  # the name is too long: a spec error, read whole
 
 
-def test_metrics_requires_its_token(api: Live, client: httpx.Client) -> None:
+def test_metrics_requires_its_token(api: Deployment, client: httpx.Client) -> None:
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
     assert client.get("/metrics", headers={"authorization": METRICS_TOKEN}).status_code == 401

@@ -6,7 +6,6 @@ plan rendered at submit (under that policy) says so."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +13,8 @@ import httpx
 import pytest
 import yaml
 
-# The helper module sits beside this file; found by path, so the folder may be a package or not.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_server import Live, live_api, spec
+from tests.e2e.security.common import live_api, spec
+from tests.harness import Deployment
 
 TOKENS = {"alice": "alice-rc-token-1", "bob": "bob-rc-token-2"}
 FLAG = ["--trust_remote_code", "True"]
@@ -26,12 +24,12 @@ def _tokens() -> str:
     return ",".join(f"{t}:{o}" for o, t in TOKENS.items())
 
 
-def as_owner(live: Live, owner: str) -> httpx.Client:
+def as_owner(live: Deployment, owner: str) -> httpx.Client:
     return httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {TOKENS[owner]}"}, timeout=30)
 
 
 @pytest.fixture(scope="module")
-def alice_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def alice_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     with live_api(
         tmp_path_factory.mktemp("rc-alice"), api_tokens=_tokens(), allow_remote_code="alice"
     ) as live:
@@ -65,7 +63,7 @@ def test_remote_code_is_refused_unless_allowed(tmp_path: Path, setting: str | No
         assert alice.post("/jobs", params={"dry_run": "true"}, json=spec()).status_code == 200
 
 
-def test_only_the_allowed_owner_may_run_remote_code(alice_only: Live) -> None:
+def test_only_the_allowed_owner_may_run_remote_code(alice_only: Deployment) -> None:
     with as_owner(alice_only, "bob") as bob:
         _assert_refused(bob.post("/jobs", json=spec(trust_remote_code=True)))
         _assert_refused(bob.post("/jobs", params={"dry_run": "true"}, json=spec(trust_remote_code=True)))

@@ -1,0 +1,287 @@
+"""The Python SDK (`ftq.client`) against real servers, nothing mocked.
+
+Jobs that train run on the session's shared `ftq up` (the e2e session fixture `server`). Paging, owners
+and the error types use a private `ftq api` that this module starts with two tokens and no worker, so
+its jobs stay queued and cost no CPU, and its job list holds only what these tests put there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ftq.client import (
+    ApiError,
+    AsyncClient,
+    Client,
+    ConnectionFailed,
+    FtqAPIError,
+    InvalidURL,
+    JobPublic,
+    JobSpec,
+    JobStatus,
+    NotFound,
+    PlanPublic,
+    RateLimited,
+    SpecFileError,
+    Unauthorized,
+    ValidationError,
+    WaitTimeout,
+)
+from tests.harness import EXAMPLES, Deployment, example_spec, free_port
+
+TINY_SPEC = EXAMPLES / "tiny-cpu.yaml"
+ERIN_TOKEN = "e2e-sdk-erin-token"
+FRANK_TOKEN = "e2e-sdk-frank-token"
+UNKNOWN_ID = "job_0000000000000000"
+
+
+def tiny_spec(**training: Any) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml as a dict, with training fields overridden."""
+    return example_spec("tiny-cpu.yaml", **training)
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """The real HTTP transport, recording each request's path (what `transport=` is for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return super().handle_request(request)
+
+
+@pytest.fixture(scope="module")
+def api_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """`ftq api` without a worker on a free port and its own data dir: erin and frank have tokens."""
+    tokens = {"erin": ERIN_TOKEN, "frank": FRANK_TOKEN}
+    with Deployment(tmp_path_factory.mktemp("sdk-api"), mode="api", tokens=tokens) as dep:
+        yield dep
+
+
+@pytest.fixture
+def erin(api_only: Deployment) -> Iterator[Client]:
+    with Client(api_only.url, ERIN_TOKEN) as client:
+        yield client
+
+
+def one_process_spec(**training: Any) -> dict[str, Any]:
+    """The tiny job in one process: half the time of the shipped two-process DDP run on 2 cores."""
+    spec = tiny_spec(**training)
+    spec["distributed"] = {"strategy": "none"}
+    spec["resources"]["processes_per_node"] = 1
+    return spec
+
+
+def _wait_for(client: Client, job_id: str, status: str, timeout: float) -> JobPublic:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.jobs.get(job_id)
+        if job.status == status or job.status in ("succeeded", "failed", "cancelled"):
+            return job
+        assert time.monotonic() < deadline, f"{job_id} still {job.status}"
+        time.sleep(0.3)
+
+
+# On the shared `ftq up`: real training runs -----------------------------------------------------------
+
+
+@pytest.mark.slow  # a real tiny training run
+def test_create_follow_logs_metrics_and_wait(server: Deployment) -> None:
+    spec = one_process_spec(max_steps=8, eval_steps=4, save_steps=4)
+    with Client(server.url, token="") as ftq:
+        assert ftq.health().status == "ok"
+        job = ftq.jobs.create(spec)
+        assert isinstance(job, JobPublic)
+        assert job.status in (JobStatus.queued, JobStatus.starting, JobStatus.running)
+        assert job.spec.training.max_steps == 8 and job.owner == "local"
+
+        # follow=True returns once the job has ended and its whole log was read.
+        lines = list(ftq.jobs.logs(job.id, follow=True))
+        final = ftq.jobs.wait(job.id, timeout=300)
+        assert final.status == JobStatus.succeeded, "\n".join(lines[-30:])
+        assert any("trained to step 8" in line for line in lines), lines[-20:]
+        whole = ftq.jobs.log_chunk(job.id, limit=1_048_576)
+        assert whole.complete
+        assert lines == whole.text.removesuffix("\n").split("\n")  # every line, in order, once
+
+        points = list(ftq.jobs.iter_metrics(job.id))
+        losses = [p for p in points if p.loss is not None]
+        assert [p.step for p in losses] == list(range(1, 9))
+        assert all(p.loss is not None and math.isfinite(p.loss) for p in losses)
+        assert any(p.eval_loss is not None for p in points)
+        page = ftq.jobs.metrics(job.id, after_step=4, limit=2)
+        assert [p.step for p in page.data] == [5, 6] and page.next_after_step == 6
+        assert not page.complete  # more points follow step 6
+        assert final.latest_metrics is not None and final.progress.step == 8
+
+        plan = ftq.jobs.plan(job.id)
+        assert "trainer" in plan.command and plan.sbatch_script is None
+        assert job.id in plan.launch_script
+        steps = [c.step for c in ftq.jobs.checkpoints(job.id)]
+        assert {4, 8} <= set(steps), steps
+
+        assert ftq.jobs.cancel(job.id).status == JobStatus.succeeded  # a finished job stays as it is
+        assert job.id in {j.id for j in ftq.jobs.list(status="succeeded")}
+
+
+@pytest.mark.slow  # a real tiny training run
+def test_async_client_create_wait_and_metrics(server: Deployment) -> None:
+    async def run() -> None:
+        async with AsyncClient(server.url, token="") as ftq:
+            assert (await ftq.health()).status == "ok"
+            job = await ftq.jobs.create(JobSpec.model_validate(one_process_spec(max_steps=4, save_steps=4)))
+            # Two coroutines on one client: the log streams while another waits for the end.
+            lines, final = await asyncio.gather(
+                _collect(ftq.jobs.logs(job.id, follow=True)), ftq.jobs.wait(job.id, timeout=300, poll=0.5)
+            )
+            assert final.status == JobStatus.succeeded, "\n".join(lines[-30:])
+            assert any("trained to step 4" in line for line in lines)
+            page = await ftq.jobs.metrics(job.id)
+            assert page.complete and [p.step for p in page.data if p.loss is not None] == [1, 2, 3, 4]
+            points = [p async for p in ftq.jobs.iter_metrics(job.id, after_step=2)]
+            assert [p.step for p in points if p.loss is not None] == [3, 4]
+            listed = [j.id async for j in ftq.jobs.list(status=[JobStatus.succeeded], limit=1)]
+            assert job.id in listed
+            with pytest.raises(NotFound):
+                await ftq.jobs.get(UNKNOWN_ID)
+
+    asyncio.run(run())
+
+
+async def _collect(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines]
+
+
+@pytest.mark.slow  # a real launch, cancelled while it trains
+def test_idempotent_create_then_cancel_a_running_job(server: Deployment) -> None:
+    spec = one_process_spec(max_steps=100_000)
+    key = f"sdk-{uuid.uuid4().hex}"
+    with Client(server.url, token="") as ftq:
+        first = ftq.jobs.create(spec, idempotency_key=key)
+        again = ftq.jobs.create(spec, idempotency_key=key)
+        assert again.id == first.id  # the retry is the same job, not a second one
+
+        with pytest.raises(ValidationError) as other_body:
+            ftq.jobs.create(one_process_spec(max_steps=99_999), idempotency_key=key)
+        assert other_body.value.loc == ["header", "Idempotency-Key"]
+
+        running = _wait_for(ftq, first.id, "running", timeout=180)
+        assert running.status == JobStatus.running, running.error
+        with pytest.raises(WaitTimeout) as timed_out:
+            ftq.jobs.wait(first.id, timeout=0.5, poll=0.1)
+        assert timed_out.value.job.status == JobStatus.running
+
+        assert ftq.jobs.cancel(first.id).status in (JobStatus.cancelling, JobStatus.cancelled)
+        final = ftq.jobs.wait(first.id, timeout=120, poll=0.5)
+        assert final.status == JobStatus.cancelled
+        assert final.error is not None and final.error.code == "cancelled"
+
+
+# On a private `ftq api`: plans, paging, owners and errors -----------------------------------------------
+
+
+def test_dry_run_returns_the_plan_and_stores_nothing(erin: Client) -> None:
+    before = [j.id for j in erin.jobs.list()]
+    plan = erin.jobs.create(TINY_SPEC, dry_run=True)
+    assert isinstance(plan, PlanPublic)
+    assert plan.sbatch_script is None and "launch" in plan.launch_script
+    assert plan.estimate is not None and plan.estimate.fits is True
+
+    falcon = erin.jobs.create(str(EXAMPLES / "falcon-180b-lora-zero3.yaml"), dry_run=True)
+    assert falcon.accelerate_config["distributed_type"] == "DEEPSPEED"
+    assert falcon.sbatch_script is not None and "#SBATCH --nodes=2" in falcon.sbatch_script
+
+    from_model = erin.jobs.create(JobSpec.model_validate(tiny_spec()), dry_run=True)
+    assert from_model.command == plan.command
+    assert [j.id for j in erin.jobs.list()] == before
+
+
+def test_list_follows_next_cursor_across_pages(api_only: Deployment, erin: Client) -> None:
+    created = [erin.jobs.create(tiny_spec(max_steps=10 + i)).id for i in range(5)]
+    assert all(j.status == JobStatus.queued for j in (erin.jobs.get(i) for i in created))
+
+    transport = CountingTransport()
+    with Client(api_only.url, ERIN_TOKEN, transport=transport) as counted:
+        listed = [j.id for j in counted.jobs.list(status="queued", limit=2)]
+    everything = [j.id for j in erin.jobs.list_page("queued", limit=500).data]
+    assert listed == everything  # every job once, newest first
+    assert [i for i in listed if i in created] == created[::-1]
+    assert transport.paths.count("/jobs") == math.ceil(len(everything) / 2) >= 3
+
+    for job_id in created:
+        assert erin.jobs.cancel(job_id).status == JobStatus.cancelled  # queued: at once
+    cancelled = {j.id for j in erin.jobs.list(status=[JobStatus.cancelled, JobStatus.failed], limit=2)}
+    assert set(created) <= cancelled
+    assert not set(created) & {j.id for j in erin.jobs.list(status="queued")}
+
+
+def test_typed_errors(api_only: Deployment, erin: Client, tmp_path: Path) -> None:
+    with pytest.raises(NotFound) as missing:
+        erin.jobs.get(UNKNOWN_ID)
+    assert missing.value.status_code == 404 and missing.value.code == "not_found"
+    assert isinstance(missing.value, ApiError) and missing.value.status == 404
+
+    # Another owner's job does not exist for frank, on every route.
+    job = erin.jobs.create(tiny_spec())
+    with Client(api_only.url, FRANK_TOKEN) as frank:
+        for call in (frank.jobs.get, frank.jobs.cancel, frank.jobs.plan, frank.jobs.metrics):
+            with pytest.raises(NotFound):
+                call(job.id)
+        with pytest.raises(NotFound):
+            list(frank.jobs.logs(job.id))
+    erin.jobs.cancel(job.id)
+
+    for token in ("", "not-the-token"):
+        with Client(api_only.url, token) as anonymous, pytest.raises(Unauthorized) as refused:
+            anonymous.jobs.list_page()
+        assert refused.value.status_code == 401 and refused.value.code == "unauthorized"
+
+    with pytest.raises(ValidationError) as bad:
+        erin.jobs.create(tiny_spec(learning_rate=-1))
+    assert bad.value.status_code == 422 and bad.value.code == "invalid_spec"
+    assert bad.value.field == "training.learning_rate"
+    assert bad.value.loc == ["body", "training", "learning_rate"]
+    with pytest.raises(ValidationError) as two:
+        erin.jobs.create(tiny_spec(learning_rate=-1, max_steps=0))
+    assert set(two.value.fields) == {"training.learning_rate", "training.max_steps"}
+    with pytest.raises(ValidationError) as bad_status:
+        erin.jobs.list_page("bogus")
+    assert bad_status.value.field == "status"
+
+    with pytest.raises(WaitTimeout) as waited:  # no worker: it stays queued
+        erin.jobs.wait(erin.jobs.create(tiny_spec()).id, timeout=0.3, poll=0.1)
+    assert waited.value.job.status == JobStatus.queued
+    erin.jobs.cancel(waited.value.job_id)
+
+    with pytest.raises(SpecFileError, match="no such file"):
+        erin.jobs.create(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n")
+    with pytest.raises(SpecFileError, match="a job spec is a mapping"):
+        erin.jobs.create(tmp_path / "list.yaml")
+    with pytest.raises(ConnectionFailed):
+        Client(f"http://127.0.0.1:{free_port()}").health()
+    with pytest.raises(InvalidURL):
+        Client("not-a-url")
+
+
+def test_rate_limited_carries_retry_after(api_only: Deployment) -> None:
+    # frank fills his 100 active jobs (FTQ_MAX_ACTIVE_JOBS_PER_OWNER); the next one is a 429.
+    with Client(api_only.url, FRANK_TOKEN) as frank:
+        active = sum(1 for _ in frank.jobs.list(status="queued,starting,running,cancelling", limit=500))
+        with pytest.raises(RateLimited) as limited:
+            for i in range(101 - active):
+                frank.jobs.create(tiny_spec(max_steps=1000 + i))
+        assert limited.value.status_code == 429 and limited.value.code == "rate_limited"
+        assert limited.value.retry_after is not None and limited.value.retry_after > 0
+        assert isinstance(limited.value, FtqAPIError)

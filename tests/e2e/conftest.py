@@ -1,0 +1,47 @@
+"""End-to-end: ftq as a user runs it. One real `ftq up` on its embedded defaults and one finished tiny job
+serve the whole session (the CLI, dashboard and perf tests read them); an `ftq api` with a token serves
+the 401 paths. Teardown cancels what is still active, then stops the processes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.session import AUTH_OWNER, AUTH_TOKEN, TINY_SPEC, FinishedJob, Walkthrough
+from tests.harness import Deployment, run_ftq, tiny_assets
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """`ftq up` (API, worker, scheduler) on its embedded defaults (roots: the data dir and examples/)."""
+    tiny_assets()
+    dep = Deployment(tmp_path_factory.mktemp("e2e") / "main")
+    dep.start()
+    yield dep
+    dep.close(cancel_active=True)
+
+
+@pytest.fixture(scope="session")
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """`ftq api` (no worker) with FTQ_API_TOKENS set; `token` is AUTH_TOKEN (owner erin)."""
+    root = tmp_path_factory.mktemp("e2e") / "auth"
+    with Deployment(root, mode="api", tokens={AUTH_OWNER: AUTH_TOKEN}) as dep:
+        yield dep
+
+
+@pytest.fixture(scope="session")
+def walkthrough(server: Deployment) -> Iterator[Walkthrough]:
+    w = Walkthrough(server)
+    yield w
+    w.kill()
+
+
+@pytest.fixture(scope="session")
+def finished_job(server: Deployment, walkthrough: Walkthrough) -> FinishedJob:
+    """The session's tiny job, followed to its end by the CLI (the curl walkthrough runs meanwhile)."""
+    result = run_ftq("submit", str(TINY_SPEC), "--follow", url=server.url, timeout=600)
+    match = re.search(r"submitted (job_[0-9a-f]+)", result.stdout)
+    assert match, f"no job id in the output of ftq submit:\n{result.stdout}\n{result.stderr}"
+    return FinishedJob(result=result, job_id=match.group(1))

@@ -1,0 +1,160 @@
+"""The dashboard in real headless Chromium against a real `ftq up`: list, charts, log, plan, cancel, auth.
+
+Screenshots go to tests/_artifacts/ (gitignored) for a human to look at.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.session import AUTH_TOKEN, FinishedJob
+from tests.harness import ARTIFACTS, Deployment, example_spec
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.mark.slow  # a real tiny training run
+def test_jobs_page_lists_jobs_and_picks_up_new_ones(
+    server: Deployment, finished_job: FinishedJob, page: Any
+) -> None:
+    page.goto(f"{server.url}/")
+    row = page.locator(f'tr[data-job-id="{finished_job.job_id}"]')
+    expect(row).to_be_visible()
+    expect(row.locator(".badge")).to_have_text("succeeded")
+    job = server.get(f"/jobs/{finished_job.job_id}")
+    shown_loss = float(row.locator('td[data-field="loss"]').inner_text())
+    assert shown_loss == pytest.approx(job["latest_metrics"]["loss"], rel=1e-3)
+    expect(row.locator("a")).to_have_attribute("href", f"/ui/jobs/{finished_job.job_id}")
+
+    # A job created after the page loaded appears without a reload (the page polls GET /jobs).
+    with server.client() as c:
+        created = c.post("/jobs", json=example_spec(max_steps=100000))
+        assert created.status_code == 201, created.text
+        new_id = created.json()["id"]
+        c.post(f"/jobs/{new_id}/cancel")
+    expect(page.locator(f'tr[data-job-id="{new_id}"]')).to_be_visible(timeout=15_000)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-jobs.png"), full_page=True)
+
+
+@pytest.mark.slow  # a real tiny training run
+def test_job_page_charts_every_point_and_stops_polling(
+    server: Deployment, finished_job: FinishedJob, page: Any
+) -> None:
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(f"{server.url}/ui/jobs/{finished_job.job_id}")
+    expect(page.locator("#refresh-state")).to_contain_text("no more updates", timeout=30_000)
+
+    points = server.get(f"/jobs/{finished_job.job_id}/metrics")["data"]
+    n_loss = sum(p["loss"] is not None for p in points)
+    n_eval = sum(p["eval_loss"] is not None for p in points)
+    n_lr = sum(p["learning_rate"] is not None for p in points)
+    assert n_loss >= 5 and n_eval >= 1 and n_lr >= 5, points
+
+    loss_chart = page.locator("#chart-loss svg")
+    expect(loss_chart).to_have_attribute("data-points", str(n_loss + n_eval))
+    train = page.locator('#chart-loss path[data-series="loss"]')
+    expect(train).to_have_attribute("data-count", str(n_loss))
+    assert train.get_attribute("d").count("L") == n_loss - 1  # one drawn vertex per point
+    evals = page.locator('#chart-loss path[data-series="eval_loss"]')
+    expect(evals).to_have_attribute("data-count", str(n_eval))
+    expect(page.locator('#chart-loss g[data-series-markers="eval_loss"] circle')).to_have_count(n_eval)
+    rates = page.locator('#chart-lr path[data-series="learning_rate"]')
+    expect(rates).to_have_attribute("data-count", str(n_lr))
+
+    log_text = server.get(f"/jobs/{finished_job.job_id}/logs", limit=1048576)["text"]
+    assert page.locator("#log").text_content() == log_text
+    expect(page.locator("#plan-command")).to_contain_text("accelerate.commands.launch")
+    expect(page.locator("#plan")).to_contain_text("accelerate_config.yaml")
+    expect(page.locator("#job-status")).to_have_attribute("data-status", "succeeded")
+    expect(page.locator("#cancel")).to_be_hidden()
+
+    # Hovering reads out the nearest step's values.
+    box = loss_chart.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
+    expect(page.locator("#chart-loss g.tip")).to_have_attribute("visibility", "visible")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-job.png"), full_page=True)
+
+    # Incremental polling: log offsets only move forward, metrics pages only move past what was read
+    # (minus the one re-read last point), and a finished job is not polled any more.
+    log_offsets = [int(parse_qs(urlparse(u).query)["offset"][0]) for u in requests if "/logs?" in u]
+    assert log_offsets == sorted(log_offsets) and len(set(log_offsets)) == len(log_offsets), log_offsets
+    metric_afters = [int(parse_qs(urlparse(u).query)["after_step"][0]) for u in requests if "/metrics?" in u]
+    assert metric_afters == sorted(metric_afters), metric_afters
+    settled = len(requests)
+    page.wait_for_timeout(3500)
+    assert len(requests) == settled, requests[settled:]
+
+
+@pytest.mark.slow  # a real tiny training run
+def test_cancel_button_stops_a_running_job(server: Deployment, page: Any) -> None:
+    with server.client() as c:
+        resp = c.post("/jobs", json=example_spec(max_steps=100000, logging_steps=1))
+        assert resp.status_code == 201, resp.text
+    job_id = resp.json()["id"]
+    server.wait_for(job_id, lambda j: j["status"] == "running", timeout=120, what="running")
+
+    dialogs: list[str] = []
+
+    def accept(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
+    page.goto(f"{server.url}/ui/jobs/{job_id}")
+    expect(page.locator("#job-status")).to_have_attribute("data-status", "running")
+    page.locator("#cancel").click()
+    expect(page.locator("#job-status")).to_have_attribute("data-status", re.compile("cancelling|cancelled"))
+    assert dialogs and job_id in dialogs[0]
+    expect(page.locator("#job-status")).to_have_attribute("data-status", "cancelled", timeout=90_000)
+    expect(page.locator("#cancel")).to_be_hidden()
+    job = server.get(f"/jobs/{job_id}")
+    assert job["status"] == "cancelled" and job["error"]["code"] == "cancelled"
+    expect(page.locator("#error-box")).to_contain_text("cancelled")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-cancelled.png"), full_page=True)
+
+
+def test_token_from_the_url_is_kept_for_the_tab_and_401_is_explained(
+    auth_server: Deployment, page: Any
+) -> None:
+    page.goto(f"{auth_server.url}/")
+    banner = page.locator("#banner")
+    expect(banner).to_contain_text("401")
+    expect(banner).to_contain_text("?token=")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-401.png"))
+
+    page.goto(f"{auth_server.url}/?token={AUTH_TOKEN}")
+    expect(page.locator("#jobs")).to_have_attribute("data-count", "0")
+    expect(page.locator("#empty")).to_be_visible()
+    expect(banner).to_be_hidden()
+    assert "token" not in page.url  # taken out of the address bar at once
+    assert page.evaluate("sessionStorage.getItem('ftq.token')") == AUTH_TOKEN
+
+    # The token follows the tab to a job page: an unknown job is a 404 there, not a 401.
+    page.goto(f"{auth_server.url}/ui/jobs/job_0000000000000000")
+    expect(banner).to_contain_text("Not found")
+    expect(banner).not_to_contain_text("401")
+
+    # The form in the banner takes a token as well.
+    page.evaluate("sessionStorage.clear()")
+    page.goto(f"{auth_server.url}/")
+    page.locator("#token-input").fill(AUTH_TOKEN)
+    page.locator("#token-form button").click()
+    expect(page.locator("#jobs")).to_have_attribute("data-count", "0")
+
+
+def test_pages_are_not_in_the_openapi_document_and_send_a_csp(server: Deployment) -> None:
+    with server.client() as c:
+        paths = c.get("/openapi.json").json()["paths"]
+        assert not [p for p in paths if p == "/" or p.startswith("/ui") or p == "/metrics"]
+        page = c.get("/ui/jobs/job_x")
+        assert page.status_code == 200
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert "<script>" not in page.text  # every script is a file: the CSP allows no inline code
+        assert c.get("/ui/static/../../app.py").status_code == 404
+        assert c.get("/ui/static/job.js").headers["content-type"].startswith("text/javascript")

@@ -1,0 +1,30 @@
+"""Preflight and failures through a real `ftq up`: its data dir holds the articles' model configs (no
+weights) next to what the runs write; the tiny assets are an allowed root too. Mounts and cgroups a test
+makes are removed by that test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import MODEL_CONFIGS, Deployment
+from tests.integration.preflight.deployments import running_up
+
+
+@pytest.fixture(scope="module")
+def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir holding only config.json files for the articles' models (no weights)."""
+    data = tmp_path_factory.mktemp("ftq-pf") / "data"
+    for name, fixture in (("llama-2-70b", "llama-2-70b-hf"), ("falcon-180B", "falcon-180B")):
+        folder = data / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text((MODEL_CONFIGS / fixture / "config.json").read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def stack(models_root: Path, tiny_dir: Path) -> Iterator[Deployment]:
+    with running_up(models_root.parent, tiny_dir, data_dir=models_root) as dep:
+        yield dep

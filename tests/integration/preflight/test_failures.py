@@ -1,0 +1,167 @@
+"""Real failing runs through a real `ftq up`: each ends `failed` with the contract's error code and a
+message that says what to change.
+
+Produced for real on a CPU machine: a dataset without its text field, a model folder without weights,
+a LoRA target the model lacks, the kernel's OOM killer under a cgroup memory limit, a SIGKILL that was
+not the OOM killer, and a full disk (a 1 MiB tmpfs). GPU and cluster failures are in test_classifier.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import Deployment, run_pids, tiny_spec
+from tests.integration.preflight.deployments import running_up
+
+
+@pytest.fixture(scope="module")
+def fstack(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator[Deployment]:
+    data = tmp_path_factory.mktemp("ftq-failures")
+    with running_up(data, tiny_dir) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def early(fstack: Deployment, tiny_dir: Path) -> dict[str, str]:
+    """The jobs that fail on their own, posted together so they run side by side."""
+    no_field = tiny_spec(tiny_dir, name="no-text-field")
+    no_field["dataset"]["name_or_path"] = str(tiny_dir / "data" / "no_text_field.jsonl")
+    bad_target = tiny_spec(tiny_dir, name="bad-lora-target")
+    bad_target["lora"]["target_modules"] = ["q_proj", "query_key_value"]
+    return {
+        "dataset": fstack.post_job(no_field)["id"],
+        "lora": fstack.post_job(bad_target)["id"],
+    }
+
+
+def test_dataset_without_its_text_field(fstack: Deployment, early: dict[str, str]) -> None:
+    job = fstack.wait_terminal(early["dataset"])
+    assert job["status"] == "failed", job
+    err = job["error"]
+    assert err["code"] == "dataset_error", err
+    # Names the missing field, what the data has instead, and the spec field to set.
+    assert "'text'" in err["message"] and "body" in err["message"], err
+    assert "dataset.text_field" in err["message"], err
+    assert err["exit_code"] != 0
+
+
+def test_model_folder_without_weights_is_refused_at_post(fstack: Deployment, tiny_dir: Path) -> None:
+    spec = tiny_spec(tiny_dir, name="no-weights")
+    spec["model"]["name_or_path"] = str(tiny_dir / "model-no-weights")
+    r = fstack.http.post("/jobs", json=spec)
+    assert r.status_code == 422, r.text
+    err = next(e for e in r.json()["detail"] if e["loc"] == ["body", "model", "name_or_path"])
+    assert "has no weights" in err["msg"] and "model.safetensors" in err["msg"]
+
+
+def test_lora_target_module_that_does_not_exist(fstack: Deployment, early: dict[str, str]) -> None:
+    job = fstack.wait_terminal(early["lora"])
+    assert job["status"] == "failed", job
+    err = job["error"]
+    assert err["code"] == "model_error", err
+    assert "query_key_value" in err["message"] and "not found" in err["message"]
+    # The remedy: the names the model does have.
+    assert "q_proj" in err["message"] and "all-linear" in err["message"]
+
+
+def _trainer_pid(job_id: str, timeout: float = 180) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid in run_pids(job_id):
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"trainer" in argv and b"accelerate.commands.launch" not in argv:
+                    return pid
+        time.sleep(0.2)
+    raise AssertionError(f"no trainer process for {job_id}")
+
+
+def test_sigkill_that_was_not_the_oom_killer_is_not_called_oom(fstack: Deployment, tiny_dir: Path) -> None:
+    job = fstack.post_job(tiny_spec(tiny_dir, max_steps=10_000, name="killed"))
+    os.kill(_trainer_pid(job["id"]), signal.SIGKILL)
+    ended = fstack.wait_terminal(job["id"])
+    assert ended["status"] == "failed"
+    err = ended["error"]
+    if os.access("/dev/kmsg", os.R_OK):
+        assert err["code"] == "unknown", err
+        assert "SIGKILL" in err["message"] and "no out-of-memory kill" in err["message"]
+    else:  # without the kernel log the classifier can only say what is most likely
+        assert err["code"] == "out_of_memory" and "could not be read" in err["message"]
+
+
+@contextlib.contextmanager
+def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
+    """A memory cgroup (v1 or v2) with a hard limit; yields the file that moves a process into it."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    v2 = Path("/sys/fs/cgroup")
+    if (v1 / "memory.limit_in_bytes").exists():
+        group = v1 / name
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+    elif "memory" in (v2 / "cgroup.controllers").read_text():
+        group = v2 / name
+        group.mkdir()
+        (group / "memory.max").write_text(str(limit_bytes))
+        (group / "memory.swap.max").write_text("0")
+    else:
+        raise AssertionError("no writable memory cgroup on this machine (v1 memory or v2 with memory)")
+    try:
+        yield group / "cgroup.procs"
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+
+
+def test_kernel_oom_kill_under_a_memory_limit(fstack: Deployment, tiny_dir: Path) -> None:
+    job = fstack.post_job(tiny_spec(tiny_dir, max_steps=10_000, name="oom"))
+    with memory_cgroup(f"ftq-oom-{job['id']}", 96 * 1024 * 1024) as procs:
+        pid = _trainer_pid(job["id"])
+        # The trainer goes into a 96 MiB cgroup while it starts: what it allocates from then on (torch,
+        # transformers, the model, the batches) is counted against the limit, and the kernel's OOM killer
+        # ends it, as on a host or a SLURM node with a memory limit.
+        with contextlib.suppress(OSError):
+            procs.write_text(str(pid))
+        ended = fstack.wait_terminal(job["id"])
+    assert ended["status"] == "failed"
+    err = ended["error"]
+    assert err["code"] == "out_of_memory", (err, fstack.train_log(job["id"])[-2000:])
+    assert f"process {pid}" in err["message"] and "out-of-memory killer" in err["message"]
+    assert "per_device_train_batch_size" in err["message"]
+
+
+@pytest.mark.slow
+def test_full_disk(tmp_path: Path, tiny_dir: Path) -> None:
+    data = tmp_path / "data"
+    runs = data / "runs"
+    runs.mkdir(parents=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(runs)], capture_output=True, text=True
+    )
+    assert res.returncode == 0, f"this test needs root to mount a 1 MiB tmpfs: {res.stderr}"
+    try:
+        with running_up(tmp_path, tiny_dir, data_dir=data) as stack:
+            spec: dict[str, Any] = tiny_spec(tiny_dir, max_steps=4, name="disk-full", save_steps=1)
+            spec["lora"] = None  # full fine-tuning: the first checkpoint (weights + Adam) needs ~1.6 MB
+            # Preflight would refuse it (that is its job); launch anyway to see the run hit the wall.
+            assert stack.http.post("/jobs", json=spec).status_code == 422
+            job = stack.post_job({**spec, "allow_oversubscribe": True})
+            ended = stack.wait_terminal(job["id"])
+            assert ended["status"] == "failed", ended
+            err = ended["error"]
+            assert err["code"] == "disk_full", (err, stack.train_log(job["id"])[-2000:])
+            assert "save_total_limit" in err["message"]
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)

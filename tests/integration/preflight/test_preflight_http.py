@@ -1,0 +1,193 @@
+"""Preflight over HTTP against a real `ftq up`: memory and disk, decided before anything is launched.
+
+The articles' models are present only as their `config.json` (no weights): that is all the estimate
+reads, so a 180B job is checked on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness import EXAMPLES, Deployment, tiny_spec
+from tests.integration.preflight.deployments import running_up
+
+GB = 1000**3
+GiB = 1024**3
+
+
+def article(name: str, models_root: Path, local_name: str) -> dict[str, Any]:
+    spec = yaml.safe_load((EXAMPLES / name).read_text())
+    spec["model"]["name_or_path"] = str(models_root / "models" / local_name)
+    return dict(spec)
+
+
+@pytest.fixture(scope="module")
+def llama(models_root: Path) -> dict[str, Any]:
+    return article("llama2-70b-fsdp.yaml", models_root, "llama-2-70b")
+
+
+@pytest.fixture(scope="module")
+def llama_one_gpu(llama: dict[str, Any]) -> dict[str, Any]:
+    spec = copy.deepcopy(llama)
+    spec["distributed"] = {"strategy": "none"}
+    spec["resources"] = {"launcher": "local", "device": "cuda", "num_nodes": 1, "processes_per_node": 1}
+    return spec
+
+
+def test_llama_70b_fsdp_over_16_gpus_fits_80gb(stack: Deployment, llama: dict[str, Any]) -> None:
+    est = stack.dry_run(llama)["estimate"]
+    assert est["reason"] is None
+    assert est["model_type"] == "llama" and 68e9 < est["num_parameters"] < 70e9
+    assert est["world_size"] == 16
+    assert 40 * GB <= est["per_device_bytes"] <= 80 * GB, est
+    assert est["device_memory_bytes"] == 80 * GiB
+    assert est["fits"] is True
+    # Full fine-tuning under FSDP: fp32 weights, grads and Adam moments, each sharded over 16 ranks.
+    b = est["breakdown"]
+    assert b["optimizer"] == pytest.approx(2 * b["params"], rel=1e-6)
+    assert b["params"] == pytest.approx(est["num_parameters"] * 4 / 16, rel=1e-6)
+    assert est["per_device_bytes"] == sum(b.values())
+
+
+def test_llama_70b_on_one_gpu_does_not_fit(stack: Deployment, llama_one_gpu: dict[str, Any]) -> None:
+    est = stack.dry_run(llama_one_gpu)["estimate"]  # a dry run answers 200 whether it fits or not
+    assert est["per_device_bytes"] > 500 * GB
+    assert est["fits"] is False
+
+    r = stack.http.post("/jobs", json=llama_one_gpu)
+    assert r.status_code == 422, r.text
+    errors = {tuple(e["loc"]): e for e in r.json()["detail"]}
+    fit = errors[("body", "resources")]
+    assert fit["type"] == "does_not_fit"
+    msg = fit["msg"]
+    assert "does not fit 80 GiB" in msg and "per GPU" in msg
+    # The smallest change that fits, in spec terms, and the way to launch anyway.
+    assert "it would fit with" in msg and "lora:" in msg and "offload" in msg
+    assert "allow_oversubscribe: true" in msg
+
+
+def test_allow_oversubscribe_launches_anyway(stack: Deployment, llama_one_gpu: dict[str, Any]) -> None:
+    # The folder holds no weights; an index file stands in for the 140 GB of shards, so that the
+    # weights check at POST passes and only the memory and disk checks are in question.
+    folder = Path(llama_one_gpu["model"]["name_or_path"])
+    index = folder / "model.safetensors.index.json"
+    index.write_text('{"metadata": {}, "weight_map": {}}')
+    try:
+        job = stack.post_job({**llama_one_gpu, "allow_oversubscribe": True})
+        assert job["spec"]["allow_oversubscribe"] is True
+        plan = stack.http.get(f"/jobs/{job['id']}/plan").json()
+        assert plan["estimate"]["fits"] is False
+        # No GPU here: the worker fails it at launch, never with a 422 at POST.
+        ended = stack.wait_terminal(job["id"], timeout=60)
+        assert ended["error"]["code"] == "launch_error", ended
+    finally:
+        index.unlink()
+
+
+def test_falcon_180b_lora_zero3_over_16_gpus_fits(stack: Deployment, models_root: Path) -> None:
+    spec = article("falcon-180b-lora-zero3.yaml", models_root, "falcon-180B")
+    est = stack.dry_run(spec)["estimate"]
+    assert est["model_type"] == "falcon" and 175e9 < est["num_parameters"] < 185e9
+    assert est["fits"] is True, est
+    assert est["per_device_bytes"] < 80 * GB
+    # LoRA on the four Linear kinds: a tiny fraction trains; ZeRO-3 shards the bf16 base over 16 ranks.
+    assert est["trainable_parameters"] < 0.01 * est["num_parameters"]
+    assert est["breakdown"]["params"] == pytest.approx(
+        (est["num_parameters"] * 2 + est["trainable_parameters"] * 4) / 16, rel=1e-6
+    )
+    # The same job on 8 GPUs of one node does not: ZeRO-3 needs the second node.
+    one_node = copy.deepcopy(spec)
+    one_node["resources"]["num_nodes"] = 1
+    assert stack.dry_run(one_node)["estimate"]["per_device_bytes"] > est["per_device_bytes"]
+
+
+def test_hub_id_without_a_readable_config_skips_the_estimate(
+    stack: Deployment, llama: dict[str, Any]
+) -> None:
+    spec = copy.deepcopy(llama)
+    spec["model"]["name_or_path"] = "nobody-here/not-in-any-cache-70b"
+    est = stack.dry_run(spec)["estimate"]
+    assert est["per_device_bytes"] is None and est["fits"] is None
+    assert "not on this machine" in est["reason"]
+    # Not knowing is no reason to refuse: the job is accepted (and cancelled here before it runs).
+    spec["resources"]["launcher"] = "local"
+    spec["resources"]["num_nodes"] = 1
+    r = stack.http.post("/jobs", json={**spec, "training": {**spec["training"], "save_steps": None}})
+    assert r.status_code == 201, r.text
+    stack.http.post(f"/jobs/{r.json()['id']}/cancel")
+
+
+def test_local_model_folder_without_weights_is_refused_at_post(
+    stack: Deployment, llama: dict[str, Any]
+) -> None:
+    r = stack.http.post("/jobs", json={**llama, "allow_oversubscribe": True})
+    assert r.status_code == 422, r.text
+    errors = {tuple(e["loc"]): e for e in r.json()["detail"]}
+    err = errors[("body", "model", "name_or_path")]
+    assert "no weights" in err["msg"] and "model.safetensors" in err["msg"]
+    # A dry run still answers with the plan: the estimate needs only config.json.
+    assert stack.dry_run(llama)["estimate"]["fits"] is True
+
+
+# Disk ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_disk_stack(
+    tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path
+) -> Iterator[tuple[Deployment, str]]:
+    """`ftq up` whose runs folder is a 16 MiB tmpfs (or, where mounting is not allowed, the real disk)."""
+    root = tmp_path_factory.mktemp("ftq-small-disk")
+    runs = root / "data" / "runs"
+    runs.mkdir(parents=True)
+    mounted = False
+    if shutil.which("mount"):
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(runs)], capture_output=True, text=True
+        )
+        mounted = res.returncode == 0
+    try:
+        with running_up(root, tiny_dir) as s:
+            yield s, ("tmpfs" if mounted else "disk")
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+def test_checkpoints_that_cannot_fit_the_free_space_are_a_422(
+    small_disk_stack: tuple[Deployment, str], tiny_dir: Path
+) -> None:
+    stack, kind = small_disk_stack
+    free = shutil.disk_usage(stack.data_dir / "runs").free
+    spec = tiny_spec(tiny_dir, name="disk-hog")
+    spec["lora"] = None  # full fine-tuning: every checkpoint holds the weights and Adam state
+    per_ckpt = stack.dry_run(spec)["estimate"]["disk"]["checkpoint_bytes"]
+    # Enough saves to overflow the space: 16 MiB on the tmpfs, the whole real disk otherwise.
+    steps = min(100_000_000, free // per_ckpt + 2 if kind == "tmpfs" else 100_000_000)
+    spec["training"].update(max_steps=int(steps), save_steps=1)
+    disk = stack.dry_run(spec)["estimate"]["disk"]
+    assert disk["free_bytes"] == pytest.approx(free, rel=0.05)
+    assert disk["total_bytes"] > disk["free_bytes"]
+
+    r = stack.http.post("/jobs", json=spec)
+    assert r.status_code == 422, r.text
+    errors = {tuple(e["loc"]): e for e in r.json()["detail"]}
+    err = errors[("body", "training", "save_steps")]
+    assert err["type"] == "disk_full"
+    assert "GiB is free" in err["msg"] and ("save_total_limit" in err["msg"])
+
+    # The remedy the message names works: keep at most two checkpoints.
+    spec["training"]["save_total_limit"] = 2
+    ok = stack.dry_run(spec)["estimate"]["disk"]
+    assert ok["checkpoints_on_disk"] == 3 and ok["total_bytes"] < ok["free_bytes"]
+    r = stack.http.post("/jobs", json={**spec, "training": {**spec["training"], "max_steps": 2}})
+    assert r.status_code == 201, r.text
+    stack.http.post(f"/jobs/{r.json()['id']}/cancel")

@@ -1,0 +1,93 @@
+"""ftq end to end on the SLURM launcher: `ftq up`, POST /jobs with resources.launcher: slurm, the
+worker submits job.sbatch, the trainer runs under srun on the test cluster, and the API reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import EXAMPLES, QUICK_SETTINGS, Deployment, example_spec, procs_with
+from tests.harness import wait_until as wait_for
+from tests.integration.slurm.cluster import squeue_ids
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def stack(
+    slurm_cluster: list[str], tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    """`ftq up` on its embedded defaults; SLURM jobs read and write its data dir (this host's disk is
+    the storage the two test "nodes" share)."""
+    root = tmp_path_factory.mktemp("ftq-slurm")
+    dep = Deployment(root, settings={**QUICK_SETTINGS, "local_roots": f"{EXAMPLES}:{root / 'data'}"})
+    try:
+        with dep:
+            yield dep
+    finally:
+        # A failed test must not leave its batch jobs on the cluster.
+        records = (dep.data_dir / "runs").glob("*/launch.json")
+        ids = [str(json.loads(p.read_text()).get("external_id") or "") for p in records]
+        if any(ids):
+            subprocess.run(["scancel", *[i for i in ids if i]], capture_output=True, check=False)
+
+
+def slurm_spec(tiny: Path, *, max_steps: int, dataset: str = "train.jsonl", name: str) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml, sent to SLURM, with fewer steps."""
+    spec = example_spec(
+        "tiny-cpu.yaml", max_steps=max_steps, logging_steps=1, save_steps=None, eval_steps=None
+    )
+    spec["name"] = name
+    spec["dataset"]["name_or_path"] = str(tiny / "data" / dataset)
+    spec["dataset"]["eval_split"] = None
+    spec["resources"].update({"launcher": "slurm", "device": "cpu"})
+    spec["resources"].setdefault("slurm", {})["time_limit"] = "00:10:00"
+    return spec
+
+
+def test_jobs_on_slurm_succeed_fail_and_cancel(stack: Deployment, tiny_dir: Path) -> None:
+    good = stack.post_job(slurm_spec(tiny_dir, max_steps=4, name="slurm-ok"))
+    long = stack.post_job(slurm_spec(tiny_dir, max_steps=100_000, name="slurm-long"))
+    bad = stack.post_job(slurm_spec(tiny_dir, max_steps=4, dataset="no_text_field.jsonl", name="slurm-bad"))
+    assert good["launcher"] == "slurm"
+
+    # The long one is cancelled once SLURM runs it and its launch has started (cancelling it later,
+    # mid-training, would only make the test slower: the processes are the same).
+    running = stack.wait_for(long["id"], lambda j: j["status"] == "running", 120, "running")
+    slurm_id = running["external_id"]
+    assert slurm_id and slurm_id.isdigit()
+    run_dir = str(stack.run_dir(long["id"]))
+    wait_for("the long job's launch on a node", lambda: procs_with(run_dir), timeout=60)
+    assert slurm_id in squeue_ids("--states=RUNNING")
+    r = stack.http.post(f"/jobs/{long['id']}/cancel")
+    assert r.status_code == 202, r.text
+
+    done = stack.wait_terminal(good["id"], timeout=240)
+    assert done["status"] == "succeeded", stack.report(good["id"])
+    assert done["external_id"] and done["external_id"].isdigit() and done["launcher"] == "slurm"
+    plan = stack.http.get(f"/jobs/{good['id']}/plan").json()
+    assert plan["sbatch_script"].startswith("#!/bin/bash\n#SBATCH ")
+    assert (stack.run_dir(good["id"]) / "job.sbatch").read_text() == plan["sbatch_script"]
+    points = stack.http.get(f"/jobs/{good['id']}/metrics").json()["data"]
+    assert [p["step"] for p in points] == [1, 2, 3, 4] and all(p["loss"] is not None for p in points)
+    assert (stack.run_dir(good["id"]) / "exit_status").read_text().strip() == "0"
+
+    cancelled = stack.wait_terminal(long["id"], timeout=120)
+    assert cancelled["status"] == "cancelled", stack.report(long["id"])
+    assert cancelled["error"]["code"] == "cancelled"
+    assert slurm_id not in squeue_ids()
+    wait_for("the cancelled job's processes to be gone", lambda: not procs_with(run_dir), timeout=30)
+
+    failed = stack.wait_terminal(bad["id"], timeout=240)
+    assert failed["status"] == "failed", failed
+    assert failed["error"]["code"] == "dataset_error", failed["error"]
+    assert failed["error"]["exit_code"] not in (None, 0)
+    assert failed["external_id"] and failed["external_id"].isdigit()
+    # All three ran as SLURM jobs; none is left on the cluster.
+    assert not {good["external_id"], slurm_id, failed["external_id"]} & squeue_ids()

@@ -1,0 +1,26 @@
+"""The in-process API and migration tests that take `store_url`, run again with PostgreSQL as the store
+(this folder's conftest gives `store_url`): storage, pages, owners, idempotency and the schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.ftq.store.test_migrate import test_upgrade_to_head_then_downgrade_to_base
+from tests.unit.service.test_api import (
+    test_concurrent_duplicates_make_one_job,
+    test_create_list_get_paginate,
+    test_idempotency,
+    test_logs_metrics_checkpoints_read_the_run_dir,
+    test_owners_are_kept_apart,
+)
+
+pytestmark = pytest.mark.postgres
+
+__all__ = [
+    "test_concurrent_duplicates_make_one_job",
+    "test_create_list_get_paginate",
+    "test_idempotency",
+    "test_logs_metrics_checkpoints_read_the_run_dir",
+    "test_owners_are_kept_apart",
+    "test_upgrade_to_head_then_downgrade_to_base",
+]

@@ -1,0 +1,112 @@
+"""Running the trainer's real entry point as processes (alone, or under `accelerate launch` on two CPU
+processes), and reading what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.harness import REPO, free_port
+
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+
+ACCELERATE_FSDP2_CPU = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+use_cpu: true
+num_processes: 2
+num_machines: 1
+machine_rank: 0
+mixed_precision: 'no'
+rdzv_backend: static
+same_network: true
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_offload_params: false
+  fsdp_activation_checkpointing: false
+"""
+
+ACCELERATE_ZERO3_CPU = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+use_cpu: true
+num_processes: 2
+num_machines: 1
+machine_rank: 0
+mixed_precision: 'no'
+rdzv_backend: static
+same_network: true
+deepspeed_config:
+  zero_stage: 3
+  offload_optimizer_device: none
+  offload_param_device: none
+  zero3_init_flag: true
+  zero3_save_16bit_model: false
+  deepspeed_multinode_launcher: standard
+"""
+
+
+def trainer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Offline on purpose: every model and dataset in these tests is a local path.
+    env.update(
+        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO)
+    )
+    return env
+
+
+def run_trainer(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m trainer ARGS` as one process."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def launch_trainer(
+    config_yaml: str,
+    workdir: Path,
+    args: list[str],
+    timeout: int = 600,
+) -> subprocess.CompletedProcess[str]:
+    """`accelerate launch --config_file CFG -m trainer ARGS` with two CPU processes."""
+    cfg = workdir / "accelerate_config.yaml"
+    cfg.write_text(config_yaml)
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        str(cfg),
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "trainer",
+        *args,
+    ]
+    return subprocess.run(cmd, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def write_spec(path: Path, spec: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def points(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def explain(proc: subprocess.CompletedProcess[str]) -> str:
+    tail_out, tail_err = proc.stdout[-3000:], proc.stderr[-6000:]
+    return f"exit {proc.returncode}\n--- stdout tail\n{tail_out}\n--- stderr tail\n{tail_err}"

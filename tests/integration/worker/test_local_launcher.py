@@ -1,0 +1,114 @@
+"""The local launcher driving real processes (a stand-in launch.sh in a session of its own, no training):
+start, poll, exit status, cancel with escalation, and adopting a launch whose record was never written."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ftq.settings import Settings
+from tests.harness.launching import launch_request
+from worker.launchers.base import LaunchRequest, RunPhase, RunRef
+from worker.launchers.local import LocalLauncher, group_members, marked, read_stat
+
+STAND_IN = """#!/usr/bin/env bash
+# A stand-in launch.sh: a child in a session of its own (as torch's ranks are), then wait.
+set -u
+python3 -c "import os, signal, time; os.setsid(); {child}; time.sleep(300)" &
+trap '{on_term}' TERM
+while true; do sleep 0.1; done
+"""
+
+
+def _request(tmp_path: Path, job_id: str, script: str) -> LaunchRequest:
+    run_dir = tmp_path / job_id
+    run_dir.mkdir()
+    (run_dir / "launch.sh").write_text(script)
+    return launch_request(job_id, run_dir, resources={"cpu_slots": 1})
+
+
+def _wait(pred: Callable[[], object], timeout: float = 15) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return bool(pred())
+
+
+def test_local_launcher_runs_polls_and_reads_the_exit_status(tmp_path: Path) -> None:
+    launcher = LocalLauncher(Settings(data_dir=tmp_path, cpu_slots=2, pass_env="FTQ_RT_SECRET"))
+    os.environ["FTQ_RT_SECRET"] = "s3cret"
+    try:
+        req = _request(
+            tmp_path,
+            "job_ok",
+            'echo "omp=$OMP_NUM_THREADS cuda=[$CUDA_VISIBLE_DEVICES] '
+            'secret=$FTQ_RT_SECRET"\nprintf "0\\n" > exit_status\n',
+        )
+        handle = launcher.submit(req)
+    finally:
+        del os.environ["FTQ_RT_SECRET"]
+    assert handle.pid and handle.pid_start_ticks is not None
+    ref = RunRef("job_ok", req.run_dir, None, handle.pid, handle.pid_start_ticks)
+    assert _wait(lambda: launcher.poll([ref])["job_ok"].phase == RunPhase.exited)
+    assert launcher.poll([ref])["job_ok"].exit_code == 0
+    log = (req.run_dir / "train.log").read_text()
+    assert "cuda=[]" in log and "secret=s3cret" in log and "omp=" in log
+    # The worker reaps its children: no zombie is left behind.
+    assert _wait(lambda: read_stat(handle.pid) is None)  # type: ignore[arg-type]
+    # A pid reused by another process (different start ticks) is not taken for the run.
+    stale = RunRef("job_ok", req.run_dir, None, os.getpid(), 1)
+    assert launcher.poll([stale])["job_ok"].phase == RunPhase.exited
+    # launch.json lets a restarted worker find the launch again.
+    assert launcher.find(req.run_dir) == handle
+
+
+def test_no_exit_status_and_no_process_is_lost(tmp_path: Path) -> None:
+    launcher = LocalLauncher(Settings(data_dir=tmp_path))
+    ref = RunRef("gone", tmp_path, None, 2**22 + 17, 5)
+    assert launcher.poll([ref])["gone"].phase == RunPhase.lost
+
+
+def test_cancel_terms_the_group_and_ranks_in_other_sessions(tmp_path: Path) -> None:
+    launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=30))
+    req = _request(tmp_path, "job_term", STAND_IN.format(child="pass", on_term="exit 143"))
+    handle = launcher.submit(req)
+    ref = RunRef("job_term", req.run_dir, None, handle.pid, handle.pid_start_ticks)
+    assert _wait(lambda: len(marked("job_term")) >= 2)
+    launcher.cancel(ref)
+    assert _wait(lambda: launcher.poll([ref])["job_term"].phase != RunPhase.running)
+    assert marked("job_term") == [] and group_members(handle.pid) == []  # type: ignore[arg-type]
+
+
+def test_cancel_escalates_to_sigkill_after_the_grace_period(tmp_path: Path) -> None:
+    launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=1))
+    # This launch ignores SIGTERM, and so does its child in another session.
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    req = _request(tmp_path, "job_stubborn", STAND_IN.format(child=ignore, on_term="true"))
+    handle = launcher.submit(req)
+    ref = RunRef("job_stubborn", req.run_dir, None, handle.pid, handle.pid_start_ticks)
+    assert _wait(lambda: len(marked("job_stubborn")) >= 2)
+    launcher.cancel(ref)
+    time.sleep(0.5)
+    launcher.cancel(ref)  # within the grace period: nothing more yet
+    assert launcher.poll([ref])["job_stubborn"].phase == RunPhase.running
+    assert json.loads((req.run_dir / "cancel.json").read_text())["term_sent"] > 0
+    time.sleep(0.8)
+    launcher.cancel(ref)  # past it: SIGKILL to everything of the run
+    assert _wait(lambda: launcher.poll([ref])["job_stubborn"].phase != RunPhase.running)
+    assert marked("job_stubborn") == []
+
+
+def test_find_adopts_a_launch_whose_record_was_never_written(tmp_path: Path) -> None:
+    launcher = LocalLauncher(Settings(data_dir=tmp_path))
+    req = _request(tmp_path, "job_orphan", STAND_IN.format(child="pass", on_term="exit 143"))
+    handle = launcher.submit(req)
+    (req.run_dir / "launch.json").unlink()  # as if the worker died right after the start
+    found = launcher.find(req.run_dir)
+    assert found is not None and found.pid == handle.pid and found.pid_start_ticks == handle.pid_start_ticks
+    launcher.kill_leftovers(RunRef("job_orphan", req.run_dir, None, handle.pid, handle.pid_start_ticks))
+    assert _wait(lambda: marked("job_orphan") == [])

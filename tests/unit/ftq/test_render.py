@@ -1,0 +1,503 @@
+"""ftq.render in process: golden files for the article jobs, every config through accelerate's own loader
+and launch-argument handling, what reaches sbatch. The rendered scripts run for real (and one real
+2-process `accelerate launch`) in tests/integration/worker/test_launch_scripts.py and
+test_accelerate_launch.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from accelerate.commands.config.config_args import ClusterConfig
+from pydantic import ValidationError
+
+from ftq.estimate import Estimate
+from ftq.render import Plan, default_port, render_plan
+from ftq.settings import Settings
+from ftq.spec import JobSpec
+from tests.harness import EXAMPLES as EXAMPLES_DIR
+
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLES = {
+    "llama2-70b-fsdp": EXAMPLES_DIR / "llama2-70b-fsdp.yaml",
+    "llama2-70b-fsdp1": EXAMPLES_DIR / "llama2-70b-fsdp1.yaml",
+    "falcon-180b-lora-zero3": EXAMPLES_DIR / "falcon-180b-lora-zero3.yaml",
+}
+GOLDEN_JOB = "job_0123456789abcdef"
+GOLDEN_RUN_DIR = Path("/shared/ftq/runs") / GOLDEN_JOB
+
+# The Falcon article's accelerate config, verbatim (single node: 1 machine, 8 processes).
+FALCON_ARTICLE_CONFIG = yaml.safe_load(
+    textwrap.dedent("""\
+    compute_environment: LOCAL_MACHINE
+    debug: false
+    deepspeed_config:
+      deepspeed_multinode_launcher: standard
+      gradient_accumulation_steps: 1
+      offload_optimizer_device: none
+      offload_param_device: none
+      zero3_init_flag: true
+      zero3_save_16bit_model: true
+      zero_stage: 3
+    distributed_type: DEEPSPEED
+    downcast_bf16: 'no'
+    machine_rank: 0
+    main_training_function: main
+    mixed_precision: bf16
+    num_machines: 1
+    num_processes: 8
+    rdzv_backend: static
+    same_network: true
+    tpu_env: []
+    tpu_use_cluster: false
+    tpu_use_sudo: false
+    use_cpu: false
+    """)
+)
+
+
+def settings(**over: Any) -> Settings:
+    """Settings independent of the caller's FTQ_* environment (init values win over the environment)."""
+    base: dict[str, Any] = {
+        "python": "/opt/ftq/.venv/bin/python",
+        "slurm_partition": "gpu",
+        "slurm_account": None,
+        "slurm_setup": "module load cuda/12.4",
+        "slurm_extra_args": "",
+        "slurm_cpus_per_task": None,
+    }
+    base.update(over)
+    return Settings(**base)
+
+
+def example(name: str) -> JobSpec:
+    return JobSpec.model_validate(yaml.safe_load(EXAMPLES[name].read_text()))
+
+
+def golden_plan(name: str) -> Plan:
+    return render_plan(example(name), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings())
+
+
+def spec_for(**parts: Any) -> JobSpec:
+    body: dict[str, Any] = {
+        "model": {"name_or_path": "./models/tiny"},
+        "dataset": {"name_or_path": "./data/train.jsonl"},
+        "training": {"max_steps": 10},
+    }
+    body.update(parts)
+    return JobSpec.model_validate(body)
+
+
+# Golden files ----------
+
+
+def _golden_files(name: str) -> dict[str, str]:
+    plan = golden_plan(name)
+    assert plan.sbatch_script is not None
+    return {
+        f"{name}.accelerate_config.yaml": plan.accelerate_config_yaml,
+        f"{name}.job.sbatch": plan.sbatch_script,
+        f"{name}.launch.sh": plan.launch_script,
+        f"{name}.argv.json": json.dumps(plan.command, indent=2) + "\n",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_golden_files(name: str) -> None:
+    update = os.environ.get("FTQ_UPDATE_GOLDEN") == "1"
+    for fname, text in _golden_files(name).items():
+        path = GOLDEN / fname
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        assert path.exists(), f"{path} missing: run with FTQ_UPDATE_GOLDEN=1 to write it"
+        assert text == path.read_text(), (
+            f"{fname} differs from its golden file (FTQ_UPDATE_GOLDEN=1 rewrites)"
+        )
+
+
+def test_render_is_deterministic_for_dry_and_real_runs() -> None:
+    a = golden_plan("falcon-180b-lora-zero3").model_dump(mode="json")
+    b = golden_plan("falcon-180b-lora-zero3").model_dump(mode="json")
+    assert a == b
+    assert default_port(GOLDEN_JOB) == default_port(GOLDEN_JOB)
+    assert 29500 <= default_port(GOLDEN_JOB) < 49500
+    assert default_port("job_a") != default_port("job_b")
+
+
+# The article settings ----------
+
+
+def test_falcon_config_is_the_articles_with_two_nodes() -> None:
+    plan = golden_plan("falcon-180b-lora-zero3")
+    expected = {**FALCON_ARTICLE_CONFIG, "num_machines": 2, "num_processes": 16, "enable_cpu_affinity": False}
+    assert plan.accelerate_config == expected
+    assert yaml.safe_load(plan.accelerate_config_yaml) == expected
+
+
+def test_llama_fsdp1_config_has_every_article_key() -> None:
+    cfg = golden_plan("llama2-70b-fsdp1").accelerate_config
+    assert cfg["distributed_type"] == "FSDP"
+    assert cfg["fsdp_config"] == {
+        "fsdp_activation_checkpointing": False,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_forward_prefetch": False,
+        "fsdp_offload_params": False,
+        "fsdp_sharding_strategy": "FULL_SHARD",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_sync_module_states": True,
+        "fsdp_use_orig_params": True,
+        "fsdp_version": 1,
+    }
+    for key, value in {
+        "mixed_precision": "bf16",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "machine_rank": 0,
+        "num_machines": 2,
+        "num_processes": 16,
+        "use_cpu": False,
+    }.items():
+        assert cfg[key] == value, key
+
+
+def test_llama_fsdp2_config_has_the_fsdp2_keys_and_none_of_the_obsolete_ones() -> None:
+    cfg = golden_plan("llama2-70b-fsdp").accelerate_config
+    assert cfg["fsdp_config"] == {
+        "fsdp_activation_checkpointing": False,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_offload_params": False,
+        "fsdp_reshard_after_forward": True,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_version": 2,
+    }
+    assert (cfg["num_machines"], cfg["num_processes"]) == (2, 16)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_two_node_argv_and_sbatch(name: str) -> None:
+    plan = golden_plan(name)
+    argv = plan.command
+    assert argv[:3] == ["/opt/ftq/.venv/bin/python", "-m", "accelerate.commands.launch"]
+    assert argv[argv.index("--num_processes") + 1] == "16"
+    assert argv[argv.index("--num_machines") + 1] == "2"
+    assert argv[argv.index("--config_file") + 1] == str(GOLDEN_RUN_DIR / "accelerate_config.yaml")
+    assert argv[-6:] == [
+        "-m",
+        "trainer",
+        "--spec",
+        str(GOLDEN_RUN_DIR / "spec.json"),
+        "--output_dir",
+        str(GOLDEN_RUN_DIR),
+    ]
+    assert plan.trainer_args == {
+        "spec": str(GOLDEN_RUN_DIR / "spec.json"),
+        "output_dir": str(GOLDEN_RUN_DIR),
+        "resume_from_checkpoint": None,
+    }
+    sb = plan.sbatch_script
+    assert sb is not None
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gres=gpu:8",
+        f"#SBATCH --job-name=ftq-{GOLDEN_JOB}",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --output={GOLDEN_RUN_DIR}/train.log",
+        "module load cuda/12.4",
+    ):
+        assert line in sb.splitlines(), line
+    assert "--num_processes 16" in sb and "--num_machines 2" in sb
+    assert '--machine_rank "$SLURM_NODEID"' in sb
+    # The user's job name never reaches SLURM's job name (only the server's job id does).
+    name_in_spec = example(name).name
+    assert name_in_spec is not None and name_in_spec not in sb.split("\n", 5)[1]
+
+
+def test_falcon_time_limit_and_llama_partition_come_from_spec_and_settings() -> None:
+    falcon = golden_plan("falcon-180b-lora-zero3").sbatch_script or ""
+    assert "#SBATCH --time=36:00:00" in falcon.splitlines()
+    spec = example("falcon-180b-lora-zero3")
+    spec.resources.slurm.partition = "a100-long"
+    spec.resources.slurm.account = "proj.ml-7"
+    sb = render_plan(spec, job_id="j1", run_dir=Path("/r/j1"), settings=settings()).sbatch_script or ""
+    assert "#SBATCH --partition=a100-long" in sb.splitlines()
+    assert "#SBATCH --account=proj.ml-7" in sb.splitlines()
+    no_partition = render_plan(
+        example("llama2-70b-fsdp"),
+        job_id="j1",
+        run_dir=Path("/r/j1"),
+        settings=settings(slurm_partition=None),
+    ).sbatch_script
+    assert no_partition is not None and "--partition" not in no_partition
+
+
+def test_local_jobs_have_no_sbatch_and_resume_goes_to_the_trainer() -> None:
+    spec = spec_for(resources={"device": "cpu", "processes_per_node": 2}, distributed={"strategy": "ddp"})
+    plan = render_plan(
+        spec,
+        job_id="j2",
+        run_dir=Path("/d/runs/j2"),
+        settings=settings(),
+        main_process_port=31234,
+        resume_from_checkpoint="/d/runs/j1/checkpoints/checkpoint-5",
+    )
+    assert plan.sbatch_script is None
+    assert plan.command[plan.command.index("--main_process_port") + 1] == "31234"
+    assert plan.command[-2:] == ["--resume_from_checkpoint", "/d/runs/j1/checkpoints/checkpoint-5"]
+    assert plan.trainer_args["resume_from_checkpoint"] == "/d/runs/j1/checkpoints/checkpoint-5"
+    # DDP on CPU goes through torchrun (MULTI_GPU + use_cpu): MULTI_CPU would start only one process.
+    assert plan.accelerate_config["distributed_type"] == "MULTI_GPU"
+    assert plan.accelerate_config["use_cpu"] is True
+
+
+def test_estimate_is_carried_into_the_plan() -> None:
+    est = Estimate.model_validate(
+        {"per_device_bytes": 5, "device_memory_bytes": 10, "fits": True, "breakdown": {"params": 5}}
+    )
+    plan = render_plan(spec_for(), job_id="j", run_dir=Path("/r/j"), settings=settings(), estimate=est)
+    assert (
+        plan.estimate is not None and plan.estimate.fits is True and plan.estimate.breakdown == {"params": 5}
+    )
+    skipped = Estimate.model_validate(
+        {
+            "per_device_bytes": None,
+            "device_memory_bytes": 10,
+            "fits": None,
+            "breakdown": {},
+            "reason": "config for x/y is not on this machine; estimate skipped",
+        }
+    )
+    plan = render_plan(spec_for(), job_id="j", run_dir=Path("/r/j"), settings=settings(), estimate=skipped)
+    assert plan.estimate is not None and plan.estimate.reason == skipped.reason
+    assert render_plan(spec_for(), job_id="j", run_dir=Path("/r/j"), settings=settings()).estimate is None
+
+
+# Every combination through accelerate ----------
+
+
+def _all_specs() -> list[tuple[str, JobSpec]]:
+    """Every strategy variant x device x world shape; precision and LoRA vary along the list."""
+    variants: list[dict[str, Any]] = [{"strategy": "none"}, {"strategy": "ddp"}]
+    for version, reshard, offload, sd in itertools.product(
+        (1, 2), (True, False), (True, False), ("sharded", "full")
+    ):
+        variants.append(
+            {
+                "strategy": "fsdp",
+                "fsdp": {
+                    "version": version,
+                    "reshard_after_forward": reshard,
+                    "offload_params": offload,
+                    "state_dict_type": sd,
+                    "cpu_ram_efficient_loading": not offload,
+                },
+            }
+        )
+    for version in (1, 2):
+        variants.append({"strategy": "fsdp", "fsdp": {"version": version, "activation_checkpointing": True}})
+    for stage, opt, par in itertools.product(range(4), ("none", "cpu", "nvme"), ("none", "cpu", "nvme")):
+        variants.append(
+            {
+                "strategy": "deepspeed",
+                "deepspeed": {"zero_stage": stage, "offload_optimizer": opt, "offload_params": par},
+            }
+        )
+    variants.append({"strategy": "deepspeed", "deepspeed": {"zero3_init": False, "save_16bit_model": False}})
+    out = []
+    for i, (dist, device, (nodes, ppn)) in enumerate(
+        itertools.product(variants, ("cuda", "cpu"), ((1, 1), (1, 2), (2, 8)))
+    ):
+        precisions = ("bf16", "fp16", "no") if device == "cuda" else ("bf16", "no")
+        body = {
+            "distributed": dist,
+            "training": {
+                "max_steps": 10,
+                "mixed_precision": precisions[i % len(precisions)],
+                "gradient_accumulation_steps": 4,
+            },
+            "resources": {
+                "device": device,
+                "num_nodes": nodes,
+                "processes_per_node": ppn,
+                "launcher": "slurm" if nodes > 1 else "local",
+            },
+            "lora": {"r": 8} if i % 2 else None,
+        }
+        try:
+            spec = spec_for(**body)
+        except ValidationError:
+            continue  # a combination the spec refuses never reaches the renderer
+        out.append((f"{json.dumps(dist, sort_keys=True)}-{device}-{nodes}x{ppn}", spec))
+    return out
+
+
+ALL_SPECS = _all_specs()
+
+
+def test_combination_matrix_is_wide() -> None:
+    kinds = {(s.distributed.strategy, s.resources.device) for _, s in ALL_SPECS}
+    assert kinds == {(a, b) for a in ("none", "ddp", "fsdp", "deepspeed") for b in ("cuda", "cpu")}
+    stages = {
+        s.distributed.deepspeed.zero_stage for _, s in ALL_SPECS if s.distributed.strategy == "deepspeed"
+    }
+    assert stages == {0, 1, 2, 3}
+    assert len(ALL_SPECS) > 150
+
+
+def test_every_rendered_config_loads_with_accelerates_loader(tmp_path: Path) -> None:
+    """ClusterConfig.from_yaml_file refuses unknown keys; every config the renderer makes must pass."""
+    seen_types = set()
+    for i, (label, spec) in enumerate(ALL_SPECS):
+        plan = render_plan(spec, job_id=f"j{i}", run_dir=tmp_path, settings=settings())
+        path = tmp_path / f"c{i}.yaml"
+        path.write_text(plan.accelerate_config_yaml)
+        cfg = ClusterConfig.from_yaml_file(str(path))
+        world = spec.resources.num_nodes * spec.resources.processes_per_node
+        assert cfg.num_processes == world, label
+        assert cfg.num_machines == spec.resources.num_nodes, label
+        assert cfg.use_cpu == (spec.resources.device == "cpu"), label
+        assert cfg.mixed_precision == spec.training.mixed_precision, label
+        assert cfg.rdzv_backend == "static" and cfg.same_network is True, label
+        seen_types.add(str(cfg.distributed_type.value))
+    assert seen_types == {"NO", "MULTI_GPU", "FSDP", "DEEPSPEED"}
+
+
+def test_every_rendered_launch_passes_accelerates_launch_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The argv through `accelerate launch`'s parser and validation, and the env it builds through the FSDP
+    and DeepSpeed plugins: what a real launch does before it starts processes."""
+    import torch
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    has_gpu = torch.cuda.is_available()
+    parser = launch_command_parser()
+    checked = 0
+    # Every variant on both devices, as a 2-process single-node launch (the shape a launch can check here).
+    sample = [(label, s) for label, s in ALL_SPECS if s.resources.processes_per_node == 2]
+    saved_env = dict(os.environ)
+    for i, (label, spec) in enumerate(sample):
+        run_dir = tmp_path / f"r{i}"
+        run_dir.mkdir()
+        plan = render_plan(spec, job_id=f"j{i}", run_dir=run_dir, settings=settings())
+        (run_dir / "accelerate_config.yaml").write_text(plan.accelerate_config_yaml)
+        args = parser.parse_args(plan.command[3:])
+        assert args.module and args.training_script == "trainer", label
+        args, defaults, mp_from_config = _validate_launch_command(args)
+        strategy = spec.distributed.strategy
+        if strategy == "fsdp":
+            env = prepare_multi_gpu_env(args)
+            fsdp_env = {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_"))}
+            if spec.resources.device == "cuda" and spec.distributed.fsdp.version == 1 and not has_gpu:
+                # FSDP1's sync_module_states plugin check wants a GPU in this process; check the env only.
+                assert fsdp_env["FSDP_SYNC_MODULE_STATES"] == "true", label
+                assert fsdp_env["FSDP_SHARDING_STRATEGY"] in ("FULL_SHARD", "SHARD_GRAD_OP"), label
+                checked += 1
+                continue
+            with monkeypatch.context() as m:
+                for k, v in fsdp_env.items():
+                    m.setenv(k, v)
+                plugin = FullyShardedDataParallelPlugin()
+            assert plugin.fsdp_version == spec.distributed.fsdp.version, label
+            # On CPU, FSDP1 turns the loading option off (it needs sync_module_states, which needs a GPU).
+            cpu_fsdp1 = spec.resources.device == "cpu" and spec.distributed.fsdp.version == 1
+            wanted = spec.distributed.fsdp.cpu_ram_efficient_loading and not cpu_fsdp1
+            assert plugin.cpu_ram_efficient_loading == wanted, label
+        elif strategy == "deepspeed":
+            # As launch_command does before it calls the DeepSpeed launcher.
+            fields = [*defaults.deepspeed_config.keys(), *(["mixed_precision"] if mp_from_config else [])]
+            args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+            _cmd, env = prepare_deepspeed_cmd_env(args)
+            ds_env = {k: v for k, v in env.items() if k.startswith("ACCELERATE_")}
+            with monkeypatch.context() as m:
+                for k, v in ds_env.items():
+                    m.setenv(k, v)
+                plugin = DeepSpeedPlugin()
+            assert plugin.zero_stage == spec.distributed.deepspeed.zero_stage, label
+            offload = (
+                plugin.deepspeed_config["zero_optimization"]
+                .get("offload_optimizer", {})
+                .get("device", "none")
+            )
+            assert offload == spec.distributed.deepspeed.offload_optimizer, label
+        elif strategy == "ddp":
+            assert args.multi_gpu, label
+        checked += 1
+    # The plugins write some settings back into os.environ for transformers: leave none behind.
+    os.environ.clear()
+    os.environ.update(saved_env)
+    assert checked > 50
+
+
+# What reaches sbatch ----------
+
+
+def test_spec_allowlists_what_reaches_sbatch() -> None:
+    for field, evil in (("partition", "gpu;rm"), ("account", "a b"), ("time_limit", "1:00:00\n#SBATCH --x")):
+        with pytest.raises(ValidationError):
+            spec_for(resources={"launcher": "slurm", "slurm": {field: evil}})
+
+
+def test_line_breaks_are_refused_in_sbatch_values_and_extra_args() -> None:
+    spec = example("falcon-180b-lora-zero3")
+    spec.resources.slurm.partition = "gpu\n#SBATCH --uid=0"
+    with pytest.raises(ValueError, match="line break"):
+        render_plan(spec, job_id="j", run_dir=Path("/r/j"), settings=settings())
+    ok = render_plan(
+        example("falcon-180b-lora-zero3"),
+        job_id="j",
+        run_dir=Path("/r/j"),
+        settings=settings(slurm_extra_args="--qos=high\n\n  --exclusive  "),
+    ).sbatch_script
+    assert ok is not None and "#SBATCH --qos=high\n#SBATCH --exclusive\n" in ok
+    with pytest.raises(ValueError, match="FTQ_SLURM_EXTRA_ARGS"):
+        render_plan(
+            example("falcon-180b-lora-zero3"),
+            job_id="j",
+            run_dir=Path("/r/j"),
+            settings=settings(slurm_extra_args="--qos=high\nrm -rf /"),
+        )
+
+
+def test_sbatch_lines_are_the_expected_options() -> None:
+    sb = golden_plan("falcon-180b-lora-zero3").sbatch_script or ""
+    assert re.findall(r"^#SBATCH (--[a-z-]+)", sb, flags=re.M) == [
+        "--job-name",
+        "--nodes",
+        "--ntasks-per-node",
+        "--gres",
+        "--time",
+        "--partition",
+        "--chdir",
+        "--output",
+        "--open-mode",
+        "--requeue",
+    ]
+
+
+def test_nvme_offload_goes_to_a_node_local_folder_per_job() -> None:
+    spec = spec_for(
+        distributed={
+            "strategy": "deepspeed",
+            "deepspeed": {"offload_optimizer": "nvme", "offload_params": "nvme"},
+        }
+    )
+    ds = render_plan(
+        spec, job_id="job_9", run_dir=Path("/shared/runs/job_9"), settings=settings()
+    ).accelerate_config
+    assert ds["deepspeed_config"]["offload_optimizer_nvme_path"] == "/tmp/ftq-offload/job_9"
+    assert ds["deepspeed_config"]["offload_param_nvme_path"] == "/tmp/ftq-offload/job_9"

@@ -1,0 +1,73 @@
+"""The shared job spec: defaults, ranges, cross-field rules, and the contract's example."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from ftq.spec import JobSpec, looks_local
+
+EXAMPLE = Path(__file__).resolve().parent / "fixtures" / "design_example.yaml"
+
+
+def _design_example() -> dict[str, Any]:
+    return dict(yaml.safe_load(EXAMPLE.read_text()))
+
+
+def test_the_contract_example_is_valid() -> None:
+    spec = JobSpec.model_validate(_design_example())
+    assert spec.distributed.strategy == "deepspeed"
+    assert spec.distributed.deepspeed.zero_stage == 3
+    assert spec.resources.world_size == 16
+    assert spec.lora is not None and spec.lora.target_modules == [
+        "query_key_value",
+        "dense",
+        "dense_h_to_4h",
+        "dense_4h_to_h",
+    ]
+
+
+def _minimal(**over: object) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name_or_path": "meta-llama/Llama-2-7b-hf"},
+        "dataset": {"name_or_path": "smangrul/code-chat-assistant-v1"},
+        "training": {"max_steps": 10},
+    }
+    spec.update(over)
+    return spec
+
+
+def test_defaults_and_round_trip() -> None:
+    spec = JobSpec.model_validate(_minimal())
+    assert spec.resources.launcher == "local" and spec.distributed.strategy == "none"
+    again = JobSpec.model_validate(spec.model_dump(mode="json"))
+    assert again == spec
+    assert spec.display_name == "Llama-2-7b-hf"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["owner/name/extra", "a b", "$(id)", "`id`", "x;rm", "name\nline", "org/..", "", "/etc\n"],
+)
+def test_hub_ids_are_strict(name: str) -> None:
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate(_minimal(model={"name_or_path": name}))
+
+
+def test_local_forms() -> None:
+    assert (
+        looks_local("/data/x") and looks_local("./x") and looks_local("../x") and looks_local("train.jsonl")
+    )
+    assert not looks_local("owner/name") and not looks_local("gpt2")
+
+
+def test_time_limit_forms() -> None:
+    for ok in ["30", "30:00", "36:00:00", "1-00", "2-12:00", "1-00:00:00"]:
+        JobSpec.model_validate(_minimal(resources={"launcher": "slurm", "slurm": {"time_limit": ok}}))
+    for bad in ["1h", "36:00:00\n#SBATCH --x", "$(id)", "-1", "1:2:3:4"]:
+        with pytest.raises(ValidationError):
+            JobSpec.model_validate(_minimal(resources={"launcher": "slurm", "slurm": {"time_limit": bad}}))
