@@ -44,9 +44,20 @@ def add_job(job_id: str, script: str, status: str = "queued", **values: Any) -> 
     from ftq.store.repository import utcnow
 
     now = utcnow()
+    # A valid spec and a whole plan, as the API stores them; only the launch script is the test's own.
     spec = {
+        "model": {"name_or_path": "./tiny/model"},
+        "dataset": {"name_or_path": "./tiny/data"},
         "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1, "num_nodes": 1},
         "training": {"max_steps": 1},
+    }
+    plan = {
+        "accelerate_config": {},
+        "accelerate_config_yaml": "{}\n",
+        "command": [],
+        "sbatch_script": None,
+        "trainer_args": {},
+        "launch_script": "set -u\n" + script,
     }
     with session_scope() as s:
         s.add(
@@ -56,7 +67,7 @@ def add_job(job_id: str, script: str, status: str = "queued", **values: Any) -> 
                 owner="t",
                 status=status,
                 spec=spec,
-                plan={"launch_script": "set -u\n" + script, "accelerate_config_yaml": "{}\n"},
+                plan=plan,
                 launcher="local",
                 device="cpu",
                 created_at=now,
