@@ -99,6 +99,7 @@ def test_schemathesis_all_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     from service.app import create_app
 
+    (tmp_path / "data").mkdir()
     assets = tmp_path / "assets"
     config_only_model(assets / "model")
     text_dataset(assets / "data" / "train.jsonl")
