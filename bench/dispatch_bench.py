@@ -7,7 +7,7 @@
 2. Wall time of the tiny job through ftq (POST to `succeeded`) against the same rendered
    `accelerate launch` command run directly, as a ratio.
 
-    python bench/dispatch_bench.py [--samples 10] [--skip-redis] [--out bench/out/dispatch_bench.json]
+    python -m bench.dispatch_bench [--samples 10] [--skip-redis] [--out bench/out/dispatch_bench.json]
 """
 
 from __future__ import annotations
@@ -15,147 +15,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+from tests.harness import Deployment, tiny_assets, tiny_spec
 
 REPO = Path(__file__).resolve().parent.parent
-FTQ = str(Path(sys.executable).parent / "ftq")
-PG_ADMIN = os.environ.get("FTQ_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+OUT = REPO / "bench" / "out"
 
 
-def tiny_assets() -> Path:
-    shipped = REPO / "examples" / "tiny"
-    if (shipped / "model" / "config.json").exists():
-        return shipped
-    out = REPO / "bench" / "out" / "tiny"
-    if not (out / "model" / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out)], check=True, cwd=REPO)
-    return out
-
-
-def tiny_spec(tiny: Path, max_steps: int) -> dict[str, Any]:
-    return {
-        "name": "bench",
-        "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
-        "dataset": {"name_or_path": str(tiny / "data" / "train.jsonl"), "text_field": "text"},
-        "training": {
-            "max_steps": max_steps,
-            "max_seq_len": 64,
-            "logging_steps": 1,
-            "learning_rate": 1e-3,
-            "mixed_precision": "no",
-            "save_steps": None,
-            "per_device_train_batch_size": 2,
-        },
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
-        "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1},
+def deployment(kind: str, tiny: Path) -> Deployment:
+    """`ftq up` ("embedded") or `ftq api` + `ftq worker` on PostgreSQL and a private Redis ("redis")."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"dispatch-{kind}-", dir=OUT))
+    settings = {
+        "local_roots": f"{tiny}:{root / 'data'}",
+        "cpu_slots": 4,
+        "cancel_grace_seconds": 3,
+        "reconcile_interval_seconds": 1,
     }
+    if kind == "redis":
+        return Deployment(root, mode="api+worker", store="postgres", broker="redis", settings=settings)
+    return Deployment(root, settings=settings)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Deployment:
-    def __init__(self, kind: str, tiny: Path):
-        self.kind = kind
-        self.data = Path(tempfile.mkdtemp(prefix=f"ftq-bench-{kind}-"))
-        self.port = free_port()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("FTQ_")}
-        self.env.update(
-            {
-                "FTQ_ENV": "test",
-                "FTQ_DATA_DIR": str(self.data),
-                "FTQ_LOCAL_ROOTS": f"{tiny}:{self.data}",
-                "FTQ_CPU_SLOTS": "4",
-                "FTQ_CANCEL_GRACE_SECONDS": "3",
-                "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
-            }
-        )
-        self.db: str | None = None
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
-
-    def __enter__(self) -> Deployment:
-        if self.kind == "redis":
-            import psycopg
-
-            self.db = f"ftq_bench_{secrets.token_hex(4)}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{self.db}"')
-            self.env["FTQ_DATABASE_URL"] = f"{PG_ADMIN.rsplit('/', 1)[0]}/{self.db}"
-            self.env["FTQ_BROKER_URL"] = "redis://127.0.0.1:6379/6"
-            subprocess.run(["redis-cli", "-n", "6", "flushdb"], check=False, capture_output=True)
-            self._start("api", "--port", str(self.port))
-            self._start("worker")
-        else:
-            self._start("up", "--port", str(self.port))
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if self.http.get("/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        time.sleep(3)  # let the worker connect before the first sample
-        return self
-
-    def _start(self, *argv: str) -> None:
-        log = open(self.data / f"{argv[0]}.log", "ab")  # noqa: SIM115
-        self.procs.append(
-            subprocess.Popen(
-                [FTQ, *argv],
-                cwd=REPO,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(p.pid, signal.SIGKILL)
-        self.http.close()
-        if self.db:
-            import psycopg
-
-            for _ in range(10):
-                try:
-                    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                        conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
-                    break
-                except psycopg.OperationalError:
-                    time.sleep(2)
-
-    def wait(
-        self, job_id: str, statuses: set[str], timeout: float = 600, poll: float = 0.02
-    ) -> dict[str, Any]:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            r = self.http.get(f"/jobs/{job_id}")
-            if r.status_code == 200 and r.json()["status"] in statuses:
-                return dict(r.json())
-            time.sleep(poll if r.status_code == 200 else 1.0)  # 503 while the store restarts
-        raise TimeoutError(f"{job_id} never reached {statuses}")
+def wait(
+    dep: Deployment, job_id: str, statuses: set[str], timeout: float = 600, poll: float = 0.02
+) -> dict[str, Any]:
+    """The job once in one of `statuses`, polled every `poll` s (the latency measured depends on it)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = dep.http.get(f"/jobs/{job_id}")
+        if r.status_code == 200 and r.json()["status"] in statuses:
+            return dict(r.json())
+        time.sleep(poll if r.status_code == 200 else 1.0)  # 503 while the store restarts
+    raise TimeoutError(f"{job_id} never reached {statuses}")
 
 
 def _ts(s: str) -> float:
@@ -166,13 +65,13 @@ def latency(dep: Deployment, tiny: Path, samples: int) -> dict[str, Any]:
     server, client = [], []
     for _ in range(samples):
         t0 = time.perf_counter()
-        job = dep.http.post("/jobs", json=tiny_spec(tiny, 100_000)).json()
-        running = dep.wait(job["id"], {"running", "failed", "succeeded"})
+        job = dep.http.post("/jobs", json=tiny_spec(tiny, name="bench", max_steps=100_000)).json()
+        running = wait(dep, job["id"], {"running", "failed", "succeeded"})
         client.append(time.perf_counter() - t0)
         assert running["status"] == "running", running
         server.append(_ts(running["started_at"]) - _ts(running["created_at"]))
         dep.http.post(f"/jobs/{job['id']}/cancel")
-        dep.wait(job["id"], {"cancelled", "failed", "succeeded"}, poll=0.2)
+        wait(dep, job["id"], {"cancelled", "failed", "succeeded"}, poll=0.2)
     return {"server_s": summary(server), "client_s": summary(client)}
 
 
@@ -184,7 +83,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 def overhead(dep: Deployment, tiny: Path, max_steps: int, repeats: int) -> dict[str, Any]:
     """The tiny job run by hand and through ftq, alternately `repeats` times each; medians."""
-    spec = tiny_spec(tiny, max_steps)
+    spec = tiny_spec(tiny, name="bench", max_steps=max_steps)
     # Direct: the very command ftq renders, in a scratch run directory, with the same kind of env.
     plan = dep.http.post("/jobs", params={"dry_run": "true"}, json=spec).json()
     threads = str(max(1, (os.cpu_count() or 1) // 4))
@@ -192,7 +91,7 @@ def overhead(dep: Deployment, tiny: Path, max_steps: int, repeats: int) -> dict[
     direct, through = [], []
     for _ in range(repeats):
         scratch = Path(tempfile.mkdtemp(prefix="ftq-bench-direct-"))
-        argv = [a.replace(str(dep.data / "runs" / "dry-run"), str(scratch)) for a in plan["command"]]
+        argv = [a.replace(str(dep.run_dir("dry-run")), str(scratch)) for a in plan["command"]]
         (scratch / "spec.json").write_text(json.dumps(spec))
         (scratch / "accelerate_config.yaml").write_text(plan["accelerate_config_yaml"])
         t0 = time.perf_counter()
@@ -202,7 +101,7 @@ def overhead(dep: Deployment, tiny: Path, max_steps: int, repeats: int) -> dict[
 
         t0 = time.perf_counter()
         job = dep.http.post("/jobs", json=spec).json()
-        done = dep.wait(job["id"], {"succeeded", "failed", "cancelled"}, poll=0.1)
+        done = wait(dep, job["id"], {"succeeded", "failed", "cancelled"}, poll=0.1)
         through.append(time.perf_counter() - t0)
         assert done["status"] == "succeeded", done
     d, f = statistics.median(direct), statistics.median(through)
@@ -263,13 +162,14 @@ def main() -> None:
     tiny = tiny_assets()
     results: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()[0]}
     if not args.skip_embedded:
-        with Deployment("embedded", tiny) as dep:
+        with deployment("embedded", tiny) as dep:
+            dep.wait_worker_ready(0)  # the first sample is not the worker's start-up
             results["embedded"] = {"post_to_running": latency(dep, tiny, args.samples)}
             print("embedded", results["embedded"], flush=True)
             results["embedded"]["tiny_job"] = overhead(dep, tiny, args.steps, args.repeats)
             print("embedded", results["embedded"], flush=True)
     if not args.skip_redis:
-        with Deployment("redis", tiny) as dep:
+        with deployment("redis", tiny) as dep:
             results["redis"] = {"post_to_running": latency(dep, tiny, args.samples)}
             print("redis", results["redis"], flush=True)
     results["load_avg_at_end"] = os.getloadavg()[0]

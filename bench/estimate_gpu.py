@@ -5,7 +5,7 @@ each setup the way the trainer does (bf16, sequence 2048, batch 1, AdamW; LoRA o
 full fine-tuning; with and without gradient checkpointing) and compares the estimate with
 `torch.cuda.max_memory_allocated()`. Prints a table and exits 1 when an error exceeds the target.
 
-    python bench/estimate_gpu.py [--steps 3] [--seq 2048] [--target 0.15] [--json out.json]
+    python -m bench.estimate_gpu [--steps 3] [--seq 2048] [--target 0.15] [--json out.json]
 
 Without a CUDA device it says so and exits 0 (nothing to measure); `--require-gpu` makes that exit 2.
 """
@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftq.estimate import estimate_memory
 from ftq.spec import JobSpec
@@ -149,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = job_spec(lora, ckpt, args.seq)
         est = estimate_memory(spec, LLAMA_1B, device_memory_bytes=device.total_memory)
         # max_memory_allocated counts what torch's allocator handed out: not the CUDA context.
+        assert est.per_device_bytes is not None, est.reason
         est_alloc = est.per_device_bytes - est.breakdown["cuda_context"]
         got = measure(lora, ckpt, args.seq, args.steps)
         err = (est_alloc - got["allocated"]) / got["allocated"]
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         print(
-            f"{label:<26} {est['per_device_bytes'] / GiB:>9.2f}G {est_alloc / GiB:>9.2f}G "
+            f"{label:<26} {est.per_device_bytes / GiB:>9.2f}G {est_alloc / GiB:>9.2f}G "
             f"{got['allocated'] / GiB:>9.2f}G {got['reserved'] / GiB:>9.2f}G {err:>+7.1%}"
         )
     print(

@@ -3,10 +3,10 @@
 Tiny CPU jobs are submitted continuously (Idempotency-Key, retried on connection errors and 503 with the
 same key, as a real client does) while faults are injected one after another, round-robin by kind:
 
-    --store postgres  (`ftq api` + `ftq worker` on PostgreSQL + Redis)
+    --store postgres  (`ftq api` + `ftq worker` on PostgreSQL + a private Redis)
         worker_kill_dispatch  SIGKILL the worker right after a POST (varying delays), start it again
         worker_kill_run       SIGKILL the worker while a job trains, start it again
-        redis_restart         `redis-cli shutdown nosave` while a job trains, start Redis again
+        redis_restart         shut Redis down (no save) while a job trains, start it again
         pg_restart            stop PostgreSQL while a job trains; GET /jobs/{id} all through the outage
                               (each answer must be a 503, never a 500), start it; the API recovers alone
         api_restart           SIGKILL `ftq api`, start it again
@@ -20,8 +20,8 @@ not succeeded, jobs launched more than once (run_dir/launches.log lines, and tra
 train.log, and duplicate steps in metrics.jsonl), runs whose metrics are incomplete (GET .../metrics must
 hold exactly steps 1..max_steps and say complete), 503s seen during PostgreSQL outages, and 500s anywhere.
 
-    python bench/fault_series.py --store postgres --faults 50
-    python bench/fault_series.py --store embedded --faults 50
+    python -m bench.fault_series --store postgres --faults 50
+    python -m bench.fault_series --store embedded --faults 50
 
 Results go to bench/out/fault_series.json (one key per store). Exit status 1 when any check fails.
 """
@@ -34,27 +34,24 @@ import fcntl
 import json
 import os
 import random
-import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-FTQ = str(Path(sys.executable).parent / "ftq")
-PG_ADMIN = os.environ.get("FTQ_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_PORT = 6379
-REDIS_DB = 7
+from bench import OUT, REPO
+from tests.harness import Deployment, pid_alive, postgres, tiny_assets, tiny_spec
+from tests.harness.procs import marked_pids
+
 TOKEN = "fault-series-token"
+TOKENS = {"faults": TOKEN}
 TERMINAL = {"succeeded", "failed", "cancelled"}
 TRAINER_START = "trainer INFO strategy"  # logged once per trainer process start (single process)
 KINDS = {
@@ -66,306 +63,50 @@ RETRYABLE = (httpx.TransportError,)
 STOP_FAULTS = threading.Event()
 
 
-# Infrastructure -------------------------------------------------------------------------------------------
+# The deployment ------------------------------------------------------------------------------------------
 
 
-def pg_cluster() -> tuple[str, str]:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    return version, "main"
+class Series:
+    """The deployment under the series (the harness's, with API tokens and a private Redis for PostgreSQL)
+    and an HTTP client that counts every answer it gets."""
 
-
-def pg_ctl(action: str) -> None:
-    version, name = pg_cluster()
-    argv = ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, action]
-    if action == "stop":
-        argv += ["-m", "fast"]
-    subprocess.run(argv, check=False, capture_output=True, timeout=120)
-
-
-def pg_up() -> bool:
-    import psycopg
-
-    try:
-        with psycopg.connect(PG_ADMIN, connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
-
-
-def ensure_pg() -> None:
-    deadline = time.time() + 90
-    while not pg_up():
-        if time.time() > deadline:
-            raise RuntimeError("PostgreSQL did not come back")
-        pg_ctl("start")
-        time.sleep(1)
-
-
-def answers_while_pg_down(
-    request: Callable[[], int | str], seconds: float
-) -> tuple[Counter[str], Counter[str]]:
-    """Call `request` for `seconds` while PostgreSQL is stopped: (answers given while it was down before
-    and after the call, answers given while it was up). Something else on the host may start PostgreSQL
-    again early; an answer from then is no evidence about the outage."""
-    down: Counter[str] = Counter()
-    back: Counter[str] = Counter()
-    t0 = time.time()
-    while time.time() - t0 < seconds:
-        was_down = not pg_up()
-        answer = str(request())
-        (down if was_down and not pg_up() else back)[answer] += 1
-        time.sleep(0.2)
-    return down, back
-
-
-def redis_cli(*args: str) -> str:
-    try:
-        out = subprocess.run(
-            ["redis-cli", "-p", str(REDIS_PORT), *args], capture_output=True, text=True, timeout=10
-        )
-    except subprocess.TimeoutExpired:
-        return ""
-    return out.stdout.strip()
-
-
-def redis_up() -> bool:
-    return redis_cli("ping") == "PONG"
-
-
-def ensure_redis() -> None:
-    deadline = time.time() + 30
-    while not redis_up():
-        if time.time() > deadline:
-            raise RuntimeError("Redis did not come back")
-        subprocess.run(
-            [
-                "redis-server",
-                "--daemonize",
-                "yes",
-                "--bind",
-                "127.0.0.1",
-                "-::1",
-                "--port",
-                str(REDIS_PORT),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                "/var/lib/redis",
-                "--logfile",
-                "/var/log/redis/ci.log",
-            ],
-            check=False,
-            timeout=20,
-        )
-        for _ in range(50):
-            if redis_up():
-                return
-            time.sleep(0.2)
-
-
-def tiny_assets() -> Path:
-    shipped = REPO / "examples" / "tiny"
-    if (shipped / "model" / "config.json").exists() and (shipped / "data" / "train.jsonl").exists():
-        return shipped
-    out = REPO / "bench" / "out" / "tiny"
-    if not (out / "model" / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "trainer.tiny", "--out", str(out)], check=True, cwd=REPO)
-    return out
-
-
-def tiny_spec(tiny: Path, max_steps: int) -> dict[str, Any]:
-    return {
-        "name": f"fault-{max_steps}",
-        "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
-        "dataset": {"name_or_path": str(tiny / "data" / "train.jsonl"), "text_field": "text"},
-        "training": {
-            "max_steps": max_steps,
-            "max_seq_len": 64,
-            "logging_steps": 1,
-            "learning_rate": 1e-3,
-            "mixed_precision": "no",
-            "save_steps": None,
-            "per_device_train_batch_size": 2,
-        },
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
-        "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1},
-    }
-
-
-def proc_children(pid: int) -> list[int]:
-    """Children of every thread of `pid` (`ftq up` starts its worker again from a thread)."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return raw[raw.rfind(")") + 2 :].split()[0] not in ("Z", "X")
-
-
-def marked_pids(job_ids: set[str]) -> dict[str, list[int]]:
-    """Live processes carrying a run's FTQ_JOB_ID marker, by job."""
-    out: dict[str, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or not pid_alive(int(entry)):
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        for var in env.split(b"\0"):
-            if var.startswith(b"FTQ_JOB_ID="):
-                job = var.split(b"=", 1)[1].decode()
-                if job in job_ids:
-                    out.setdefault(job, []).append(int(entry))
-    return out
-
-
-# The deployment --------------------------------------------------------------------------------------------
-
-
-class Deployment:
-    """One ftq deployment: its processes, settings and an HTTP client that counts what it is answered."""
-
-    def __init__(self, store: str, tiny: Path, data: Path | None = None):
+    def __init__(self, store: str, tiny: Path):
         self.store = store
-        self.data = data or Path(tempfile.mkdtemp(prefix=f"ftq-faults-{store}-"))
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            k: v for k, v in os.environ.items() if not k.startswith("FTQ_") or k.startswith("FTQ_TEST_")
+        OUT.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix=f"faults-{store}-", dir=OUT))
+        settings = {
+            "local_roots": f"{tiny}:{root / 'data'}",
+            "cpu_slots": 4,
+            "reconcile_interval_seconds": 1,
+            "ingest_interval_seconds": 1,
+            "post_rate_per_minute": 1000,  # many POSTs over the series, from one owner
         }
-        self.env.update(
-            {
-                "FTQ_ENV": "test",
-                "FTQ_DATA_DIR": str(self.data),
-                "FTQ_LOCAL_ROOTS": f"{tiny}:{self.data}",
-                "FTQ_PORT": str(self.port),
-                "FTQ_CPU_SLOTS": "4",
-                "FTQ_RECONCILE_INTERVAL_SECONDS": "1",
-                "FTQ_INGEST_INTERVAL_SECONDS": "1",
-                "FTQ_API_TOKENS": f"{TOKEN}:faults",
-                # Many POSTs over the series, from one owner.
-                "FTQ_POST_RATE_PER_MINUTE": "1000",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        self.db: str | None = None
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        if store == "postgres":
+            self.dep = Deployment(
+                root, mode="api+worker", store="postgres", broker="redis", tokens=TOKENS, settings=settings
+            )
+        else:
+            self.dep = Deployment(root, tokens=TOKENS, settings=settings)
+        self.data = self.dep.data_dir
         self.codes: Counter[str] = Counter()
         self.errors_500: list[str] = []
         self._lock = threading.Lock()
 
-    # processes
     def start(self) -> None:
-        if self.store == "postgres":
-            import psycopg
-
-            ensure_pg()
-            ensure_redis()
-            self.db = f"ftq_faults_{secrets.token_hex(4)}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{self.db}"')
-            self.env["FTQ_DATABASE_URL"] = f"{PG_ADMIN.rsplit('/', 1)[0]}/{self.db}"
-            self.env["FTQ_BROKER_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/{REDIS_DB}"
-            redis_cli("-n", str(REDIS_DB), "flushdb")
-            self.spawn("api", "api", "--port", str(self.port))
-            self.wait_ready()
-            self.spawn("worker", "worker")
-        else:
-            self.spawn("up", "up", "--port", str(self.port))
-            self.wait_ready()
-        self.wait_worker_ready(0)
-
-    def spawn(self, name: str, *argv: str) -> None:
-        log = open(self.data / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        self.procs[name] = subprocess.Popen(
-            [FTQ, *argv], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def kill9(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-    def worker_pid(self) -> int | None:
-        if self.store == "postgres":
-            proc = self.procs.get("worker")
-            return proc.pid if proc is not None and proc.poll() is None else None
-        up = self.procs.get("up")
-        if up is None:
-            return None
-        for child in proc_children(up.pid):
-            with contextlib.suppress(OSError):
-                if b"celery" in Path(f"/proc/{child}/cmdline").read_bytes():
-                    return child
-        return None
-
-    def worker_log(self) -> Path:
-        return self.data / ("worker.log" if self.store == "postgres" else "up.log")
-
-    def worker_ready_count(self) -> int:
-        try:
-            return self.worker_log().read_text(errors="replace").count(" ready.")
-        except FileNotFoundError:
-            return 0
-
-    def wait_worker_ready(self, before: int, timeout: float = 120) -> float:
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.worker_ready_count() > before:
-                return time.time() - t0
-            time.sleep(0.2)
-        raise RuntimeError(f"the worker did not become ready; see {self.worker_log()}")
-
-    def wait_ready(self, timeout: float = 120) -> float:
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
-                    return time.time() - t0
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.url} not ready; logs in {self.data}")
+        postgres.ensure_up()
+        self.dep.start()
+        self.dep.wait_worker_ready(0)
 
     def close(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs.pop(name)
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=25)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-        # Runs left by an aborted series live in sessions of their own: stop them by their recorded group.
-        for record in (self.data / "runs").glob("*/launch.json"):
-            with contextlib.suppress(ValueError, KeyError, OSError):
-                os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
-        if self.db:
-            import psycopg
+        if self.store == "postgres":
+            postgres.ensure_up()
+        self.dep.close()
 
-            ensure_pg()
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
-            redis_cli("-n", str(REDIS_DB), "flushdb")
-
-    # HTTP
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """One request; every answer is counted, and a 5xx other than 503 is kept as evidence."""
         headers = {"Authorization": f"Bearer {TOKEN}", **kw.pop("headers", {})}
-        r = httpx.request(method, f"{self.url}{path}", headers=headers, timeout=kw.pop("timeout", 20), **kw)
+        url = f"{self.dep.url}{path}"
+        r = httpx.request(method, url, headers=headers, timeout=kw.pop("timeout", 20), **kw)
         with self._lock:
             self.codes[str(r.status_code)] += 1
             if r.status_code >= 500 and r.status_code != 503:
@@ -375,13 +116,12 @@ class Deployment:
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return self.request("GET", path, **kw)
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    def ensure_services(self) -> None:
+        """PostgreSQL and the private Redis up again, whatever a fault left."""
+        postgres.ensure_up()
+        redis = self.dep.redis
+        if redis is not None and not redis.is_up():
+            redis.start()
 
 
 # Clients --------------------------------------------------------------------------------------------------
@@ -390,7 +130,7 @@ def _free_port() -> int:
 class Submitter:
     """Keeps `inflight` jobs active; every POST carries an Idempotency-Key and is retried until a 201."""
 
-    def __init__(self, dep: Deployment, tiny: Path, inflight: int, rng: random.Random):
+    def __init__(self, dep: Series, tiny: Path, inflight: int, rng: random.Random):
         self.dep, self.tiny, self.inflight, self.rng = dep, tiny, inflight, rng
         self.jobs: dict[str, dict[str, Any]] = {}  # id -> {"key", "max_steps", "attempts"}
         self.unsubmitted: list[str] = []  # keys that never got a 201 (lost submissions)
@@ -403,7 +143,7 @@ class Submitter:
     def submit(self, deadline_s: float = 300) -> str | None:
         key = f"fault-{uuid.uuid4()}"
         max_steps = self.rng.randint(6, 10)
-        body = tiny_spec(self.tiny, max_steps)
+        body = tiny_spec(self.tiny, name=f"fault-{max_steps}", max_steps=max_steps)
         attempts = 0
         t0 = time.time()
         while time.time() - t0 < deadline_s:
@@ -459,7 +199,7 @@ class Submitter:
 
 
 class Injector:
-    def __init__(self, dep: Deployment, sub: Submitter, outage_s: float, rng: random.Random):
+    def __init__(self, dep: Series, sub: Submitter, outage_s: float, rng: random.Random):
         self.dep, self.sub, self.outage_s, self.rng = dep, sub, outage_s, rng
         self.log: list[dict[str, Any]] = []
         self.pg_503 = 0
@@ -495,17 +235,15 @@ class Injector:
 
     # kinds
     def _restart_worker(self, rec: dict[str, Any]) -> None:
-        before = self.dep.worker_ready_count()
-        pid = self.dep.worker_pid()
-        if pid is None:
+        dep = self.dep.dep
+        before = dep.worker_ready_count()
+        # `ftq up` supervises its worker and starts it again; a separate one is started here.
+        if dep.kill_worker() is None:
             rec["note"] = "no live worker to kill"
-        elif self.dep.store == "postgres":
-            self.dep.kill9("worker")
+        elif dep.separate_worker:
             time.sleep(0.5)
-            self.dep.spawn("worker", "worker")
-        else:
-            os.kill(pid, signal.SIGKILL)  # `ftq up` supervises its worker and starts it again
-        rec["worker_back_s"] = round(self.dep.wait_worker_ready(before), 1)
+            dep.start_worker(wait=False)
+        rec["worker_back_s"] = round(dep.wait_worker_ready(before), 1)
 
     def worker_kill_dispatch(self, rec: dict[str, Any]) -> None:
         delay = self.dispatch_delays[len(self.log) % len(self.dispatch_delays)]
@@ -520,11 +258,13 @@ class Injector:
 
     def redis_restart(self, rec: dict[str, Any]) -> None:
         rec["job"] = self.running_job()
+        redis = self.dep.dep.redis
+        assert redis is not None
         try:
-            redis_cli("shutdown", "nosave")
+            redis.stop()
             time.sleep(self.outage_s)
         finally:
-            ensure_redis()
+            redis.start()
 
     def pg_restart(self, rec: dict[str, Any]) -> None:
         job = rec["job"] = self.running_job()
@@ -538,12 +278,12 @@ class Injector:
                 return type(exc).__name__
 
         try:
-            pg_ctl("stop")
-            codes, back = answers_while_pg_down(get, self.outage_s)
+            postgres.pg_ctl("stop")
+            codes, back = postgres.answers_while_down(get, self.outage_s)
             self.pg_back_early.update(back)
         finally:
-            pg_ctl("start")
-            ensure_pg()
+            postgres.pg_ctl("start")
+            postgres.ensure_up()
         t_up = time.time()
         recovered = None
         while time.time() - t_up < 60:
@@ -562,22 +302,25 @@ class Injector:
             self.pg_recovery_s.append(recovered)
 
     def api_restart(self, rec: dict[str, Any]) -> None:
-        self.dep.kill9("api")
-        self.dep.spawn("api", "api", "--port", str(self.dep.port))
-        rec["api_back_s"] = round(self.dep.wait_ready(), 1)
+        self.dep.dep.kill9("api")
+        t0 = time.time()
+        self.dep.dep.start_server()
+        rec["api_back_s"] = round(time.time() - t0, 1)
 
     def _restart_up(self, rec: dict[str, Any]) -> None:
-        before = self.dep.worker_ready_count()
-        worker = self.dep.worker_pid()
-        self.dep.kill9("up")
+        dep = self.dep.dep
+        before = dep.worker_ready_count()
+        worker = dep.worker_pid()
+        dep.kill9("up")
         # The worker follows `ftq up` down (PDEATHSIG); a second one must never run next to the new one.
         deadline = time.time() + 30
         while worker is not None and pid_alive(worker) and time.time() < deadline:
             time.sleep(0.1)
         rec["old_worker_gone"] = worker is None or not pid_alive(worker)
-        self.dep.spawn("up", "up", "--port", str(self.dep.port))
-        rec["api_back_s"] = round(self.dep.wait_ready(), 1)
-        rec["worker_back_s"] = round(self.dep.wait_worker_ready(before), 1)
+        t0 = time.time()
+        dep.start_server()
+        rec["api_back_s"] = round(time.time() - t0, 1)
+        rec["worker_back_s"] = round(dep.wait_worker_ready(before), 1)
 
     def up_kill_dispatch(self, rec: dict[str, Any]) -> None:
         delay = self.dispatch_delays[len(self.log) % len(self.dispatch_delays)]
@@ -594,7 +337,7 @@ class Injector:
 # Audit ------------------------------------------------------------------------------------------------------
 
 
-def wait_all_terminal(dep: Deployment, ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
+def wait_all_terminal(dep: Series, ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
     final: dict[str, dict[str, Any]] = {}
     deadline = time.time() + timeout
     pending = list(ids)
@@ -616,7 +359,7 @@ def wait_all_terminal(dep: Deployment, ids: list[str], timeout: float) -> dict[s
     return final
 
 
-def all_job_ids(dep: Deployment) -> list[str]:
+def all_job_ids(dep: Series) -> list[str]:
     ids: list[str] = []
     cursor = None
     while True:
@@ -630,7 +373,7 @@ def all_job_ids(dep: Deployment) -> list[str]:
             return ids
 
 
-def audit(dep: Deployment, sub: Submitter, final: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def audit(dep: Series, sub: Submitter, final: dict[str, dict[str, Any]]) -> dict[str, Any]:
     lost, not_terminal, not_succeeded, twice, incomplete = [], [], [], [], []
     for job_id, meta in sub.jobs.items():
         job = final.get(job_id, {"status": "unknown"})
@@ -703,7 +446,7 @@ def run_series(
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     tiny = tiny_assets()
-    dep = Deployment(store, tiny)
+    dep = Series(store, tiny)
     started = time.time()
     print(f"[{store}] data dir {dep.data}", flush=True)
     try:
@@ -722,8 +465,7 @@ def run_series(
             try:
                 rec = inj.inject(kind)
             finally:
-                ensure_redis()
-                ensure_pg()
+                dep.ensure_services()
             print(f"[{store}] fault {i + 1}/{faults} {json.dumps(rec)}  jobs {len(sub.jobs)}", flush=True)
             time.sleep(gap_s)
         sub.stop()
@@ -761,8 +503,6 @@ def run_series(
         return result
     finally:
         dep.close()
-        ensure_redis()
-        ensure_pg()
 
 
 def failed_checks(r: dict[str, Any]) -> list[str]:

@@ -23,6 +23,6 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
   echo "bench/gpu.sh: $PYTHON has no CUDA-enabled torch (torch.cuda.is_available() is False); install a CUDA build, e.g. pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" >&2
   exit 3
 fi
-"$PYTHON" bench/gpu_bench.py --out "$OUT" "$@"
+"$PYTHON" -m bench.gpu_bench --out "$OUT" "$@"
 # Preflight accuracy (issue 9): the memory estimate against torch.cuda.max_memory_allocated.
-"$PYTHON" bench/estimate_gpu.py --steps 3 --json "$OUT/estimate_gpu.json" | tee "$OUT/estimate_gpu.txt"
+"$PYTHON" -m bench.estimate_gpu --steps 3 --json "$OUT/estimate_gpu.json" | tee "$OUT/estimate_gpu.txt"

@@ -1,6 +1,6 @@
 """GPU throughput of a ~1B Llama: flash attention against sdpa, packed against padded batches.
 
-    python bench/gpu_bench.py --out DIR [--seq-len 4096] [--steps 10]   (bench/gpu.sh runs this)
+    python -m bench.gpu_bench --out DIR [--seq-len 4096] [--steps 10]   (bench/gpu.sh runs this)
 
 A random-init model from a TinyLlama-1.1B-shaped config (no download), bf16, gradient checkpointing
 (non-reentrant, as the trainer does), AdamW, one GPU. Each variant trains `--steps` measured steps after
@@ -87,7 +87,7 @@ def run_variant(attn: str, packed: bool, seq_len: int, steps: int, tokens_per_st
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    cfg = dict(ONE_B)
+    cfg: dict[str, Any] = dict(ONE_B)
     config = LlamaConfig(**cfg, use_cache=False)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn)

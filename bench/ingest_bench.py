@@ -26,7 +26,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench import REPO, api_server, copy_jobs, log, note, pg_database, result
+from bench import REPO, log, note, result
+from bench.seed import api_server, copy_jobs
+from tests.harness import postgres
 
 _INGEST_LOOP = r"""
 import sys, time
@@ -83,7 +85,7 @@ def bench_throughput(url: str, data: Path, lines: int, pace: float) -> None:
     run.mkdir(parents=True)
     with (run / "metrics.jsonl").open("w") as f:
         f.writelines(point_line(s) for s in range(1, lines + 1))
-    with api_server(url, data_dir=data) as base:
+    with api_server(url, data) as server:
         t = time.perf_counter()
         out = subprocess.run(
             [sys.executable, "-c", _INGEST_LOOP, job, "drain", "0"],
@@ -93,7 +95,9 @@ def bench_throughput(url: str, data: Path, lines: int, pace: float) -> None:
             check=True,
             cwd=REPO,
         )
-        page = httpx.get(f"{base}/jobs/{job}/metrics", params={"after_step": lines - 1}, timeout=30).json()
+        page = httpx.get(
+            f"{server.url}/jobs/{job}/metrics", params={"after_step": lines - 1}, timeout=30
+        ).json()
         elapsed = time.perf_counter() - t
     assert page["data"] and page["data"][-1]["step"] == lines, page
     ingested = out.stdout.split()
@@ -135,7 +139,7 @@ def bench_lag(url: str, data: Path, pace: float, seconds: float) -> None:
                 f.flush()  # the trainer flushes every line (metrics.jsonl callback)
                 written[step] = time.monotonic()
 
-    with api_server(url, data_dir=data) as base:
+    with api_server(url, data) as server:
         ingest = subprocess.Popen(
             [sys.executable, "-c", _INGEST_LOOP, job, "loop", "1.0"], env=ingest_env(url, data), cwd=REPO
         )
@@ -145,7 +149,7 @@ def bench_lag(url: str, data: Path, pace: float, seconds: float) -> None:
 
             def poller() -> None:
                 after = 0
-                with httpx.Client(base_url=base, timeout=10) as client:
+                with httpx.Client(base_url=server.url, timeout=10) as client:
                     while not done.is_set():
                         page = client.get(f"/jobs/{job}/metrics", params={"after_step": after}).json()
                         now = time.monotonic()
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         note("ingest bench pending: worker/ingest.py is not in the tree yet")
         return 0
     with (
-        pg_database("ftq_perfbench_ingest") as url,
+        postgres.database("ftq_perfbench_ingest", migrate=True) as url,
         tempfile.TemporaryDirectory(prefix="ftq-bench-ingest-") as tmp,
     ):
         data = Path(tmp)

@@ -23,8 +23,11 @@ import threading
 import time
 from pathlib import Path
 
-from bench import REPO, api_server, copy_jobs, copy_points, job_ids, log, measured, note, pg_database, result
+from bench import REPO, log, note, result
 from bench.ingest_bench import ingest_env, point_line
+from bench.seed import api_server, copy_jobs, copy_points, job_ids
+from bench.wrk import measured
+from tests.harness import postgres
 
 _INGEST_ALL = r"""
 import sys, time
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = job_ids(args.jobs, tag="load")
     stop = threading.Event()
     with (
-        pg_database("ftq_perfbench_load") as url,
+        postgres.database("ftq_perfbench_load", migrate=True) as url,
         tempfile.TemporaryDirectory(prefix="ftq-bench-load-") as tmp,
     ):
         data = Path(tmp)
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, "-c", _INGEST_ALL, ",".join(ids)], env=ingest_env(url, data), cwd=REPO
         )
         try:
-            with api_server(url, data_dir=data) as server:
+            with api_server(url, data) as server:
                 paths = mix(ids)
                 measured(server, paths[:300], connections=32, seconds=2)  # warm up
                 sat = measured(server, paths, connections=args.pollers, seconds=args.seconds)

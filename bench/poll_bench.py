@@ -27,29 +27,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import (
-    OUT,
-    REPO,
-    analyze,
-    api_server,
-    copy_jobs,
-    copy_points,
-    explain,
-    free_port,
-    have_wrk,
-    interleaved,
-    job_ids,
-    log,
-    measured,
-    note,
-    pg_database,
-    result,
-    sequential_latency,
-    wait_http,
-    wrk_run,
-)
+import httpx
+
+from bench import OUT, REPO, log, note, result
+from bench.seed import analyze, api_server, copy_jobs, copy_points, explain, job_ids
+from bench.wrk import have_wrk, interleaved, measured, sequential_latency, wrk_run
+from tests.harness import free_port, postgres, wait_until
 
 CONNECTIONS = 64
+
+
+def _answers(url: str, proc: subprocess.Popen[bytes], logfile: Path) -> bool:
+    if proc.poll() is not None:
+        raise RuntimeError(f"exited with {proc.returncode}:\n{logfile.read_text()[-2000:]}")
+    try:
+        return httpx.get(url, timeout=2).status_code < 500
+    except httpx.HTTPError:
+        return False
 
 
 def poll_paths(ids: list[str], points: int, n: int = 4000) -> list[str]:
@@ -72,7 +66,7 @@ def bench_poll_vs_health(url: str, seconds: float, n_jobs: int, n_points: int) -
     note(f"metrics poll plan: {plan}")
     paths = poll_paths(ids, n_points)
     with api_server(url) as server:
-        wrk_run(server, paths[:200], connections=CONNECTIONS, seconds=2)  # warm the pool and the caches
+        wrk_run(server.url, paths[:200], connections=CONNECTIONS, seconds=2)  # warm the pool and the caches
         both = interleaved(
             server, {"healthz": ["/healthz"], "metrics": paths}, connections=CONNECTIONS, seconds=seconds
         )
@@ -199,7 +193,7 @@ def bench_mlflow(seconds: float, n_runs: int, n_points: int, ftq_poll: dict[str,
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_http(base + "/health", proc, logfile, timeout=180)
+        wait_until("the MLflow server", lambda: _answers(base + "/health", proc, logfile), timeout=180)
         t = time.perf_counter()
         py = mlflow.parent / "python"
         out_ = subprocess.run(
@@ -267,12 +261,12 @@ def bench_history(url: str, seconds: float) -> None:
         (big, 99_995),
     )
     note(f"poll on 100,000 points, plan: {plan}")
-    with api_server(url) as base:
+    with api_server(url) as server:
         figures = {}
         for job, n in ((small, 100), (big, 100_000)):
             paths = [f"/jobs/{job}/metrics?after_step={n - k}" for k in range(1, 11)]
-            seq = sequential_latency(base + paths[4], n=400)
-            load = wrk_run(base, paths, connections=CONNECTIONS, seconds=seconds / 2)
+            seq = sequential_latency(server.url + paths[4], n=400)
+            load = wrk_run(server.url, paths, connections=CONNECTIONS, seconds=seconds / 2)
             figures[n] = (seq, load)
             log(f"history {n}: {seq} {load}")
     (s_seq, s_load), (b_seq, b_load) = figures[100], figures[100_000]
@@ -285,7 +279,7 @@ def bench_history(url: str, seconds: float) -> None:
 def bench_status(seconds: float) -> None:
     """`GET /jobs?status=running` with 100 jobs, then with 10,000 (20 of them running both times)."""
     rng = random.Random(11)
-    with pg_database("ftq_perfbench_status") as url:
+    with postgres.database("ftq_perfbench_status", migrate=True) as url:
         figures: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
         have = 0
         for total in (100, 10_000):
@@ -306,9 +300,11 @@ def bench_status(seconds: float) -> None:
                 ("local", "running"),
             )
             note(f"status poll plan with {total} jobs: {plan}")
-            with api_server(url) as base:
-                seq = sequential_latency(base + "/jobs?status=running", n=200)
-                load = wrk_run(base, ["/jobs?status=running"], connections=CONNECTIONS, seconds=seconds / 2)
+            with api_server(url) as server:
+                seq = sequential_latency(server.url + "/jobs?status=running", n=200)
+                load = wrk_run(
+                    server.url, ["/jobs?status=running"], connections=CONNECTIONS, seconds=seconds / 2
+                )
             figures[total] = (seq, load)
             log(f"status {total}: {seq} {load}")
     (s_seq, s_load), (b_seq, b_load) = figures[100], figures[10_000]
@@ -341,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         f"wrk, {CONNECTIONS} connections, 1 thread, {args.seconds:.0f} s per figure"
     )
     poll: dict[str, Any] = {}
-    with pg_database() as url:
+    with postgres.database("ftq_perfbench", migrate=True) as url:
         if only & {"poll", "mlflow"}:
             poll = bench_poll_vs_health(url, args.seconds, args.jobs, args.points)
         if "history" in only:

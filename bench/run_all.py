@@ -62,14 +62,14 @@ BENCHES = [
     Bench("load", ["-m", "bench.load_bench"], ["-m", "bench.load_bench", "--seconds", "15"], 900),
     Bench(
         "dispatch",
-        ["bench/dispatch_bench.py"],
-        ["bench/dispatch_bench.py", "--samples", "3", "--repeats", "1"],
+        ["-m", "bench.dispatch_bench"],
+        ["-m", "bench.dispatch_bench", "--samples", "3", "--repeats", "1"],
         1800,
     ),
     Bench(
         "trainer",
-        ["bench/trainer_bench.py"],
-        ["bench/trainer_bench.py", "--steps", "8", "--rounds", "1"],
+        ["-m", "bench.trainer_bench"],
+        ["-m", "bench.trainer_bench", "--steps", "8", "--rounds", "1"],
         1800,
         json_adapter="trainer",
     ),
@@ -227,8 +227,8 @@ def machine() -> dict[str, str]:
         pg = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
     wrk = ""
     if shutil.which("wrk"):
-        wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()[0:1]
-        wrk = wrk[0].strip() if wrk else "wrk"
+        lines = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()
+        wrk = lines[0].strip() if lines else "wrk"
     return {
         "cpu": cpu,
         "cores": str(os.cpu_count()),

@@ -1,6 +1,6 @@
 """Trainer throughput on CPU: packing against none, and ftq's trainer against a plain TRL SFT script.
 
-    python bench/trainer_bench.py [--steps 24] [--rounds 3] [--out bench/out/trainer]
+    python -m bench.trainer_bench [--steps 24] [--rounds 3] [--out bench/out/trainer]
 
 Builds the `small` tiny model (4 layers, hidden 256) and its mixed-length text data, then runs, one
 process each and one after another, with the same settings:
@@ -133,7 +133,8 @@ def run_one(name: str, tiny: Path, steps: int, out: Path) -> tuple[float, list[f
         wall = run(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                "bench.trainer_bench",
                 "--baseline",
                 "--steps",
                 str(steps),
