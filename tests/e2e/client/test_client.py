@@ -44,11 +44,6 @@ FRANK_TOKEN = "e2e-sdk-frank-token"
 UNKNOWN_ID = "job_0000000000000000"
 
 
-def tiny_spec(**training: Any) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml as a dict, with training fields overridden."""
-    return example_spec("tiny-cpu.yaml", **training)
-
-
 class CountingTransport(httpx.HTTPTransport):
     """The real HTTP transport, recording each request's path (what `transport=` is for)."""
 
@@ -77,7 +72,7 @@ def erin(api_only: Deployment) -> Iterator[Client]:
 
 def one_process_spec(**training: Any) -> dict[str, Any]:
     """The tiny job in one process: half the time of the shipped two-process DDP run on 2 cores."""
-    spec = tiny_spec(**training)
+    spec = example_spec(**training)
     spec["distributed"] = {"strategy": "none"}
     spec["resources"]["processes_per_node"] = 1
     return spec
@@ -202,13 +197,13 @@ def test_dry_run_returns_the_plan_and_stores_nothing(erin: Client) -> None:
     assert falcon.accelerate_config["distributed_type"] == "DEEPSPEED"
     assert falcon.sbatch_script is not None and "#SBATCH --nodes=2" in falcon.sbatch_script
 
-    from_model = erin.jobs.create(JobSpec.model_validate(tiny_spec()), dry_run=True)
+    from_model = erin.jobs.create(JobSpec.model_validate(example_spec()), dry_run=True)
     assert from_model.command == plan.command
     assert [j.id for j in erin.jobs.list()] == before
 
 
 def test_list_follows_next_cursor_across_pages(api_only: Deployment, erin: Client) -> None:
-    created = [erin.jobs.create(tiny_spec(max_steps=10 + i)).id for i in range(5)]
+    created = [erin.jobs.create(example_spec(max_steps=10 + i)).id for i in range(5)]
     assert all(j.status == JobStatus.queued for j in (erin.jobs.get(i) for i in created))
 
     transport = CountingTransport()
@@ -233,7 +228,7 @@ def test_typed_errors(api_only: Deployment, erin: Client, tmp_path: Path) -> Non
     assert isinstance(missing.value, ApiError) and missing.value.status == 404
 
     # Another owner's job does not exist for frank, on every route.
-    job = erin.jobs.create(tiny_spec())
+    job = erin.jobs.create(example_spec())
     with Client(api_only.url, FRANK_TOKEN) as frank:
         for call in (frank.jobs.get, frank.jobs.cancel, frank.jobs.plan, frank.jobs.metrics):
             with pytest.raises(NotFound):
@@ -248,19 +243,19 @@ def test_typed_errors(api_only: Deployment, erin: Client, tmp_path: Path) -> Non
         assert refused.value.status_code == 401 and refused.value.code == "unauthorized"
 
     with pytest.raises(ValidationError) as bad:
-        erin.jobs.create(tiny_spec(learning_rate=-1))
+        erin.jobs.create(example_spec(learning_rate=-1))
     assert bad.value.status_code == 422 and bad.value.code == "invalid_spec"
     assert bad.value.field == "training.learning_rate"
     assert bad.value.loc == ["body", "training", "learning_rate"]
     with pytest.raises(ValidationError) as two:
-        erin.jobs.create(tiny_spec(learning_rate=-1, max_steps=0))
+        erin.jobs.create(example_spec(learning_rate=-1, max_steps=0))
     assert set(two.value.fields) == {"training.learning_rate", "training.max_steps"}
     with pytest.raises(ValidationError) as bad_status:
         erin.jobs.list_page("bogus")
     assert bad_status.value.field == "status"
 
     with pytest.raises(WaitTimeout) as waited:  # no worker: it stays queued
-        erin.jobs.wait(erin.jobs.create(tiny_spec()).id, timeout=0.3, poll=0.1)
+        erin.jobs.wait(erin.jobs.create(example_spec()).id, timeout=0.3, poll=0.1)
     assert waited.value.job.status == JobStatus.queued
     erin.jobs.cancel(waited.value.job_id)
 
@@ -281,7 +276,7 @@ def test_rate_limited_carries_retry_after(api_only: Deployment) -> None:
         active = sum(1 for _ in frank.jobs.list(status="queued,starting,running,cancelling", limit=500))
         with pytest.raises(RateLimited) as limited:
             for i in range(101 - active):
-                frank.jobs.create(tiny_spec(max_steps=1000 + i))
+                frank.jobs.create(example_spec(max_steps=1000 + i))
         assert limited.value.status_code == 429 and limited.value.code == "rate_limited"
         assert limited.value.retry_after is not None and limited.value.retry_after > 0
         assert isinstance(limited.value, FtqAPIError)
