@@ -51,7 +51,7 @@ def add_job(job_id: str, script: str, status: str = "queued", **values: Any) -> 
         "resources": {"launcher": "local", "device": "cpu", "processes_per_node": 1, "num_nodes": 1},
         "training": {"max_steps": 1},
     }
-    plan = {
+    plan: dict[str, Any] = {
         "accelerate_config": {},
         "accelerate_config_yaml": "{}\n",
         "command": [],
