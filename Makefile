@@ -56,7 +56,7 @@ lint: install
 	$(BIN)/lint-imports --no-logo
 
 typecheck: install
-	$(BIN)/mypy ftq service worker trainer migrations
+	$(BIN)/mypy ftq service worker trainer migrations tests bench
 
 openapi: install
 	$(BIN)/python -m service.openapi_dump > openapi/openapi.json
