@@ -13,7 +13,9 @@ from tests.harness import ARTIFACTS
 CHROMIUM = "/usr/bin/chromium"
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an asyncio loop running in this thread while it
+# is open, and asyncio.run() in any later test of the session would refuse to start.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
