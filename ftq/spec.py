@@ -113,7 +113,14 @@ class ModelSpec(_Strict):
     )
     revision: SafeName | None = None
     trust_remote_code: bool = False
-    attn_implementation: AttnImplementation = AttnImplementation.auto
+    attn_implementation: AttnImplementation = Field(
+        AttnImplementation.auto,
+        description=(
+            "`auto`: flash_attention_2 when the job runs on cuda in bf16/fp16 and flash-attn imports on "
+            "the node, else sdpa. flash_attention_2/3 need resources.device cuda and mixed_precision bf16 "
+            "or fp16."
+        ),
+    )
 
     @field_validator("name_or_path")
     @classmethod
@@ -286,6 +293,17 @@ class JobSpec(_Strict):
             raise _field_error(
                 ("model", "attn_implementation"),
                 f"{self.model.attn_implementation} needs resources.device: cuda; use sdpa or auto on cpu",
+            )
+        if (
+            self.model.attn_implementation in ("flash_attention_2", "flash_attention_3")
+            and tr.mixed_precision == MixedPrecision.no
+        ):
+            # flash-attn kernels exist only for fp16/bf16; with float32 weights and no autocast the first
+            # forward raises inside the job, after the queue and the model load.
+            raise _field_error(
+                ("model", "attn_implementation"),
+                f"{self.model.attn_implementation} computes in fp16/bf16 only, and "
+                "training.mixed_precision is no; set mixed_precision: bf16 (or fp16), or use sdpa or auto",
             )
         if tr.mixed_precision == MixedPrecision.fp16 and res.device == Device.cpu:
             raise _field_error(("training", "mixed_precision"), "fp16 needs cuda; use bf16 or no on cpu")

@@ -1,8 +1,11 @@
-"""Datasets: load from the hub, a local folder or one file, pick the splits, render to plain text.
+"""Datasets: load from the hub, a local folder or one file, pick the splits, hand them to TRL.
 
-What reaches TRL is always a dataset with one `text` column: plain text is taken from
-`dataset.text_field`, and a `messages` column is rendered with the tokenizer's chat template here, so
-packing, truncation and EOS handling are the same for both formats.
+What reaches TRL is a dataset with one column: `text` (from `dataset.text_field`), to which TRL appends
+EOS and which the tokenizer encodes with its special tokens (BOS), or `messages` (from
+`dataset.messages_field`), which TRL tokenizes once with the chat template and nothing added: the
+template alone decides BOS and EOS, exactly as `apply_chat_template` does at inference. Rendering chat
+to text here and letting TRL tokenize that again would add a second BOS on Llama templates and an extra
+EOS on templates that end with a newline.
 
 Eval split rule (documented choice): when `eval_split` is set but the loaded dataset has only one split
 (a single .jsonl/.json/.parquet file always loads as one split), a deterministic hold-out is cut from
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 HOLDOUT_FRACTION = 0.05
 HOLDOUT_MAX = 2000
 TEXT_COLUMN = "text"
+MESSAGES_COLUMN = "messages"  # the column TRL treats as a conversation
 # datasets' builder names for the file suffixes a spec may name.
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
@@ -155,25 +159,24 @@ def detect_format(spec: DatasetSpec, columns: list[str]) -> str:
     return fmt
 
 
-def render_text(ds: Dataset, spec: DatasetSpec, fmt: str, tokenizer: Any) -> Dataset:
-    """One `text` column: the text field as is, or the messages rendered with the chat template."""
+def trl_rows(ds: Dataset, spec: DatasetSpec, fmt: str, tokenizer: Any) -> Dataset:
+    """The rows as TRL takes them: one `text` column, or one `messages` column for chat data."""
     if fmt == "messages":
         if not getattr(tokenizer, "chat_template", None):
             raise DatasetError(
                 f"dataset {spec.name_or_path} holds messages but the tokenizer has no chat template; "
                 "use a chat model's tokenizer or a text dataset"
             )
-        field = spec.messages_field
+        # Other columns stay behind: TRL would read `prompt`/`completion` or `tools` as instructions.
+        out = _only_column(ds, spec.messages_field, MESSAGES_COLUMN)
+        return out.filter(lambda row: isinstance(row[MESSAGES_COLUMN], list) and bool(row[MESSAGES_COLUMN]))
 
-        def render(row: dict[str, Any]) -> dict[str, str]:
-            return {TEXT_COLUMN: tokenizer.apply_chat_template(row[field], tokenize=False)}
-
-        return ds.map(render, remove_columns=ds.column_names, desc="chat template")
-
-    field = spec.text_field
-    drop = [c for c in ds.column_names if c != field]
-    out = ds.remove_columns(drop) if drop else ds
-    if field != TEXT_COLUMN:
-        out = out.rename_column(field, TEXT_COLUMN)
+    out = _only_column(ds, spec.text_field, TEXT_COLUMN)
     # Rows with no text would be empty sequences: TRL cannot train on them.
     return out.filter(lambda row: isinstance(row[TEXT_COLUMN], str) and row[TEXT_COLUMN] != "")
+
+
+def _only_column(ds: Dataset, field: str, name: str) -> Dataset:
+    drop = [c for c in ds.column_names if c != field]
+    out = ds.remove_columns(drop) if drop else ds
+    return out.rename_column(field, name) if field != name else out

@@ -12,6 +12,7 @@ Load dtype rule (why each case):
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,13 +42,28 @@ def check_model_path(spec: ModelSpec) -> None:
         )
 
 
-def resolve_attn(requested: str, device_type: str) -> str:
-    """`auto`: flash_attention_2 when flash-attn is installed and we run on CUDA, else sdpa."""
+def resolve_attn(requested: str, device_type: str, mixed_precision: str) -> str:
+    """`auto`: flash_attention_2 when we run on CUDA in a half dtype and flash-attn really imports, else sdpa.
+
+    An installed flash-attn can still fail to import (a wheel built for another torch or CUDA raises an
+    undefined-symbol OSError or ImportError, some builds a RuntimeError), and its kernels have no float32
+    path: `auto` must never pick what would crash the first forward.
+    """
     if requested != "auto":
         return requested
-    if device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+    if device_type == "cuda" and mixed_precision in ("bf16", "fp16") and flash_attn_importable():
         return "flash_attention_2"
     return "sdpa"
+
+
+def flash_attn_importable() -> bool:
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        importlib.import_module("flash_attn")
+    except (ImportError, OSError, RuntimeError):
+        return False
+    return True
 
 
 def load_dtype(spec: JobSpec, strategy: str) -> torch.dtype:

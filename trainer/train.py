@@ -31,7 +31,7 @@ from ftq.spec import Device, JobSpec
 
 from .args import TrainerArgs
 from .callbacks import metrics_callback
-from .data import TEXT_COLUMN, load_splits, render_text
+from .data import TEXT_COLUMN, load_splits, trl_rows
 from .errors import FtqError, report_and_exit
 from .model import (
     check_model_path,
@@ -89,9 +89,9 @@ def run(args: TrainerArgs) -> None:
     )
 
     tokenizer = load_tokenizer(spec.model)
-    with config.main_process_first(desc="render dataset"):
-        train_ds = render_text(splits.train, spec.dataset, splits.format, tokenizer)
-        eval_ds = render_text(splits.eval, spec.dataset, splits.format, tokenizer) if splits.eval else None
+    with config.main_process_first(desc="prepare dataset"):
+        train_ds = trl_rows(splits.train, spec.dataset, splits.format, tokenizer)
+        eval_ds = trl_rows(splits.eval, spec.dataset, splits.format, tokenizer) if splits.eval else None
 
     attn = resolve_attn(str(spec.model.attn_implementation), state.device.type)
     model = load_model(spec, load_dtype(spec, strategy), attn)

@@ -71,3 +71,22 @@ def test_time_limit_forms() -> None:
     for bad in ["1h", "36:00:00\n#SBATCH --x", "$(id)", "-1", "1:2:3:4"]:
         with pytest.raises(ValidationError):
             JobSpec.model_validate(_minimal(resources={"launcher": "slurm", "slurm": {"time_limit": bad}}))
+
+
+@pytest.mark.parametrize("attn", ["flash_attention_2", "flash_attention_3"])
+def test_flash_attention_needs_a_half_precision(attn: str) -> None:
+    # flash-attn has no float32 kernels: refused at POST, naming the field, rather than crashing the job.
+    def spec(attn_implementation: str, mixed_precision: str) -> dict[str, Any]:
+        return _minimal(
+            model={"name_or_path": "meta-llama/Llama-2-7b-hf", "attn_implementation": attn_implementation},
+            training={"max_steps": 10, "mixed_precision": mixed_precision},
+            resources={"device": "cuda"},
+        )
+
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate(spec(attn, "no"))
+    assert "mixed_precision" in str(err.value) and "fp16/bf16" in str(err.value)
+    for half in ("bf16", "fp16"):
+        JobSpec.model_validate(spec(attn, half))
+    # auto is resolved by the trainer (sdpa without a half dtype), so it stays valid.
+    JobSpec.model_validate(spec("auto", "no"))

@@ -25,6 +25,14 @@ BAD_SPECS: list[tuple[Callable[[dict[str, Any]], object], list[str]]] = [
     (lambda s: s["model"].update(attn_implementation="flash_attention_2"), ["model", "attn_implementation"]),
     (
         lambda s: (
+            s["model"].update(attn_implementation="flash_attention_2"),
+            s["resources"].update(device="cuda"),
+            s["training"].update(mixed_precision="no"),
+        ),
+        ["model", "attn_implementation"],
+    ),
+    (
+        lambda s: (
             s["training"].update(gradient_checkpointing=True),
             s.update(distributed={"strategy": "fsdp", "fsdp": {"activation_checkpointing": True}}),
             s["resources"].update(processes_per_node=2),
