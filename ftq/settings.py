@@ -72,6 +72,39 @@ class Settings(BaseSettings):
     max_header_count: int = Field(100, ge=8, description="Request headers; more is a 431.")
     max_active_jobs_per_owner: int = Field(100, ge=1)
     post_rate_per_minute: int = Field(120, ge=1)
+    max_log_streams_per_owner: int = Field(
+        8, ge=1, description="Open `GET /jobs/{id}/logs/stream` per owner and API process; more is a 429."
+    )
+    log_stream_heartbeat_seconds: float = Field(
+        15.0, gt=0, description="A log stream with nothing new sends an SSE comment (`: ping`) this often."
+    )
+    preflight_timeout_seconds: float = Field(
+        10.0, gt=0, description="Time for the checks of a spec's local files at POST; longer is a 422."
+    )
+    max_config_bytes: int = Field(
+        1_048_576, ge=1024, description="Largest model config.json preflight reads; larger is a 422."
+    )
+
+    # Operator caps on one job (a 422 naming the cap beyond them)
+    max_nodes_per_job: int = Field(16, ge=1, description="resources.num_nodes at most.")
+    max_gpus_per_job: int = Field(128, ge=1, description="GPUs of a cuda job (nodes x processes) at most.")
+    max_processes_per_job: int = Field(
+        128, ge=1, description="Processes of a job (nodes x processes per node) at most, cpu or cuda."
+    )
+    max_time_limit_hours: float = Field(
+        168.0,
+        gt=0,
+        description="resources.slurm.time_limit at most; also how long a local job may run (the worker "
+        "stops it then, and it fails with time_limit).",
+    )
+    host_memory_gb: float = Field(
+        0.0, ge=0, description="Host RAM cpu jobs are checked against; 0: this machine's MemTotal."
+    )
+    allow_oversubscribe: str = Field(
+        "false",
+        description="Whose `allow_oversubscribe: true` also skips the disk and host-memory checks: "
+        "`false` (nobody: it skips only the GPU estimate), `true` (every owner), or comma-separated owners.",
+    )
     idempotency_ttl_hours: float = Field(24.0, gt=0)
 
     # Operator policy on what a job may do and who may reach the API
@@ -187,12 +220,17 @@ class Settings(BaseSettings):
 
     def remote_code_allowed(self, owner: str) -> bool:
         """Whether this owner's jobs may set `model.trust_remote_code` (FTQ_ALLOW_REMOTE_CODE)."""
-        value = self.allow_remote_code.strip()
-        if value.lower() in ("", "false", "0", "no", "off"):
-            return False
-        if value.lower() in ("true", "1", "yes", "on", "*"):
-            return True
-        return owner in {o.strip() for o in value.split(",") if o.strip()}
+        return _owners_allowed(self.allow_remote_code, owner)
+
+    def oversubscribe_host_allowed(self, owner: str) -> bool:
+        """Whether this owner's `allow_oversubscribe` also skips the disk and host-memory checks."""
+        return _owners_allowed(self.allow_oversubscribe, owner)
+
+    @property
+    def host_memory_bytes(self) -> int:
+        if self.host_memory_gb:
+            return int(self.host_memory_gb * 1024**3)
+        return host_mem_total()
 
     @property
     def allowed_host_names(self) -> frozenset[str] | None:
@@ -224,6 +262,28 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         return [os.environ[n] for n in self.pass_env_names if os.environ.get(n)]
+
+
+def _owners_allowed(value: str, owner: str) -> bool:
+    """An operator policy written `false`, `true` or `owner1,owner2`."""
+    value = value.strip()
+    if value.lower() in ("", "false", "0", "no", "off"):
+        return False
+    if value.lower() in ("true", "1", "yes", "on", "*"):
+        return True
+    return owner in {o.strip() for o in value.split(",") if o.strip()}
+
+
+def host_mem_total() -> int:
+    """This machine's RAM in bytes (MemTotal); the page count when /proc/meminfo is not there."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @lru_cache

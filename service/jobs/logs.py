@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
+from pathlib import Path
+
 from ftq import runs
 from ftq.settings import Settings
 from ftq.status import TERMINAL, JobStatus
 from ftq.store.models import Job
+from service.errors import TooManyRequests
 from service.jobs.schemas import LogChunk
 
 LOG_CHUNK_MAX = 1_048_576
@@ -18,9 +23,19 @@ def read_log(job: Job, settings: Settings, *, offset: int, limit: int, secrets_:
     A secret is masked even when the chunk holds only part of it: the bytes around the chunk are read
     too, and every byte of the chunk that lies inside a secret becomes part of a `***`.
     """
-    path = runs.run_dir(settings.runs_dir, job.id) / runs.TRAIN_LOG
-    limit = max(1, min(limit, LOG_CHUNK_MAX))
     terminal = JobStatus(job.status) in TERMINAL
+    return read_log_file(
+        log_path(settings, job.id), terminal=terminal, offset=offset, limit=limit, secrets_=secrets_
+    )
+
+
+def log_path(settings: Settings, job_id: str) -> Path:
+    return runs.run_dir(settings.runs_dir, job_id) / runs.TRAIN_LOG
+
+
+def read_log_file(path: Path, *, terminal: bool, offset: int, limit: int, secrets_: list[str]) -> LogChunk:
+    """read_log on the file alone: `terminal` says whether the job has ended (the log is then whole)."""
+    limit = max(1, min(limit, LOG_CHUNK_MAX))
     needles = sorted({v.encode() for v in secrets_ if v})
     pad = max((len(n) for n in needles), default=1) - 1
     try:
@@ -91,3 +106,32 @@ def mask(window: bytes, at: int, length: int, needles: list[bytes]) -> bytes:
         out += chunk[pos:lo] + b"***"
         pos = hi
     return bytes(out + chunk[pos:])
+
+
+class StreamSlots:
+    """Open log streams per owner (in this API process). Each holds a connection and a poll loop for as
+    long as the client keeps it, so one owner's open tabs and scripts are bounded."""
+
+    def __init__(self) -> None:
+        self._open: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def acquire(self, owner: str, cap: int) -> None:
+        with self._lock:
+            if self._open[owner] >= cap:
+                raise TooManyRequests(
+                    f"{owner} already follows {cap} log streams (FTQ_MAX_LOG_STREAMS_PER_OWNER={cap}); "
+                    "close one, or read GET /jobs/{id}/logs by offset",
+                    retry_after=5,
+                )
+            self._open[owner] += 1
+
+    def release(self, owner: str) -> None:
+        with self._lock:
+            self._open[owner] -= 1
+            if self._open[owner] <= 0:
+                del self._open[owner]
+
+    def open_for(self, owner: str) -> int:
+        with self._lock:
+            return self._open[owner]

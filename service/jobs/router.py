@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
+import pathlib
 import threading
 import time
 from collections import defaultdict, deque
@@ -20,11 +23,11 @@ from starlette.types import Receive, Scope, Send
 from ftq.logs import job_context
 from ftq.settings import get_settings
 from ftq.store import outbox
-from ftq.store.db import new_session, read_session
+from ftq.store.db import read_session
 from ftq.store.repository import JobRepository
 from service.body import media_type, read_spec_body
 from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
-from service.errors import BadRequest, SpecError, TooManyRequests, spec_field_error
+from service.errors import BadRequest, NotFound, SpecError, TooManyRequests, spec_field_error
 from service.jobs import checkpoints, logs, metrics
 from service.jobs import service as jobs
 from service.jobs.poll_cache import PollCache
@@ -273,55 +276,128 @@ async def get_logs(
     return _json_response(await _read(body))
 
 
+# A stream looks at the log file this often (a stat on the event loop; a thread hop only when it grew) and
+# at the job's status this often (one short read session, returned at once).
+_STREAM_POLL_SECONDS = 0.5
+_STREAM_STATUS_SECONDS = 2.0
+_stream_slots = logs.StreamSlots()
+
+
+class _SlotStream(StreamingResponse):
+    """A stream that gives its owner's slot back however it ends: the job's end, a client that goes
+    away (Starlette cancels the body then), an error while sending."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _file_size(path: pathlib.Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
 @router.get(
     "/{job_id}/logs/stream",
     responses={
         **_ERRORS,
-        200: {"content": {"text/event-stream": {}}, "description": "train.log as server-sent events"},
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "train.log as server-sent events: `log` events (offset, next_offset, text), "
+            "a `: ping` comment every FTQ_LOG_STREAM_HEARTBEAT_SECONDS while nothing is new, and one "
+            "`end` event once the job has ended and its log is read",
+        },
+        429: {"model": ErrorBody, "description": "This owner already has FTQ_MAX_LOG_STREAMS_PER_OWNER open"},
     },
     response_class=StreamingResponse,
     summary="Follow train.log until the job ends",
 )
-def stream_logs(
+async def stream_logs(
     job_id: JobId,
-    repo: RepoDep,
-    settings: SettingsDep,
+    owner: OwnerInline,
     offset: int = Query(0, ge=0, le=2**62),
-) -> StreamingResponse:
-    job = jobs.get_or_404(repo, job_id)
-    owner = repo.owner
+) -> Response:
+    # No session lives as long as the stream: a client may keep one open for days, and 40 of them
+    # held every pooled connection. The status is read in short sessions, the log from the file.
+    settings = get_settings()
+
+    def status_of() -> JobStatus | None:
+        with read_session() as session:
+            job = JobRepository(session, owner).get(job_id)
+            return None if job is None else JobStatus(job.status)
+
+    status = await _read(status_of)
+    if status is None:
+        raise NotFound(f"job {job_id} not found")
+    _stream_slots.acquire(owner, settings.max_log_streams_per_owner)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            _stream_slots.release(owner)
+
+    path = logs.log_path(settings, job_id)
+    secrets_ = settings.secret_values()
+    heartbeat = settings.log_stream_heartbeat_seconds
 
     async def events() -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
         pos = offset
+        terminal = status in TERMINAL
+        checked = sent = loop.time()
         while True:
-            # A fresh session per poll: the request's session is closed once this generator starts.
-            def poll(at: int) -> tuple[Any, bool]:
-                with new_session() as s:
-                    current = JobRepository(s, owner).get(job.id)
-                    if current is None:
-                        return None, True
-                    chunk = logs.read_log(
-                        current, settings, offset=at, limit=65536, secrets_=settings.secret_values()
+            if not terminal and loop.time() - checked >= _STREAM_STATUS_SECONDS:
+                current = await _read(status_of)
+                checked = loop.time()
+                if current is None:
+                    return
+                terminal = current in TERMINAL
+            # The status before the file: whatever the run wrote before it ended is read below.
+            if terminal or _file_size(path) > pos:
+                chunk = await _read(
+                    functools.partial(
+                        logs.read_log_file,
+                        path,
+                        terminal=terminal,
+                        offset=pos,
+                        limit=65536,
+                        secrets_=secrets_,
                     )
-                    return chunk, JobStatus(current.status) in TERMINAL
-
-            chunk, _terminal = await asyncio.to_thread(poll, pos)
-            if chunk is None:
-                return
-            if chunk.text:
-                payload = json.dumps(
-                    {"offset": chunk.offset, "next_offset": chunk.next_offset, "text": chunk.text}
                 )
-                yield f"id: {chunk.next_offset}\nevent: log\ndata: {payload}\n\n".encode()
-                pos = chunk.next_offset
-            if chunk.complete:
-                yield b"event: end\ndata: {}\n\n"
-                return
-            if not chunk.text:
-                yield b": keep-alive\n\n"
-                await asyncio.sleep(0.5)
+                if chunk.text:
+                    payload = json.dumps(
+                        {"offset": chunk.offset, "next_offset": chunk.next_offset, "text": chunk.text}
+                    )
+                    yield f"id: {chunk.next_offset}\nevent: log\ndata: {payload}\n\n".encode()
+                    pos, sent = chunk.next_offset, loop.time()
+                if chunk.complete or (terminal and not chunk.text):
+                    yield b"event: end\ndata: {}\n\n"
+                    return
+                if chunk.text:
+                    continue
+            if loop.time() - sent >= heartbeat:
+                # Proxies close idle connections, and a client learns the server is still there.
+                yield b": ping\n\n"
+                sent = loop.time()
+            await asyncio.sleep(_STREAM_POLL_SECONDS)
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    try:
+        return _SlotStream(
+            events(), release, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+    except BaseException:
+        release()
+        raise
 
 
 _poll_cache = PollCache()
