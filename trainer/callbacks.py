@@ -2,13 +2,19 @@
 
 Each line is a JSON object with the contract's Point fields (step, epoch, loss, learning_rate,
 grad_norm, eval_loss, tokens_per_second, time), null where that step did not log a field, plus
-`max_steps` so the service can show progress and an ETA. Only the main process writes, and each line
-is flushed at once, so the worker's ingest can tail the file while training runs.
+`max_steps` so the service can show progress and an ETA, and `tokens_seen` (the input tokens trained on
+so far, all ranks; the service does not read it). Only the main process writes, and each line is
+flushed at once, so the worker's ingest can tail the file while training runs.
+
+tokens_per_second is the tokens of the steps since the last logged point over the training time they
+took: evaluation and checkpoint writing pause the clock and the token count together, so a save or an
+eval between two logging steps neither inflates nor dilutes the next rate.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -44,21 +50,29 @@ class MetricsWriter:
         self._last_time: float | None = None
         self._last_tokens = 0
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            note = checkpointing_in_use(kwargs.get("model"))
+            if note is not None:
+                # What the model's layers really run, not what a flag asked for (train.log, for people).
+                logging.getLogger("trainer").info("activation checkpointing: %s", note)
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._last_time is None:
             # Start the throughput clock at the first step, after loading and (on resume) skipping.
-            self._last_time = time.time()
-            self._last_tokens = state.num_input_tokens_seen
+            self._restart_clock(state)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._restart_clock()  # evaluation time is not training throughput
+        self._restart_clock(state)  # evaluation time is not training throughput
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._restart_clock()  # nor is checkpoint writing
+        self._restart_clock(state)  # nor is checkpoint writing
 
-    def _restart_clock(self) -> None:
-        if self._last_time is not None:
-            self._last_time = time.time()
+    def _restart_clock(self, state: Any) -> None:
+        # The tokens of steps before a pause were trained before the clock restarted: they leave the
+        # count with it, or the next rate would divide them by the time of the steps after the pause.
+        self._last_time = time.time()
+        self._last_tokens = int(state.num_input_tokens_seen)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
@@ -80,6 +94,7 @@ class MetricsWriter:
         if is_eval:
             point["eval_loss"] = _num(logs.get("eval_loss"))
         point["max_steps"] = state.max_steps
+        point["tokens_seen"] = int(state.num_input_tokens_seen)
         if state.is_world_process_zero:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(point) + "\n")
@@ -92,6 +107,19 @@ class MetricsWriter:
         rate = (tokens - self._last_tokens) / (now - self._last_time)
         self._last_time, self._last_tokens = now, tokens
         return round(rate, 2)
+
+
+def checkpointing_in_use(model: Any) -> str | None:
+    """`reentrant` or `non-reentrant`, read from the checkpoint function transformers gave the layers;
+    None when no layer checkpoints."""
+    if model is None:
+        return None
+    for module in model.modules():
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if getattr(module, "gradient_checkpointing", False) and func is not None:
+            reentrant = getattr(func, "keywords", {}).get("use_reentrant", True)  # torch's default
+            return "reentrant" if reentrant else "non-reentrant"
+    return None
 
 
 def _num(value: Any) -> float | None:

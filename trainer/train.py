@@ -158,15 +158,9 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
     if spec.training.eval_steps is not None and not has_eval:
         log.warning("training.eval_steps is set but dataset.eval_split is not: no evaluation will run")
     eval_every = has_eval and t.eval_steps is not None
-    gc_kwargs: dict[str, Any] | None = None
-    if t.gradient_checkpointing and not (spec.lora is not None and _zero3_from_env()):
-        # Non-reentrant checkpointing works with frozen inputs and FSDP (article challenge 3). TRL
-        # forces reentrant for PEFT under ZeRO-3, so leave it to TRL there.
-        gc_kwargs = {"use_reentrant": False}
-    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; older 5.x: old name only.
-    names = {f.name for f in dataclasses.fields(SFTConfig)}
-    ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    checkpointing: dict[str, Any] = {ckpt: t.gradient_checkpointing, f"{ckpt}_kwargs": gc_kwargs}
+    checkpointing = checkpointing_args(
+        t.gradient_checkpointing, reentrant=spec.lora is not None and _zero3_from_env()
+    )
     return SFTConfig(
         output_dir=str(out / runs.CHECKPOINTS),
         max_steps=t.max_steps if t.max_steps is not None else -1,
@@ -195,12 +189,34 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
         packing=t.packing,
         packing_strategy="bfd",
         dataset_text_field=TEXT_COLUMN,
-        include_num_input_tokens_seen="non_padding",
+        # Packing here is BFD, which TRL runs padding-free: one flattened row, no padding and no attention
+        # mask, so "non_padding" would count ids != pad, and with pad == EOS (Llama ships no pad token)
+        # drop every document's EOS from tokens/s. Unpacked batches have a mask that "non_padding" reads.
+        include_num_input_tokens_seen="all" if t.packing else "non_padding",
         ddp_find_unused_parameters=False,
         report_to="none",
         disable_tqdm=True,  # train.log gets one printed dict per log step instead of progress bars
         log_level="warning",  # transformers' info level dumps the model config into train.log at every save
     )
+
+
+def checkpointing_args(enabled: bool, reentrant: bool) -> dict[str, Any]:
+    """Activation checkpointing as SFTConfig fields, `use_reentrant` always explicit.
+
+    Non-reentrant checkpointing works with frozen inputs and FSDP (article challenge 3). LoRA under
+    ZeRO-3 (the Falcon job) needs reentrant: non-reentrant recomputation re-checks the frozen weights,
+    which ZeRO-3 has partitioned back to empty by then (DeepSpeed fixed that only in 0.19.3). TRL forces
+    reentrant there too, but into the deprecated `gradient_checkpointing_kwargs`, a fresh dict when none
+    was given, which transformers 5.2x no longer reads: `activation_checkpointing_kwargs` stays None and
+    transformers' default, non-reentrant, applies. A dict given here is the one object both names share.
+    """
+    from trl import SFTConfig
+
+    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; older 5.x: old name only.
+    names = {f.name for f in dataclasses.fields(SFTConfig)}
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    kwargs = {"use_reentrant": reentrant} if enabled else None
+    return {ckpt: enabled, f"{ckpt}_kwargs": kwargs}
 
 
 def resume_path(resume: str | None, out: Path) -> str | None:

@@ -8,6 +8,9 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from trainer import callbacks
 from trainer.callbacks import POINT_FIELDS, MetricsWriter, read_points
 
 
@@ -39,7 +42,7 @@ def test_metrics_writer_writes_points_with_nulls_for_what_was_not_logged(tmp_pat
     lines = path.read_text().splitlines()
     assert len(lines) == 3
     train, evaluation, nan_point = (json.loads(line) for line in lines)
-    assert set(POINT_FIELDS) | {"max_steps"} == set(train)
+    assert set(POINT_FIELDS) | {"max_steps", "tokens_seen"} == set(train)
     assert (
         train["step"] == 2
         and train["loss"] == 2.5
@@ -52,3 +55,40 @@ def test_metrics_writer_writes_points_with_nulls_for_what_was_not_logged(tmp_pat
     )
     assert nan_point["loss"] is None and nan_point["grad_norm"] is None  # JSON has no NaN
     assert read_points(path) == [train, evaluation, nan_point]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_tokens_per_second_is_the_same_across_save_and_eval_pauses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step takes 1 s and trains 100 tokens; logging every 2 steps, a 10 s checkpoint after step 3
+    and a 5 s evaluation after step 7 (neither on a logging step). The rate stays 100 tokens/s: the
+    steps before a pause leave the count when the pause leaves the clock."""
+    clock = FakeClock()
+    monkeypatch.setattr(callbacks.time, "time", clock.time)
+    w = MetricsWriter(tmp_path / "metrics.jsonl")
+    tokens = 0
+    w.on_step_begin(None, _state(0, tokens), None)
+    for step in range(1, 11):
+        clock.now += 1.0
+        tokens += 100
+        if step % 2 == 0:
+            w.on_log(None, _state(step, tokens), None, logs={"loss": 1.0})
+        if step == 3:
+            clock.now += 10.0
+            w.on_save(None, _state(step, tokens), None)
+        if step == 7:
+            clock.now += 5.0
+            w.on_log(None, _state(step, tokens), None, logs={"eval_loss": 1.0})
+            w.on_evaluate(None, _state(step, tokens), None)
+    train = [p for p in read_points(tmp_path / "metrics.jsonl") if p["loss"] is not None]
+    assert [p["step"] for p in train] == [2, 4, 6, 8, 10]
+    assert [p["tokens_per_second"] for p in train] == [100.0] * 5
+    assert [p["tokens_seen"] for p in train] == [200, 400, 600, 800, 1000]
