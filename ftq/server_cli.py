@@ -45,12 +45,20 @@ def _check_listen(host: str) -> None:
         raise typer.Exit(2)
 
 
+def _owner_only() -> None:
+    """What the service's processes create is their user's alone: the store, the broker's messages,
+    locks, run files (the worker it starts, `ftq worker`'s Celery and the runs inherit the umask; a run
+    user's runs get theirs from the local launcher)."""
+    os.umask(0o077)
+
+
 def _migrate() -> None:
+    from ftq.store.db import ensure_data_dir
     from ftq.store.migrate import upgrade
 
+    _owner_only()
     settings = get_settings()
-    settings.data_path.mkdir(parents=True, exist_ok=True)
-    settings.runs_dir.mkdir(parents=True, exist_ok=True)
+    ensure_data_dir(settings)
     with _migration_lock(settings.sqlalchemy_url):
         upgrade(settings.sqlalchemy_url)
 

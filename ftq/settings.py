@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES_DIR = REPO_ROOT / "examples"
+# What useradd accepts (a name, not a uid): a run user is looked up by name when a run starts.
+_USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 
 
 class Settings(BaseSettings):
@@ -63,6 +66,14 @@ class Settings(BaseSettings):
 
     # Secrets passed to launches via the environment (names of operator env vars, e.g. `HF_TOKEN`)
     pass_env: str = Field("HF_TOKEN,WANDB_API_KEY", description="Env vars handed to launches, never stored.")
+    # Run isolation (local launcher): who a run's processes are, so they cannot read the service's
+    # environment, the store or another owner's run directory.
+    run_as_user: str = Field(
+        "",
+        description="Unprivileged user local runs start as: one name for every owner, or "
+        "`owner:user` pairs (`alice:ftq-alice,bob:ftq-bob,*:ftq-run`; `*` for the rest). Empty: runs are "
+        "the worker's own user. Needs a worker running as root.",
+    )
 
     # Limits
     max_body_bytes: int = Field(1_048_576, ge=1024)
@@ -147,6 +158,19 @@ class Settings(BaseSettings):
         if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError("FTQ_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
         return level
+
+    @field_validator("run_as_user")
+    @classmethod
+    def _run_as_user(cls, v: str) -> str:
+        value = v.strip()
+        items = [] if not value else [value] if ":" not in value else value.split(",")
+        for item in items:
+            owner, sep, user = item.strip().partition(":")
+            if sep and not owner.strip():
+                raise ValueError("FTQ_RUN_AS_USER items are `owner:user` (`*:user` for every other owner)")
+            if not _USER_NAME.match((user if sep else owner).strip()):
+                raise ValueError(f"FTQ_RUN_AS_USER: {item.strip()!r} does not name a user")
+        return value
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
@@ -251,6 +275,33 @@ class Settings(BaseSettings):
     @property
     def pass_env_names(self) -> list[str]:
         return [x.strip() for x in self.pass_env.split(",") if x.strip()]
+
+    @property
+    def run_users(self) -> dict[str, str]:
+        """owner -> run user from FTQ_RUN_AS_USER (`*`: every owner not named); empty: no switch."""
+        value = self.run_as_user.strip()
+        if not value:
+            return {}
+        if ":" not in value:
+            return {"*": value}
+        out: dict[str, str] = {}
+        for item in value.split(","):
+            owner, _, user = item.strip().partition(":")
+            if item.strip():
+                out[owner.strip()] = user.strip()
+        return out
+
+    def run_user_for(self, owner: str | None) -> str | None:
+        """The user this owner's local runs start as; None: the worker's own (FTQ_RUN_AS_USER unset).
+        A mapping that names neither this owner nor `*` is a LookupError: such a run is not started
+        rather than started unconfined."""
+        users = self.run_users
+        if not users:
+            return None
+        user = users.get(owner or "") or users.get("*")
+        if not user:
+            raise LookupError(f"FTQ_RUN_AS_USER names no run user for owner {owner!r} (and no `*`)")
+        return user
 
     def gpu_memory_bytes_for(self, partition: str | None) -> int:
         gb = self.gpu_memory_gb

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -138,8 +139,12 @@ def schedule() -> list[str]:
 
 
 def write_run_dir(job: Job, run_dir: Path, plan: Plan) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / runs.CHECKPOINTS).mkdir(exist_ok=True)
+    # Owner-only: the run reads these as the worker's user (locally, or as the submitting account on
+    # SLURM, where the nodes share the run directory) or through the group a run user gets
+    # (worker.launchers.local.share_run_dir); another account on the host reads none of them.
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    run_dir.chmod(0o700)
+    (run_dir / runs.CHECKPOINTS).mkdir(mode=0o700, exist_ok=True)
     files = {
         runs.SPEC: json.dumps(job.spec, indent=2, sort_keys=True) + "\n",
         runs.ACCELERATE_CONFIG: plan.accelerate_config_yaml,
@@ -149,8 +154,12 @@ def write_run_dir(job: Job, run_dir: Path, plan: Plan) -> None:
         files[runs.SBATCH_SCRIPT] = plan.sbatch_script
     for name, text in files.items():
         tmp = run_dir / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.chmod(0o755 if name in (runs.LAUNCH_SCRIPT, runs.SBATCH_SCRIPT) else 0o644)
+        tmp.unlink(missing_ok=True)
+        # Created owner-only (not chmod after writing): no moment in which another account may open it.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        tmp.chmod(0o700 if name in (runs.LAUNCH_SCRIPT, runs.SBATCH_SCRIPT) else 0o600)
         tmp.replace(run_dir / name)
     # Leftovers of an attempt that never started must not be read as this attempt's end.
     for stale in runs.ATTEMPT_RECORDS:
@@ -197,6 +206,7 @@ def launch(job_id: str) -> None:
                     plan=plan,
                     resources=job.resources or {},
                     env={},
+                    owner=job.owner,
                 )
                 handle = launcher.submit(req)
             except Exception as exc:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
@@ -16,8 +19,9 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
-from ftq.settings import get_settings
+from ftq.settings import Settings, get_settings
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -73,11 +77,41 @@ def _ping_when_idle(engine: Engine) -> None:
             raise DisconnectionError("stale pooled connection")
 
 
+# The data dir holds the store, the embedded broker and every run: the service's user's alone. With run
+# users (FTQ_RUN_AS_USER) it and runs/ may be entered but not listed, so a run reaches its own run
+# directory by its path and nothing else (each run directory has its own mode: worker.launchers.local).
+DATA_DIR_MODE = 0o700
+DATA_DIR_MODE_WITH_RUN_USERS = 0o711
+
+
+def ensure_data_dir(settings: Settings) -> None:
+    """Create the data dir and runs/ owner-only, and take back what an older ftq left world-readable
+    (the SQLite file with its WAL, made 0644 under the default umask)."""
+    mode = DATA_DIR_MODE_WITH_RUN_USERS if settings.run_users else DATA_DIR_MODE
+    for folder in (settings.data_path, settings.runs_dir):
+        folder.mkdir(mode=mode, parents=True, exist_ok=True)
+        try:
+            folder.chmod(mode)
+        except PermissionError:
+            log.warning("%s is not this user's: its mode is left as it is", folder)
+    if not settings.database_url:
+        _create_owner_only(settings.data_path / "ftq.db")
+    for path in settings.data_path.glob("ftq.db*"):
+        with contextlib.suppress(OSError):
+            path.chmod(0o600)
+
+
+def _create_owner_only(path: Path) -> None:
+    # Before SQLite does, with its default 0644; it creates the -wal and -shm files with this file's mode.
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+
+
 @lru_cache
 def get_engine() -> Engine:
     settings = get_settings()
     if settings.sqlalchemy_url.startswith("sqlite"):
-        settings.data_path.mkdir(parents=True, exist_ok=True)
+        ensure_data_dir(settings)
     return make_engine(settings.sqlalchemy_url)
 
 

@@ -4,6 +4,8 @@ implementation (local process group or SLURM batch job) it is talking to."""
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -22,6 +24,7 @@ class LaunchRequest:
     plan: Plan  # rendered for this attempt (see ftq.render)
     resources: dict[str, Any] = field(default_factory=dict)  # e.g. {"gpus": [0, 1]} or {"cpu_slots": 2}
     env: dict[str, str] = field(default_factory=dict)  # secrets and site env, never stored
+    owner: str | None = None  # whose job: picks the user a local run starts as (FTQ_RUN_AS_USER)
 
 
 @dataclass(frozen=True)
@@ -79,13 +82,45 @@ class Launcher(Protocol):
         ...
 
 
-# Operator settings that hold credentials; a training run has no use for them.
-WITHHELD_ENV = ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL")
+# A run's environment is built from an allowlist, never by removing the service's secrets from a copy of
+# the worker's: code in a run (remote code, a pickle in a checkpoint, a compromised package) sees only
+# what the launch needs. Anything else an operator wants a run to have is named in FTQ_PASS_ENV.
+RUN_ENV_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+        "PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "XDG_CACHE_HOME",
+        "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+        "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    }
+)  # fmt: skip
+# Device, communication, thread and library settings (CUDA_VISIBLE_DEVICES, NCCL_SOCKET_IFNAME,
+# HF_HUB_OFFLINE, ...), less any of them that looks like a credential.
+RUN_ENV_PREFIXES = (
+    "LC_", "CUDA_", "NCCL_", "NVIDIA_", "TORCH_", "TORCHINDUCTOR_", "TRITON_", "OMP_", "MKL_", "KMP_",
+    "GLOO_", "UCX_", "FI_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "WANDB_",
+)  # fmt: skip
+# The service's own settings (FTQ_API_TOKENS, FTQ_DATABASE_URL, FTQ_BROKER_URL, FTQ_METRICS_TOKEN...):
+# never handed to a run, even when FTQ_PASS_ENV names one.
+SERVICE_SETTINGS = frozenset(f"FTQ_{name.upper()}" for name in Settings.model_fields)
+_CREDENTIAL = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
-def service_environment() -> dict[str, str]:
-    """The worker's environment less the service's own credentials: where a run's environment starts."""
-    return {k: v for k, v in os.environ.items() if k not in WITHHELD_ENV}
+def launch_environment(settings: Settings, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where a run's environment starts: the allowlisted part of the worker's (`source`), plus the
+    operator's secrets named in FTQ_PASS_ENV. Never the service's own settings (FTQ_API_TOKENS, the
+    database and broker URLs)."""
+    source = os.environ if source is None else source
+    passed = set(settings.pass_env_names)
+    env: dict[str, str] = {}
+    for name, value in source.items():
+        if name in SERVICE_SETTINGS:
+            continue
+        allowed = name in RUN_ENV_NAMES or (
+            name.startswith(RUN_ENV_PREFIXES) and not _CREDENTIAL.search(name)
+        )
+        if allowed or name in passed:
+            env[name] = value
+    return env
 
 
 def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequest) -> None:
@@ -93,7 +128,7 @@ def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequ
     FTQ_PASS_ENV, never stored), the request's own variables, and ftq's code on PYTHONPATH so
     `-m trainer` imports the same trainer the service rendered for."""
     for name in settings.pass_env_names:
-        if os.environ.get(name):
+        if os.environ.get(name) and name not in SERVICE_SETTINGS:
             env[name] = os.environ[name]
     env.update(req.env)
     path = env.get("PYTHONPATH", "")

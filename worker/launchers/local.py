@@ -9,6 +9,13 @@ What the launcher knows about a run survives a worker restart because it is all 
   grace period, whichever worker makes it.
 - `run_dir/launches.log`: one line appended per start, never rewritten: the audit that a job was
   launched exactly once, whatever crashed around it (bench/fault_series.py counts these lines).
+
+Run isolation: a run gets `launch_environment`'s allowlist, never the worker's environment. With
+FTQ_RUN_AS_USER the run starts as that unprivileged user (the worker must be root), so it cannot read the
+worker's /proc entries, the store, or a run directory of another run user. Its run directory is then
+owned by the worker with the run user's group and mode 1770: the run writes there, nobody else enters,
+and the sticky bit keeps the run from removing or replacing what the worker wrote (the launch records,
+spec.json, launch.sh, train.log). Without a run user every file is the worker's user's alone (umask 077).
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -24,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ftq import runs
 from ftq.settings import Settings, get_settings
@@ -34,7 +44,7 @@ from worker.launchers.base import (
     RunRef,
     RunState,
     add_run_environment,
-    service_environment,
+    launch_environment,
 )
 
 log = logging.getLogger(__name__)
@@ -97,7 +107,65 @@ def marked(job_id: str, procs: list[ProcInfo] | None = None) -> list[int]:
     return out
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+# The run's group writes its run directory; the sticky bit: only the worker removes the worker's files.
+SHARED_RUN_DIR_MODE = 0o1770
+# What the run must read (spec, accelerate config, launch.sh) and append to (train.log, which launch.sh
+# opens again); the worker's records (launch.json, cancel.json, launches.log) stay 0600.
+_RUN_READS = (runs.SPEC, runs.ACCELERATE_CONFIG, runs.LAUNCH_SCRIPT)
+# A run user's files are readable by its group (a non-root API added to that group reads logs and
+# artifacts through it); without a run user, the worker's user's alone.
+RUN_USER_UMASK = 0o027
+SERVICE_UMASK = 0o077
+
+
+@dataclass(frozen=True)
+class RunUser:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def run_user(settings: Settings, owner: str | None) -> RunUser | None:
+    """Who this owner's runs start as (FTQ_RUN_AS_USER); None: the worker's own user."""
+    name = settings.run_user_for(owner)
+    if name is None:
+        return None
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise LookupError(f"FTQ_RUN_AS_USER names user {name!r}, who does not exist on this host") from None
+    if pw.pw_uid == 0 or pw.pw_gid == 0:
+        raise ValueError(f"FTQ_RUN_AS_USER: {name!r} is root or in root's group; name an unprivileged user")
+    for other in set(settings.run_users.values()) - {name}:
+        with contextlib.suppress(KeyError):
+            if pwd.getpwnam(other).pw_gid == pw.pw_gid:
+                # The group is what opens a run directory: shared, one owner's run enters another's.
+                raise ValueError(f"FTQ_RUN_AS_USER: {name!r} and {other!r} share a group; give each its own")
+    if os.geteuid() != 0:
+        raise PermissionError(
+            "FTQ_RUN_AS_USER needs a worker running as root (it starts each run as that user)"
+        )
+    return RunUser(name=name, uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir)
+
+
+def share_run_dir(run_dir: Path, user: RunUser) -> None:
+    """Open the run directory to the run's group only (see the module docstring)."""
+    os.chown(run_dir, -1, user.gid)
+    os.chmod(run_dir, SHARED_RUN_DIR_MODE)
+    checkpoints = run_dir / runs.CHECKPOINTS
+    if checkpoints.is_dir() and not checkpoints.is_symlink():
+        os.chown(checkpoints, -1, user.gid)
+        # The group is the run user's own: the trainer saves and rotates its checkpoints here.
+        os.chmod(checkpoints, 0o770)  # noqa: S103
+    for name in (*_RUN_READS, runs.TRAIN_LOG):
+        path = run_dir / name
+        if path.is_file() and not path.is_symlink():
+            os.chown(path, -1, user.gid)
+            os.chmod(path, 0o660 if name == runs.TRAIN_LOG else 0o640)
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
     with open(tmp, "w") as f:
         f.write(text)
@@ -107,11 +175,21 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
+def _read_own(path: Path) -> str:
+    """A record the worker wrote. A run can write in its run directory: a launch or cancel record it
+    planted (a pid to signal, a cancel that never escalates) or a symlink counts as missing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd) as f:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise FileNotFoundError(f"{path} was not written by the worker")
+        return f.read()
+
+
 def read_launch_record(run_dir: Path) -> LaunchHandle | None:
     try:
-        data = json.loads((run_dir / runs.LAUNCH_RECORD).read_text())
+        data = json.loads(_read_own(run_dir / runs.LAUNCH_RECORD))
         return LaunchHandle(external_id=None, pid=int(data["pid"]), pid_start_ticks=int(data["start_ticks"]))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -143,8 +221,12 @@ class LocalLauncher:
         self.on_exit = on_exit
 
     # Environment -----------------------------------------------------------------------------------
-    def run_env(self, req: LaunchRequest) -> dict[str, str]:
-        env = service_environment()
+    def run_env(self, req: LaunchRequest, user: RunUser | None = None) -> dict[str, str]:
+        env = launch_environment(self.settings)
+        if user is not None:
+            # The worker's HOME is not the run user's to write (caches go under it).
+            home = user.home if os.path.isdir(user.home) else str(req.run_dir)
+            env.update({"HOME": home, "USER": user.name, "LOGNAME": user.name})
         gpus = req.resources.get("gpus")
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -159,6 +241,9 @@ class LocalLauncher:
             env["MKL_NUM_THREADS"] = str(per_proc)
         add_run_environment(env, self.settings, req)
         env["PYTHONUNBUFFERED"] = "1"
+        # A cancel's SIGTERM lets the ranks checkpoint at their next step (trainer/preempt.py) until the
+        # grace is over; torchrun's agent would SIGKILL them after its own 30 s otherwise.
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(30, math.ceil(self.settings.cancel_grace_seconds)))
         env[RUN_MARKER] = req.job_id
         return env
 
@@ -169,16 +254,28 @@ class LocalLauncher:
         script = run_dir / runs.LAUNCH_SCRIPT
         if not script.is_file():
             raise FileNotFoundError(f"{script} is missing")
-        with open(run_dir / runs.TRAIN_LOG, "ab") as logf:
+        user = run_user(self.settings, req.owner)
+        as_user: dict[str, Any] = {"umask": SERVICE_UMASK}
+        log_fd = os.open(
+            run_dir / runs.TRAIN_LOG,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+        with os.fdopen(log_fd, "ab") as logf:
+            if user is not None:
+                share_run_dir(run_dir, user)
+                # No supplementary groups: the worker's (root's) must not follow the run.
+                as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": RUN_USER_UMASK}
             proc = subprocess.Popen(
                 ["bash", str(script)],
                 cwd=run_dir,
-                env=self.run_env(req),
+                env=self.run_env(req, user),
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                **as_user,
             )
         threading.Thread(
             target=_reap, args=(proc, self.on_exit), name=f"reap-{proc.pid}", daemon=True
@@ -242,8 +339,8 @@ class LocalLauncher:
         """SIGTERM to the whole group the first time; SIGKILL once the grace period has passed."""
         record = run.run_dir / runs.CANCEL_RECORD
         try:
-            sent = float(json.loads(record.read_text())["term_sent"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            sent = float(json.loads(_read_own(record))["term_sent"])
+        except (OSError, ValueError, KeyError, TypeError):
             sent = None
         if sent is None:
             self._signal_group(run, signal.SIGTERM)

@@ -21,8 +21,11 @@ A requeued job (preemption or node failure with `--requeue`) keeps its job id an
 (`--resume_from_checkpoint latest` when `$SLURM_RESTART_COUNT` > 0).
 
 Secrets reach the job through the environment of `sbatch` (its default `--export=ALL`), never through
-the script, the plan or the store. SLURM keeps that environment in the controller's state directory
-(owned by SlurmUser), and in accounting only where `AccountingStoreFlags=job_env` asks it to.
+the script, the plan or the store. That environment is `launch_environment`'s allowlist (never the API
+tokens, the database or the broker URL). SLURM keeps it in the controller's state directory (owned by
+SlurmUser), and in accounting only where `AccountingStoreFlags=job_env` asks it to. The job runs as the
+account that submitted it, the worker's: FTQ_RUN_AS_USER is the local launcher's (see the README's
+"Run isolation" for what to set on a cluster).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from worker.launchers.base import (
     RunRef,
     RunState,
     add_run_environment,
-    service_environment,
+    launch_environment,
 )
 
 log = logging.getLogger(__name__)
@@ -55,9 +58,11 @@ log = logging.getLogger(__name__)
 # A cancel is repeated after this long if the job is still there (a lost scancel, a restarted controller).
 RECANCEL_SECONDS = 30.0
 COMMAND_TIMEOUT = 60.0
-# A worker that itself runs inside an allocation must not hand that allocation's variables to sbatch
-# (SLURM_JOB_ID and friends would make the new job think it is a step of the old one).
-_WITHHELD_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+# Where sbatch finds the cluster when its configuration is not at the default path. The rest of SLURM_*
+# stays out of the run's environment (launch_environment's allowlist): a worker that itself runs inside
+# an allocation must not hand SLURM_JOB_ID and friends to sbatch, or the new job thinks it is a step of
+# the old one.
+_SLURM_CLIENT_ENV = ("SLURM_CONF",)
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,9 @@ class SlurmLauncher:
                 timeout=COMMAND_TIMEOUT,
                 stdin=subprocess.DEVNULL,
                 check=False,
+                # sbatch hands its umask to the job (SLURM_UMASK): train.log and what the run writes
+                # are then the submitting account's alone.
+                umask=0o077,
             )
         except FileNotFoundError as exc:
             raise SlurmError(
@@ -237,7 +245,8 @@ class SlurmLauncher:
 
     # Environment ----------------------------------------------------------------------------------------
     def run_env(self, req: LaunchRequest) -> dict[str, str]:
-        env = {k: v for k, v in service_environment().items() if not k.startswith(_WITHHELD_PREFIXES)}
+        env = launch_environment(self.settings)
+        env.update({k: os.environ[k] for k in _SLURM_CLIENT_ENV if k in os.environ})
         # SLURM hands out GPUs (--gres) and sets CUDA_VISIBLE_DEVICES per node; the worker's own
         # value is for this host only.
         env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -263,7 +272,7 @@ class SlurmLauncher:
         if not script.is_file() or script.read_text() != script_text:
             tmp = run_dir / f".{runs.SBATCH_SCRIPT}.tmp"
             tmp.write_text(script_text)
-            tmp.chmod(0o755)
+            tmp.chmod(0o700)
             tmp.replace(script)
         proc = self._run([self.bin("sbatch"), "--parsable", str(script)], cwd=run_dir, env=self.run_env(req))
         m = re.match(r"\s*(\d+)", proc.stdout)

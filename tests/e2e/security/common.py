@@ -30,6 +30,7 @@ OPERATOR_ENV = {"HF_TOKEN": HF_TOKEN, "WANDB_API_KEY": WANDB_KEY}
 # - with STUB_OUT set (a test running a rendered script itself): record argv there, start nothing;
 # - for a job named `leaky`: prove the secret arrived (its hash, in the run dir), print it the way a
 #   careless library would, and fail with the trainer's `ftq-error:` line quoting it;
+# - for a job named `envdump`: write the environment it was launched with to env.json in its run dir;
 # - otherwise: the real interpreter, so `ftq up` runs the real accelerate and trainer.
 STUB_PYTHON = """#!{python}
 import hashlib, json, os, sys
@@ -48,6 +49,10 @@ if name == "leaky":
     print("requests: GET https://huggingface.co/api/models?token=" + value, flush=True)
     print("ftq-error: model_error: the hub refused token " + value + " for this model", flush=True)
     sys.exit(1)
+if name == "envdump":
+    with open("env.json", "w") as f:
+        json.dump(dict(os.environ), f)
+    sys.exit(0)
 os.execv({python!r}, [{python!r}, *argv])
 """
 STUB_SRUN = """#!/bin/bash

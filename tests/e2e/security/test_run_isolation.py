@@ -1,0 +1,244 @@
+"""Issue 18, item 2: a run cannot reach the service's secrets or other runs, remote code or not.
+
+A job's code stands in for what a run may execute (remote code, a pickle in a checkpoint, a compromised
+package): the interpreter of `accelerate launch` (FTQ_PYTHON) is replaced by a script, so each job goes
+through the real stack: `POST /jobs`, the worker's launch of `launch.sh` by the local launcher.
+
+- Without a run user (today's deployments): the launch gets an allowlisted environment (no API tokens,
+  database or broker URL, no operator variable FTQ_PASS_ENV does not name) and what the service writes
+  (the store, spec.json, train.log, the run directory) is owner-only.
+- With FTQ_RUN_AS_USER (one user per owner, as root in CI): a job that tries to read the worker's
+  /proc/<pid>/environ, the SQLite store, the data dir and another owner's run directory is refused each
+  one, and its log (served by the API) says so; the service still reads its log and ends or cancels it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.security.common import HF_TOKEN, TOKENS, WANDB_KEY, base_spec
+from tests.harness import Deployment, config_only_model, text_dataset
+from tests.harness.api import JobsApi
+from tests.harness.procs import wait_gone, wait_until
+
+RUN_USERS = {"alice": "ftq-run-test-a", "bob": "ftq-run-test-b"}
+OWNER_TOKENS = {"alice": "iso-alice-token-5a1c", "bob": "iso-bob-token-7b0e"}
+# In the worker's environment only: no run may see it.
+OPERATOR_SECRET = "opsecret-3f9d2c81e4b7a605"
+PROBES = ("worker-environ", "store", "data-listing", "runs-listing", "other-run", "other-spec", "other-log")
+
+# The job's code, run as its run user. `probe` prints DENIED with the error, or READ and keeps what it read
+# in loot.txt; every /proc/*/environ it can read is added to loot.txt too.
+JOB_CODE = r"""#!/bin/bash
+spec= prev=
+for arg in "$@"; do [ "$prev" = --spec ] && spec=$arg; prev=$arg; done
+name=$(sed -n 's/^  "name": "\(.*\)",*$/\1/p' "$spec")
+echo "$name ran as $(id -un)"
+case "$name" in
+victim)
+  echo "victim-private-notes" > notes.txt ;;
+sleeper)
+  sleep 600 ;;
+attack)
+  data=$(cd ../.. && pwd)
+  target=$(cat "$(dirname "$0")/target")
+  worker=$(awk '{print $4}' "/proc/$PPID/stat")  # launch.sh's parent: the worker
+  probe() {
+    local what=$1 out; shift
+    if out=$("$@" 2>&1); then echo "READ $what"; printf '%s\n' "$out" >> loot.txt
+    else echo "DENIED $what: $out"; fi
+  }
+  probe worker-environ cat "/proc/$worker/environ"
+  probe store head -c 100 "$data/ftq.db"
+  probe data-listing ls "$data"
+  probe runs-listing ls "$data/runs"
+  probe other-run ls "$target"
+  probe other-spec cat "$target/spec.json"
+  probe other-log cat "$target/train.log"
+  for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" >> loot.txt 2>/dev/null; done
+  env > env.txt ;;
+esac
+"""
+
+
+def _private(mode: int) -> bool:
+    return mode & 0o077 == 0
+
+
+@pytest.mark.slow
+def test_without_a_run_user_the_launch_gets_no_service_secret_and_files_are_owner_only(
+    shared_up: Deployment,
+) -> None:
+    spec = base_spec()
+    spec["name"] = "envdump"  # the stand-in interpreter writes its environment to env.json
+    with shared_up.client(TOKENS["sec"]) as c:
+        r = c.post("/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+    job = JobsApi(shared_up.url, TOKENS["sec"]).wait_terminal(job_id, timeout=120)
+    assert job["status"] == "succeeded", shared_up.report(job_id)
+    run = shared_up.run_dir(job_id)
+    env = json.loads((run / "env.json").read_text())
+    assert not {"FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL"} & set(env)
+    assert env["HF_TOKEN"] == HF_TOKEN  # named in FTQ_PASS_ENV
+    assert "WANDB_API_KEY" not in env  # in the worker's environment, but FTQ_PASS_ENV does not name it
+    values = "\n".join(env.values())
+    assert not [t for t in TOKENS.values() if t in values] and WANDB_KEY not in values
+    data = shared_up.data_dir
+    for path in (data, data / "runs", run, data / "ftq.db", *(run / n for n in ("spec.json", "train.log"))):
+        assert _private(path.stat().st_mode), f"{path} is {oct(path.stat().st_mode)}"
+    # What the run itself wrote, too (its umask).
+    assert _private((run / "env.json").stat().st_mode)
+
+
+@pytest.fixture(scope="module")
+def run_users() -> dict[str, pwd.struct_passwd]:
+    """The unprivileged users runs start as, one per owner (made here if this machine lacks them)."""
+    if os.geteuid() != 0:
+        pytest.skip("starting a run as another user needs root (CI runs as root)")
+    for user in RUN_USERS.values():
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            subprocess.run(
+                [
+                    "useradd",
+                    "--system",
+                    "--no-create-home",
+                    "--user-group",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    user,
+                ],
+                check=False,
+                capture_output=True,
+            )
+    return {owner: pwd.getpwnam(user) for owner, user in RUN_USERS.items()}
+
+
+@pytest.fixture(scope="module")
+def isolated(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
+    """`ftq up` as root with a run user per owner. Its folders are outside pytest's tmp (root's, 0700),
+    so that a run user can reach its run directory at all."""
+    base = Path(tempfile.mkdtemp(prefix="ftq-runas-"))
+    base.chmod(0o711)
+    logs = base / "logs"
+    logs.mkdir(mode=0o700)
+    bin_dir = base / "bin"
+    bin_dir.mkdir()
+    bin_dir.chmod(0o755)
+    stub = bin_dir / "python"
+    stub.write_text(JOB_CODE)
+    stub.chmod(0o755)
+    assets = base / "assets"
+    config_only_model(assets / "model")
+    text_dataset(assets / "data" / "train.jsonl")
+    data = base / "data"
+    dep = Deployment(
+        logs,
+        data_dir=data,
+        tokens=OWNER_TOKENS,
+        env={"HF_TOKEN": HF_TOKEN, "OPERATOR_DB_PASSWORD": OPERATOR_SECRET},
+        settings={
+            "run_as_user": ",".join(f"{o}:{u}" for o, u in RUN_USERS.items()),
+            "python": stub,
+            "local_roots": assets,
+            "pass_env": "HF_TOKEN",
+            "database_url": f"sqlite:///{data / 'ftq.db'}",
+            "broker_url": "filesystem://",
+            "cancel_grace_seconds": 5,
+        },
+    )
+    try:
+        with dep:
+            yield dep
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _run(dep: Deployment, owner: str, name: str) -> str:
+    spec = base_spec()
+    spec["name"] = name
+    return str(JobsApi(dep.url, OWNER_TOKENS[owner]).post_job(spec)["id"])
+
+
+def _served_log(dep: Deployment, owner: str, job_id: str) -> str:
+    with dep.client(OWNER_TOKENS[owner]) as c:
+        r = c.get(f"/jobs/{job_id}/logs", params={"offset": 0, "limit": 1_048_576})
+        assert r.status_code == 200, r.text
+        return str(r.json()["text"])
+
+
+@pytest.mark.slow
+def test_a_run_as_its_run_user_reads_no_secret_no_store_and_no_other_run(
+    isolated: Deployment, run_users: dict[str, pwd.struct_passwd]
+) -> None:
+    dep = isolated
+    alice, bob = JobsApi(dep.url, OWNER_TOKENS["alice"]), JobsApi(dep.url, OWNER_TOKENS["bob"])
+    victim = _run(dep, "alice", "victim")
+    assert alice.wait_terminal(victim, timeout=120)["status"] == "succeeded", dep.report(victim)
+    # The API and the worker still read what a run user's run wrote, and the run wrote as that user.
+    assert f"victim ran as {RUN_USERS['alice']}" in _served_log(dep, "alice", victim)
+    notes = dep.run_dir(victim) / "notes.txt"
+    assert notes.stat().st_uid == run_users["alice"].pw_uid
+    (dep.data_dir.parent / "bin" / "target").write_text(str(dep.run_dir(victim)))
+
+    attack = _run(dep, "bob", "attack")
+    assert bob.wait_terminal(attack, timeout=120)["status"] == "succeeded", dep.report(attack)
+    log = _served_log(dep, "bob", attack)
+    assert f"attack ran as {RUN_USERS['bob']}" in log, log
+    lines = {line.split(":", 1)[0]: line for line in log.splitlines()}
+    for probe in PROBES:
+        assert f"DENIED {probe}" in lines, (probe, log)
+        assert "Permission denied" in lines[f"DENIED {probe}"], (probe, log)
+    assert "READ " not in log, log
+    run = dep.run_dir(attack)
+    loot = (run / "loot.txt").read_text() if (run / "loot.txt").exists() else ""
+    own_env = (run / "env.txt").read_text()
+    for text in (log, loot, own_env):
+        for secret in (*OWNER_TOKENS.values(), OPERATOR_SECRET, "victim-private-notes"):
+            assert secret not in text
+    assert not {"FTQ_API_TOKENS", "FTQ_DATABASE_URL", "FTQ_BROKER_URL", "OPERATOR_DB_PASSWORD"} & {
+        line.split("=", 1)[0] for line in own_env.splitlines()
+    }
+    for path in (dep.data_dir / "ftq.db", dep.run_dir(victim), run, run / "spec.json", run / "train.log"):
+        assert path.stat().st_mode & 0o007 == 0, f"{path} is {oct(path.stat().st_mode)}"
+
+
+@pytest.mark.slow
+def test_a_run_users_run_is_cancelled_by_the_worker(
+    isolated: Deployment, run_users: dict[str, pwd.struct_passwd]
+) -> None:
+    """Signals cross users (the worker is root): cancel stops the run and every process of it."""
+    bob = JobsApi(isolated.url, OWNER_TOKENS["bob"])
+    job_id = _run(isolated, "bob", "sleeper")
+    bob.wait_for(job_id, lambda j: j["status"] == "running", timeout=60, what="running")
+    pgid = isolated.pgid_of(job_id)
+
+    def members() -> list[int]:
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                if int(stat[stat.rfind(")") + 2 :].split()[2]) == pgid:
+                    out.append(int(entry))
+        return out
+
+    sleeping = wait_until("the sleeper", lambda: [p for p in members() if Path(f"/proc/{p}/comm").exists()])
+    uids = {Path(f"/proc/{p}/status").read_text().split("\nUid:")[1].split()[0] for p in sleeping}
+    assert uids == {str(run_users["bob"].pw_uid)}, uids
+    assert bob.cancel(job_id)["status"] in ("cancelling", "cancelled")
+    assert bob.wait_terminal(job_id, timeout=60)["status"] == "cancelled"
+    wait_gone(sleeping, timeout=30)

@@ -1,0 +1,94 @@
+"""Issue 18, item 2: a run's environment is an allowlist of the worker's, and FTQ_RUN_AS_USER names who
+each owner's runs start as."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from ftq.settings import Settings
+from worker.launchers.base import launch_environment
+
+WORKER_ENV = {
+    # The service's own settings: never a run's.
+    "FTQ_API_TOKENS": "tok-alice:alice,tok-bob:bob",
+    "FTQ_DATABASE_URL": "postgresql://ftq:db-password@db/ftq",
+    "FTQ_BROKER_URL": "redis://:broker-password@redis:6379/0",
+    "FTQ_METRICS_TOKEN": "metrics-token",
+    # The operator's other credentials and settings: not a run's unless FTQ_PASS_ENV names them.
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "PGPASSWORD": "pg-secret",
+    "HUGGING_FACE_HUB_TOKEN": "hf_legacy_name",
+    "HF_HUB_TOKEN_PATH": "/root/.cache/huggingface/token",
+    "WANDB_API_KEY": "wandb-key",
+    "MY_SITE_SETTING": "x",
+    "MASTER_ADDR": "10.0.0.1",
+    "SLURM_JOB_ID": "77",
+    # What a launch needs.
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/home/ftq",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "CUDA_HOME": "/usr/local/cuda",
+    "NCCL_SOCKET_IFNAME": "ib0",
+    "HF_HOME": "/srv/hf",
+    "HF_HUB_OFFLINE": "1",
+    "HF_TOKEN": "hf_operator_token",
+    "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+    "https_proxy": "http://proxy:3128",
+}
+
+
+def test_only_the_allowlist_and_the_named_secrets_pass() -> None:
+    env = launch_environment(Settings(pass_env="HF_TOKEN"), WORKER_ENV)
+    assert env == {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/home/ftq",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "CUDA_HOME": "/usr/local/cuda",
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "HF_HOME": "/srv/hf",
+        "HF_HUB_OFFLINE": "1",
+        "HF_TOKEN": "hf_operator_token",
+        "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+        "https_proxy": "http://proxy:3128",
+    }
+
+
+def test_pass_env_adds_names_but_never_the_service_settings() -> None:
+    settings = Settings(pass_env="HF_TOKEN,WANDB_API_KEY,MY_SITE_SETTING,FTQ_API_TOKENS,FTQ_DATABASE_URL")
+    env = launch_environment(settings, WORKER_ENV)
+    assert env["WANDB_API_KEY"] == "wandb-key" and env["MY_SITE_SETTING"] == "x"
+    assert not {k for k in env if k.startswith("FTQ_")}
+    assert "HF_TOKEN" not in launch_environment(Settings(pass_env=""), WORKER_ENV)
+
+
+@pytest.mark.parametrize(
+    ("value", "users"),
+    [
+        ("", {}),
+        ("ftq-run", {"*": "ftq-run"}),
+        ("alice:ftq-alice, bob:ftq-bob", {"alice": "ftq-alice", "bob": "ftq-bob"}),
+        ("alice:ftq-alice,*:ftq-run", {"alice": "ftq-alice", "*": "ftq-run"}),
+    ],
+)
+def test_run_users_by_owner(value: str, users: dict[str, str]) -> None:
+    settings = Settings(run_as_user=value)
+    assert settings.run_users == users
+    if not users:
+        assert settings.run_user_for("alice") is None
+    else:
+        assert settings.run_user_for("alice") == users.get("alice", users.get("*"))
+
+
+def test_an_owner_the_mapping_leaves_out_has_no_run_user_and_no_run() -> None:
+    settings = Settings(run_as_user="alice:ftq-alice")
+    with pytest.raises(LookupError, match="'bob'"):
+        settings.run_user_for("bob")
+
+
+@pytest.mark.parametrize("value", [":ftq-run", "alice:", "alice:ftq run", "alice:$(id)", "1000"])
+def test_a_bad_run_user_setting_is_refused_at_start(value: str) -> None:
+    with pytest.raises(ValidationError, match="FTQ_RUN_AS_USER"):
+        Settings(run_as_user=value)
