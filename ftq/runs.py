@@ -30,6 +30,8 @@ LAUNCH_RECORD = "launch.json"
 CANCEL_RECORD = "cancel.json"
 # Held (flock) by the worker for a whole launch of this run.
 RUN_LOCK = ".launch.lock"
+# The step of the checkpoint a time-limit requeue resumed from: the next one must get further.
+REQUEUE_RECORD = "requeue.json"
 # What one attempt's launch leaves that the next attempt must not read as its own.
 ATTEMPT_RECORDS = (EXIT_STATUS, LAUNCH_RECORD, CANCEL_RECORD)
 
@@ -104,6 +106,18 @@ def list_checkpoints(run_dir: Path) -> list[CheckpointDir]:
 def has_checkpoint(run_dir: Path) -> bool:
     root = run_dir / CHECKPOINTS
     return root.is_dir() and any(checkpoint_step(c) is not None for c in root.iterdir())
+
+
+def latest_checkpoint(run_dir: Path) -> CheckpointDir | None:
+    """The newest checkpoint the trainer can resume from: what `--resume_from_checkpoint latest` means.
+
+    A newer folder that is not resumable (a job killed while saving leaves one without
+    trainer_state.json) is passed over for the complete one before it.
+    """
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        if ckpt.resumable:
+            return ckpt
+    return None
 
 
 def is_resumable(path: Path) -> bool:

@@ -244,6 +244,12 @@ class SlurmSpec(_Strict):
     time_limit: Annotated[str, StringConstraints(pattern=SLURM_TIME_RE)] | None = Field(
         None, description="SLURM --time: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."
     )
+    requeue_on_timeout: bool = Field(
+        False,
+        description="When the job reaches its time_limit: it checkpoints shortly before (SLURM warns it the "
+        "operator's FTQ_SLURM_SIGNAL_GRACE_SECONDS ahead), is queued again and resumes from that checkpoint, "
+        "for as long as each attempt gets further than the one before. Off: it fails with time_limit.",
+    )
 
 
 class ResourcesSpec(_Strict):

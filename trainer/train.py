@@ -220,18 +220,24 @@ def checkpointing_args(enabled: bool, reentrant: bool) -> dict[str, Any]:
 
 
 def resume_path(resume: str | None, out: Path) -> str | None:
-    """`latest` is the newest checkpoint of this run (none yet: start from step 0); else a folder."""
+    """`latest` is this run's newest checkpoint that can be resumed (none yet: start from step 0); else a
+    folder. transformers' own `get_last_checkpoint` takes the highest step whatever its state, so a job
+    killed while saving would resume from a folder without trainer_state.json and fail."""
     if resume is None:
         return None
     if resume != "latest":
         return resume
-    from transformers.trainer_utils import get_last_checkpoint
-
-    folder = out / runs.CHECKPOINTS
-    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    last = runs.latest_checkpoint(out)
     if last is None:
-        log.warning("--resume_from_checkpoint latest: no checkpoint under %s yet, starting at step 0", folder)
-    return last
+        log.warning(
+            "--resume_from_checkpoint latest: no complete checkpoint under %s yet, starting at step 0",
+            out / runs.CHECKPOINTS,
+        )
+        return None
+    skipped = [c.path.name for c in runs.list_checkpoints(out) if c.step > last.step]
+    if skipped:
+        log.warning("--resume_from_checkpoint latest: passing over incomplete %s", ", ".join(skipped))
+    return str(last.path)
 
 
 def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> None:

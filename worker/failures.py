@@ -169,7 +169,8 @@ def classify(
         for key, failure in _REASONS.items():
             if reason.upper().startswith(key):
                 return failure
-    for line in log_tail.splitlines():
+    # The last one: a log that a requeued job appends to also holds the earlier attempts' reports.
+    for line in reversed(log_tail.splitlines()):
         m = _FTQ_ERROR.search(line)
         if m and m.group(1) in KNOWN_CODES:
             return Failure(m.group(1), m.group(2).strip()[:2000])

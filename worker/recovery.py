@@ -4,10 +4,15 @@ The controller (`worker.controller`) asks two questions when a run ends badly: `
 code and a message a user can act on) and `retry` (is this a failure that says nothing about the job
 itself, and does the operator's policy allow another attempt?). A retried job is queued again and its
 next launch resumes from the run's newest checkpoint (`plan_for_attempt`).
+
+A job with `resources.slurm.requeue_on_timeout` that reached its time limit (it checkpointed on SLURM's
+warning, or SLURM stopped it) is queued again too, for as long as each attempt leaves a newer complete
+checkpoint than the one before: a job that cannot get past a step within its time limit fails.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -54,25 +59,53 @@ def should_retry(code: str, attempt: int, retries: int) -> bool:
 def retry(session: Session, job: Job, run_dir: Path, failure: failures.Failure) -> bool:
     """Queue the job again when the policy allows; True when it was."""
     retries = get_settings().retry_preempted
-    if not should_retry(failure.code, job.attempt, retries):
+    if should_retry(failure.code, job.attempt, retries):
+        why = f"attempt {job.attempt + 1} of {retries}"
+    elif failure.code == ErrorCode.time_limit and _requeue_on_timeout(job):
+        step = _progress(run_dir)
+        if step is None:
+            return False
+        why = f"requeue_on_timeout, from step {step}"
+    else:
         return False
     runs.set_attempt_aside(run_dir, job.attempt)
     if not repository.requeue(session, job.id, attempt_increment=1):
         return False
     log.info(
-        "job %s ended %s; queued again (attempt %d of %d) to resume from its newest checkpoint",
-        job.id,
-        failure.code,
-        job.attempt + 1,
-        retries,
+        "job %s ended %s; queued again (%s) to resume from its newest checkpoint", job.id, failure.code, why
     )
     return True
 
 
+def _requeue_on_timeout(job: Job) -> bool:
+    slurm = ((job.spec or {}).get("resources") or {}).get("slurm") or {}
+    return bool(slurm.get("requeue_on_timeout"))
+
+
+def _progress(run_dir: Path) -> int | None:
+    """The step of the newest complete checkpoint when it is newer than at the last time-limit requeue
+    (recorded in run_dir/requeue.json); None when the attempt got no further."""
+    latest = runs.latest_checkpoint(run_dir)
+    if latest is None:
+        return None
+    record = run_dir / runs.REQUEUE_RECORD
+    try:
+        before = int(json.loads(record.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        before = -1
+    if latest.step <= before:
+        return None
+    tmp = run_dir / f".{runs.REQUEUE_RECORD}.tmp"
+    tmp.write_text(json.dumps({"step": latest.step}))
+    tmp.replace(record)
+    return latest.step
+
+
 def plan_for_attempt(job: Job, run_dir: Path) -> Plan:
-    """The stored plan; for a retried attempt, relaunched from the run's newest checkpoint when it has one."""
+    """The stored plan; for a retried attempt, relaunched from the run's newest checkpoint when it has a
+    complete one (a folder cut short by a kill while saving is no reason to resume)."""
     plan = Plan.model_validate(job.plan or {})
-    if not job.attempt or not runs.has_checkpoint(run_dir):
+    if not job.attempt or runs.latest_checkpoint(run_dir) is None:
         return plan
     again = render_plan(
         JobSpec.model_validate(job.spec),

@@ -11,7 +11,7 @@ CPU machine cannot produce.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +19,34 @@ import pytest
 
 from ftq import runs
 from tests.harness import tiny_spec
+from tests.harness.assets import checkpoint_dir
 from tests.harness.inprocess import migrate, reset_caches, use_settings
 from worker.launchers.base import RunPhase, RunRef, RunState
 from worker.launchers.local import LocalLauncher
 
 
 class PreemptingLauncher(LocalLauncher):
-    """The local launcher, except that the next `preempt` ends of runs read as SLURM's PREEMPTED."""
+    """The local launcher, except that the next `preempt` ends of runs read as SLURM's `reason`
+    (PREEMPTED, or TIMEOUT), each after `on_end` (what that attempt saved) has run."""
 
-    def __init__(self, preempt: int) -> None:
+    def __init__(
+        self, preempt: int, reason: str = "PREEMPTED", on_end: Callable[[int], None] | None = None
+    ) -> None:
         super().__init__()
         self.preempt = preempt
+        self.reason = reason
+        self.on_end = on_end
+        self.ends = 0
 
     def poll(self, refs: list[RunRef]) -> dict[str, RunState]:
         states = super().poll(refs)
         for job_id, state in states.items():
             if state.phase == RunPhase.exited and self.preempt > 0:
                 self.preempt -= 1
-                states[job_id] = RunState(phase=RunPhase.exited, exit_code=0, reason="PREEMPTED")
+                if self.on_end is not None:
+                    self.on_end(self.ends)
+                self.ends += 1
+                states[job_id] = RunState(phase=RunPhase.exited, exit_code=0, reason=self.reason)
         return states
 
 
@@ -55,7 +65,7 @@ def retries(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     get_settings.cache_clear()
 
 
-def add_job(job_id: str, tiny: Path) -> Path:
+def add_job(job_id: str, tiny: Path, *, requeue_on_timeout: bool = False) -> Path:
     from ftq.render import render_plan
     from ftq.settings import get_settings
     from ftq.spec import JobSpec
@@ -64,7 +74,10 @@ def add_job(job_id: str, tiny: Path) -> Path:
     from ftq.store.repository import utcnow
 
     settings = get_settings()
-    spec = JobSpec.model_validate(tiny_spec(tiny, max_steps=4, save_steps=2))
+    body = tiny_spec(tiny, max_steps=4, save_steps=2)
+    if requeue_on_timeout:
+        body["resources"]["slurm"] = {"time_limit": "1:00:00", "requeue_on_timeout": True}
+    spec = JobSpec.model_validate(body)
     run_dir = settings.runs_dir / job_id
     plan = render_plan(spec, job_id=job_id, run_dir=run_dir, settings=settings)
     now = utcnow()
@@ -86,7 +99,7 @@ def add_job(job_id: str, tiny: Path) -> Path:
             )
         )
     # What the preempted attempt had saved before it was stopped.
-    (run_dir / runs.CHECKPOINTS / "checkpoint-2").mkdir(parents=True)
+    checkpoint_dir(run_dir, 2)
     return run_dir
 
 
@@ -141,4 +154,48 @@ def test_off_by_default(store: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyP
     run_dir = add_job("j_pre3", tiny_dir)
     job = settle("j_pre3", PreemptingLauncher(preempt=1), monkeypatch)
     assert (job.status, job.attempt, job.error_code) == ("failed", 0, "preempted")
+    assert len(attempts_in_log(run_dir)) == 1
+
+
+def test_a_checkpoint_cut_short_is_no_reason_to_resume(
+    store: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    retries(monkeypatch, 1)
+    run_dir = add_job("j_cut", tiny_dir)
+    # The preempted attempt was killed while saving its only checkpoint.
+    (run_dir / runs.CHECKPOINTS / "checkpoint-2" / "trainer_state.json").unlink()
+    job = settle("j_cut", PreemptingLauncher(preempt=1), monkeypatch)
+    assert (job.status, job.attempt) == ("succeeded", 1)
+    assert all("--resume_from_checkpoint" not in a for a in attempts_in_log(run_dir))
+
+
+def test_requeue_on_timeout_goes_round_while_each_attempt_gets_further(
+    store: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Independent of FTQ_RETRY_PREEMPTED (0 here): the job's own requeue_on_timeout. The first two
+    attempts each checkpoint further; the third stops at the time limit with nothing new (its only new
+    folder was cut short while saving), so the job fails there instead of going round for ever."""
+    run_dir = add_job("j_tl", tiny_dir, requeue_on_timeout=True)
+    saved = {0: 2, 1: 3}  # the checkpoint attempt N left (attempt 0's checkpoint-2 is in add_job)
+
+    def attempt_ended(n: int) -> None:
+        if n in saved:
+            checkpoint_dir(run_dir, saved[n])
+        else:
+            (checkpoint_dir(run_dir, 9) / "trainer_state.json").unlink()
+
+    job = settle("j_tl", PreemptingLauncher(preempt=3, reason="TIMEOUT", on_end=attempt_ended), monkeypatch)
+    assert (job.status, job.attempt, job.error_code) == ("failed", 2, "time_limit")
+    first, *resumed = attempts_in_log(run_dir)
+    assert "--resume_from_checkpoint" not in first
+    assert len(resumed) == 2 and all(a.endswith("--resume_from_checkpoint latest") for a in resumed)
+
+
+def test_a_time_limit_without_requeue_on_timeout_fails(
+    store: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    retries(monkeypatch, 5)  # the preemption policy does not cover time limits
+    run_dir = add_job("j_tl2", tiny_dir)
+    job = settle("j_tl2", PreemptingLauncher(preempt=1, reason="TIMEOUT"), monkeypatch)
+    assert (job.status, job.attempt, job.error_code) == ("failed", 0, "time_limit")
     assert len(attempts_in_log(run_dir)) == 1

@@ -126,3 +126,17 @@ def test_exit_status_and_attempt_records(tmp_path: Path) -> None:
     assert not (tmp_path / runs.EXIT_STATUS).exists() and not (tmp_path / runs.LAUNCH_RECORD).exists()
     assert (tmp_path / f"{runs.EXIT_STATUS}.attempt0").read_text() == "1\n"
     assert (tmp_path / f"{runs.LAUNCH_RECORD}.attempt0").exists()
+
+
+@pytest.mark.parametrize("kind", ["lora", "deepspeed", "fsdp"])
+def test_latest_passes_over_a_newer_checkpoint_cut_short(tmp_path: Path, kind: str) -> None:
+    checkpoint_dir(tmp_path, 10, kind)
+    newest = checkpoint_dir(tmp_path, 20, kind)
+    latest = runs.latest_checkpoint(tmp_path)
+    assert latest is not None and latest.path == newest
+    # A job killed while saving: the folder is there, its trainer_state.json is not.
+    (newest / "trainer_state.json").unlink()
+    latest = runs.latest_checkpoint(tmp_path)
+    assert latest is not None and (latest.step, latest.path.name) == (10, "checkpoint-10")
+    (tmp_path / runs.CHECKPOINTS / "checkpoint-10" / "trainer_state.json").unlink()
+    assert runs.latest_checkpoint(tmp_path) is None
