@@ -8,6 +8,8 @@ lists the checkpoints; none of them spells a name or a rule of its own.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,10 @@ WEIGHT_FILES = (
 )
 
 
+# trainer_state.json carries the whole log history: tens of MB for a long run, never this much.
+TRAINER_STATE_LIMIT = 256 * 1024**2
+
+
 def run_dir(runs_root: Path, job_id: str) -> Path:
     return runs_root / job_id
 
@@ -52,11 +58,25 @@ def has_weights(folder: Path) -> bool:
     return any((folder / name).is_file() for name in WEIGHT_FILES) or any(folder.glob("*.safetensors"))
 
 
+def read_run_file(path: Path, limit: int) -> bytes:
+    """A file the run wrote, as the service reads it: the run chose what is there, so a symlink (to a
+    file only the service may read), a FIFO (an open that never returns) or anything but a regular file
+    is an OSError, and more than `limit` bytes a ValueError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path} is larger than {limit} bytes")
+        return f.read(limit)
+
+
 def read_exit_status(run_dir: Path) -> int | None:
     """The launch's exit status, or None while it runs (or when the file is unreadable)."""
     try:
-        return int((run_dir / EXIT_STATUS).read_text().strip())
-    except (FileNotFoundError, ValueError):
+        return int(read_run_file(run_dir / EXIT_STATUS, 64).strip())
+    except (OSError, ValueError):
         return None
 
 
@@ -127,7 +147,7 @@ def is_resumable(path: Path) -> bool:
     try:
         entries = {p.name: p for p in path.iterdir()}
         # Written last by the trainer; a checkpoint cut short (a full disk, a kill) has none or half of one.
-        json.loads((path / "trainer_state.json").read_text())
+        json.loads(read_run_file(path / "trainer_state.json", TRAINER_STATE_LIMIT))
     except (OSError, ValueError):
         return False
 

@@ -89,16 +89,20 @@ def group_members(pgid: int, procs: list[ProcInfo] | None = None) -> list[int]:
     return [p.pid for p in (procs if procs is not None else scan_proc()) if p.pgid == pgid]
 
 
-def marked(job_id: str, procs: list[ProcInfo] | None = None) -> list[int]:
+def marked(job_id: str, procs: list[ProcInfo] | None = None, uid: int | None = None) -> list[int]:
     """Processes that carry the run's marker in their environment, whatever session they moved to.
 
     torch's elastic agent starts every rank in a session of its own, so a rank is not in the run's
-    process group; it does inherit the environment, and with it `FTQ_JOB_ID`.
+    process group; it does inherit the environment, and with it `FTQ_JOB_ID`. With `uid` (the user the
+    run started as) only that user's processes count: another owner's run could set the marker of a
+    job that is not its own, to keep that job running or have the worker signal what it chose.
     """
     needle = f"\0{RUN_MARKER}={job_id}\0".encode()
     out = []
     for p in procs if procs is not None else scan_proc():
         try:
+            if uid is not None and os.stat(f"/proc/{p.pid}").st_uid != uid:
+                continue
             env = Path(f"/proc/{p.pid}/environ").read_bytes()
         except OSError:
             continue
@@ -193,6 +197,15 @@ def read_launch_record(run_dir: Path) -> LaunchHandle | None:
         return None
 
 
+def run_uid(run_dir: Path) -> int | None:
+    """The user this run started as (its launch record), or None when unknown."""
+    try:
+        uid = json.loads(_read_own(run_dir / runs.LAUNCH_RECORD)).get("uid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+
+
 def _cwd_matches(pid: int, run_dir: Path) -> bool:
     try:
         return Path(os.readlink(f"/proc/{pid}/cwd")) == run_dir
@@ -285,7 +298,15 @@ class LocalLauncher:
         ticks = info.start_ticks if info is not None else 0
         _write_atomic(
             run_dir / runs.LAUNCH_RECORD,
-            json.dumps({"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks, "started": time.time()}),
+            json.dumps(
+                {
+                    "pid": proc.pid,
+                    "pgid": proc.pid,
+                    "start_ticks": ticks,
+                    "started": time.time(),
+                    "uid": user.uid if user is not None else os.geteuid(),
+                }
+            ),
         )
         with open(run_dir / LAUNCHES_LOG, "a") as audit:
             audit.write(f"{time.time():.3f} pid={proc.pid} start_ticks={ticks} by_worker_pid={os.getpid()}\n")
@@ -328,7 +349,7 @@ class LocalLauncher:
             if leader_alive or groups.get(ref.pid, 0) > 0:
                 return RunState(phase=RunPhase.running)
         # Only when the group is gone: ranks in sessions of their own (read environ only then).
-        if marked(ref.job_id, procs):
+        if marked(ref.job_id, procs, run_uid(ref.run_dir)):
             return RunState(phase=RunPhase.running)
         code = runs.read_exit_status(ref.run_dir)
         if code is not None:
@@ -360,6 +381,6 @@ class LocalLauncher:
             log.info("sending %s to process group %s (job %s)", sig.name, run.pid, run.job_id)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pid, sig)
-        for pid in marked(run.job_id, procs):
+        for pid in marked(run.job_id, procs, run_uid(run.run_dir)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)

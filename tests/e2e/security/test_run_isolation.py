@@ -45,9 +45,15 @@ name=$(sed -n 's/^  "name": "\(.*\)",*$/\1/p' "$spec")
 echo "$name ran as $(id -un)"
 case "$name" in
 victim)
-  echo "victim-private-notes" > notes.txt ;;
+  echo "victim-private-notes" > notes.txt
+  echo '{"step": 1, "epoch": 0.5, "loss": 4.2424}' > metrics.jsonl ;;
 sleeper)
   sleep 600 ;;
+jam)
+  # FIFOs where the worker reads this run's metrics and end (an open of either would never return),
+  # and launch.sh killed so that it cannot replace them.
+  mkfifo metrics.jsonl exit_status
+  kill -9 "$PPID" ;;
 attack)
   data=$(cd ../.. && pwd)
   target=$(cat "$(dirname "$0")/target")
@@ -64,8 +70,10 @@ attack)
   probe other-run ls "$target"
   probe other-spec cat "$target/spec.json"
   probe other-log cat "$target/train.log"
-  for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" >> loot.txt 2>/dev/null; done
-  env > env.txt ;;
+  for f in /proc/[0-9]*/environ; do tr '\0' '\n' 2>/dev/null < "$f" >> loot.txt; done
+  env > env.txt
+  # The worker (root) reads this run's metrics: let it read the other run's instead.
+  ln -s "$target/metrics.jsonl" metrics.jsonl ;;
 esac
 """
 
@@ -201,6 +209,11 @@ def test_a_run_as_its_run_user_reads_no_secret_no_store_and_no_other_run(
         assert f"DENIED {probe}" in lines, (probe, log)
         assert "Permission denied" in lines[f"DENIED {probe}"], (probe, log)
     assert "READ " not in log, log
+    # The worker read the victim's metrics (a run user's file) but not through the attacker's symlink.
+    with dep.client(OWNER_TOKENS["alice"]) as c:
+        assert [p["loss"] for p in c.get(f"/jobs/{victim}/metrics").json()["data"]] == [4.2424]
+    with dep.client(OWNER_TOKENS["bob"]) as c:
+        assert c.get(f"/jobs/{attack}/metrics").json()["data"] == []
     run = dep.run_dir(attack)
     loot = (run / "loot.txt").read_text() if (run / "loot.txt").exists() else ""
     own_env = (run / "env.txt").read_text()
@@ -242,3 +255,13 @@ def test_a_run_users_run_is_cancelled_by_the_worker(
     assert bob.cancel(job_id)["status"] in ("cancelling", "cancelled")
     assert bob.wait_terminal(job_id, timeout=60)["status"] == "cancelled"
     wait_gone(sleeping, timeout=30)
+
+
+@pytest.mark.slow
+def test_fifos_left_by_a_run_do_not_stall_the_worker(isolated: Deployment) -> None:
+    bob, alice = JobsApi(isolated.url, OWNER_TOKENS["bob"]), JobsApi(isolated.url, OWNER_TOKENS["alice"])
+    jam = _run(isolated, "bob", "jam")
+    assert bob.wait_terminal(jam, timeout=60)["status"] == "failed", isolated.report(jam)
+    # The sweeps go on: the next job is launched, ingested and settled.
+    after = _run(isolated, "alice", "victim")
+    assert alice.wait_terminal(after, timeout=60)["status"] == "succeeded", isolated.report(after)

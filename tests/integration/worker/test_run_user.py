@@ -1,0 +1,108 @@
+"""The local launcher with FTQ_RUN_AS_USER, as root (as CI runs): a run starts as its owner's user in a
+run directory opened to that user's group alone, and another owner's run cannot pass its processes off
+as this run's by setting its marker (FTQ_JOB_ID): the worker neither waits for them nor signals them."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ftq.settings import Settings
+from tests.harness.launching import launch_request
+from worker.launchers.base import RunPhase, RunRef
+from worker.launchers.local import LocalLauncher
+
+RUN_USERS = {"alice": "ftq-run-test-a", "bob": "ftq-run-test-b"}
+
+
+@pytest.fixture(scope="module")
+def users() -> dict[str, pwd.struct_passwd]:
+    if os.geteuid() != 0:
+        pytest.skip("starting a run as another user needs root (CI runs as root)")
+    for user in RUN_USERS.values():
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            subprocess.run(
+                [
+                    "useradd",
+                    "--system",
+                    "--no-create-home",
+                    "--user-group",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    user,
+                ],
+                check=False,
+                capture_output=True,
+            )
+    return {owner: pwd.getpwnam(user) for owner, user in RUN_USERS.items()}
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # Not under pytest's tmp (root's, 0700): a run user must be able to reach its run directory.
+    base = Path(tempfile.mkdtemp(prefix="ftq-runuser-"))
+    base.chmod(0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_run_starts_as_its_owners_user_and_a_planted_marker_is_ignored(
+    users: dict[str, pwd.struct_passwd], data_dir: Path
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    launcher = LocalLauncher(
+        Settings(data_dir=data_dir, run_as_user=",".join(f"{o}:{u}" for o, u in RUN_USERS.items()))
+    )
+    run_dir = data_dir / "job_victim"
+    run_dir.mkdir()
+    (run_dir / "launch.sh").write_text('id -u > whoami\nsleep 1\nprintf "0\\n" > exit_status\n')
+    handle = launcher.submit(replace(launch_request("job_victim", run_dir), owner="alice"))
+    mode = run_dir.stat()
+    assert (stat.S_IMODE(mode.st_mode), mode.st_gid) == (0o1770, alice.pw_gid)
+    # Bob's run starts a process that carries Alice's run's marker.
+    squatter = subprocess.Popen(
+        ["sleep", "120"],
+        env={"PATH": os.environ["PATH"], "FTQ_JOB_ID": "job_victim"},
+        user=bob.pw_uid,
+        group=bob.pw_gid,
+        extra_groups=[],
+        start_new_session=True,
+    )
+    try:
+        ref = RunRef("job_victim", run_dir, None, handle.pid, handle.pid_start_ticks)
+        deadline = time.monotonic() + 20
+        while launcher.poll([ref])["job_victim"].phase != RunPhase.exited and time.monotonic() < deadline:
+            time.sleep(0.1)
+        state = launcher.poll([ref])["job_victim"]
+        assert (state.phase, state.exit_code) == (RunPhase.exited, 0), state
+        assert (run_dir / "whoami").read_text().strip() == str(alice.pw_uid)
+        launcher.kill_leftovers(ref)
+        time.sleep(0.2)
+        assert squatter.poll() is None, "the worker signalled another user's process"
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_an_owner_without_a_run_user_is_not_launched(
+    users: dict[str, pwd.struct_passwd], data_dir: Path
+) -> None:
+    launcher = LocalLauncher(Settings(data_dir=data_dir, run_as_user="alice:ftq-run-test-a"))
+    run_dir = data_dir / "job_carol"
+    run_dir.mkdir()
+    (run_dir / "launch.sh").write_text("touch started\n")
+    with pytest.raises(LookupError, match="carol"):
+        launcher.submit(replace(launch_request("job_carol", run_dir), owner="carol"))
+    assert not (run_dir / "started").exists()
