@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +26,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ftq import runs
+from ftq import runs, userfiles
 from ftq.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local
 
 GiB = 1024**3
+# The largest model config.json preflight reads (FTQ_MAX_CONFIG_BYTES); real ones are a few KiB.
+CONFIG_MAX_BYTES = 1024**2
 CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # CUDA/NCCL context and cuBLAS workspaces
 # Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
 ADAM_MASTER_AND_MOMENTS = 12
@@ -570,19 +574,34 @@ def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> DiskEst
 # Model config ---------------------------------------------------------------------------------------------
 
 
-def local_model_problem(name_or_path: str) -> str | None:
+def local_model_problem(name_or_path: str, max_config_bytes: int = CONFIG_MAX_BYTES) -> str | None:
     """Why a local model folder cannot be trained from (no config, no weights), or None when it can.
 
     Checked at POST, so a folder holding only a config.json fails in the request, not minutes later
-    after the job waited in a queue and the trainer started.
+    after the job waited in a queue and the trainer started. Nothing is read but a config.json that is
+    a regular file of at most `max_config_bytes` (ftq.userfiles).
     """
     if not looks_local(name_or_path):
         return None
     path = Path(name_or_path)
-    if not path.is_dir():
-        return f"{name_or_path} is not a model folder"
-    if not (path / "config.json").is_file():
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return f"{name_or_path} does not exist"
+    if not stat.S_ISDIR(mode):
+        kind = "a file" if stat.S_ISREG(mode) else userfiles.kind_of(mode)
+        return f"{name_or_path} is not a model folder (it is {kind})"
+    try:
+        raw = userfiles.read_capped(path / "config.json", max_config_bytes)
+    except userfiles.Missing:
         return f"model folder {name_or_path} has no config.json"
+    except userfiles.NotReadable as exc:
+        return f"config.json in {name_or_path} {exc}"
+    try:
+        if not isinstance(json.loads(raw), dict):
+            raise ValueError("not an object")
+    except ValueError:
+        return f"config.json in {name_or_path} is not a JSON object"
     if not runs.has_weights(path):
         return (
             f"model folder {name_or_path} has no weights (expected model.safetensors, a sharded "
@@ -592,9 +611,13 @@ def local_model_problem(name_or_path: str) -> str | None:
 
 
 def load_model_config(
-    name_or_path: str, revision: str | None = None
+    name_or_path: str, revision: str | None = None, max_bytes: int = CONFIG_MAX_BYTES
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """(config, None), or (None, reason) when the config is not on this machine or cannot be read."""
+    """(config, None), or (None, reason) when the config is not on this machine or cannot be read.
+
+    Read as ftq.userfiles reads a user's file: a regular file only, without blocking, at most
+    `max_bytes` of it.
+    """
     path: Path | None
     # Only a name written as a path is read from disk (the service has already confined it to the
     # allowed roots); a hub id that happens to match a folder in the working directory is still a hub id.
@@ -602,13 +625,18 @@ def load_model_config(
         path = Path(name_or_path)
         if path.is_dir():
             path = path / "config.json"
+        follow = False
     else:
         path = _cached_hub_config(name_or_path, revision)
         if path is None:
             return None, f"config for {name_or_path} is not on this machine; estimate skipped"
+        # The hub cache's files are links into its blob store, and the operator's, not a user's.
+        follow = True
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(userfiles.read_capped(path, max_bytes, follow_symlinks=follow))
+    except userfiles.NotReadable as exc:
+        return None, f"could not read {path}: it {exc}; estimate skipped"
+    except ValueError as exc:
         return None, f"could not read {path}: {exc.__class__.__name__}; estimate skipped"
     if not isinstance(data, dict):
         return None, f"{path} is not a JSON object; estimate skipped"

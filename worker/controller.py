@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-from ftq import logs, runs
+from ftq import limits, logs, runs
 from ftq.errors import ErrorCode
 from ftq.render import Plan
 from ftq.settings import get_settings
@@ -30,7 +30,7 @@ from ftq.status import LAUNCHED, JobStatus
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Job
-from worker import ingest, locks, recovery, scheduling
+from worker import failures, ingest, locks, recovery, scheduling
 from worker.launchers import make_launcher
 from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
 
@@ -80,6 +80,7 @@ class JobView:
     pid_start_ticks: int | None
     updated_at: datetime
     run_dir: Path
+    started_at: datetime | None = None
 
     @property
     def launched(self) -> bool:
@@ -99,6 +100,7 @@ def _view(job: Job) -> JobView:
         pid_start_ticks=job.pid_start_ticks,
         updated_at=job.updated_at,
         run_dir=runs.run_dir(get_settings().runs_dir, job.id),
+        started_at=job.started_at,
     )
 
 
@@ -347,8 +349,37 @@ def _reconcile_one(v: JobView, launcher: Launcher, state: RunState | None) -> No
             _mark_running(v)
         elif v.status == JobStatus.cancelling:
             launcher.cancel(v.ref())
+        elif (
+            v.launcher == "local"
+            and v.started_at is not None
+            and _age(v.started_at) > limits.max_seconds(get_settings())
+        ):
+            _stop_over_time(v, launcher)
         return
     finish(v, launcher, state)
+
+
+# A local run has no scheduler to enforce a time limit: the worker stops one that outlives the operator's
+# (as a cancel does: SIGTERM, SIGKILL after the grace) and leaves this record, so its end reads as
+# time_limit rather than as a crash.
+TIME_LIMIT_RECORD = "time_limit.json"
+
+
+def _stop_over_time(v: JobView, launcher: Launcher) -> None:
+    record = v.run_dir / TIME_LIMIT_RECORD
+    if not record.exists():
+        log.warning("job %s ran longer than FTQ_MAX_TIME_LIMIT_HOURS; stopping it", v.id)
+        record.write_text(json.dumps({"stopped_at": time.time()}))
+    launcher.cancel(v.ref())
+
+
+def _time_limit_failure() -> failures.Failure:
+    hours = get_settings().max_time_limit_hours
+    return failures.Failure(
+        ErrorCode.time_limit,
+        f"the job ran longer than this server's limit of {hours:g} h (FTQ_MAX_TIME_LIMIT_HOURS) and was "
+        "stopped; resume it from its last checkpoint with resume_from",
+    )
 
 
 def _settle_unlaunched(v: JobView, launcher: Launcher) -> None:
@@ -423,9 +454,12 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
         elif state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
             repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
         elif status in (JobStatus.starting, JobStatus.running):
-            failure = recovery.why_it_failed(v.run_dir, state)
-            if recovery.retry(session, job, v.run_dir, failure):
-                return
+            if (v.run_dir / TIME_LIMIT_RECORD).exists():
+                failure = _time_limit_failure()
+            else:
+                failure = recovery.why_it_failed(v.run_dir, state)
+                if recovery.retry(session, job, v.run_dir, failure):
+                    return
             repository.mark_finished(
                 session,
                 v.id,

@@ -1,21 +1,70 @@
-"""Checks made before a job is accepted: local paths resolved inside the allowed roots, and the memory
-and disk estimate against what the job asks for."""
+"""Checks made before a job is accepted: local paths resolved inside the allowed roots, the files they
+name looked at as ftq.userfiles allows (regular files, never blocking, never read whole), and the
+memory and disk estimate against what the job asks for and the host has.
+
+Every step that touches the file system runs in a small pool of its own against one deadline for the
+request (FTQ_PREFLIGHT_TIMEOUT_SECONDS): a slow or hostile path costs that request a 422, and never
+holds the API's threads past the deadline.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
-from typing import Any
+import stat
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
 
 from ftq import estimate as est
-from ftq.estimate import Estimate
+from ftq import userfiles
+from ftq.estimate import DiskEstimate, Estimate
 from ftq.settings import Settings
 from ftq.spec import JobSpec, looks_local
 from ftq.store.repository import JobRepository
-from service.errors import spec_field_error
+from service.errors import SpecError, spec_field_error
 from service.paths import PathRefused, refuse_ftq_state, resolve_local
 
+T = TypeVar("T")
 
-def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository) -> JobSpec:
+# File-system work of every request's preflight. Bounded: paths that hang (a stale network mount) can
+# take these threads, but not the API's, and each request waits for them only until its deadline.
+_FILES_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ftq-preflight")
+
+
+class Deadline:
+    """One request's time for its preflight; `run` does file-system work within what is left."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def run(self, fn: Callable[[], T]) -> T:
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise self._expired()
+        future = _FILES_POOL.submit(fn)
+        try:
+            return future.result(timeout=left)
+        except FutureTimeout:
+            future.cancel()
+            raise self._expired() from None
+
+    def _expired(self) -> SpecError:
+        return spec_field_error(
+            [],
+            f"checking the spec's local files took longer than FTQ_PREFLIGHT_TIMEOUT_SECONDS="
+            f"{self.seconds:g} s; name files on a local disk, or fewer of them",
+            "preflight_timeout",
+        )
+
+
+def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadline: Deadline) -> JobSpec:
     """Local model and dataset paths become absolute, symlink-free paths under the allowed roots,
     outside ftq's own state and other owners' run directories."""
     roots = settings.allowed_roots
@@ -24,8 +73,9 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository) -> Job
         part = getattr(resolved, section)
         try:
             original = part.name_or_path
-            part.name_or_path = resolve_local(original, roots)
+            part.name_or_path = deadline.run(functools.partial(resolve_local, original, roots))
             if looks_local(original):
+                # In this thread: the ownership check reads the store through the request's session.
                 refuse_ftq_state(
                     part.name_or_path,
                     data_dir=settings.data_path,
@@ -37,40 +87,131 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository) -> Job
     return resolved
 
 
-def preflight(spec: JobSpec, settings: Settings) -> tuple[Estimate, list[dict[str, Any]]]:
-    """The memory and disk estimate for the plan, and the refusals it implies (empty when it fits)."""
-    config, reason = est.load_model_config(spec.model.name_or_path)
-    device_bytes = settings.gpu_memory_bytes_for(spec.resources.slurm.partition or settings.slurm_partition)
-    refusals: list[dict[str, Any]] = []
+@dataclass
+class _Files:
+    """What preflight learns from the file system, gathered in one trip to the pool."""
+
+    config: dict[str, Any] | None = None
+    reason: str | None = None
+    refusals: list[dict[str, Any]] = field(default_factory=list)
+    disk_free: int = 0
+
+
+def _look_at_files(spec: JobSpec, settings: Settings) -> _Files:
+    out = _Files()
+    cap = settings.max_config_bytes
+    out.config, out.reason = est.load_model_config(spec.model.name_or_path, max_bytes=cap)
     # A folder without weights would fail in the trainer after the queue; say so now (a dry run still
     # answers with the plan, since the estimate needs only config.json).
-    problem = est.local_model_problem(spec.model.name_or_path)
+    problem = est.local_model_problem(spec.model.name_or_path, max_config_bytes=cap)
     if problem:
-        refusals.append({"loc": ["body", "model", "name_or_path"], "msg": problem, "type": "model_error"})
-    if config is None:
-        return Estimate(device_memory_bytes=device_bytes, reason=reason), refusals
-    estimate = est.estimate_memory(spec, config, device_memory_bytes=device_bytes)
-    if spec.resources.device == "cuda" and estimate.fits is False and not spec.allow_oversubscribe:
-        fix = est.suggest_fix(spec, config, device_bytes)
+        out.refusals.append({"loc": ["body", "model", "name_or_path"], "msg": problem, "type": "model_error"})
+    problem = local_dataset_problem(spec.dataset.name_or_path)
+    if problem:
+        out.refusals.append(
+            {"loc": ["body", "dataset", "name_or_path"], "msg": problem, "type": "dataset_error"}
+        )
+    settings.runs_dir.mkdir(parents=True, exist_ok=True)
+    out.disk_free = shutil.disk_usage(settings.runs_dir).free
+    return out
+
+
+# What the first bytes of a data file must be for its suffix (after a UTF-8 BOM and white space for the
+# text formats): a file that cannot be one would fail in the trainer after the queue.
+_JSON_STARTS = {".jsonl": b"{", ".json": b"{["}
+_MAGIC = {".parquet": (b"PAR1",), ".arrow": (b"ARROW1", b"\xff\xff\xff\xff")}
+
+
+def local_dataset_problem(name_or_path: str) -> str | None:
+    """Why a local dataset cannot be read as its suffix says, from its first and last bytes alone; None
+    when it can (or when it is a hub id or a folder, which the trainer reads by its contents)."""
+    if not looks_local(name_or_path):
+        return None
+    path = Path(name_or_path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return f"{name_or_path} does not exist"
+    if stat.S_ISDIR(mode):
+        return None
+    try:
+        head, tail, size = userfiles.read_ends(path)
+    except userfiles.NotReadable as exc:
+        return f"{name_or_path} {exc}"
+    if size == 0:
+        return f"{name_or_path} is empty"
+    suffix = path.suffix.lower()
+    if suffix in _JSON_STARTS:
+        text = head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")
+        if text and text[:1] not in _JSON_STARTS[suffix]:
+            what = "JSON Lines (one object per line)" if suffix == ".jsonl" else "JSON"
+            return f"{name_or_path} is not {what}: it starts with byte 0x{text[0]:02x}"
+    elif suffix in _MAGIC:
+        magic = _MAGIC[suffix]
+        ok = head.startswith(magic) and (suffix != ".parquet" or tail.endswith(b"PAR1"))
+        if not ok:
+            return f"{name_or_path} is not a {suffix[1:]} file (its first bytes are not {magic[0]!r})"
+    elif b"\x00" in head:
+        return f"{name_or_path} is not a text file (it holds NUL bytes)"
+    return None
+
+
+def preflight(
+    spec: JobSpec, settings: Settings, owner: str, deadline: Deadline
+) -> tuple[Estimate, list[dict[str, Any]]]:
+    """The memory and disk estimate for the plan, and the refusals it implies (empty when it fits)."""
+    files = deadline.run(functools.partial(_look_at_files, spec, settings))
+    refusals = list(files.refusals)
+    cpu = spec.resources.device == "cpu"
+    if cpu:
+        # A CPU job's "devices" are its processes, which share the host's RAM.
+        memory = settings.host_memory_bytes // spec.resources.processes_per_node
+    else:
+        memory = settings.gpu_memory_bytes_for(spec.resources.slurm.partition or settings.slurm_partition)
+    if files.config is None:
+        return Estimate(device_memory_bytes=memory, reason=files.reason), refusals
+    config = files.config
+    # What allow_oversubscribe skips: the GPU estimate always; the host's RAM and disk only where the
+    # operator lets this owner (a job past them fails for others too: swap, a full disk).
+    skip_host = spec.allow_oversubscribe and settings.oversubscribe_host_allowed(owner)
+    not_skipped = (
+        " (allow_oversubscribe does not skip this check on this server: FTQ_ALLOW_OVERSUBSCRIBE)"
+        if spec.allow_oversubscribe and not skip_host
+        else ""
+    )
+    estimate = est.estimate_memory(spec, config, device_memory_bytes=memory)
+    if estimate.fits is False and cpu and not skip_host:
+        procs = spec.resources.processes_per_node
+        need = (estimate.per_device_bytes or 0) * procs / 1024**3
+        have = settings.host_memory_bytes / 1024**3
+        refusals.append(
+            {
+                "loc": ["body", "resources", "device"],
+                "msg": f"estimated {need:.1f} GiB of host RAM for {procs} CPU process(es) does not fit "
+                f"the host's {have:.1f} GiB (FTQ_HOST_MEMORY_GB); use fewer processes, a smaller "
+                f"max_seq_len or batch, LoRA, or cuda{not_skipped}",
+                "type": "does_not_fit",
+            }
+        )
+    elif estimate.fits is False and not cpu and not spec.allow_oversubscribe:
+        fix = est.suggest_fix(spec, config, memory)
         need = (estimate.per_device_bytes or 0) / 1024**3
-        have = device_bytes / 1024**3
+        have = memory / 1024**3
         msg = f"estimated {need:.1f} GiB per GPU does not fit {have:.0f} GiB"
         msg += f"; {fix}" if fix else ""
         msg += " (set allow_oversubscribe: true to launch anyway)"
         refusals.append({"loc": ["body", "resources"], "msg": msg, "type": "does_not_fit"})
-    disk = est.estimate_disk(spec, config)
-    settings.runs_dir.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(settings.runs_dir).free
-    disk.free_bytes = free
+    disk: DiskEstimate = est.estimate_disk(spec, config)
+    disk.free_bytes = files.disk_free
     estimate.disk = disk
     need_disk = disk.total_bytes or 0
-    if need_disk > free and not spec.allow_oversubscribe:
+    if need_disk > files.disk_free and not skip_host:
         refusals.append(
             {
                 "loc": ["body", "training", "save_steps"],
                 "msg": f"checkpoints and final model need about {need_disk / 1024**3:.1f} GiB but "
-                f"{free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or set "
-                "save_total_limit",
+                f"{files.disk_free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or "
+                f"set save_total_limit{not_skipped}",
                 "type": "disk_full",
             }
         )

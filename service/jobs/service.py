@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ftq import runs
+from ftq import limits, runs
 from ftq.errors import ErrorCode
+from ftq.estimate import Estimate
 from ftq.metrics import Point
 from ftq.redact import redact
 from ftq.render import Plan, render_plan
@@ -78,14 +79,69 @@ def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
             "transformers supports natively, or ask the operator (FTQ_ALLOW_REMOTE_CODE)",
             "not_allowed",
         )
+    errors = [
+        {"loc": ["body", "resources", *loc], "msg": msg, "type": "operator_cap"}
+        for loc, msg in _over_caps(spec, settings)
+    ]
+    if errors:
+        raise SpecError(errors)
+
+
+def _over_caps(spec: JobSpec, settings: Settings) -> list[tuple[list[str], str]]:
+    """The operator's caps on one job (FTQ_MAX_*) this spec goes beyond: (field under resources, why)."""
+    res = spec.resources
+    over: list[tuple[list[str], str]] = []
+    if res.num_nodes > settings.max_nodes_per_job:
+        over.append(
+            (
+                ["num_nodes"],
+                f"{res.num_nodes} nodes exceeds the operator's cap "
+                f"FTQ_MAX_NODES_PER_JOB={settings.max_nodes_per_job}",
+            )
+        )
+    world = f"{res.num_nodes} node(s) x {res.processes_per_node} = {res.world_size}"
+    if res.device == "cuda" and res.world_size > settings.max_gpus_per_job:
+        over.append(
+            (
+                ["processes_per_node"],
+                f"{world} GPUs exceeds the operator's cap FTQ_MAX_GPUS_PER_JOB={settings.max_gpus_per_job}",
+            )
+        )
+    if res.world_size > settings.max_processes_per_job:
+        over.append(
+            (
+                ["processes_per_node"],
+                f"{world} processes exceeds the operator's cap "
+                f"FTQ_MAX_PROCESSES_PER_JOB={settings.max_processes_per_job}",
+            )
+        )
+    asked = res.slurm.time_limit
+    if asked and limits.slurm_time_seconds(asked) > limits.max_seconds(settings):
+        over.append(
+            (
+                ["slurm", "time_limit"],
+                f"{asked} exceeds the operator's cap "
+                f"FTQ_MAX_TIME_LIMIT_HOURS={settings.max_time_limit_hours:g}; ask for less and resume "
+                "from a checkpoint with resume_from",
+            )
+        )
+    return over
+
+
+def _planned(
+    spec: JobSpec, repo: JobRepository, settings: Settings
+) -> tuple[JobSpec, Estimate, list[dict[str, Any]], str | None]:
+    """The policy, the paths and the preflight of a spec: (resolved spec, estimate, refusals, resume)."""
+    check_policy(spec, settings, repo.owner)
+    deadline = preflight.Deadline(settings.preflight_timeout_seconds)
+    spec = preflight.resolve_paths(spec, settings, repo, deadline)
+    resume = checkpoints.resume_checkpoint(spec, repo, settings)
+    estimate, refusals = preflight.preflight(spec, settings, repo.owner, deadline)
+    return spec, estimate, refusals, resume
 
 
 def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str) -> tuple[JobSpec, Plan]:
-    spec = parse_spec(body)
-    check_policy(spec, settings, repo.owner)
-    spec = preflight.resolve_paths(spec, settings, repo)
-    resume = checkpoints.resume_checkpoint(spec, repo, settings)
-    estimate, refusals = preflight.preflight(spec, settings)
+    spec, estimate, refusals, resume = _planned(parse_spec(body), repo, settings)
     if refusals:
         raise SpecError(refusals)
     plan = render_plan(
@@ -100,12 +156,8 @@ def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str)
 
 
 def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
-    spec = parse_spec(body)
-    check_policy(spec, settings, repo.owner)
-    spec = preflight.resolve_paths(spec, settings, repo)
-    resume = checkpoints.resume_checkpoint(spec, repo, settings)
     # A dry run always answers with the plan, fits or not, so the user can see why.
-    estimate, _ = preflight.preflight(spec, settings)
+    spec, estimate, _, resume = _planned(parse_spec(body), repo, settings)
     plan = render_plan(
         spec,
         job_id="dry-run",

@@ -152,7 +152,8 @@ def test_full_disk(tmp_path: Path, tiny_dir: Path) -> None:
     )
     assert res.returncode == 0, f"this test needs root to mount a 1 MiB tmpfs: {res.stderr}"
     try:
-        with running_up(tmp_path, tiny_dir, data_dir=data) as stack:
+        # The operator lets allow_oversubscribe skip the disk check, so the run can hit the wall.
+        with running_up(tmp_path, tiny_dir, data_dir=data, allow_oversubscribe="true") as stack:
             spec: dict[str, Any] = tiny_spec(tiny_dir, max_steps=4, name="disk-full", save_steps=1)
             spec["lora"] = None  # full fine-tuning: the first checkpoint (weights + Adam) needs ~1.6 MB
             # Preflight would refuse it (that is its job); launch anyway to see the run hit the wall.

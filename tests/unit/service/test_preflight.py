@@ -1,0 +1,85 @@
+"""service/jobs/preflight.py in process: the deadline on a preflight's file work, and what a local
+dataset or model path may be (a FIFO, a sparse gigabyte or a wrong format is named, at once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ftq.estimate import local_model_problem
+from service.errors import SpecError
+from service.jobs.preflight import Deadline, local_dataset_problem
+
+GiB = 1024**3
+
+
+def sparse(path: Path, size: int = GiB) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_the_deadline_answers_while_the_file_work_hangs() -> None:
+    release = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(SpecError) as err:
+        Deadline(0.3).run(lambda: release.wait(30))
+    assert time.monotonic() - t0 < 5
+    assert err.value.errors[0]["type"] == "preflight_timeout"
+    assert "FTQ_PREFLIGHT_TIMEOUT_SECONDS=0.3" in err.value.errors[0]["msg"]
+    # The deadline is the request's: one step that used it up leaves none for the next.
+    deadline = Deadline(0.3)
+    with pytest.raises(SpecError):
+        deadline.run(lambda: release.wait(30))
+    with pytest.raises(SpecError):
+        deadline.run(lambda: 1)
+    release.set()
+    assert Deadline(5).run(lambda: 42) == 42
+
+
+def test_dataset_files_that_cannot_be_what_their_suffix_says(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    assert "FIFO" in (local_dataset_problem(str(tmp_path / "fifo.jsonl")) or "")
+    assert "starts with byte 0x00" in (local_dataset_problem(str(sparse(tmp_path / "big.jsonl"))) or "")
+    assert "not a parquet file" in (local_dataset_problem(str(sparse(tmp_path / "big.parquet"))) or "")
+    assert "NUL" in (local_dataset_problem(str(sparse(tmp_path / "big.csv"))) or "")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert "empty" in (local_dataset_problem(str(tmp_path / "empty.jsonl")) or "")
+    (tmp_path / "list.jsonl").write_text('["a"]\n')
+    assert "not JSON Lines" in (local_dataset_problem(str(tmp_path / "list.jsonl")) or "")
+
+
+def test_datasets_that_are_fine(tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl").write_bytes(b"\xef\xbb\xbf\n  " + json.dumps({"text": "hi"}).encode() + b"\n")
+    (tmp_path / "train.json").write_text('[{"text": "hi"}]')
+    (tmp_path / "train.csv").write_text("text\nhi\n")
+    (tmp_path / "t.parquet").write_bytes(b"PAR1" + b"\x00" * 100 + b"PAR1")
+    (tmp_path / "folder").mkdir()
+    for name in ("train.jsonl", "train.json", "train.csv", "t.parquet", "folder"):
+        assert local_dataset_problem(str(tmp_path / name)) is None, name
+    assert local_dataset_problem("org/hub-dataset") is None
+
+
+def test_model_folders_whose_config_is_not_a_small_regular_file(tmp_path: Path) -> None:
+    def folder(name: str) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"")
+        return d
+
+    os.mkfifo(folder("fifo") / "config.json")
+    assert "FIFO" in (local_model_problem(str(tmp_path / "fifo")) or "")
+    sparse(folder("big") / "config.json")
+    assert "1.0 GiB, more than the 1.0 MiB" in (local_model_problem(str(tmp_path / "big")) or "")
+    over = folder("over") / "config.json"
+    over.write_text(json.dumps({"model_type": "llama", "pad": "x" * 1024**2}))
+    assert "more than the 1.0 MiB" in (local_model_problem(str(tmp_path / "over")) or "")
+    assert local_model_problem(str(tmp_path / "over"), max_config_bytes=2 * 1024**2) is None
+    os.mkfifo(tmp_path / "model-fifo")
+    assert "not a model folder (it is a FIFO)" in (local_model_problem(str(tmp_path / "model-fifo")) or "")
+    assert "not a model folder (it is a file)" in (local_model_problem(str(sparse(tmp_path / "m.bin"))) or "")
