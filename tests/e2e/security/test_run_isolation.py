@@ -19,6 +19,8 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ import pytest
 from tests.e2e.security.common import HF_TOKEN, TOKENS, WANDB_KEY, base_spec
 from tests.harness import Deployment, config_only_model, text_dataset
 from tests.harness.api import JobsApi
+from tests.harness.env import REPO
 from tests.harness.procs import wait_gone, wait_until
 
 RUN_USERS = {"alice": "ftq-run-test-a", "bob": "ftq-run-test-b"}
@@ -74,8 +77,77 @@ attack)
   env > env.txt
   # The worker (root) reads this run's metrics: let it read the other run's instead.
   ln -s "$target/metrics.jsonl" metrics.jsonl ;;
+*)
+  # Any other job: the real `accelerate launch` and trainer, on an interpreter the run user may run.
+  PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}@SITE@" exec @INTERPRETER@ "$@" ;;
 esac
 """
+
+# Code from a model repo (model.trust_remote_code, allowed for bob): imported by transformers in the rank
+# that loads the model. It tries each read, and prints what it read re-encoded, as an attacker would.
+REMOTE_CODE = """
+import base64, os
+from pathlib import Path
+
+from transformers import LlamaForCausalLM
+
+
+def _worker():
+    pid, me = os.getpid(), os.getuid()
+    while pid > 1:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if os.stat(f"/proc/{parent}").st_uid != me:
+            return parent
+        pid = parent
+    return 1
+
+
+def _probe(what, read):
+    try:
+        data = read()
+    except OSError as exc:
+        print(f"DENIED {what}: {exc!r}", flush=True)
+    else:
+        print(f"READ {what} " + base64.b64encode(repr(data).encode()).decode(), flush=True)
+
+
+DATA, VICTIM = Path.cwd().parent.parent, Path(@VICTIM@)
+_probe("worker-environ", lambda: Path(f"/proc/{_worker()}/environ").read_bytes())
+_probe("store", lambda: (DATA / "ftq.db").read_bytes()[:100])
+_probe("data-listing", lambda: os.listdir(DATA))
+_probe("runs-listing", lambda: os.listdir(DATA / "runs"))
+_probe("other-run", lambda: os.listdir(VICTIM))
+_probe("other-spec", lambda: (VICTIM / "spec.json").read_text())
+_probe("other-log", lambda: (VICTIM / "train.log").read_text())
+print(f"remote code ran as uid {os.getuid()}", flush=True)
+
+
+class AttackForCausalLM(LlamaForCausalLM):
+    pass
+"""
+
+
+def _interpreter(user: pwd.struct_passwd) -> str:
+    """An interpreter of this Python version that the run user may execute (this venv's may sit under
+    root's 0700 home); the venv's packages come through PYTHONPATH."""
+    want = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for candidate in (sys.executable, f"/usr/bin/python{want}", f"/usr/local/bin/python{want}"):
+        try:
+            out = subprocess.run(
+                [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                user=user.pw_uid,
+                group=user.pw_gid,
+                extra_groups=[],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except OSError:
+            continue
+        if out.stdout.strip() == want:
+            return candidate
+    pytest.fail(f"no python{want} that {user.pw_name} may run: the real launch cannot start as a run user")
 
 
 def _private(mode: int) -> bool:
@@ -145,7 +217,8 @@ def isolated(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
     bin_dir.mkdir()
     bin_dir.chmod(0o755)
     stub = bin_dir / "python"
-    stub.write_text(JOB_CODE)
+    site = sysconfig.get_paths()["purelib"]
+    stub.write_text(JOB_CODE.replace("@INTERPRETER@", _interpreter(run_users["bob"])).replace("@SITE@", site))
     stub.chmod(0o755)
     assets = base / "assets"
     config_only_model(assets / "model")
@@ -164,6 +237,7 @@ def isolated(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
             "database_url": f"sqlite:///{data / 'ftq.db'}",
             "broker_url": "filesystem://",
             "cancel_grace_seconds": 5,
+            "allow_remote_code": "bob",
         },
     )
     try:
@@ -265,3 +339,56 @@ def test_fifos_left_by_a_run_do_not_stall_the_worker(isolated: Deployment) -> No
     # The sweeps go on: the next job is launched, ingested and settled.
     after = _run(isolated, "alice", "victim")
     assert alice.wait_terminal(after, timeout=60)["status"] == "succeeded", isolated.report(after)
+
+
+@pytest.mark.slow
+def test_remote_code_as_a_run_user_reads_nothing_and_the_job_trains(
+    isolated: Deployment, run_users: dict[str, pwd.struct_passwd]
+) -> None:
+    """What the attack on issue 18 did, for real: a model repo whose code the operator allowed for bob
+    runs inside bob's launch (the real accelerate and trainer) and tries every read."""
+    dep = isolated
+    victim = _run(dep, "alice", "victim")
+    assert JobsApi(dep.url, OWNER_TOKENS["alice"]).wait_terminal(victim, timeout=120)["status"] == "succeeded"
+    assets = dep.data_dir.parent / "assets"
+    model = assets / "remote-model"
+    shutil.copytree(REPO / "examples" / "tiny" / "model", model)
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "attack.AttackForCausalLM"}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "attack.py").write_text(REMOTE_CODE.replace("@VICTIM@", repr(str(dep.run_dir(victim)))))
+    shutil.copy(REPO / "examples" / "tiny" / "data" / "train.jsonl", assets / "data" / "tiny.jsonl")
+    # The run user reads the model and the data (make install saves the tiny weights 0600).
+    for path in (*model.iterdir(), assets / "data" / "tiny.jsonl"):
+        path.chmod(0o644)
+    spec = {
+        "name": "remote",
+        "model": {"name_or_path": "./remote-model", "trust_remote_code": True},
+        "dataset": {"name_or_path": "./data/tiny.jsonl", "text_field": "text"},
+        "training": {
+            "max_steps": 4,
+            "max_seq_len": 64,
+            "per_device_train_batch_size": 2,
+            "logging_steps": 1,
+            "learning_rate": 1e-3,
+            "mixed_precision": "no",
+        },
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "resources": {"device": "cpu", "processes_per_node": 1},
+    }
+    bob = JobsApi(dep.url, OWNER_TOKENS["bob"])
+    job_id = str(bob.post_job(spec)["id"])
+    job = bob.wait_terminal(job_id, timeout=480)
+    log = _served_log(dep, "bob", job_id)
+    assert job["status"] == "succeeded", (job, log[-4000:])
+    assert f"remote code ran as uid {run_users['bob'].pw_uid}" in log, log[-4000:]
+    lines = {line.split(":", 1)[0]: line for line in log.splitlines() if line.startswith(("DENIED", "READ"))}
+    for probe in PROBES:
+        assert "PermissionError" in lines.get(f"DENIED {probe}", ""), (probe, lines)
+    assert not [line for line in lines if line.startswith("READ")], lines
+    # The run trained as bob: its points reached the API and its adapter is bob's.
+    with dep.client(OWNER_TOKENS["bob"]) as c:
+        points = c.get(f"/jobs/{job_id}/metrics").json()["data"]
+    assert [p["step"] for p in points if p["loss"] is not None] == [1, 2, 3, 4], points
+    final = dep.run_dir(job_id) / "final"
+    assert final.is_dir() and final.stat().st_uid == run_users["bob"].pw_uid
