@@ -27,6 +27,7 @@ import math
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -153,6 +154,32 @@ def run_user(settings: Settings, owner: str | None) -> RunUser | None:
     return RunUser(name=name, uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir)
 
 
+def _permits(path: Path, user: RunUser, bits: int) -> bool:
+    info = path.stat()
+    if info.st_uid == user.uid:
+        mode = info.st_mode >> 6
+    elif info.st_gid == user.gid:
+        mode = info.st_mode >> 3
+    else:
+        mode = info.st_mode
+    return mode & bits == bits
+
+
+def cannot_run(path: str, user: RunUser) -> str | None:
+    """Why `user` could not execute `path` (a folder on the way it may not enter, the file itself), or
+    None. A venv under root's 0700 home is the usual case: every run would fail with a bare EACCES."""
+    for candidate in dict.fromkeys((Path(path).absolute(), Path(path).resolve())):
+        try:
+            for folder in reversed(candidate.parents):
+                if not _permits(folder, user, 0o1):
+                    return f"{folder} is mode {stat.S_IMODE(folder.stat().st_mode):o}"
+            if not _permits(candidate.resolve(), user, 0o5):
+                return f"{candidate.resolve()} is not readable and executable for it"
+        except OSError as exc:
+            return str(exc)
+    return None
+
+
 def share_run_dir(run_dir: Path, user: RunUser) -> None:
     """Open the run directory to the run's group only (see the module docstring)."""
     os.chown(run_dir, -1, user.gid)
@@ -276,6 +303,12 @@ class LocalLauncher:
         )
         with os.fdopen(log_fd, "ab") as logf:
             if user is not None:
+                why = cannot_run(self.settings.python, user)
+                if why:
+                    raise PermissionError(
+                        f"run user {user.name} cannot run FTQ_PYTHON {self.settings.python} ({why}): set "
+                        "FTQ_PYTHON to an interpreter it may run, with ftq's packages"
+                    )
                 share_run_dir(run_dir, user)
                 # No supplementary groups: the worker's (root's) must not follow the run.
                 as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": RUN_USER_UMASK}

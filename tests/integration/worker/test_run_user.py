@@ -62,9 +62,9 @@ def test_a_run_starts_as_its_owners_user_and_a_planted_marker_is_ignored(
     users: dict[str, pwd.struct_passwd], data_dir: Path
 ) -> None:
     alice, bob = users["alice"], users["bob"]
-    launcher = LocalLauncher(
-        Settings(data_dir=data_dir, run_as_user=",".join(f"{o}:{u}" for o, u in RUN_USERS.items()))
-    )
+    # launch.sh is the test's own: FTQ_PYTHON need only be something the run user may run.
+    mapping = ",".join(f"{o}:{u}" for o, u in RUN_USERS.items())
+    launcher = LocalLauncher(Settings(data_dir=data_dir, run_as_user=mapping, python="/bin/sh"))
     run_dir = data_dir / "job_victim"
     run_dir.mkdir()
     (run_dir / "launch.sh").write_text('id -u > whoami\nsleep 1\nprintf "0\\n" > exit_status\n')
@@ -105,4 +105,22 @@ def test_an_owner_without_a_run_user_is_not_launched(
     (run_dir / "launch.sh").write_text("touch started\n")
     with pytest.raises(LookupError, match="carol"):
         launcher.submit(replace(launch_request("job_carol", run_dir), owner="carol"))
+    assert not (run_dir / "started").exists()
+
+
+def test_an_interpreter_the_run_user_cannot_run_is_a_clear_launch_error(
+    users: dict[str, pwd.struct_passwd], data_dir: Path
+) -> None:
+    # As a venv under root's home (0700) is: every run would otherwise end in a bare "Permission denied".
+    private = data_dir / "private"
+    private.mkdir(mode=0o700)
+    python = private / "python"
+    python.write_text("#!/bin/sh\ntouch started\n")
+    python.chmod(0o755)
+    launcher = LocalLauncher(Settings(data_dir=data_dir, run_as_user="ftq-run-test-a", python=str(python)))
+    run_dir = data_dir / "job_python"
+    run_dir.mkdir()
+    (run_dir / "launch.sh").write_text(f"{python}\n")
+    with pytest.raises(PermissionError, match=f"FTQ_PYTHON {python} .*{private} is mode 700"):
+        launcher.submit(replace(launch_request("job_python", run_dir), owner="alice"))
     assert not (run_dir / "started").exists()
