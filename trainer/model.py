@@ -92,26 +92,62 @@ def load_tokenizer(spec: ModelSpec) -> Any:
     return tokenizer
 
 
-def load_model(spec: JobSpec, dtype: torch.dtype, attn_implementation: str) -> Any:
-    """from_pretrained, after the training arguments exist (so FSDP RAM-efficient loading and ZeRO-3
-    init see the launch environment): under FSDP with cpu_ram_efficient_loading only local rank 0
-    reads the weights, the others build on `meta` and receive them when FSDP wraps the model."""
-    from transformers import AutoModelForCausalLM
+def load_model(
+    spec: JobSpec, dtype: torch.dtype, attn_implementation: str, *, placeholders: str | None = None
+) -> Any:
+    """from_pretrained, after the training arguments exist (so ZeRO-3 init sees the launch environment).
+
+    `placeholders` (`meta` or `cpu`): build the model from its config and read no weights. It is for
+    the ranks that FSDP fills from rank 0 when it wraps the model: transformers 5 reads the full weights
+    on every rank, although its FSDP check says otherwise, so 8 ranks of a 70B job would each hold all
+    of it. FSDP1 (`sync_module_states`) materialises `meta` parameters one unit at a time. FSDP2's
+    prepare in accelerate matches optimizer parameters to sharded ones by storage address, which all
+    `meta` tensors share, so there the parameters are uninitialised CPU storage (`cpu`): the kernel
+    backs a page only once it is written, so RSS does not grow until rank 0's shard arrives.
+    Buffers stay real: non-persistent ones such as rotary `inv_freq` are in no checkpoint and not
+    broadcast, so they are computed here exactly as rank 0's from_pretrained computes them.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     m = spec.model
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            m.name_or_path,
-            revision=m.revision,
-            trust_remote_code=m.trust_remote_code,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-        )
+        if placeholders is not None:
+            from accelerate import init_empty_weights
+
+            config = AutoConfig.from_pretrained(
+                m.name_or_path, revision=m.revision, trust_remote_code=m.trust_remote_code
+            )
+            with init_empty_weights(include_buffers=False):
+                model = AutoModelForCausalLM.from_config(
+                    config,
+                    trust_remote_code=m.trust_remote_code,
+                    dtype=dtype,
+                    attn_implementation=attn_implementation,
+                )
+            if placeholders != "meta":
+                _to_empty_keeping_buffers(model, placeholders)
+            # Tying inside init_empty_weights (or to_empty) leaves two parameters instead of one shared.
+            model.tie_weights()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                m.name_or_path,
+                revision=m.revision,
+                trust_remote_code=m.trust_remote_code,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+            )
     except (OSError, ValueError, ImportError) as err:
         raise ModelError(f"cannot load model {m.name_or_path}: {_first_line(err)}") from err
     if spec.training.gradient_checkpointing:
         model.config.use_cache = False  # the KV cache is useless in training and clashes with checkpointing
     return model
+
+
+def _to_empty_keeping_buffers(model: Any, device: str) -> None:
+    buffers = {name: buf.clone() for name, buf in model.named_buffers()}
+    model.to_empty(device=device)
+    for name, buf in model.named_buffers():
+        buf.copy_(buffers[name])
 
 
 def check_target_modules(model: Any, lora: LoraSpec) -> None:

@@ -20,9 +20,13 @@ RUN_DIR receives metrics.jsonl, checkpoints/checkpoint-<step>/ and final/ (see f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import logging
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, load_splits, trl_rows
 from .errors import FtqError, report_and_exit
+from .memory import peak_rss
 from .model import (
     check_model_path,
     check_target_modules,
@@ -77,8 +82,10 @@ def run(args: TrainerArgs) -> None:
     config = sft_config(spec, out, has_eval=splits.eval is not None)
     state = PartialState()
     strategy = _strategy(state)
+    # Read before engaging FSDP on CPU, which hides the flag from accelerate's later plugin parsing.
+    ram_efficient = strategy == "fsdp" and _env_flag("FSDP_CPU_RAM_EFFICIENT_LOADING")
     if state.device.type == "cpu" and strategy in ("fsdp", "deepspeed"):
-        engage_sharding_on_cpu(strategy, config)
+        ram_efficient &= engage_sharding_on_cpu(strategy, config)
     log.info(
         "strategy %s (%s), %d process(es), device %s; eval: %s",
         strategy,
@@ -96,7 +103,12 @@ def run(args: TrainerArgs) -> None:
     attn = resolve_attn(
         str(spec.model.attn_implementation), state.device.type, str(spec.training.mixed_precision)
     )
-    model = load_model(spec, load_dtype(spec, strategy), attn)
+    # Only rank 0 reads the weights; FSDP hands every other rank its shard of them when it wraps.
+    placeholders = None
+    if ram_efficient and state.process_index != 0:
+        placeholders = "cpu" if os.environ.get("FSDP_VERSION", "1") == "2" else "meta"
+    with peak_rss("loading" if placeholders is None else f"loading ({placeholders} placeholders)"):
+        model = load_model(spec, load_dtype(spec, strategy), attn, placeholders=placeholders)
     peft_config = None
     if spec.lora is not None:
         check_target_modules(model, spec.lora)
@@ -137,7 +149,8 @@ def run(args: TrainerArgs) -> None:
     if eval_ds is not None and (eval_steps is None or trainer.state.global_step % eval_steps != 0):
         trainer.evaluate()
 
-    save_final(trainer, out / runs.FINAL, tokenizer, strategy)
+    with peak_rss("final save"):
+        save_final(trainer, out / runs.FINAL, tokenizer, strategy)
     log.info("saved %s", out / runs.FINAL)
 
     # Leave the process group explicitly, all ranks together: left to interpreter shutdown, a rank's
@@ -244,46 +257,100 @@ def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> 
     """Write `final/`: the LoRA adapter, or a full model that from_pretrained loads, plus the tokenizer.
 
     Intermediate checkpoints stay sharded under FSDP (fast, resumable, article challenge 2); only this
-    save gathers a full state dict. Under ZeRO-3 the 16-bit weights are gathered whatever the config's
-    `zero3_save_16bit_model` says, so `final/` is always loadable. Every rank takes part in the gather.
+    save gathers a full state dict, and under LoRA only the adapter's: the frozen base is what the job
+    started from, and gathering it to rank 0's CPU would take ~276 GB for 70B in float32. Under ZeRO-3
+    the 16-bit weights are gathered whatever the config's `zero3_save_16bit_model` says, so `final/` is
+    always loadable. Every rank takes part in the gather, then waits for rank 0 to finish writing.
     """
+    from peft import PeftModel
+
     acc = trainer.accelerator
+    is_peft = isinstance(acc.unwrap_model(trainer.model), PeftModel)
     state_dict = None
-    if strategy == "fsdp":
+    if strategy == "fsdp" and is_peft:
+        state_dict = trainable_state_dict(trainer.model)
+    elif strategy == "fsdp":
         acc.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
         state_dict = acc.get_state_dict(trainer.model)
     elif strategy == "deepspeed" and trainer.model_wrapped.zero_optimization_partition_weights():
-        from peft import PeftModel
-
-        is_peft = isinstance(acc.unwrap_model(trainer.model), PeftModel)
         # Under LoRA only the adapter is saved: gathering the frozen base would be wasted traffic.
         state_dict = trainer.model_wrapped._zero3_consolidated_16bit_state_dict(
             exclude_frozen_parameters=is_peft
         )
-    if acc.is_main_process:
-        model = acc.unwrap_model(trainer.model)
-        model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(str(final_dir))
-    acc.wait_for_everyone()
+    nbytes = sum(t.numel() * t.element_size() for t in (state_dict or {}).values())
+    with wait_for_main_process_write(nbytes):
+        if acc.is_main_process:
+            model = acc.unwrap_model(trainer.model)
+            model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
+            tokenizer.save_pretrained(str(final_dir))
 
 
-def engage_sharding_on_cpu(strategy: str, config: Any) -> None:
-    """Set up accelerate's shared state for FSDP2 or DeepSpeed on a CPU-only launch.
+def trainable_state_dict(model: Any) -> dict[str, Any]:
+    """The full (unsharded) values of the trainable parameters only, on rank 0's CPU ({} elsewhere).
+
+    torch's sharded state dict costs nothing under FSDP1 and FSDP2 (each rank lists its own shards);
+    dropping the frozen entries before gathering is what keeps the base out of rank 0's memory.
+    Asking for `full_state_dict=True` instead would, under FSDP1, gather every unit before filtering.
+    """
+    from torch.distributed._state_dict_utils import _gather_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=False, ignore_frozen_params=True)
+    sharded = get_model_state_dict(model, options=options)
+    gathered: dict[str, Any] = _gather_state_dict(sharded, cpu_offload=True, ranks_only=(0,))
+    return gathered
+
+
+# Writing a 70B model to a shared filesystem can take longer than any collective timeout; the wait
+# is given a bound that grows with what is written, assuming a slow 25 MB/s, and never under 30 min.
+SAVE_WAIT_MIN_S = 1800.0
+SAVE_WAIT_BYTES_PER_S = 25e6
+
+
+def save_wait_timeout(nbytes: int) -> float:
+    return max(SAVE_WAIT_MIN_S, nbytes / SAVE_WAIT_BYTES_PER_S)
+
+
+@contextlib.contextmanager
+def wait_for_main_process_write(nbytes: int) -> Iterator[None]:
+    """Let rank 0 write (the body) while the other ranks wait on a timeout sized by what it writes.
+
+    Waiting in an ordinary barrier would count against the process group's timeout (`ddp_timeout`,
+    30 min; NCCL's watchdog then kills the job) while rank 0 writes hundreds of GB. The wait is a gloo
+    `monitored_barrier` in a group made for it: it blocks no GPU stream, its timeout is its own, and
+    it still ends with an error naming rank 0 if rank 0 never arrives. `nbytes` is rank 0's.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        yield
+        return
+    # Made by every rank before rank 0 starts writing (creating a group is itself collective).
+    group = dist.new_group(backend="gloo")
+    size = [nbytes]
+    dist.broadcast_object_list(size, src=0, group=group)
+    timeout = save_wait_timeout(int(size[0]))
+    if dist.get_rank() == 0:
+        log.info("final save: %.1f GB to write; the other ranks wait up to %.0f s", size[0] / 1e9, timeout)
+    yield
+    dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True)
+    dist.destroy_process_group(group)
+
+
+def engage_sharding_on_cpu(strategy: str, config: Any) -> bool:
+    """Set up accelerate's shared state for FSDP or DeepSpeed on a CPU-only launch; True when engaged.
 
     accelerate (1.15) quietly runs an FSDP or DeepSpeed config as plain multi-process DDP when the
-    device is the CPU (`use_cpu: true`), although torch's FSDP2 (over gloo) and DeepSpeed's CPU
-    accelerator both work there. The accelerator state is a process-wide singleton, so initialising it
-    here as the launch asked is what the trainer's Accelerator then picks up. GPUs need none of this.
+    device is the CPU (`use_cpu: true`), although torch's FSDP2 and FSDP1 (over gloo) and DeepSpeed's
+    CPU accelerator all work there. The accelerator state is a process-wide singleton, so initialising
+    it here as the launch asked is what the trainer's Accelerator then picks up. GPUs need none of this.
     """
     from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, TorchDynamoPlugin
+    from accelerate.utils import DistributedType, TorchDynamoPlugin
 
     if strategy == "fsdp":
         acc_state = AcceleratorState(dynamo_plugin=TorchDynamoPlugin(), _from_accelerator=True)
-        plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables accelerate launch set
-        if plugin.fsdp_version != 2:
-            log.warning("FSDP1 does not run on CPU; this CPU run trains as DDP (use fsdp version 2 on CPU)")
-            return
+        plugin = _cpu_fsdp_plugin()
         if acc_state._mixed_precision != "no":
             plugin.set_mixed_precision(acc_state._mixed_precision)
         acc_state.fsdp_plugin = plugin
@@ -302,7 +369,44 @@ def engage_sharding_on_cpu(strategy: str, config: Any) -> None:
     # Both are singletons, and every later AcceleratorState() copies PartialState's fields over its own.
     acc_state.distributed_type = kind
     PartialState().distributed_type = kind
+    if kind == DistributedType.FSDP and acc_state.fsdp_plugin.fsdp_version == 1:
+        import torch
+
+        # FSDP1 checks that the `device_id` accelerate passes (the state's device, `cpu:0`) is the
+        # compute device it derives for CPU modules, `cpu`; the same memory either way.
+        acc_state.device = PartialState().device = torch.device("cpu")
     log.info("CPU launch: engaged %s in accelerate's state (accelerate alone would run DDP)", strategy)
+    return True
+
+
+def _cpu_fsdp_plugin() -> Any:
+    """accelerate's FSDP plugin from the launch's FSDP_* variables, made to work on the CPU.
+
+    FSDP1's `sync_module_states` (how rank 0's weights reach the ranks that built on `meta`) is refused
+    twice on CPU: accelerate wants an accelerator to materialise parameters on, and torch refuses CPU
+    tensors because NCCL cannot broadcast them. gloo can, so on this CPU path both are let through.
+    """
+    import torch
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    if os.environ.get("FSDP_VERSION", "1") == "2":
+        return FullyShardedDataParallelPlugin()
+    ram_efficient = _env_flag("FSDP_CPU_RAM_EFFICIENT_LOADING")
+    sync = ram_efficient or _env_flag("FSDP_SYNC_MODULE_STATES")
+    plugin = FullyShardedDataParallelPlugin(sync_module_states=False, cpu_ram_efficient_loading=False)
+    if sync:
+        import torch.distributed.fsdp._init_utils as fsdp_init
+
+        cpu = torch.device("cpu")
+        plugin.sync_module_states = True
+        plugin.cpu_ram_efficient_loading = ram_efficient
+        plugin.param_init_fn = lambda module: module.to_empty(device=cpu, recurse=False)
+        fsdp_init._check_module_states_for_sync_module_states = lambda module_states: None
+    # The trainer's Accelerator parses these again (its plugin is then dropped for this one) and would
+    # refuse them on CPU as above.
+    os.environ["FSDP_SYNC_MODULE_STATES"] = "false"
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"
+    return plugin
 
 
 def _quiet_progress_bars(heavy: bool) -> None:
@@ -327,6 +431,10 @@ def _strategy(state: Any) -> str:
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         return "deepspeed"
     return "ddp" if state.num_processes > 1 else "none"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("true", "1", "yes")
 
 
 def _deepspeed_from_env() -> bool:
