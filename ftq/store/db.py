@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -86,10 +87,15 @@ DATA_DIR_MODE_WITH_RUN_USERS = 0o711
 
 def ensure_data_dir(settings: Settings) -> None:
     """Create the data dir and runs/ owner-only, and take back what an older ftq left world-readable
-    (the SQLite file with its WAL, made 0644 under the default umask)."""
-    mode = DATA_DIR_MODE_WITH_RUN_USERS if settings.run_users else DATA_DIR_MODE
+    (the SQLite file with its WAL, made 0644 under the default umask). A process without run users (an
+    `ftq api` beside a worker that has them) keeps the search bits it finds: it must not lock the runs
+    out of their directories, and search alone lists and reads nothing."""
     for folder in (settings.data_path, settings.runs_dir):
-        folder.mkdir(mode=mode, parents=True, exist_ok=True)
+        folder.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+        current = stat.S_IMODE(folder.stat().st_mode)
+        mode = DATA_DIR_MODE_WITH_RUN_USERS if settings.run_users else current & DATA_DIR_MODE_WITH_RUN_USERS
+        if mode == current:
+            continue
         try:
             folder.chmod(mode)
         except PermissionError:

@@ -174,8 +174,11 @@ def test_without_a_run_user_the_launch_gets_no_service_secret_and_files_are_owne
     values = "\n".join(env.values())
     assert not [t for t in TOKENS.values() if t in values] and WANDB_KEY not in values
     data = shared_up.data_dir
-    for path in (data, data / "runs", run, data / "ftq.db", *(run / n for n in ("spec.json", "train.log"))):
+    for path in (run, data / "ftq.db", *(run / n for n in ("spec.json", "train.log", "launch.sh"))):
         assert _private(path.stat().st_mode), f"{path} is {oct(path.stat().st_mode)}"
+    # The data dir and runs/ (made 0755 by the harness) keep at most search for others: nothing listed.
+    for path in (data, data / "runs"):
+        assert path.stat().st_mode & 0o066 == 0, f"{path} is {oct(path.stat().st_mode)}"
     # What the run itself wrote, too (its umask).
     assert _private((run / "env.json").stat().st_mode)
 
