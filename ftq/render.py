@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from ftq import runs
 from ftq.estimate import Estimate
-from ftq.settings import Settings
+from ftq.settings import Settings, slurm_env_lines
 from ftq.spec import JobSpec
 
 ACCELERATE_LAUNCH = ["-m", "accelerate.commands.launch"]
@@ -29,8 +29,12 @@ TRAINER_MODULE = "trainer"
 # Node-local folder for DeepSpeed NVMe offload, one per job (never the shared run dir: it must be fast
 # local disk).
 NVME_OFFLOAD_ROOT = "/tmp/ftq-offload"
-PORT_BASE = 29500
-PORT_SPAN = 20000
+# Rendezvous ports: below Linux's ephemeral range (32768-60999), where an outgoing connection of any
+# process on the node could already hold the port, and clear of torchrun's default 29500.
+PORT_BASE = 20000
+PORT_SPAN = 9500
+# What torch's elastic agent forwards to its ranks: its defaults plus SLURM's time-limit warning.
+ELASTIC_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 class Plan(BaseModel):
@@ -282,7 +286,10 @@ def sbatch_script(
     """`job.sbatch`: one `accelerate launch` per node under srun, as an expert writes it by hand."""
     res, slurm = spec.resources, spec.resources.slurm
     world = res.num_nodes * res.processes_per_node
-    cpus_per_task = settings.slurm_cpus_per_task or (res.processes_per_node if res.device == "cpu" else None)
+    cpus_per_task = settings.slurm_cpus_per_task or (
+        res.processes_per_node * (settings.slurm_cpus_per_gpu if res.device == "cuda" else 1)
+    )
+    grace = settings.slurm_signal_grace_seconds
     partition = slurm.partition or settings.slurm_partition
     account = slurm.account or settings.slurm_account
 
@@ -293,8 +300,11 @@ def sbatch_script(
     ]
     if res.device == "cuda":
         header.append(f"--gres=gpu:{res.processes_per_node}")
-    if cpus_per_task:
-        header.append(f"--cpus-per-task={cpus_per_task}")
+    header.append(f"--cpus-per-task={cpus_per_task}")
+    if settings.slurm_mem:
+        header.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
+    if settings.slurm_exclusive:
+        header.append("--exclusive")
     if slurm.time_limit:
         header.append(f"--time={_sbatch_value(slurm.time_limit)}")
     if partition:
@@ -308,22 +318,30 @@ def sbatch_script(
         # Preempted or failed-node jobs go back in the queue and resume from their newest checkpoint.
         "--requeue",
     ]
+    if grace:
+        # A warning before the time limit, to this script only (B:): it asks the trainer to checkpoint.
+        header.append(f"--signal=B:USR1@{grace}")
     header += _extra_sbatch_args(settings.slurm_extra_args)
 
     rd = shlex.quote(str(run_dir))
     default_resume = "()"
     if resume_from_checkpoint:
         default_resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
-    srun_opts = [f"--nodes={res.num_nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-    if cpus_per_task:
-        # srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05).
-        srun_opts.append(f"--cpus-per-task={cpus_per_task}")
+    # srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05).
+    srun_opts = [
+        f"--nodes={res.num_nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        f"--cpus-per-task={cpus_per_task}",
+    ]
     accel_args = [
         "--config_file", str(run_dir / runs.ACCELERATE_CONFIG),
         "--num_processes", str(world),
         "--num_machines", str(res.num_nodes),
     ]  # fmt: skip
-    per_node = 'exec "$0" -m accelerate.commands.launch --machine_rank "$SLURM_NODEID" "$@"'
+    # The launch ignores SIGUSR1 (a single process launch would die of it); the ranks, and torchrun's
+    # agent through PET_SIGNALS_TO_HANDLE, install their own handlers.
+    per_node = 'trap "" USR1; exec "$0" -m accelerate.commands.launch --machine_rank "$SLURM_NODEID" "$@"'
     srun_words = [
         "srun " + _q(srun_opts),
         "bash -c " + shlex.quote(per_node),
@@ -337,7 +355,8 @@ def sbatch_script(
             _q(pair)
             for pair in _pairs(trainer_argv(run_dir, None, trust_remote_code=spec.model.trust_remote_code))
         ),
-        '"${RESUME_ARGS[@]}"',
+        # bash < 4.4 calls an empty array unbound under `set -u`: expand it only when it has words.
+        '${RESUME_ARGS[@]+"${RESUME_ARGS[@]}"} &',
     ]
     lines = [
         "#!/bin/bash",
@@ -353,20 +372,44 @@ def sbatch_script(
         f'    && mv -f "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" "$RUN_DIR/{runs.EXIT_STATUS}"',
         "}",
         "trap 'write_exit_status $?' EXIT",
-        "# scancel and the time limit send SIGTERM to every step and to this script: let srun pass it on",
-        "# and return, so the EXIT trap records the launch's status before SLURM's SIGKILL.",
-        "trap 'echo \"ftq: SIGTERM received, waiting for srun\" >&2' TERM",
+        "",
+        "# srun runs in the background so that a signal's trap runs at once, not after srun has ended.",
+        "LAUNCH_PID=",
+        "SIGNALLED=",
+        "STOP_REQUESTED=",
+        "# SLURM's warning before the time limit (--signal=B:USR1) reaches this script alone: srun",
+        "# forwards USR1 to every node's launch, and the trainer checkpoints at its next step and stops.",
+        "stop_with_checkpoint() {",
+        "  SIGNALLED=1 STOP_REQUESTED=1",
+        '  echo "ftq: SIGUSR1 (time limit near): asking the trainer to checkpoint and stop" >&2',
+        '  if [ -n "$LAUNCH_PID" ]; then kill -USR1 "$LAUNCH_PID" 2> /dev/null || true; fi',
+        "}",
+        "trap stop_with_checkpoint USR1",
+        "# scancel and the time limit send SIGTERM to every step and to this script: srun must not get a",
+        "# second one (it would SIGKILL the steps); wait, so the EXIT trap records the launch's status.",
+        "trap 'SIGNALLED=1; echo \"ftq: SIGTERM received, waiting for srun\" >&2' TERM",
         f'rm -f "$RUN_DIR/{runs.EXIT_STATUS}"',
         "",
     ]
     setup = settings.slurm_setup.strip("\n")
     if setup:
         lines += ["# Site setup (FTQ_SLURM_SETUP)", setup, ""]
+    nccl = slurm_env_lines(settings.slurm_nccl_env)
+    if nccl:
+        lines += [
+            "# Network settings for NCCL (FTQ_SLURM_NCCL_ENV); srun hands them to every node",
+            *(f"export {name}={shlex.quote(value)}" for name, value in nccl),
+            "",
+        ]
     lines += [
         "# The first node hosts the rendezvous (awk, not head: head would SIGPIPE scontrol under pipefail).",
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk \'NR == 1\')"',
         'export MASTER_ADDR="${MASTER_ADDR:?could not resolve the first node of $SLURM_JOB_NODELIST}"',
         f"export MASTER_PORT={port}",
+        "",
+        "# torchrun's agents pass SIGUSR1 on to the ranks and give them the grace to save before SIGKILL.",
+        f"export PET_SIGNALS_TO_HANDLE={ELASTIC_SIGNALS}",
+        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={max(grace, 30)}",
         "",
         f"RESUME_ARGS={default_resume}",
         "# A requeued job (preemption, node failure) continues from this run's newest checkpoint.",
@@ -378,6 +421,15 @@ def sbatch_script(
         "# One `accelerate launch` per node. The single-quoted part runs on each node, so $SLURM_NODEID",
         "# is that node's rank; every other word is a plain argument ($0 is the interpreter).",
         " \\\n  ".join(srun_words),
+        "LAUNCH_PID=$!",
+        '[ -z "$STOP_REQUESTED" ] || kill -USR1 "$LAUNCH_PID" 2> /dev/null || true',
+        "# A trapped signal ends `wait` early: wait again until srun itself has ended, for its status.",
+        "while :; do",
+        "  SIGNALLED=",
+        '  status=0 && wait "$LAUNCH_PID" || status=$?',
+        '  [ -n "$SIGNALLED" ] || break',
+        "done",
+        'exit "$status"',
         "",
     ]
     return "\n".join(lines)

@@ -57,7 +57,39 @@ class Settings(BaseSettings):
     slurm_account: str | None = None
     slurm_setup: str = Field("", description="Lines run before srun in every batch script (module load ...).")
     slurm_extra_args: str = Field("", description="Extra `#SBATCH` options, one per line, e.g. `--qos=high`.")
-    slurm_cpus_per_task: int | None = None
+    slurm_cpus_per_task: int | None = Field(
+        None, ge=1, description="--cpus-per-task of every job; unset: derived (FTQ_SLURM_CPUS_PER_GPU)."
+    )
+    slurm_cpus_per_gpu: int = Field(
+        10,
+        ge=1,
+        le=1024,
+        description="GPU jobs ask for this many CPUs per GPU of a node (data loading, the launcher); cpu "
+        "jobs for one per process.",
+    )
+    slurm_mem: str = Field(
+        "0",
+        description="--mem of every job: `0` (all of each node's memory: loading and the final gather "
+        "happen in host RAM), a size such as `500G`, or empty to leave it to the cluster's default.",
+    )
+    slurm_exclusive: bool = Field(False, description="Ask for whole nodes (--exclusive).")
+    slurm_signal_grace_seconds: int = Field(
+        300,
+        ge=0,
+        le=65535,
+        description="SLURM warns a job this long before its time limit (--signal=B:USR1@N); the trainer "
+        "checkpoints and stops. 0: no warning.",
+    )
+    slurm_nccl_env: str = Field(
+        "",
+        description="`NAME=value` lines exported before the launch (NCCL_SOCKET_IFNAME=ib0, "
+        "NCCL_IB_HCA=mlx5, ...); each value is quoted.",
+    )
+    slurm_bin_dir: str = ""
+
+    # Preflight
+    gpu_memory_gb: float = Field(80.0, gt=0)
+    gpu_memory_gb_by_partition: str = Field("", description="`part1:40,part2:80`")
     slurm_bin_dir: str = ""
 
     # Preflight
@@ -171,6 +203,20 @@ class Settings(BaseSettings):
             if not _USER_NAME.match((user if sep else owner).strip()):
                 raise ValueError(f"FTQ_RUN_AS_USER: {item.strip()!r} does not name a user")
         return value
+
+    @field_validator("slurm_mem")
+    @classmethod
+    def _slurm_mem(cls, v: str) -> str:
+        value = v.strip()
+        if value and not _SLURM_SIZE.match(value):
+            raise ValueError(f"FTQ_SLURM_MEM must be a SLURM size such as 0, 512000 or 500G, not {value!r}")
+        return value
+
+    @field_validator("slurm_nccl_env")
+    @classmethod
+    def _slurm_nccl_env(cls, v: str) -> str:
+        slurm_env_lines(v)  # raises on a line that is not NAME=value
+        return v
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
@@ -335,6 +381,24 @@ def host_mem_total() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+_SLURM_SIZE = re.compile(r"^[0-9]+[KMGT]?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def slurm_env_lines(text: str) -> list[tuple[str, str]]:
+    """FTQ_SLURM_NCCL_ENV as (name, value) pairs; a line that is not `NAME=value` is a ValueError."""
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not _ENV_NAME.match(name.strip()) or "\x00" in value:
+            raise ValueError(f"FTQ_SLURM_NCCL_ENV lines are NAME=value: {line!r}")
+        out.append((name.strip(), value.strip()))
+    return out
 
 
 @lru_cache

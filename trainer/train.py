@@ -47,6 +47,8 @@ from .model import (
     lora_config,
     resolve_attn,
 )
+from .preempt import exit_if_stopped, stop_callback
+from .preempt import start as listen_for_stop
 
 log = logging.getLogger("trainer")
 
@@ -63,6 +65,7 @@ def run(args: TrainerArgs) -> None:
     spec, out = args.spec, args.output_dir
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _quiet_progress_bars(heavy=False)
+    stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
 
     # Inputs a user can get wrong are checked before torch is even imported: a typo fails in seconds.
     check_model_path(spec.model)
@@ -128,7 +131,7 @@ def run(args: TrainerArgs) -> None:
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[metrics_callback(out / runs.METRICS)],
+        callbacks=[metrics_callback(out / runs.METRICS), stop_callback(stop)],
     )
 
     if (strategy == "fsdp") != trainer.is_fsdp_enabled or (
@@ -142,6 +145,7 @@ def run(args: TrainerArgs) -> None:
         # Said once per run so the log shows where a continued run picked up (the service greps it).
         log.info("resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
+    exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
 
     # The last step was not an eval step: evaluate once more, so the run ends with its final eval loss.

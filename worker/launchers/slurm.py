@@ -20,6 +20,11 @@ A requeued job (preemption or node failure with `--requeue`) keeps its job id an
 `poll` reports it pending with `requeued=True`, and job.sbatch resumes it from the newest checkpoint
 (`--resume_from_checkpoint latest` when `$SLURM_RESTART_COUNT` > 0).
 
+A job near its time limit gets SLURM's warning (`--signal=B:USR1@<FTQ_SLURM_SIGNAL_GRACE_SECONDS>`),
+which job.sbatch passes to the trainer; it checkpoints and exits with `ftq-error: time_limit`, and with
+`resources.slurm.requeue_on_timeout` `worker.recovery` queues the job again: a new batch job (a new id)
+that resumes from that checkpoint.
+
 Secrets reach the job through the environment of `sbatch` (its default `--export=ALL`), never through
 the script, the plan or the store. That environment is `launch_environment`'s allowlist (never the API
 tokens, the database or the broker URL). SLURM keeps it in the controller's state directory (owned by

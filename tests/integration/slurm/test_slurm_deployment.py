@@ -5,6 +5,7 @@ worker submits job.sbatch, the trainer runs under srun on the test cluster, and 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,3 +92,41 @@ def test_jobs_on_slurm_succeed_fail_and_cancel(stack: Deployment, tiny_dir: Path
     assert failed["external_id"] and failed["external_id"].isdigit()
     # All three ran as SLURM jobs; none is left on the cluster.
     assert not {good["external_id"], slurm_id, failed["external_id"]} & squeue_ids()
+
+
+def test_a_job_warned_of_its_time_limit_checkpoints_is_requeued_and_resumes(
+    stack: Deployment, tiny_dir: Path
+) -> None:
+    """requeue_on_timeout end to end: SLURM's warning before the time limit (what `--signal=B:USR1@<grace>`
+    sends, here sent at once with `scancel --signal=USR1 --batch`, the same signal to the same batch shell,
+    instead of waiting out a time limit) reaches the trainer through job.sbatch and srun; it checkpoints
+    after its current step and exits; the worker queues the job again, and its new batch job resumes from
+    that checkpoint and finishes. metrics.jsonl holds every step once, in order."""
+    spec = slurm_spec(tiny_dir, max_steps=40, name="slurm-timeout")
+    spec["resources"]["slurm"]["requeue_on_timeout"] = True
+    job = stack.post_job(spec)
+    running = stack.wait_for(job["id"], lambda j: j["status"] == "running", 120, "running")
+    first_slurm_id = running["external_id"]
+    run_dir = stack.run_dir(job["id"])
+    assert "#SBATCH --signal=B:USR1@" in (run_dir / "job.sbatch").read_text()
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(
+        "a few trained steps", lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, 120
+    )
+    subprocess.run(["scancel", "--signal=USR1", "--batch", first_slurm_id], check=True, timeout=30)
+
+    done = stack.wait_terminal(job["id"], timeout=300)
+    assert done["status"] == "succeeded", stack.report(job["id"])
+    assert done["external_id"] != first_slurm_id  # a second batch job ran the rest
+    log = stack.train_log(job["id"])
+    stopped = re.search(r"ftq-error: time_limit: stopped after step (\d+) because", log)
+    assert stopped, stack.report(job["id"])
+    stopped_at = int(stopped.group(1))
+    assert 3 <= stopped_at < 40
+    assert f"resuming from {run_dir / 'checkpoints' / f'checkpoint-{stopped_at}'}" in log
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, 41)), steps  # continuous: nothing lost, nothing repeated
+    points = stack.http.get(f"/jobs/{job['id']}/metrics", params={"limit": 1000}).json()["data"]
+    assert [p["step"] for p in points] == list(range(1, 41))
+    assert (run_dir / "exit_status.attempt0").read_text().strip() not in ("", "0")
+    assert (run_dir / "final" / "adapter_model.safetensors").is_file()

@@ -355,3 +355,81 @@ def test_sbatch_script_records_status_when_setup_fails(tmp_path: Path) -> None:
     )
     assert r.returncode == 127
     assert (run_dir / "exit_status").read_text() == "127\n"
+
+
+# SLURM's warning before the time limit ----------
+
+FORWARDING_SRUN = """#!/usr/bin/env bash
+# srun stand-in that, like srun, passes a SIGUSR1 it receives on to every node's task.
+while [[ "${1:-}" == -* ]]; do shift; done
+pids=()
+trap 'kill -USR1 "${pids[@]}"' USR1
+for ((n = 0; n < SLURM_JOB_NUM_NODES; n++)); do
+  SLURM_NODEID=$n "$@" &
+  pids+=($!)
+done
+status=0
+for p in "${pids[@]}"; do
+  while :; do
+    wait "$p" && s=0 || s=$?
+    kill -0 "$p" 2> /dev/null || break
+  done
+  [ "$s" = 0 ] || status=$s
+done
+exit $status
+"""
+# A Python stand-in: bash cannot trap a signal it was started with ignored, and the per-node command
+# ignores SIGUSR1 for the launcher (the real trainer installs its own handler, as this does).
+SIGNALLED_PYTHON = """#!/usr/bin/env python3
+import os, signal, sys, time
+node = os.environ.get("SLURM_NODEID", "local")
+def stop(signum, frame):
+    print(f"fake launch {node} got SIGUSR1", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGUSR1, stop)
+open(f"ready.{node}", "w").close()
+time.sleep(120)
+sys.exit(1)
+"""
+
+
+def test_sbatch_script_passes_the_time_limit_warning_to_every_node_and_records_the_status(
+    tmp_path: Path,
+) -> None:
+    """SLURM sends `--signal=B:USR1` to the batch shell alone, while srun runs: the script must act at once
+    (not after srun ends, as a trap on a foreground command would), pass it on, and still record the
+    launch's own status."""
+    run_dir = tmp_path / "shared" / "job 3"
+    run_dir.mkdir(parents=True)
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(SIGNALLED_PYTHON)
+    python.chmod(0o755)
+    plan = render_plan(
+        example("falcon-180b-lora-zero3"),
+        job_id="job3",
+        run_dir=run_dir,
+        settings=settings(python=str(python), slurm_setup=""),
+    )
+    assert plan.sbatch_script is not None and "#SBATCH --signal=B:USR1@300" in plan.sbatch_script
+    env = _sbatch_env(tmp_path, 0)
+    (tmp_path / "stubs" / "srun").write_text(FORWARDING_SRUN)
+    with open(run_dir / "train.log", "ab") as out:
+        proc = subprocess.Popen(
+            ["bash", "-c", plan.sbatch_script],
+            cwd=run_dir,
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.time() + 20
+    while not all((run_dir / f"ready.{n}").exists() for n in (0, 1)):
+        assert time.time() < deadline and proc.poll() is None, (run_dir / "train.log").read_text()
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGUSR1)  # the batch shell only, as B: does
+    assert proc.wait(timeout=20) == 75
+    assert (run_dir / "exit_status").read_text() == "75\n"
+    log = (run_dir / "train.log").read_text()
+    assert "asking the trainer to checkpoint and stop" in log
+    assert "fake launch 0 got SIGUSR1" in log and "fake launch 1 got SIGUSR1" in log

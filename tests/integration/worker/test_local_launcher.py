@@ -1,16 +1,25 @@
 """The local launcher driving real processes (a stand-in launch.sh in a session of its own, no training):
-start, poll, exit status, cancel with escalation, and adopting a launch whose record was never written."""
+start, poll, exit status, cancel with escalation, and adopting a launch whose record was never written;
+then one real training run, which a cancel stops with a checkpoint."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from ftq import runs
+from ftq.render import render_plan
 from ftq.settings import Settings
+from ftq.spec import JobSpec
+from tests.harness import tiny_spec
 from tests.harness.launching import launch_request
+from trainer.callbacks import read_points
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.local import LocalLauncher, group_members, marked, read_stat
 
@@ -112,3 +121,41 @@ def test_find_adopts_a_launch_whose_record_was_never_written(tmp_path: Path) -> 
     assert found is not None and found.pid == handle.pid and found.pid_start_ticks == handle.pid_start_ticks
     launcher.kill_leftovers(RunRef("job_orphan", req.run_dir, None, handle.pid, handle.pid_start_ticks))
     assert _wait(lambda: marked("job_orphan") == [])
+
+
+@pytest.mark.slow
+def test_a_cancelled_training_run_saves_a_checkpoint_within_the_grace(tiny_dir: Path, tmp_path: Path) -> None:
+    """A real two-process run under the rendered launch.sh: the cancel's SIGTERM (to the group, and to
+    the ranks in their own sessions) makes the ranks checkpoint after their current step and exit, long
+    before the grace would have the launcher SIGKILL them."""
+    settings = Settings(data_dir=tmp_path, cancel_grace_seconds=120, python=sys.executable)
+    launcher = LocalLauncher(settings)
+    body = tiny_spec(tiny_dir, max_steps=100_000, processes=2)  # only the cancel ends it
+    spec = JobSpec.model_validate(body)
+    run_dir = tmp_path / "runs" / "job_cancel"
+    (run_dir / runs.CHECKPOINTS).mkdir(parents=True)
+    plan = render_plan(spec, job_id="job_cancel", run_dir=run_dir, settings=settings)
+    (run_dir / runs.SPEC).write_text(json.dumps(body))
+    (run_dir / runs.ACCELERATE_CONFIG).write_text(plan.accelerate_config_yaml)
+    (run_dir / runs.LAUNCH_SCRIPT).write_text(plan.launch_script)
+    req = LaunchRequest(
+        job_id="job_cancel", run_dir=run_dir, spec=spec, plan=plan, resources={"cpu_slots": 2}
+    )
+    handle = launcher.submit(req)
+    ref = RunRef("job_cancel", run_dir, None, handle.pid, handle.pid_start_ticks)
+    try:
+        assert _wait(lambda: len(read_points(run_dir / runs.METRICS)) >= 3, timeout=240), (
+            run_dir / runs.TRAIN_LOG
+        ).read_text()[-3000:]
+        launcher.cancel(ref)  # SIGTERM; the launcher would SIGKILL only on a call after the grace
+        cancelled = time.time()
+        assert _wait(lambda: launcher.poll([ref])["job_cancel"].phase == RunPhase.exited, timeout=100)
+        assert time.time() - cancelled < settings.cancel_grace_seconds
+    finally:
+        launcher.kill_leftovers(ref)
+    log = (run_dir / runs.TRAIN_LOG).read_text()
+    stopped_at = read_points(run_dir / runs.METRICS)[-1]["step"]
+    assert [(c.step, c.resumable) for c in runs.list_checkpoints(run_dir)] == [(stopped_at, True)], log[
+        -3000:
+    ]
+    assert f"ftq-error: preempted: stopped after step {stopped_at} because" in log

@@ -72,6 +72,11 @@ def settings(**over: Any) -> Settings:
         "slurm_setup": "module load cuda/12.4",
         "slurm_extra_args": "",
         "slurm_cpus_per_task": None,
+        "slurm_cpus_per_gpu": 10,
+        "slurm_mem": "0",
+        "slurm_exclusive": False,
+        "slurm_signal_grace_seconds": 300,
+        "slurm_nccl_env": "NCCL_SOCKET_IFNAME=ib0\nNCCL_IB_HCA=mlx5",
     }
     base.update(over)
     return Settings(**base)
@@ -128,7 +133,10 @@ def test_render_is_deterministic_for_dry_and_real_runs() -> None:
     b = golden_plan("falcon-180b-lora-zero3").model_dump(mode="json")
     assert a == b
     assert default_port(GOLDEN_JOB) == default_port(GOLDEN_JOB)
-    assert 29500 <= default_port(GOLDEN_JOB) < 49500
+    # Below Linux's ephemeral ports (32768-60999), which any outgoing connection may hold.
+    ports = {default_port(f"job_{i}") for i in range(2000)}
+    assert min(ports) >= 20000 and max(ports) < 32768
+    assert 29500 not in ports  # torchrun's default, which another launch on the node may use
     assert default_port("job_a") != default_port("job_b")
 
 
@@ -480,13 +488,77 @@ def test_sbatch_lines_are_the_expected_options() -> None:
         "--nodes",
         "--ntasks-per-node",
         "--gres",
+        "--cpus-per-task",
+        "--mem",
         "--time",
         "--partition",
         "--chdir",
         "--output",
         "--open-mode",
         "--requeue",
+        "--signal",
     ]
+
+
+def test_gpu_nodes_get_cpus_and_memory_derived_from_their_gpus() -> None:
+    sb = golden_plan("falcon-180b-lora-zero3").sbatch_script or ""
+    # 8 GPUs per node x 10 CPUs per GPU; srun asks for the same (it does not inherit it from sbatch).
+    assert "#SBATCH --cpus-per-task=80\n" in sb and "--kill-on-bad-exit=1 --cpus-per-task=80 " in sb
+    assert "#SBATCH --mem=0\n" in sb  # all of each node's memory: loading and the final gather use it
+    assert "--exclusive" not in sb
+    plan = render_plan(
+        example("falcon-180b-lora-zero3"),
+        job_id=GOLDEN_JOB,
+        run_dir=GOLDEN_RUN_DIR,
+        settings=settings(slurm_cpus_per_gpu=12, slurm_mem="900G", slurm_exclusive=True),
+    )
+    sb = plan.sbatch_script or ""
+    assert "#SBATCH --cpus-per-task=96\n" in sb and "#SBATCH --mem=900G\n" in sb
+    assert "#SBATCH --exclusive\n" in sb
+    pinned = settings(slurm_cpus_per_task=64, slurm_mem="", slurm_signal_grace_seconds=0)
+    sb = (
+        render_plan(
+            example("falcon-180b-lora-zero3"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=pinned
+        ).sbatch_script
+        or ""
+    )
+    assert "#SBATCH --cpus-per-task=64\n" in sb and "--mem" not in sb and "#SBATCH --signal" not in sb
+    # A cpu job (a rehearsal on CPU nodes) asks for one CPU per process.
+    cpu = spec_for(
+        distributed={"strategy": "ddp"},
+        resources={"launcher": "slurm", "device": "cpu", "num_nodes": 2, "processes_per_node": 3},
+    )
+    sb = render_plan(cpu, job_id="j", run_dir=Path("/r/j"), settings=settings()).sbatch_script or ""
+    assert "#SBATCH --cpus-per-task=3\n" in sb and "--gres" not in sb
+
+
+def test_the_time_limit_warning_reaches_the_trainer_and_nccl_lines_are_quoted() -> None:
+    sb = golden_plan("llama2-70b-fsdp").sbatch_script or ""
+    assert "#SBATCH --signal=B:USR1@300\n" in sb
+    assert "trap stop_with_checkpoint USR1" in sb and 'kill -USR1 "$LAUNCH_PID"' in sb
+    assert "export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1\n" in sb
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300\n" in sb
+    assert "export NCCL_SOCKET_IFNAME=ib0\nexport NCCL_IB_HCA=mlx5\n" in sb
+    odd = settings(slurm_nccl_env="NCCL_DEBUG_SUBSYS=INIT,NET $(touch /tmp/x)")
+    plan = render_plan(example("llama2-70b-fsdp"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=odd)
+    assert "export NCCL_DEBUG_SUBSYS='INIT,NET $(touch /tmp/x)'\n" in (plan.sbatch_script or "")
+    for bad in ("NCCL_DEBUG", "1NCCL=x", "NCCL DEBUG=INFO", "export NCCL_DEBUG=INFO"):
+        with pytest.raises(ValidationError, match="FTQ_SLURM_NCCL_ENV"):
+            settings(slurm_nccl_env=bad)
+    for bad_mem in ("lots", "0 --exclusive", "10GB", "-1"):
+        with pytest.raises(ValidationError, match="FTQ_SLURM_MEM"):
+            settings(slurm_mem=bad_mem)
+    with pytest.raises(ValidationError):
+        settings(slurm_signal_grace_seconds=-1)
+    with pytest.raises(ValidationError):
+        settings(slurm_cpus_per_gpu=0)
+
+
+def test_an_empty_resume_list_expands_safely_on_old_bash() -> None:
+    # bash < 4.4 calls "${A[@]}" of an empty array unbound under `set -u`, and the script ends there.
+    sb = golden_plan("falcon-180b-lora-zero3").sbatch_script or ""
+    assert '${RESUME_ARGS[@]+"${RESUME_ARGS[@]}"}' in sb
+    assert re.search(r'(?<!\+)"\$\{RESUME_ARGS\[@\]\}"(?!\})', sb) is None
 
 
 def test_nvme_offload_goes_to_a_node_local_folder_per_job() -> None:

@@ -12,7 +12,7 @@ trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
   --config_file /shared/ftq/runs/job_0123456789abcdef/accelerate_config.yaml \
   --num_processes 16 \
   --num_machines 2 \
-  --main_process_port 37413 \
+  --main_process_port 23413 \
   -m trainer \
   --spec /shared/ftq/runs/job_0123456789abcdef/spec.json \
   --output_dir /shared/ftq/runs/job_0123456789abcdef \
