@@ -90,11 +90,6 @@ class Settings(BaseSettings):
     # Preflight
     gpu_memory_gb: float = Field(80.0, gt=0)
     gpu_memory_gb_by_partition: str = Field("", description="`part1:40,part2:80`")
-    slurm_bin_dir: str = ""
-
-    # Preflight
-    gpu_memory_gb: float = Field(80.0, gt=0)
-    gpu_memory_gb_by_partition: str = Field("", description="`part1:40,part2:80`")
 
     # Secrets passed to launches via the environment (names of operator env vars, e.g. `HF_TOKEN`)
     pass_env: str = Field("HF_TOKEN,WANDB_API_KEY", description="Env vars handed to launches, never stored.")
