@@ -326,6 +326,22 @@ def print_plan(plan: PlanPublic) -> None:
     for key, value in estimate.breakdown.items():
         # The breakdown's numbers are bytes (params, grads, optimizer, activations, ...).
         out.print(f"  {escape(str(key))}: {escape(fmt_bytes(value))}")
+    if estimate.usable_device_bytes is not None:
+        out.print(
+            f"usable per device (the allocator keeps the rest): {fmt_bytes(estimate.usable_device_bytes)}"
+        )
+    if estimate.host_bytes_per_node is not None:
+        have = estimate.host_memory_bytes
+        out.print(
+            f"host RAM per node: {fmt_bytes(estimate.host_bytes_per_node)}"
+            + (f" of {fmt_bytes(have)}" if have else " (not checked: FTQ_NODE_MEMORY_GB unset)")
+        )
+        for key, value in estimate.host_breakdown.items():
+            out.print(f"  {escape(str(key))}: {escape(fmt_bytes(value))}")
+    if estimate.fix:
+        out.print(f"fix: {escape(estimate.fix)}")
+    for alternative in estimate.alternatives:
+        out.print(escape(alternative))
 
 
 def follow_job(client: Client, job_id: str) -> int:

@@ -1,16 +1,23 @@
-"""Preflight: will the job fit in device memory, and how much disk will it write?
+"""Preflight: will the job fit in device memory and in the nodes' host RAM, and how much disk will it write?
 
 Everything is computed from the model's `config.json` alone (no weights, no torch), so a 180B job can be
 checked on a laptop before it waits a day in a queue. The numbers are estimates of the usual accounting:
 
 - weights, gradients and Adam state (full fine-tuning: 16 bytes per parameter in all; LoRA: the frozen
   base in the compute dtype plus 16 bytes per adapter parameter), divided by the world size where ZeRO
-  or FSDP shards them, and dropped from the device where they are offloaded;
+  or FSDP shards them, and dropped from the device where they are offloaded. Under ZeRO-3 these model
+  states follow DeepSpeed's own formula (`estimate_zero3_model_states_mem_needs`: 18 bytes per
+  parameter over the world, plus 4 bytes per parameter of the largest layer);
 - activations for `max_seq_len x per_device_train_batch_size` tokens per layer (Korthikanti et al.,
   "Reducing Activation Recomputation in Large Transformer Models", with the MLP and attention shapes of
   the actual model), or with gradient checkpointing one hidden state per layer plus one layer's worth;
-- the logits for the loss, communication buffers (gathered layers under ZeRO-3 / FSDP, reduce buckets)
-  and the CUDA context.
+- the loss head as TRL's SFTTrainer computes it (see `_loss_head_bytes`), communication buffers
+  (gathered layers under ZeRO-3 / FSDP, reduce buckets) and the CUDA context.
+
+A job fits when that sum is within `USABLE_DEVICE_FRACTION` of the device memory (the rest is the
+caching allocator's), and, where the operator says how much host RAM a node has, when the host estimate
+per node fits it too: model loading (every rank's copy, or one per node with RAM-efficient loading),
+the final gather of a full state dict on rank 0, and ZeRO / FSDP CPU offload.
 """
 
 from __future__ import annotations
@@ -33,6 +40,19 @@ GiB = 1024**3
 # The largest model config.json preflight reads (FTQ_MAX_CONFIG_BYTES); real ones are a few KiB.
 CONFIG_MAX_BYTES = 1024**2
 CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # CUDA/NCCL context and cuBLAS workspaces
+# PyTorch's caching allocator reserves more than it hands out (blocks rounded up, fragments too small
+# to reuse), and a card sold as "80 GB" shows CUDA ~79.3 GiB: a job that needs 79.5 of 80 GiB dies of
+# OOM after hours. The estimate must stay within this share of the device memory to fit; 5 % keeps the
+# articles' jobs (both ran on 80 GB A100s) fitting while refusing what has no room left.
+USABLE_DEVICE_FRACTION = 0.95
+# Host RAM of one rank besides model state: Python, torch and CUDA libraries, pinned buffers, the data
+# loader; measured at 1.5-3 GB for the trainer's processes.
+HOST_RUNTIME_BYTES = 2 * GiB
+# DeepSpeed's `additional_buffer_factor` for host memory in its ZeRO-3 estimate (its default).
+DS_HOST_BUFFER_FACTOR = 1.5
+# TRL's fused LM head (trl.kernels.chunked_logprob): tiles of this many tokens x this many vocab entries.
+TRL_TOKEN_TILE = 4096
+TRL_VOCAB_TILE = 32768
 # Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
 ADAM_MASTER_AND_MOMENTS = 12
 ADAM_MOMENTS = 8
@@ -52,12 +72,39 @@ class DiskEstimate(BaseModel):
 
 
 class Estimate(BaseModel):
-    """Preflight memory estimate per device, and the disk the run needs; numbers are None when skipped."""
+    """Preflight: memory per device, host RAM per node and the disk the run needs; None when skipped."""
 
     per_device_bytes: int | None = None
     device_memory_bytes: int | None = None
-    fits: bool | None = None
+    fits: bool | None = Field(
+        None,
+        description="per_device_bytes within usable_device_bytes, and host_bytes_per_node within "
+        "host_memory_bytes where that is known.",
+    )
     breakdown: dict[str, int] = Field(default_factory=dict)
+    usable_device_bytes: int | None = Field(
+        None,
+        description="The share of device_memory_bytes a job may plan for (95 %); the rest is left to the "
+        "caching allocator.",
+    )
+    host_bytes_per_node: int | None = Field(
+        None, description="Peak host RAM per node: runtime + max(loading, offload + final gather)."
+    )
+    host_breakdown: dict[str, int] = Field(
+        default_factory=dict,
+        description="runtime (every rank), loading (the copies of the weights read at start), offload "
+        "(ZeRO / FSDP CPU offload), final_gather (the full state dict rank 0 gathers for final/).",
+    )
+    host_memory_bytes: int | None = Field(None, description="Host RAM per node, when the operator set it.")
+    host_fits: bool | None = None
+    fix: str | None = Field(
+        None, description="The smallest change that makes the job fit without changing what it trains."
+    )
+    alternatives: list[str] = Field(
+        default_factory=list,
+        description="Changes that would fit but change what the job trains (e.g. LoRA instead of full "
+        "fine-tuning); never applied or offered as the fix.",
+    )
     reason: str | None = None
     model_type: str | None = None
     num_parameters: int | None = None
@@ -103,6 +150,13 @@ class Arch:
     @property
     def layer_params(self) -> int:
         return sum(lin.d_in * lin.d_out for lin in self.linears) + self.layer_other_params
+
+    @property
+    def largest_module_params(self) -> int:
+        """The parameters of the largest single module (a Linear or the token embedding), the unit
+        DeepSpeed's ZeRO-3 estimate calls the largest layer."""
+        token_embedding = self.vocab * self.hidden
+        return max(max(lin.d_in * lin.d_out for lin in self.linears), token_embedding)
 
     @property
     def num_params(self) -> int:
@@ -281,15 +335,42 @@ def _activation_bytes(spec: JobSpec, arch: Arch) -> dict[str, int]:
         activations = arch.layers * int(2 * h * tokens * scale) + per_layer
     else:
         activations = arch.layers * per_layer
-    # Logits in the compute dtype, their fp32 copy for the loss, and its gradient.
-    logits = tokens * arch.vocab * (_compute_bytes(spec) + 4 + 4)
-    return {"activations": activations, "logits": logits}
+    return {"activations": activations, "logits": _loss_head_bytes(spec, arch, tokens)}
+
+
+def _loss_head_bytes(spec: JobSpec, arch: Arch, tokens: int) -> int:
+    """The LM head and loss as TRL 1.x's SFTTrainer runs them: never the (batch, seq, vocab) logits.
+
+    SFTTrainer patches the model with `add_fused_lm_head` and computes the loss from per-token
+    log-probabilities (trl.kernels.chunked_logprob): forward and backward project
+    `TRL_TOKEN_TILE x TRL_VOCAB_TILE` tiles in the compute dtype (float32 too where Triton is missing),
+    keep the final hidden states for backward, accumulate the hidden states' gradient in float32 and,
+    when the head is trained (full fine-tuning), the whole head's gradient in float32 before casting it
+    to the weight's dtype. transformers' own loss (`ForCausalLMLoss`) would instead hold the logits in
+    the compute dtype, their float32 upcast and its gradient: 10 bytes per token and vocab entry, which
+    for a 128k vocabulary at 4,096 tokens is 5 GB that this trainer never allocates.
+    """
+    cb = _compute_bytes(spec)
+    tile = min(tokens, TRL_TOKEN_TILE) * min(arch.vocab, TRL_VOCAB_TILE)
+    tile_bytes = tile * cb + (tile * 4 if spec.resources.device == "cpu" else 0)
+    hidden_saved = tokens * arch.hidden * cb
+    hidden_grad = tokens * arch.hidden * 4
+    head_grad = 0
+    if spec.lora is None:
+        # The gathered head's weight is in the compute dtype under FSDP / DeepSpeed, float32 elsewhere.
+        weight_bytes = cb if str(spec.distributed.strategy) in ("fsdp", "deepspeed") else 4
+        head_grad = arch.vocab * arch.hidden * (4 + weight_bytes)
+    return int(tile_bytes + hidden_saved + hidden_grad + head_grad)
 
 
 def estimate_memory(
-    spec: JobSpec, model_config: dict[str, Any] | None, *, device_memory_bytes: int
+    spec: JobSpec,
+    model_config: dict[str, Any] | None,
+    *,
+    device_memory_bytes: int,
+    host_memory_bytes: int | None = None,
 ) -> Estimate:
-    """Peak memory per device for this job: per_device_bytes, fits, and a breakdown in bytes."""
+    """Peak memory per device and host RAM per node for this job: per_device_bytes, fits, breakdowns."""
     arch = parse_arch(model_config) if model_config else None
     if arch is None:
         kind = (model_config or {}).get("model_type", "unknown")
@@ -302,12 +383,28 @@ def estimate_memory(
     cb = _compute_bytes(spec)
     total = arch.num_params
     strategy = str(dist.strategy)
+    zero3 = strategy == "deepspeed" and dist.deepspeed.zero_stage == 3
+    trainable = total if spec.lora is None else lora_params(arch, spec.lora)
 
     # Load dtypes as the trainer chooses them (trainer.model.load_dtype): FSDP and full fine-tuning
     # outside DeepSpeed keep fp32 weights (the compute dtype comes from FSDP's policy or autocast);
     # DeepSpeed and LoRA elsewhere load in the half dtype.
-    if spec.lora is None:
-        trainable = total
+    if zero3:
+        # DeepSpeed's own arithmetic (deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs):
+        # 18 bytes per parameter over the world (16-bit weight, and 16 bytes of gradient, fp32 master
+        # and Adam moments), 2 of them when the optimizer is offloaded, none when the parameters are too.
+        # Under LoRA only the adapters carry the 16; the frozen base keeps its 16-bit weight.
+        p_bytes = cb
+        state_bytes = 16 if cb == 2 else 12  # fp32 training has no master copy
+        params = (
+            0
+            if dist.deepspeed.offload_params != "none"
+            else int(p_bytes * (total + _adapters(spec, arch)) / world)
+        )
+        states = 0 if dist.deepspeed.offload_optimizer != "none" else int(state_bytes * trainable / world)
+        grads = states * p_bytes // state_bytes
+        optimizer = states - grads
+    elif spec.lora is None:
         if strategy == "deepspeed" and cb == 2:
             # 16-bit weights and gradients; DeepSpeed's optimizer holds the fp32 master copy.
             p_bytes, g_bytes, o_bytes = cb, cb, ADAM_MASTER_AND_MOMENTS
@@ -317,7 +414,6 @@ def estimate_memory(
         grads = trainable * g_bytes
         optimizer = trainable * o_bytes
     else:
-        trainable = lora_params(arch, spec.lora)
         # Frozen base weights; adapters in fp32 (PEFT keeps them so) with fp32 grads and Adam moments.
         base_bytes = 4 if strategy == "fsdp" else cb
         params = total * base_bytes + trainable * 4
@@ -326,9 +422,9 @@ def estimate_memory(
 
     # Sharding: which of the three is divided over the world, and what is offloaded off the device.
     shard_params = shard_grads = shard_opt = False
-    if strategy == "deepspeed":
+    if strategy == "deepspeed" and not zero3:
         stage = dist.deepspeed.zero_stage
-        shard_opt, shard_grads, shard_params = stage >= 1, stage >= 2, stage >= 3
+        shard_opt, shard_grads = stage >= 1, stage >= 2
     elif strategy == "fsdp":
         shard_params = shard_grads = shard_opt = True
     if shard_params:
@@ -337,19 +433,24 @@ def estimate_memory(
         grads //= world
     if shard_opt:
         optimizer //= world
-    if strategy == "deepspeed":
-        if dist.deepspeed.offload_optimizer != "none":
-            optimizer = 0
-        if dist.deepspeed.offload_params != "none":
-            params = 0
+    host_offload = 0
+    if strategy == "deepspeed" and not zero3 and dist.deepspeed.offload_optimizer != "none":
+        optimizer = 0
     elif strategy == "fsdp" and dist.fsdp.offload_params:
         # FSDP CPU offload keeps parameter shards and gradients on the host; the optimizer steps there.
+        host_offload = (params + grads + optimizer) * res.processes_per_node
         params = grads = optimizer = 0
 
-    # Communication buffers: the layers gathered at once under ZeRO-3 / FSDP, reduce buckets otherwise.
+    # Communication buffers: the layers gathered at once under FSDP, DeepSpeed's buckets otherwise.
     largest_unit = max(arch.layer_params, arch.embedding_params + arch.head_params)
     trainable_layer = arch.layer_params if spec.lora is None else trainable // max(arch.layers, 1)
-    if shard_params:
+    largest_layer = 0
+    if zero3:
+        # DeepSpeed's term for the largest layer (its 16-bit weight and gradient, gathered whole), then
+        # the prefetch and reduce buckets that transformers sizes from the hidden size (0.9 h^2, h^2).
+        largest_layer = 4 * arch.largest_module_params
+        comm = int(1.9 * arch.hidden * arch.hidden * cb)
+    elif shard_params:
         # The layer being computed plus the one being prefetched, in the compute dtype, and the
         # unsharded gradients of one layer before they are reduce-scattered.
         comm = 2 * largest_unit * cb + trainable_layer * cb
@@ -368,16 +469,26 @@ def estimate_memory(
         "params": int(params),
         "grads": int(grads),
         "optimizer": int(optimizer),
+        **({"largest_layer": largest_layer} if zero3 else {}),
         **_activation_bytes(spec, arch),
         "comm_buffers": int(comm),
         "cuda_context": CUDA_CONTEXT_BYTES if res.device == "cuda" else 0,
     }
     per_device = sum(breakdown.values())
+    usable = int(device_memory_bytes * USABLE_DEVICE_FRACTION)
+    host = _host_breakdown(spec, arch, per_device, trainable, host_offload)
+    host_bytes = host["runtime"] + max(host["loading"], host["offload"] + host["final_gather"])
+    host_fits = None if not host_memory_bytes else host_bytes <= host_memory_bytes
     return Estimate(
         per_device_bytes=per_device,
         device_memory_bytes=device_memory_bytes,
-        fits=per_device <= device_memory_bytes,
+        usable_device_bytes=usable,
+        fits=per_device <= usable and host_fits is not False,
         breakdown=breakdown,
+        host_bytes_per_node=host_bytes,
+        host_breakdown=host,
+        host_memory_bytes=host_memory_bytes or None,
+        host_fits=host_fits,
         model_type=arch.model_type,
         num_parameters=total,
         trainable_parameters=trainable,
@@ -386,42 +497,153 @@ def estimate_memory(
     )
 
 
-def _fits(spec: JobSpec, arch_config: dict[str, Any], device_memory_bytes: int) -> tuple[bool, int]:
-    est = estimate_memory(spec, arch_config, device_memory_bytes=device_memory_bytes)
+def _adapters(spec: JobSpec, arch: Arch) -> int:
+    return 0 if spec.lora is None else lora_params(arch, spec.lora)
+
+
+def _load_bytes(spec: JobSpec) -> int:
+    """Bytes per parameter of the weights as from_pretrained returns them (trainer.model.load_dtype)."""
+    strategy = str(spec.distributed.strategy)
+    if _compute_bytes(spec) == 4 or strategy == "fsdp":
+        return 4
+    return 2 if strategy == "deepspeed" or spec.lora is not None else 4
+
+
+def _host_breakdown(
+    spec: JobSpec, arch: Arch, per_device: int, trainable: int, fsdp_offload: int
+) -> dict[str, int]:
+    """Host RAM per node, by what holds it. Loading comes first and is freed once the weights are on
+    the devices; offloaded state stays for the whole run, and the final gather comes on top of it."""
+    res, dist = spec.resources, spec.distributed
+    procs, nodes = res.processes_per_node, res.num_nodes
+    total = arch.num_params
+    strategy = str(dist.strategy)
+    runtime = HOST_RUNTIME_BYTES * procs
+    if res.device == "cpu":
+        # The "device" is the host: every process's whole estimate lives in this node's RAM.
+        return {"runtime": runtime, "loading": per_device * procs, "offload": 0, "final_gather": 0}
+    zero3 = strategy == "deepspeed" and dist.deepspeed.zero_stage == 3
+    load = _load_bytes(spec)
+    if zero3:
+        # DeepSpeed's host terms (estimate_zero3_model_states_mem_needs, buffer factor 1.5): with
+        # zero3_init every rank builds its shard and reads the checkpoint a layer at a time; without
+        # it every rank holds the full fp32 model first.
+        per_rank = arch.largest_module_params if dist.deepspeed.zero3_init else total
+        loading = int(per_rank * 4 * procs * DS_HOST_BUFFER_FACTOR)
+    elif strategy == "fsdp" and dist.fsdp.cpu_ram_efficient_loading:
+        # Local rank 0 reads the weights; the others build on `meta` and receive them when FSDP wraps.
+        loading = total * load
+    else:
+        loading = total * load * procs
+    offload = fsdp_offload
+    if strategy == "deepspeed" and dist.deepspeed.zero_stage > 0:
+        ds = dist.deepspeed
+        # DeepSpeed's arithmetic for what it offloads, per node: 16 bytes per trainable parameter for the
+        # optimizer (its fp32 gradient, master copy and Adam moments) and 2 per parameter for the weights.
+        offloaded = (16 * trainable if ds.offload_optimizer == "cpu" else 0) + (
+            2 * (total + _adapters(spec, arch)) if ds.offload_params == "cpu" else 0
+        )
+        offload = int(offloaded / nodes * DS_HOST_BUFFER_FACTOR)
+    # final/: rank 0 gathers a full state dict in its CPU memory (LoRA: the adapter alone).
+    if strategy == "fsdp":
+        final = trainable * 4
+    elif zero3:
+        final = (trainable if spec.lora is not None else total) * 2
+    else:
+        final = 0  # rank 0 saves the model it holds
+    return {"runtime": runtime, "loading": int(loading), "offload": offload, "final_gather": int(final)}
+
+
+def _fits(
+    spec: JobSpec, arch_config: dict[str, Any], device_memory_bytes: int, host_memory_bytes: int | None
+) -> tuple[bool, int]:
+    est = estimate_memory(
+        spec, arch_config, device_memory_bytes=device_memory_bytes, host_memory_bytes=host_memory_bytes
+    )
     return bool(est.fits), int(est.per_device_bytes or 0)
 
 
-def suggest_fix(spec: JobSpec, model_config: dict[str, Any] | None, device_memory_bytes: int) -> str | None:
+Fits = Callable[[JobSpec], int | None]
+
+
+def _fitter(model_config: dict[str, Any], device_memory_bytes: int, host_memory_bytes: int | None) -> Fits:
+    def fits(candidate: JobSpec) -> int | None:
+        ok, need = _fits(candidate, model_config, device_memory_bytes, host_memory_bytes)
+        return need if ok else None
+
+    return fits
+
+
+def _sentence(labels: list[str], need: int) -> str:
+    return f"it would fit with {_join(labels)} (about {need / GiB:.1f} GiB per device)"
+
+
+def suggest_fix(
+    spec: JobSpec,
+    model_config: dict[str, Any] | None,
+    device_memory_bytes: int,
+    host_memory_bytes: int | None = None,
+) -> str | None:
     """One sentence: the smallest change that makes the job fit, or None (it fits, or nothing found).
 
-    Single changes first, cheapest first: gradient checkpointing, a smaller micro-batch, ZeRO-3/FSDP,
-    LoRA, more nodes (SLURM jobs with a sharded strategy), CPU offload; then the same changes combined.
+    Only changes that keep what the job trains (the same weights, data and global batch): single changes
+    first, cheapest first: gradient checkpointing, a smaller micro-batch, ZeRO-3/FSDP, more nodes (SLURM
+    jobs with a sharded strategy), CPU offload; then the same changes combined. LoRA instead of full
+    fine-tuning trains something else: `suggest_alternatives` offers it, labelled so.
     """
     if not model_config or parse_arch(model_config) is None:
         return None
-    if _fits(spec, model_config, device_memory_bytes)[0]:
+    fits = _fitter(model_config, device_memory_bytes, host_memory_bytes)
+    if fits(spec) is not None:
         return None
+    found = _search(spec, _fix_steps(spec), fits)
+    return _sentence(*found) if found else None
 
-    def fits(candidate: JobSpec) -> int | None:
-        ok, need = _fits(candidate, model_config, device_memory_bytes)
-        return need if ok else None
 
-    def sentence(labels: list[str], need: int) -> str:
-        return f"it would fit with {_join(labels)} (about {need / GiB:.1f} GiB per device)"
+def suggest_alternatives(
+    spec: JobSpec,
+    model_config: dict[str, Any] | None,
+    device_memory_bytes: int,
+    host_memory_bytes: int | None = None,
+) -> list[str]:
+    """Changes that would make a job fit but change what it trains, each a sentence that says so."""
+    if spec.lora is not None or not model_config or parse_arch(model_config) is None:
+        return []
+    fits = _fitter(model_config, device_memory_bytes, host_memory_bytes)
+    if fits(spec) is not None:
+        return []
+    with_lora = spec.model_copy(deep=True)
+    with_lora.lora = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
+    label = "LoRA instead of full fine-tuning (lora: {r: 16, target_modules: all-linear})"
+    if (need := fits(with_lora)) is not None:
+        found: tuple[list[str], int] | None = ([label], need)
+    else:
+        found = _search(with_lora, _fix_steps(with_lora), fits)
+        if found is not None:
+            found = ([label, *found[0]], found[1])
+    if found is None:
+        return []
+    return [
+        "Alternatively (changes what is trained: the base stays frozen and only adapters learn): "
+        + _sentence(*found)
+    ]
 
-    steps = _fix_steps(spec)
+
+def _search(
+    spec: JobSpec, steps: list[tuple[str, Callable[[JobSpec], None]]], fits: Fits
+) -> tuple[list[str], int] | None:
     *cheap, offload = steps
     for label, apply in cheap:
         candidate = spec.model_copy(deep=True)
         apply(candidate)
         if (need := fits(candidate)) is not None:
-            return sentence([label], need)
-    if (found := _more_nodes(spec, fits)) is not None:
-        return sentence([found[0]], found[1])
+            return [label], need
+    if (more := _more_nodes(spec, fits)) is not None:
+        return [more[0]], more[1]
     candidate = spec.model_copy(deep=True)
     offload[1](candidate)
     if (need := fits(candidate)) is not None:
-        return sentence([offload[0]], need)
+        return [offload[0]], need
     # Combined, in the same order.
     combined = spec.model_copy(deep=True)
     labels: list[str] = []
@@ -429,26 +651,44 @@ def suggest_fix(spec: JobSpec, model_config: dict[str, Any] | None, device_memor
         apply(combined)
         labels.append(label)
         if (need := fits(combined)) is not None:
-            return sentence(labels, need)
-    if (found := _more_nodes(combined, fits)) is not None:
-        return sentence([*labels, found[0]], found[1])
+            return labels, need
+    if (more := _more_nodes(combined, fits)) is not None:
+        return [*labels, more[0]], more[1]
     offload[1](combined)
     if (need := fits(combined)) is not None:
-        return sentence([*labels, offload[0]], need)
+        return [*labels, offload[0]], need
     return None
 
 
-def _more_nodes(spec: JobSpec, fits: Callable[[JobSpec], int | None]) -> tuple[str, int] | None:
-    """Doubling the nodes of a sharded SLURM job until it fits (a local job cannot have more nodes)."""
+def _more_nodes(spec: JobSpec, fits: Fits) -> tuple[str, int] | None:
+    """Doubling the nodes of a sharded SLURM job until it fits (a local job cannot have more nodes).
+
+    The global batch is kept by dividing gradient_accumulation_steps where it divides; where it cannot,
+    the label says how the global batch grows, since that changes the run."""
     dist = spec.distributed
     sharded = dist.strategy == "fsdp" or (dist.strategy == "deepspeed" and dist.deepspeed.zero_stage == 3)
     if spec.resources.launcher != "slurm" or not sharded:
         return None
+    tr, nodes = spec.training, spec.resources.num_nodes
     candidate = spec.model_copy(deep=True)
     while candidate.resources.num_nodes * 2 <= 1024:
         candidate.resources.num_nodes *= 2
+        factor = candidate.resources.num_nodes // nodes
+        accum = tr.gradient_accumulation_steps
+        candidate.training.gradient_accumulation_steps = accum // factor if accum % factor == 0 else accum
         if (need := fits(candidate)) is not None:
-            return f"resources.num_nodes: {candidate.resources.num_nodes}", need
+            label = f"resources.num_nodes: {candidate.resources.num_nodes}"
+            if accum % factor == 0:
+                label += (
+                    f" and training.gradient_accumulation_steps: {accum // factor} (the same global batch)"
+                )
+            else:
+                per_node = spec.resources.processes_per_node * tr.per_device_train_batch_size * accum
+                label += (
+                    f" (the global batch grows from {per_node * nodes} to "
+                    f"{per_node * candidate.resources.num_nodes} sequences per step)"
+                )
+            return label, need
     return None
 
 
@@ -461,6 +701,19 @@ def _fix_steps(spec: JobSpec) -> list[tuple[str, Callable[[JobSpec], None]]]:
     tr, dist, res = spec.training, spec.distributed, spec.resources
     world = res.num_nodes * res.processes_per_node
     fsdp_ac = dist.strategy == "fsdp" and dist.fsdp.activation_checkpointing
+    # Host RAM first: loading the weights once per node instead of once per rank costs nothing.
+    if dist.strategy == "fsdp" and not dist.fsdp.cpu_ram_efficient_loading:
+
+        def ram_efficient(s: JobSpec) -> None:
+            s.distributed.fsdp.cpu_ram_efficient_loading = True
+
+        steps.append(("distributed.fsdp.cpu_ram_efficient_loading: true", ram_efficient))
+    if dist.strategy == "deepspeed" and dist.deepspeed.zero_stage == 3 and not dist.deepspeed.zero3_init:
+
+        def zero3_init(s: JobSpec) -> None:
+            s.distributed.deepspeed.zero3_init = True
+
+        steps.append(("distributed.deepspeed.zero3_init: true", zero3_init))
     if not tr.gradient_checkpointing and not fsdp_ac:
 
         def checkpointing(s: JobSpec) -> None:
@@ -496,13 +749,6 @@ def _fix_steps(spec: JobSpec) -> list[tuple[str, Callable[[JobSpec], None]]]:
                 s.distributed.fsdp.reshard_after_forward = True
 
             steps.append(("distributed.fsdp.reshard_after_forward: true", reshard))
-    if spec.lora is None:
-
-        def use_lora(s: JobSpec) -> None:
-            s.lora = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
-
-        label = "LoRA instead of full fine-tuning (lora: {r: 16, target_modules: all-linear})"
-        steps.append((label, use_lora))
     if dist.strategy == "fsdp":
 
         def fsdp_offload(s: JobSpec) -> None:

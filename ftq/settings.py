@@ -90,6 +90,12 @@ class Settings(BaseSettings):
     # Preflight
     gpu_memory_gb: float = Field(80.0, gt=0)
     gpu_memory_gb_by_partition: str = Field("", description="`part1:40,part2:80`")
+    node_memory_gb: float = Field(
+        0.0,
+        ge=0,
+        description="Host RAM of one GPU node, which a cuda job's host estimate (loading, final gather, "
+        "CPU offload) must fit; 0: reported in the plan, not checked.",
+    )
 
     # Secrets passed to launches via the environment (names of operator env vars, e.g. `HF_TOKEN`)
     pass_env: str = Field("HF_TOKEN,WANDB_API_KEY", description="Env vars handed to launches, never stored.")

@@ -179,7 +179,8 @@ def preflight(
         if spec.allow_oversubscribe and not skip_host
         else ""
     )
-    estimate = est.estimate_memory(spec, config, device_memory_bytes=memory)
+    node_bytes = (int(settings.node_memory_gb * 1024**3) or None) if not cpu else None
+    estimate = est.estimate_memory(spec, config, device_memory_bytes=memory, host_memory_bytes=node_bytes)
     if estimate.fits is False and cpu and not skip_host:
         procs = spec.resources.processes_per_node
         need = (estimate.per_device_bytes or 0) * procs / 1024**3
@@ -193,14 +194,14 @@ def preflight(
                 "type": "does_not_fit",
             }
         )
-    elif estimate.fits is False and not cpu and not spec.allow_oversubscribe:
-        fix = est.suggest_fix(spec, config, memory)
-        need = (estimate.per_device_bytes or 0) / 1024**3
-        have = memory / 1024**3
-        msg = f"estimated {need:.1f} GiB per GPU does not fit {have:.0f} GiB"
-        msg += f"; {fix}" if fix else ""
-        msg += " (set allow_oversubscribe: true to launch anyway)"
-        refusals.append({"loc": ["body", "resources"], "msg": msg, "type": "does_not_fit"})
+    elif estimate.fits is False and not cpu:
+        # On the plan too, so a dry run shows what would fit before anything is submitted.
+        estimate.fix = est.suggest_fix(spec, config, memory, node_bytes)
+        estimate.alternatives = est.suggest_alternatives(spec, config, memory, node_bytes)
+        if not spec.allow_oversubscribe:
+            refusals.append(
+                {"loc": ["body", "resources"], "msg": _does_not_fit(estimate), "type": "does_not_fit"}
+            )
     disk: DiskEstimate = est.estimate_disk(spec, config)
     disk.free_bytes = files.disk_free
     estimate.disk = disk
@@ -216,3 +217,28 @@ def preflight(
             }
         )
     return estimate, refusals
+
+
+def _does_not_fit(estimate: Estimate) -> str:
+    """Why a cuda job does not fit (device memory, host RAM), the fix that keeps what it trains, and
+    the alternatives that change it, labelled so."""
+    gib = 1024**3
+    parts = []
+    need, usable = estimate.per_device_bytes or 0, estimate.usable_device_bytes or 0
+    have = (estimate.device_memory_bytes or 0) / gib
+    if need > usable:
+        parts.append(
+            f"estimated {need / gib:.1f} GiB per GPU does not fit {have:.0f} GiB"
+            f" (a job may plan for {usable / gib:.1f} GiB of it; the rest is the allocator's)"
+        )
+    if estimate.host_fits is False:
+        host, ram = estimate.host_bytes_per_node or 0, estimate.host_memory_bytes or 0
+        biggest = max(estimate.host_breakdown, key=lambda k: estimate.host_breakdown[k])
+        parts.append(
+            f"estimated {host / gib:.0f} GiB of host RAM per node does not fit {ram / gib:.0f} GiB "
+            f"(FTQ_NODE_MEMORY_GB; most of it: {biggest.replace('_', ' ')})"
+        )
+    msg = " and ".join(parts)
+    msg += f"; {estimate.fix}" if estimate.fix else ""
+    msg += "".join(f". {alt}" for alt in estimate.alternatives)
+    return msg + " (set allow_oversubscribe: true to launch anyway)"
