@@ -102,14 +102,21 @@ def marked(job_id: str, procs: list[ProcInfo] | None = None, uid: int | None = N
     out = []
     for p in procs if procs is not None else scan_proc():
         try:
-            if uid is not None and os.stat(f"/proc/{p.pid}").st_uid != uid:
-                continue
             env = Path(f"/proc/{p.pid}/environ").read_bytes()
+            if needle in b"\0" + env and (uid is None or _real_uid(p.pid) == uid):
+                out.append(p.pid)
         except OSError:
             continue
-        if needle in b"\0" + env:
-            out.append(p.pid)
     return out
+
+
+def _real_uid(pid: int) -> int:
+    # From status, not the owner of /proc/<pid>: a process that made itself non-dumpable shows as root's
+    # there, and would slip past the cleanup of its run.
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise ProcessLookupError(pid)
 
 
 # The run's group writes its run directory; the sticky bit: only the worker removes the worker's files.

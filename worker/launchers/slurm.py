@@ -216,6 +216,11 @@ class SlurmLauncher:
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or get_settings()
+        if self.settings.run_users:
+            log.warning(
+                "FTQ_RUN_AS_USER applies to local runs: SLURM jobs run as the account that submits them "
+                "(this worker's); see the README's Run isolation"
+            )
         # None: not asked yet; False: this cluster keeps no accounting (sacct is skipped from then on).
         self._sacct_ok: bool | None = None
 

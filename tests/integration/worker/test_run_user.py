@@ -4,11 +4,13 @@ as this run's by setting its marker (FTQ_JOB_ID): the worker neither waits for t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import pytest
 from ftq.settings import Settings
 from tests.harness.launching import launch_request
 from worker.launchers.base import RunPhase, RunRef
-from worker.launchers.local import LocalLauncher
+from worker.launchers.local import LocalLauncher, RunUser, cannot_run
 
 RUN_USERS = {"alice": "ftq-run-test-a", "bob": "ftq-run-test-b"}
 
@@ -124,3 +126,48 @@ def test_an_interpreter_the_run_user_cannot_run_is_a_clear_launch_error(
     with pytest.raises(PermissionError, match=f"FTQ_PYTHON {python} .*{private} is mode 700"):
         launcher.submit(replace(launch_request("job_python", run_dir), owner="alice"))
     assert not (run_dir / "started").exists()
+
+
+def test_a_non_dumpable_leftover_of_a_run_is_still_its_own(
+    users: dict[str, pwd.struct_passwd], data_dir: Path
+) -> None:
+    """A leftover of a run user's run (its own session, non-dumpable, which some kernels show as root's in
+    /proc/<pid>) is still counted by its real uid: the run is not taken for ended while it lives, and the
+    cleanup kills it across users."""
+    alice = users["alice"]
+    user = RunUser("ftq-run-test-a", alice.pw_uid, alice.pw_gid, alice.pw_dir)
+    want = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    python = next(
+        (
+            p
+            for p in (sys.executable, f"/usr/bin/python{want}", "/usr/bin/python3")
+            if not cannot_run(p, user)
+        ),
+        None,
+    )
+    assert python is not None, "no python the run user may run"
+    launcher = LocalLauncher(Settings(data_dir=data_dir, run_as_user="ftq-run-test-a", python=python))
+    run_dir = data_dir / "job_daemon"
+    run_dir.mkdir()
+    daemon = (
+        "import ctypes, os, time; ctypes.CDLL(None).prctl(4, 0); "
+        "open('daemon.pid', 'w').write(str(os.getpid())); time.sleep(120)"
+    )
+    (run_dir / "launch.sh").write_text(f'setsid {python} -c "{daemon}" &\nprintf "0\\n" > exit_status\n')
+    handle = launcher.submit(replace(launch_request("job_daemon", run_dir), owner="alice"))
+    ref = RunRef("job_daemon", run_dir, None, handle.pid, handle.pid_start_ticks)
+    deadline = time.monotonic() + 20
+    while not (run_dir / "daemon.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int((run_dir / "daemon.pid").read_text())
+    try:
+        time.sleep(0.5)  # launch.sh has ended; its daemon has not
+        assert launcher.poll([ref])["job_daemon"].phase == RunPhase.running
+        launcher.kill_leftovers(ref)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            assert time.monotonic() < deadline, "the run's leftover survived the cleanup"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
