@@ -263,6 +263,15 @@ class ResourcesSpec(_Strict):
     def world_size(self) -> int:
         return self.num_nodes * self.processes_per_node
 
+    @model_validator(mode="after")
+    def _requeue_needs_slurm(self) -> ResourcesSpec:
+        if self.slurm.requeue_on_timeout and self.launcher != Launcher.slurm:
+            # A local job's time limit is the operator's cap (FTQ_MAX_TIME_LIMIT_HOURS): not to be renewed.
+            raise _field_error(
+                ("slurm", "requeue_on_timeout"), "requeue_on_timeout needs resources.launcher: slurm"
+            )
+        return self
+
 
 class ResumeFrom(_Strict):
     job_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]

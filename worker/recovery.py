@@ -78,8 +78,10 @@ def retry(session: Session, job: Job, run_dir: Path, failure: failures.Failure) 
 
 
 def _requeue_on_timeout(job: Job) -> bool:
-    slurm = ((job.spec or {}).get("resources") or {}).get("slurm") or {}
-    return bool(slurm.get("requeue_on_timeout"))
+    resources = (job.spec or {}).get("resources") or {}
+    return resources.get("launcher") == "slurm" and bool(
+        (resources.get("slurm") or {}).get("requeue_on_timeout")
+    )
 
 
 def _progress(run_dir: Path) -> int | None:

@@ -76,7 +76,10 @@ def add_job(job_id: str, tiny: Path, *, requeue_on_timeout: bool = False) -> Pat
     settings = get_settings()
     body = tiny_spec(tiny, max_steps=4, save_steps=2)
     if requeue_on_timeout:
-        body["resources"]["slurm"] = {"time_limit": "1:00:00", "requeue_on_timeout": True}
+        # A SLURM job's spec; the stand-in launcher below runs it locally all the same.
+        body["resources"].update(
+            launcher="slurm", slurm={"time_limit": "1:00:00", "requeue_on_timeout": True}
+        )
     spec = JobSpec.model_validate(body)
     run_dir = settings.runs_dir / job_id
     plan = render_plan(spec, job_id=job_id, run_dir=run_dir, settings=settings)

@@ -90,3 +90,18 @@ def test_flash_attention_needs_a_half_precision(attn: str) -> None:
         JobSpec.model_validate(spec(attn, half))
     # auto is resolved by the trainer (sdpa without a half dtype), so it stays valid.
     JobSpec.model_validate(spec("auto", "no"))
+
+
+def test_requeue_on_timeout_is_for_slurm_jobs() -> None:
+    from service.errors import SpecError
+    from service.jobs.service import parse_spec
+
+    slurm = {"launcher": "slurm", "slurm": {"time_limit": "4:00:00", "requeue_on_timeout": True}}
+    assert JobSpec.model_validate(_minimal(resources=slurm)).resources.slurm.requeue_on_timeout
+    assert not JobSpec.model_validate(_minimal()).resources.slurm.requeue_on_timeout  # off by default
+    # A local job's time limit is the operator's cap: a 422 naming the field, not a job that renews it.
+    with pytest.raises(SpecError) as err:
+        parse_spec(_minimal(resources={**slurm, "launcher": "local"}))
+    (only,) = err.value.errors
+    assert only["loc"] == ["body", "resources", "slurm", "requeue_on_timeout"]
+    assert "needs resources.launcher: slurm" in only["msg"]
