@@ -1,0 +1,96 @@
+"""bench/gpu_jobs.py in process: the GPU bench's matrix, specs and arithmetic, checked without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_jobs import (
+    BUDGET_S,
+    LLAMA3_8B,
+    LLAMA_1B,
+    Job,
+    Result,
+    flops_per_token,
+    job_spec,
+    plan_jobs,
+    ram_check,
+    table,
+)
+from ftq.estimate import estimate_memory, parse_arch
+
+H200 = 141 * 10**9
+
+
+def test_the_matrix_on_a_gpu_covers_both_models_attentions_and_batches() -> None:
+    jobs = plan_jobs(False, ["flash_attention_2", "sdpa"], steps_big=50, steps_small=100)
+    training = [j for j in jobs if j.device == "cuda"]
+    assert {(j.model, j.lora, j.attn, j.packing) for j in training} == {
+        (model, model == "big", attn, packing)
+        for model in ("big", "small")
+        for attn in ("flash_attention_2", "sdpa")
+        for packing in (True, False)
+    }
+    # Items 1-2 at 8B scale: FSDP2 over two ranks, RAM-efficient loading, LoRA.
+    (rss,) = [j for j in jobs if j.name.startswith("rss-")]
+    spec = job_spec(rss, Path("/m"), Path("/d.jsonl"))
+    assert (rss.model, rss.processes, spec.distributed.strategy) == ("big", 2, "fsdp")
+    assert spec.distributed.fsdp.cpu_ram_efficient_loading and spec.lora is not None
+    # Sized for the device's 15 minutes: no job starts past the budget, and each has its own bound.
+    assert BUDGET_S + max(j.timeout_s for j in jobs) <= 15 * 60
+    # The headline pair and the RAM check come first, before the variants a short budget may skip.
+    assert [j.name for j in jobs[:3]] == [
+        "8b-lora-flash_attention_2-packed",
+        "1b-full-flash_attention_2-packed",
+        rss.name,
+    ]
+
+
+@pytest.mark.parametrize(
+    "job", plan_jobs(False, ["flash_attention_2", "sdpa"], 50, 100), ids=lambda j: j.name
+)
+def test_every_gpu_job_is_a_valid_spec_that_the_estimate_says_fits_an_h200(job: Job) -> None:
+    spec = job_spec(job, Path("/models/x"), Path("/data/train.jsonl"))
+    if job.device != "cuda":
+        return
+    est = estimate_memory(spec, LLAMA3_8B if job.model == "big" else LLAMA_1B, device_memory_bytes=H200)
+    assert est.fits is True, (job.name, est.per_device_bytes)
+
+
+def test_flops_per_token_is_palms_accounting() -> None:
+    arch = parse_arch(LLAMA3_8B)
+    assert arch is not None
+    n = arch.layers * arch.layer_params + arch.vocab * arch.hidden  # no embedding lookup, with the head
+    assert n == pytest.approx(7.5e9, rel=0.01)
+    attn = 12 * arch.layers * arch.hidden
+    full = Job("f", "big", False, "sdpa", True, 1, 2048, 1)
+    lora = Job("l", "big", True, "sdpa", True, 1, 2048, 1)
+    flash = Job("p", "big", True, "flash_attention_2", True, 1, 2048, 1)
+    assert flops_per_token(LLAMA3_8B, full, 300) == 6 * n + attn * 2048
+    assert flops_per_token(LLAMA3_8B, lora, 300) == 4 * n + attn * 2048
+    # Packed under flash attention, a token attends within its own document only.
+    assert flops_per_token(LLAMA3_8B, flash, 300) == 4 * n + attn * 300
+
+
+def test_ram_check_and_table_read_what_the_trainer_logged() -> None:
+    job = Job("rss-x", "big", True, "sdpa", True, 1, 64, 1, "cpu", 2, "fsdp")
+    good = Result(
+        job=job,
+        exit_code=0,
+        phase_rss_mib={"rank 0 loading": 30000, "rank 1 loading": 900, "rank 0 final save": 12},
+        final_files={"adapter_model.safetensors": 84_000_000, "adapter_config.json": 900},
+        peak_rss_by_rank={"0": 40 * 2**30, "1": 20 * 2**30},
+    )
+    check = ram_check(good)
+    assert check["rank1_under_a_fifth_of_rank0"] and check["adapter_only_final"]
+    bad = Result(
+        job=job,
+        exit_code=0,
+        phase_rss_mib={"rank 0 loading": 30000, "rank 1 loading": 29000},
+        final_files={"model.safetensors": 16 * 10**9},
+    )
+    check = ram_check(bad)
+    assert not check["rank1_under_a_fifth_of_rank0"] and not check["adapter_only_final"]
+    text = table([good, bad])
+    assert "rank 1 loading +900 MiB" in text and "0: 40.0, 1: 20.0" in text
