@@ -23,6 +23,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ import pytest
 from tests.e2e.security.common import HF_TOKEN, TOKENS, WANDB_KEY, base_spec
 from tests.harness import Deployment, config_only_model, text_dataset
 from tests.harness.api import JobsApi
+from tests.harness.deployment import Mode
 from tests.harness.env import REPO
 from tests.harness.procs import wait_gone, wait_until
 
@@ -208,10 +210,10 @@ def run_users() -> dict[str, pwd.struct_passwd]:
     return {owner: pwd.getpwnam(user) for owner, user in RUN_USERS.items()}
 
 
-@pytest.fixture(scope="module")
-def isolated(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
-    """`ftq up` as root with a run user per owner. Its folders are outside pytest's tmp (root's, 0700),
-    so that a run user can reach its run directory at all."""
+@contextmanager
+def _isolated(run_users: dict[str, pwd.struct_passwd], mode: Mode) -> Iterator[Deployment]:
+    """A deployment as root with a run user per owner. Its folders are outside pytest's tmp (root's,
+    0700), so that a run user can reach its run directory at all."""
     base = Path(tempfile.mkdtemp(prefix="ftq-runas-"))
     base.chmod(0o711)
     logs = base / "logs"
@@ -229,6 +231,7 @@ def isolated(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
     data = base / "data"
     dep = Deployment(
         logs,
+        mode=mode,
         data_dir=data,
         tokens=OWNER_TOKENS,
         env={"HF_TOKEN": HF_TOKEN, "OPERATOR_DB_PASSWORD": OPERATOR_SECRET},
@@ -250,6 +253,20 @@ def isolated(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def isolated(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
+    """`ftq up`: API, worker and scheduler in one command."""
+    with _isolated(run_users, "up") as dep:
+        yield dep
+
+
+@pytest.fixture(scope="module")
+def isolated_split(run_users: dict[str, pwd.struct_passwd]) -> Iterator[Deployment]:
+    """`ftq api` and `ftq worker` as two processes: the API's environment is a second one to reach."""
+    with _isolated(run_users, "api+worker") as dep:
+        yield dep
+
+
 def _run(dep: Deployment, owner: str, name: str) -> str:
     spec = base_spec()
     spec["name"] = name
@@ -264,10 +281,11 @@ def _served_log(dep: Deployment, owner: str, job_id: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("deployment", ["isolated", "isolated_split"])
 def test_a_run_as_its_run_user_reads_no_secret_no_store_and_no_other_run(
-    isolated: Deployment, run_users: dict[str, pwd.struct_passwd]
+    deployment: str, request: pytest.FixtureRequest, run_users: dict[str, pwd.struct_passwd]
 ) -> None:
-    dep = isolated
+    dep: Deployment = request.getfixturevalue(deployment)
     alice, bob = JobsApi(dep.url, OWNER_TOKENS["alice"]), JobsApi(dep.url, OWNER_TOKENS["bob"])
     victim = _run(dep, "alice", "victim")
     assert alice.wait_terminal(victim, timeout=120)["status"] == "succeeded", dep.report(victim)
