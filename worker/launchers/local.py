@@ -187,6 +187,22 @@ def cannot_run(path: str, user: RunUser) -> str | None:
     return None
 
 
+def run_user_problems(settings: Settings) -> list[str]:
+    """What would stop a launch as each configured run user (no such user, root, a shared group, an
+    FTQ_PYTHON it cannot execute, a worker that is not root)."""
+    problems: list[str] = []
+    for owner in settings.run_users:
+        try:
+            user = run_user(settings, None if owner == "*" else owner)
+        except (LookupError, ValueError, PermissionError) as exc:
+            problems.append(str(exc))
+            continue
+        why = cannot_run(settings.python, user) if user is not None else None
+        if user is not None and why:
+            problems.append(f"run user {user.name} cannot run FTQ_PYTHON {settings.python} ({why})")
+    return list(dict.fromkeys(problems))
+
+
 def share_run_dir(run_dir: Path, user: RunUser) -> None:
     """Open the run directory to the run's group only (see the module docstring)."""
     os.chown(run_dir, -1, user.gid)
@@ -266,6 +282,9 @@ class LocalLauncher:
         # Called in the reaper thread when a run this process started ends: the worker sweeps at once
         # instead of at its next interval, so the job is settled (and the next one started) sooner.
         self.on_exit = on_exit
+        for problem in run_user_problems(self.settings):
+            # Said once at start, where the operator looks; each launch it stops fails with the same words.
+            log.error("%s: the launches this stops will fail", problem)
 
     # Environment -----------------------------------------------------------------------------------
     def run_env(self, req: LaunchRequest, user: RunUser | None = None) -> dict[str, str]:

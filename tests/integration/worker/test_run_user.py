@@ -5,6 +5,7 @@ as this run's by setting its marker (FTQ_JOB_ID): the worker neither waits for t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pwd
 import shutil
@@ -171,3 +172,15 @@ def test_a_non_dumpable_leftover_of_a_run_is_still_its_own(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
+
+
+def test_the_worker_says_at_start_what_would_stop_a_launch(
+    users: dict[str, pwd.struct_passwd], data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mapping = "alice:ftq-run-test-a,bob:ftq-no-such-user,*:root"
+    with caplog.at_level(logging.ERROR, logger="worker.launchers.local"):
+        LocalLauncher(Settings(data_dir=data_dir, run_as_user=mapping, python="/bin/sh"))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert "'ftq-no-such-user', who does not exist" in said[0]
+    assert "'root' is root" in said[1]
