@@ -274,8 +274,7 @@ def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> 
     if strategy == "fsdp" and is_peft:
         state_dict = trainable_state_dict(trainer.model)
     elif strategy == "fsdp":
-        acc.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-        state_dict = acc.get_state_dict(trainer.model)
+        state_dict = full_state_dict(acc, trainer.model)
     elif strategy == "deepspeed" and trainer.model_wrapped.zero_optimization_partition_weights():
         # Under LoRA only the adapter is saved: gathering the frozen base would be wasted traffic.
         state_dict = trainer.model_wrapped._zero3_consolidated_16bit_state_dict(
@@ -286,23 +285,102 @@ def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> 
         if acc.is_main_process:
             model = acc.unwrap_model(trainer.model)
             model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
+            if is_peft:
+                _unwrapped_adapter_names(final_dir / "adapter_model.safetensors")
             tokenizer.save_pretrained(str(final_dir))
+
+
+def full_state_dict(acc: Any, model: Any) -> dict[str, Any]:
+    """The whole model gathered to rank 0's CPU, one FSDP unit at a time ({} elsewhere)."""
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if not isinstance(model, FSDP):  # FSDP2
+        acc.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+        gathered: dict[str, Any] = acc.get_state_dict(model)
+        return gathered
+    # accelerate always asks FSDP1 to offload to the CPU, which on a CPU run reads a tensor FSDP has
+    # already freed (a segfault in torch 2.13); there the gathered tensors are in host memory anyway.
+    config = FullStateDictConfig(offload_to_cpu=acc.device.type != "cpu", rank0_only=True)
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+        gathered = model.state_dict()
+    return gathered
 
 
 def trainable_state_dict(model: Any) -> dict[str, Any]:
     """The full (unsharded) values of the trainable parameters only, on rank 0's CPU ({} elsewhere).
 
-    torch's sharded state dict costs nothing under FSDP1 and FSDP2 (each rank lists its own shards);
-    dropping the frozen entries before gathering is what keeps the base out of rank 0's memory.
-    Asking for `full_state_dict=True` instead would, under FSDP1, gather every unit before filtering.
+    The frozen base never leaves its shards: gathering it is what would put ~276 GB (70B, float32) on
+    rank 0. FSDP2's sharded state dict costs nothing, so torch drops the frozen entries before it
+    gathers the rest. FSDP1 builds even a sharded state dict by unsharding every unit and copying each
+    rank's chunk of every parameter (1/N of the model per rank), so there each unit is unsharded on its
+    own, and rank 0 copies out its trainable parameters before the next one.
     """
-    from torch.distributed._state_dict_utils import _gather_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):
+        return _fsdp1_trainable_state_dict(model)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=False, ignore_frozen_params=True)
-    sharded = get_model_state_dict(model, options=options)
-    gathered: dict[str, Any] = _gather_state_dict(sharded, cpu_offload=True, ranks_only=(0,))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_model_state_dict(model, options=options)
+
+
+def _fsdp1_trainable_state_dict(root: Any) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    # use_orig_params keeps each parameter object through (un)sharding: its id names it in every unit.
+    names = {id(p): _peft_key(n) for n, p in root.named_parameters()}
+    on_rank_0 = dist.get_rank() == 0
+    gathered: dict[str, Any] = {}
+    for unit in FSDP.fsdp_modules(root):  # the same order on every rank: each summon is collective
+        nested = {id(p) for inner in FSDP.fsdp_modules(unit) if inner is not unit for p in inner.parameters()}
+        trainable = [p for p in unit.parameters() if id(p) not in nested and p.requires_grad]
+        if not trainable:
+            continue
+        with FSDP.summon_full_params(unit, recurse=False, writeback=False):
+            if on_rank_0:
+                for p in trainable:
+                    gathered[names[id(p)]] = p.detach().to("cpu", copy=True)
     return gathered
+
+
+WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def _peft_key(name: str) -> str:
+    """A parameter's name as PEFT's save_pretrained expects it from the unwrapped model.
+
+    PEFT (0.21) matches keys against its module names, which keep FSDP1's inner wrappers (each decoder
+    layer is a unit, and so is each LoRA `lora_A.default` that accelerate wraps apart from the frozen
+    weights), and drops the adapter name only where it is next to last: the root's wrapper and one
+    between the adapter name and the tensor's own name go. Any other key is silently left out.
+    """
+    module, _, leaf = name.removeprefix(WRAPPERS[0] + ".").rpartition(".")
+    for wrapper in WRAPPERS:
+        module = module.removesuffix("." + wrapper)
+    return f"{module}.{leaf}"
+
+
+def _unwrapped_adapter_names(adapter_file: Path) -> None:
+    """Rewrite a saved adapter whose tensor names carry FSDP1's inner wrappers with the model's names.
+
+    PEFT (0.21) names adapter tensors after the module tree it is given, and under FSDP1 every decoder
+    layer is a nested unit: left alone, a LoRA job's final/ would be empty or would not load.
+    """
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(adapter_file)
+    if not tensors:
+        raise RuntimeError(f"{adapter_file} holds no tensors: the adapter was lost on the way to the save")
+    renamed = {}
+    for name, tensor in tensors.items():
+        for wrapper in WRAPPERS:
+            name = name.replace(wrapper + ".", "")
+        renamed[name] = tensor
+    if renamed.keys() != tensors.keys():
+        save_file(renamed, adapter_file, metadata={"format": "pt"})
 
 
 # Writing a 70B model to a shared filesystem can take longer than any collective timeout; the wait
