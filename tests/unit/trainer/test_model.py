@@ -1,0 +1,58 @@
+"""`load_model` with placeholders: what a rank that FSDP fills from rank 0 builds instead of reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftq.spec import JobSpec
+from trainer.model import load_model
+
+
+@pytest.fixture(scope="module")
+def tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with tied embeddings (as Llama 3.2 1B and many small models ship)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tied")
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("placeholders", ["meta", "cpu"])
+def test_placeholders_hold_no_weights_but_rank_0s_buffers_and_ties(
+    tied_model: Path, placeholders: str
+) -> None:
+    import torch
+
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name_or_path": str(tied_model)},
+            "dataset": {"name_or_path": "/data/train.jsonl"},
+            "training": {"max_steps": 1},
+        }
+    )
+    read: Any = load_model(spec, torch.float32, "sdpa")
+    built: Any = load_model(spec, torch.float32, "sdpa", placeholders=placeholders)
+
+    assert {p.device.type for p in built.parameters()} == {placeholders}
+    assert [n for n, _ in built.named_parameters()] == [n for n, _ in read.named_parameters()]
+    assert all(p.dtype == torch.float32 for p in built.parameters())
+    # Non-persistent buffers are in no checkpoint and FSDP does not broadcast them: computed for real.
+    buffers = dict(read.named_buffers())
+    assert buffers.keys() == dict(built.named_buffers()).keys()
+    for name, buf in built.named_buffers():
+        assert buf.device.type == "cpu" and torch.equal(buf, buffers[name]), name
+    # FSDP must see one shared parameter, as rank 0's model has, or the ranks' units disagree.
+    assert built.lm_head.weight is built.model.embed_tokens.weight
