@@ -554,28 +554,38 @@ def _host_breakdown(
     return {"runtime": runtime, "loading": int(loading), "offload": offload, "final_gather": int(final)}
 
 
-def _fits(
-    spec: JobSpec, arch_config: dict[str, Any], device_memory_bytes: int, host_memory_bytes: int | None
-) -> tuple[bool, int]:
-    est = estimate_memory(
-        spec, arch_config, device_memory_bytes=device_memory_bytes, host_memory_bytes=host_memory_bytes
-    )
-    return bool(est.fits), int(est.per_device_bytes or 0)
+@dataclass(frozen=True)
+class Need:
+    """What a candidate change needs: bytes per device and host RAM per node."""
+
+    device: int
+    host: int
 
 
-Fits = Callable[[JobSpec], int | None]
+Fits = Callable[[JobSpec], Need | None]
 
 
 def _fitter(model_config: dict[str, Any], device_memory_bytes: int, host_memory_bytes: int | None) -> Fits:
-    def fits(candidate: JobSpec) -> int | None:
-        ok, need = _fits(candidate, model_config, device_memory_bytes, host_memory_bytes)
-        return need if ok else None
+    def fits(candidate: JobSpec) -> Need | None:
+        est = estimate_memory(
+            candidate,
+            model_config,
+            device_memory_bytes=device_memory_bytes,
+            host_memory_bytes=host_memory_bytes,
+        )
+        if not est.fits:
+            return None
+        return Need(int(est.per_device_bytes or 0), int(est.host_bytes_per_node or 0))
 
     return fits
 
 
-def _sentence(labels: list[str], need: int) -> str:
-    return f"it would fit with {_join(labels)} (about {need / GiB:.1f} GiB per device)"
+def _sentence(labels: list[str], need: Need) -> str:
+    # The host figure too: CPU offload moves the state into the nodes' RAM, which must hold it.
+    return (
+        f"it would fit with {_join(labels)} (about {need.device / GiB:.1f} GiB per device and "
+        f"{need.host / GiB:.0f} GiB of host RAM per node)"
+    )
 
 
 def suggest_fix(
@@ -616,7 +626,7 @@ def suggest_alternatives(
     with_lora.lora = LoraSpec(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
     label = "LoRA instead of full fine-tuning (lora: {r: 16, target_modules: all-linear})"
     if (need := fits(with_lora)) is not None:
-        found: tuple[list[str], int] | None = ([label], need)
+        found: tuple[list[str], Need] | None = ([label], need)
     else:
         found = _search(with_lora, _fix_steps(with_lora), fits)
         if found is not None:
@@ -631,7 +641,7 @@ def suggest_alternatives(
 
 def _search(
     spec: JobSpec, steps: list[tuple[str, Callable[[JobSpec], None]]], fits: Fits
-) -> tuple[list[str], int] | None:
+) -> tuple[list[str], Need] | None:
     *cheap, offload = steps
     for label, apply in cheap:
         candidate = spec.model_copy(deep=True)
@@ -660,7 +670,7 @@ def _search(
     return None
 
 
-def _more_nodes(spec: JobSpec, fits: Fits) -> tuple[str, int] | None:
+def _more_nodes(spec: JobSpec, fits: Fits) -> tuple[str, Need] | None:
     """Doubling the nodes of a sharded SLURM job until it fits (a local job cannot have more nodes).
 
     The global batch is kept by dividing gradient_accumulation_steps where it divides; where it cannot,

@@ -355,9 +355,13 @@ def test_suggest_fix_names_the_smallest_change() -> None:
         "strategy": "deepspeed",
         "deepspeed": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
     }
-    assert estimate_memory(
+    offloaded = estimate_memory(
         one_gpu("llama2-70b-fsdp", distributed=offload), config(LLAMA), device_memory_bytes=A100
-    ).fits
+    )
+    assert offloaded.fits and offloaded.host_bytes_per_node is not None
+    # Offload moves the state into host RAM: the fix says how much a node then needs (about 1.9 TB).
+    assert f"{offloaded.host_bytes_per_node / GiB:.0f} GiB of host RAM per node" in fix
+    assert offloaded.host_bytes_per_node > 1.9e12
     alternatives = suggest_alternatives(one_gpu("llama2-70b-fsdp"), config(LLAMA), A100)
     assert len(alternatives) == 1
     assert alternatives[0].startswith("Alternatively (changes what is trained") and "lora:" in alternatives[0]
