@@ -53,6 +53,7 @@ DS_HOST_BUFFER_FACTOR = 1.5
 # TRL's fused LM head (trl.kernels.chunked_logprob): tiles of this many tokens x this many vocab entries.
 TRL_TOKEN_TILE = 4096
 TRL_VOCAB_TILE = 32768
+CPU_TILE_BYTES = 33
 # Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
 ADAM_MASTER_AND_MOMENTS = 12
 ADAM_MOMENTS = 8
@@ -343,7 +344,7 @@ def _loss_head_bytes(spec: JobSpec, arch: Arch, tokens: int) -> int:
 
     SFTTrainer patches the model with `add_fused_lm_head` and computes the loss from per-token
     log-probabilities (trl.kernels.chunked_logprob): forward and backward project
-    `TRL_TOKEN_TILE x TRL_VOCAB_TILE` tiles in the compute dtype (float32 too where Triton is missing),
+    `TRL_TOKEN_TILE x TRL_VOCAB_TILE` tiles in the compute dtype (float32 copies where Triton is missing),
     keep the final hidden states for backward, accumulate the hidden states' gradient in float32 and,
     when the head is trained (full fine-tuning), the whole head's gradient in float32 before casting it
     to the weight's dtype. transformers' own loss (`ForCausalLMLoss`) would instead hold the logits in
@@ -352,7 +353,10 @@ def _loss_head_bytes(spec: JobSpec, arch: Arch, tokens: int) -> int:
     """
     cb = _compute_bytes(spec)
     tile = min(tokens, TRL_TOKEN_TILE) * min(arch.vocab, TRL_VOCAB_TILE)
-    tile_bytes = tile * cb + (tile * 4 if spec.resources.device == "cpu" else 0)
+    # With Triton (CUDA) a tile is folded in-kernel: the projection buffer alone. Without it TRL folds
+    # with torch ops on float32 copies: measured 33 bytes per tile entry at the peak of a CPU step
+    # (tests/integration/ftq/test_loss_head_memory.py).
+    tile_bytes = tile * (CPU_TILE_BYTES if spec.resources.device == "cpu" else cb)
     hidden_saved = tokens * arch.hidden * cb
     hidden_grad = tokens * arch.hidden * 4
     head_grad = 0
