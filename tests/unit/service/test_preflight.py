@@ -83,3 +83,35 @@ def test_model_folders_whose_config_is_not_a_small_regular_file(tmp_path: Path) 
     os.mkfifo(tmp_path / "model-fifo")
     assert "not a model folder (it is a FIFO)" in (local_model_problem(str(tmp_path / "model-fifo")) or "")
     assert "not a model folder (it is a file)" in (local_model_problem(str(sparse(tmp_path / "m.bin"))) or "")
+
+
+def test_a_node_without_the_host_ram_for_every_ranks_copy_is_refused(tmp_path: Path) -> None:
+    """FSDP without RAM-efficient loading: each of 8 ranks reads Llama 2 70B in float32 (2 TiB); a node
+    of 1 TiB is refused with the change that loads it once per node, which trains the same job."""
+    import yaml
+
+    from ftq.settings import Settings
+    from ftq.spec import JobSpec
+    from service.jobs.preflight import preflight
+    from tests.harness import EXAMPLES, model_config
+
+    model = tmp_path / "llama-2-70b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(model_config("llama-2-70b-hf")))
+    (model / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
+    body = yaml.safe_load((EXAMPLES / "llama2-70b-fsdp.yaml").read_text())
+    body["model"]["name_or_path"] = str(model)
+    body["distributed"]["fsdp"]["cpu_ram_efficient_loading"] = False
+    body["training"]["save_steps"] = None
+    spec = JobSpec.model_validate(body)
+    settings = Settings(data_dir=tmp_path / "data", node_memory_gb=1024)
+    estimate, refusals = preflight(spec, settings, "alice", Deadline(10))
+    assert estimate.host_fits is False and estimate.fits is False
+    (msg,) = [r["msg"] for r in refusals if r["loc"] == ["body", "resources"]]
+    assert "of host RAM per node does not fit 1024 GiB (FTQ_NODE_MEMORY_GB; most of it: loading)" in msg
+    assert "it would fit with distributed.fsdp.cpu_ram_efficient_loading: true" in msg
+    # Loaded once per node, the same job fits the same node.
+    body["distributed"]["fsdp"]["cpu_ram_efficient_loading"] = True
+    estimate, refusals = preflight(JobSpec.model_validate(body), settings, "alice", Deadline(10))
+    assert estimate.fits is True and estimate.host_fits is True
+    assert [r for r in refusals if r["loc"] == ["body", "resources"]] == []  # (its 257 GiB final/ may not)
