@@ -198,10 +198,13 @@ def preflight(
         # On the plan too, so a dry run shows what would fit before anything is submitted.
         estimate.fix = est.suggest_fix(spec, config, memory, node_bytes)
         estimate.alternatives = est.suggest_alternatives(spec, config, memory, node_bytes)
-        if not spec.allow_oversubscribe:
-            refusals.append(
-                {"loc": ["body", "resources"], "msg": _does_not_fit(estimate), "type": "does_not_fit"}
-            )
+        # allow_oversubscribe launches past the GPU estimate; past the node's RAM only where the
+        # operator lets this owner (an OOM-killed node takes other jobs down with it).
+        gpu_over = (estimate.per_device_bytes or 0) > (estimate.usable_device_bytes or 0)
+        host_over = estimate.host_fits is False
+        if (gpu_over and not spec.allow_oversubscribe) or (host_over and not skip_host):
+            msg = _does_not_fit(estimate) + (not_skipped if host_over else "")
+            refusals.append({"loc": ["body", "resources"], "msg": msg, "type": "does_not_fit"})
     disk: DiskEstimate = est.estimate_disk(spec, config)
     disk.free_bytes = files.disk_free
     estimate.disk = disk

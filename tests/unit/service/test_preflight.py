@@ -115,3 +115,13 @@ def test_a_node_without_the_host_ram_for_every_ranks_copy_is_refused(tmp_path: P
     estimate, refusals = preflight(JobSpec.model_validate(body), settings, "alice", Deadline(10))
     assert estimate.fits is True and estimate.host_fits is True
     assert [r for r in refusals if r["loc"] == ["body", "resources"]] == []  # (its 257 GiB final/ may not)
+    # allow_oversubscribe launches past the GPU estimate, but past the node's RAM only for owners the
+    # operator names: an OOM-killed node takes other jobs down with it.
+    body["distributed"]["fsdp"]["cpu_ram_efficient_loading"] = False
+    body["allow_oversubscribe"] = True
+    _, refusals = preflight(JobSpec.model_validate(body), settings, "alice", Deadline(10))
+    (msg,) = [r["msg"] for r in refusals if r["loc"] == ["body", "resources"]]
+    assert "does not skip this check on this server: FTQ_ALLOW_OVERSUBSCRIBE" in msg
+    trusted = Settings(data_dir=tmp_path / "data", node_memory_gb=1024, allow_oversubscribe="alice")
+    _, refusals = preflight(JobSpec.model_validate(body), trusted, "alice", Deadline(10))
+    assert [r for r in refusals if r["loc"] == ["body", "resources"]] == []
