@@ -112,11 +112,9 @@ def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
     }
     if fsdp.version == 2:
         return {**common, "fsdp_reshard_after_forward": fsdp.reshard_after_forward}
-    # FSDP1 broadcasts rank 0's weights with sync_module_states, which accelerate only allows on an
-    # accelerator; cpu_ram_efficient_loading needs it. On CPU (a rehearsal: accelerate runs FSDP
-    # configs there as plain MULTI_CPU data parallel) both are off, or the launch fails at start.
-    on_device = spec.resources.device == "cuda"
-    common["fsdp_cpu_ram_efficient_loading"] = fsdp.cpu_ram_efficient_loading and on_device
+    # FSDP1 broadcasts rank 0's weights to the ranks that built on `meta` with sync_module_states,
+    # which cpu_ram_efficient_loading needs. accelerate allows it only on an accelerator; the trainer
+    # sets it up itself on a CPU launch (trainer.train), so a CPU rehearsal loads as a GPU job does.
     return {
         **common,
         "fsdp_backward_prefetch": "BACKWARD_PRE",
@@ -124,7 +122,7 @@ def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
         # FSDP1 spells "reshard after forward" as a sharding strategy.
         "fsdp_sharding_strategy": "FULL_SHARD" if fsdp.reshard_after_forward else "SHARD_GRAD_OP",
         # Rank 0's weights are broadcast to the others; needed with cpu_ram_efficient_loading.
-        "fsdp_sync_module_states": on_device,
+        "fsdp_sync_module_states": spec.resources.device == "cuda" or fsdp.cpu_ram_efficient_loading,
         # PEFT (frozen and trainable params in one FSDP unit) needs the original parameters.
         "fsdp_use_orig_params": True,
     }

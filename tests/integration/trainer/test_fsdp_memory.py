@@ -196,8 +196,14 @@ def test_fsdp1_full_fine_tune_on_cpu_saves_a_model_that_loads(tiny_dir: Path, tm
         "distributed": {"strategy": "fsdp", "fsdp": {"version": 1}},
         "resources": {"device": "cpu", "processes_per_node": 2},
     }
+    from ftq import render
+    from ftq.spec import JobSpec
+
     args = ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(tmp_path / "run")]
-    proc = launch_trainer(ACCELERATE_FSDP1_CPU, tmp_path, args)
+    # The config ftq renders for this spec: a CPU rehearsal of FSDP1 loads as the GPU job would.
+    rendered = render.config_yaml(render.accelerate_config(JobSpec.model_validate(spec)))
+    assert "fsdp_sync_module_states: true" in rendered and "fsdp_cpu_ram_efficient_loading: true" in rendered
+    proc = launch_trainer(rendered, tmp_path, args)
     assert proc.returncode == 0, explain(proc)
     assert "engaged fsdp" in proc.stderr
     assert [p["step"] for p in points(tmp_path / "run") if p["loss"] is not None] == [1, 2]

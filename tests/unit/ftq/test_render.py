@@ -410,9 +410,14 @@ def test_every_rendered_launch_passes_accelerates_launch_checks(
         if strategy == "fsdp":
             env = prepare_multi_gpu_env(args)
             fsdp_env = {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_"))}
-            if spec.resources.device == "cuda" and spec.distributed.fsdp.version == 1 and not has_gpu:
-                # FSDP1's sync_module_states plugin check wants a GPU in this process; check the env only.
+            fsdp = spec.distributed.fsdp
+            sync = spec.resources.device == "cuda" or fsdp.cpu_ram_efficient_loading
+            if fsdp.version == 1 and sync and not has_gpu:
+                # FSDP1's sync_module_states plugin check wants a GPU in this process (the trainer sets
+                # it up itself on a CPU launch); check the env only.
                 assert fsdp_env["FSDP_SYNC_MODULE_STATES"] == "true", label
+                loading = str(fsdp.cpu_ram_efficient_loading).lower()
+                assert fsdp_env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false") == loading, label
                 assert fsdp_env["FSDP_SHARDING_STRATEGY"] in ("FULL_SHARD", "SHARD_GRAD_OP"), label
                 checked += 1
                 continue
@@ -421,10 +426,7 @@ def test_every_rendered_launch_passes_accelerates_launch_checks(
                     m.setenv(k, v)
                 plugin = FullyShardedDataParallelPlugin()
             assert plugin.fsdp_version == spec.distributed.fsdp.version, label
-            # On CPU, FSDP1 turns the loading option off (it needs sync_module_states, which needs a GPU).
-            cpu_fsdp1 = spec.resources.device == "cpu" and spec.distributed.fsdp.version == 1
-            wanted = spec.distributed.fsdp.cpu_ram_efficient_loading and not cpu_fsdp1
-            assert plugin.cpu_ram_efficient_loading == wanted, label
+            assert plugin.cpu_ram_efficient_loading == fsdp.cpu_ram_efficient_loading, label
         elif strategy == "deepspeed":
             # As launch_command does before it calls the DeepSpeed launcher.
             fields = [*defaults.deepspeed_config.keys(), *(["mixed_precision"] if mp_from_config else [])]
