@@ -11,6 +11,7 @@
 - cli.py: run_ftq(), the CLI as a user runs it.
 - inprocess.py: settings for code run inside the test process.
 - launching.py: launch requests for launcher tests that run scripts of their own.
+- users.py: the unprivileged run users (FTQ_RUN_AS_USER) of the run-isolation tests, made on first use.
 """
 
 from tests.harness.api import Job, JobsApi

@@ -34,8 +34,9 @@ from tests.harness.api import JobsApi
 from tests.harness.deployment import Mode
 from tests.harness.env import REPO
 from tests.harness.procs import wait_gone, wait_until
+from tests.harness.users import RUN_USERS
+from tests.harness.users import run_users as harness_run_users
 
-RUN_USERS = {"alice": "ftq-run-test-a", "bob": "ftq-run-test-b"}
 OWNER_TOKENS = {"alice": "iso-alice-token-5a1c", "bob": "iso-bob-token-7b0e"}
 # In the worker's environment only: no run may see it.
 OPERATOR_SECRET = "opsecret-3f9d2c81e4b7a605"
@@ -200,27 +201,7 @@ def test_without_a_run_user_the_launch_gets_no_service_secret_and_files_are_owne
 
 @pytest.fixture(scope="module")
 def run_users() -> dict[str, pwd.struct_passwd]:
-    """The unprivileged users runs start as, one per owner (made here if this machine lacks them)."""
-    if os.geteuid() != 0:
-        pytest.skip("starting a run as another user needs root (CI runs as root)")
-    for user in RUN_USERS.values():
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            subprocess.run(
-                [
-                    "useradd",
-                    "--system",
-                    "--no-create-home",
-                    "--user-group",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    user,
-                ],
-                check=False,
-                capture_output=True,
-            )
-    return {owner: pwd.getpwnam(user) for owner, user in RUN_USERS.items()}
+    return harness_run_users()
 
 
 @contextmanager

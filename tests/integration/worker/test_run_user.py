@@ -22,34 +22,15 @@ import pytest
 
 from ftq.settings import Settings
 from tests.harness.launching import launch_request
+from tests.harness.users import RUN_USERS
+from tests.harness.users import run_users as harness_run_users
 from worker.launchers.base import RunPhase, RunRef
 from worker.launchers.local import LocalLauncher, RunUser, cannot_run
-
-RUN_USERS = {"alice": "ftq-run-test-a", "bob": "ftq-run-test-b"}
 
 
 @pytest.fixture(scope="module")
 def users() -> dict[str, pwd.struct_passwd]:
-    if os.geteuid() != 0:
-        pytest.skip("starting a run as another user needs root (CI runs as root)")
-    for user in RUN_USERS.values():
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            subprocess.run(
-                [
-                    "useradd",
-                    "--system",
-                    "--no-create-home",
-                    "--user-group",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    user,
-                ],
-                check=False,
-                capture_output=True,
-            )
-    return {owner: pwd.getpwnam(user) for owner, user in RUN_USERS.items()}
+    return harness_run_users()
 
 
 @pytest.fixture
