@@ -47,7 +47,10 @@ class JobPublic(BaseModel):
     external_id: str | None
     progress: Progress
     latest_metrics: Point | None
-    error: JobError | None
+    error: JobError | None = Field(
+        description="Why a failed job failed; null while it runs, once it succeeded, and for a cancelled "
+        "job (a cancel is what its owner asked for, not an error)."
+    )
 
 
 class JobList(BaseModel):

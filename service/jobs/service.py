@@ -292,7 +292,8 @@ _spec_cache = _SpecCache()
 
 def to_public(job: Job) -> JobPublic:
     error = None
-    if job.error_code:
+    # A cancel is what the user asked for, not a failure: no error (nor the exit code of the killed run).
+    if job.error_code and job.status != JobStatus.cancelled:
         # Stored redacted; masked again in case the secret was set after the job ended.
         message = redact(job.error_message or "")
         error = JobError(code=ErrorCode(job.error_code), message=message, exit_code=job.exit_code)
