@@ -6,6 +6,10 @@ at a time, so hostile bodies cannot take the whole thread pool), with libyaml's 
 has it, and refused with a 422 when it nests deeper than `MAX_DEPTH` or holds more than `MAX_NODES`
 values. YAML is scanned as a stream of events first, so a deep or huge document (or an alias bomb,
 whose aliases count as the nodes they expand to) is refused before a single object is built.
+
+A body that does not parse says what to change: YAML's line and column (naming a tab, YAML's most
+common surprise), application/yaml for YAML sent as JSON, and `--data-binary` for a file whose
+newlines `curl -d` stripped.
 """
 
 from __future__ import annotations
@@ -51,9 +55,15 @@ def media_type(content_type: str | None) -> str:
     if ctype in YAML_TYPES:
         return "yaml"
     shown = ctype or "none"
-    raise UnsupportedMediaType(
-        f"content type {shown} is not supported; send the spec as application/json or application/yaml"
-    )
+    fix = "send the spec as application/json or application/yaml"
+    if ctype == "application/x-www-form-urlencoded":
+        # What `curl -d` sends unless told otherwise.
+        fix = (
+            "send the spec as application/json or application/yaml, e.g. "
+            "`curl -H 'Content-Type: application/yaml' --data-binary @spec.yaml` (curl -d sends a form, "
+            "and strips the file's newlines)"
+        )
+    raise UnsupportedMediaType(f"content type {shown} is not supported; {fix}")
 
 
 def check_shape(value: Any) -> None:
@@ -126,7 +136,7 @@ def parse_body(raw: bytes, kind: str) -> Any:
             if "nesting depth" in str(getattr(exc, "problem", "")):
                 # libyaml's own cap (1000 levels) can stop its scanner before our event walk does.
                 raise _too_deep() from None
-            raise BadRequest(f"the body is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise BadRequest(_yaml_problem(raw, exc)) from None
         except (ValueError, TypeError, OverflowError) as exc:
             # Values the safe constructor cannot build: a 5000-digit int, a 13th month.
             raise BadRequest(f"the body is not valid YAML: {exc}") from None
@@ -138,9 +148,61 @@ def parse_body(raw: bytes, kind: str) -> Any:
         except RecursionError:
             raise _too_deep() from None
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-            raise BadRequest(f"the body is not valid JSON: {exc}") from None
+            hint = ""
+            if _one_line_yaml(raw):
+                hint = f"; it reads as YAML: send it with Content-Type: application/yaml. {_ONE_LINE_FIX}"
+            elif _is_yaml(raw):
+                hint = "; it reads as YAML: send it with Content-Type: application/yaml"
+            raise BadRequest(f"the body is not valid JSON: {exc}{hint}") from None
+    if kind == "yaml" and not isinstance(value, dict) and _one_line_yaml(raw):
+        raise BadRequest(_ONE_LINE)
     check_shape(value)
     return value
+
+
+# `curl -d @spec.yaml` strips the file's newlines, which leaves YAML that cannot mean a spec.
+_ONE_LINE_FIX = (
+    "It is one line with several `key: value` pairs, as `curl -d @spec.yaml` sends a file (-d strips "
+    "newlines); send the file as it is with `curl --data-binary @spec.yaml`"
+)
+_ONE_LINE = f"the body is not a YAML job spec. {_ONE_LINE_FIX}"
+
+
+def _one_line_yaml(raw: bytes) -> bool:
+    text = raw.strip()
+    return b"\n" not in text and not text.startswith((b"{", b"[")) and text.count(b": ") >= 2
+
+
+def _yaml_problem(raw: bytes, exc: yaml.YAMLError) -> str:
+    """The parser's problem with its line and column (1-based), naming a tab where it found one, or
+    the curl fix where the body is one line."""
+    if _one_line_yaml(raw):
+        return _ONE_LINE
+    problem = str(getattr(exc, "problem", None) or str(exc).splitlines()[0])
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"the body is not valid YAML: {problem}"
+    lines = raw.decode("utf-8", "replace").splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    if "\t" in line[: mark.column + 1]:
+        tab = line.index("\t") + 1
+        return (
+            f"the body is not valid YAML at line {mark.line + 1}, column {tab}: a tab character; YAML "
+            "indents with spaces only, replace the tab with spaces"
+        )
+    return f"the body is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def _is_yaml(raw: bytes) -> bool:
+    """Whether a body that is not JSON is a YAML mapping (so a spec sent with the wrong content type);
+    a body that looks like JSON (YAML would forgive its trailing comma) keeps the JSON error alone."""
+    if raw.lstrip().startswith((b"{", b"[")):
+        return False
+    try:
+        scan_yaml(raw)
+        return isinstance(yaml.load(raw, Loader=_Loader), dict)  # noqa: S506 (a safe loader)
+    except Exception:  # any failure means "not YAML either": the JSON error stands
+        return False
 
 
 async def read_spec_body(body: bytes, content_type: str | None) -> Any:

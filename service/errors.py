@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Any
+
+from pydantic import BaseModel
 
 
 class FtqError(Exception):
@@ -102,3 +106,61 @@ def spec_field_error(
     loc: list[str | int] | tuple[str | int, ...], msg: str, type_: str = "value_error"
 ) -> SpecError:
     return SpecError([{"loc": ["body", *loc], "msg": msg, "type": type_}])
+
+
+def suggest_fields(errors: list[dict[str, Any]], model: type[BaseModel]) -> list[dict[str, Any]]:
+    """`errors` with each unknown field's message naming the nearest field the model has at that
+    place ("did you mean `learning_rate`?"), or where it belongs when it is a field of another section."""
+    return [_with_suggestion(err, model) if err.get("type") == "extra_forbidden" else err for err in errors]
+
+
+def _with_suggestion(err: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    loc = [p for p in err.get("loc", []) if p != "body"]
+    if not loc or not isinstance(loc[-1], str):
+        return err
+    parent = _model_at(model, loc[:-1])
+    if parent is None:
+        return err
+    name = loc[-1]
+    close = difflib.get_close_matches(name, list(parent.model_fields), n=1, cutoff=0.6)
+    # A valid field written in the wrong section (`learning_rate` at the top, not under `training`).
+    elsewhere = [".".join(path) for path in _field_paths(model) if path[-1] == name]
+    if close:
+        hint = f"did you mean `{close[0]}`?"
+    elif elsewhere:
+        hint = f"it belongs at `{elsewhere[0]}`"
+    else:
+        hint = "the fields here are " + ", ".join(f"`{f}`" for f in sorted(parent.model_fields))
+    return {**err, "msg": f"unknown field `{name}`; {hint}"}
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (through `X | None`, lists and Annotated), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(model: type[BaseModel], loc: list[Any]) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):  # an item of a list of models
+            continue
+        if current is None or part not in current.model_fields:
+            return None
+        current = _submodel(current.model_fields[part].annotation)
+    return current
+
+
+def _field_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths: list[tuple[str, ...]] = []
+    for name, info in model.model_fields.items():
+        paths.append((*prefix, name))
+        sub = _submodel(info.annotation)
+        if sub is not None and len(prefix) < 4:
+            paths.extend(_field_paths(sub, (*prefix, name)))
+    return paths

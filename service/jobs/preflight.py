@@ -73,6 +73,14 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
         part = getattr(resolved, section)
         try:
             original = part.name_or_path
+            twin = deadline.run(functools.partial(_local_twin, original, roots))
+            if twin is not None:
+                raise spec_field_error(
+                    [section, "name_or_path"],
+                    f"did you mean ./{original}? {twin} exists under the allowed local roots, but "
+                    f"`{original}` is read as a Hugging Face Hub id; write a local path with ./ or /",
+                    "ambiguous_path",
+                )
             part.name_or_path = deadline.run(functools.partial(resolve_local, original, roots))
             if looks_local(original):
                 # In this thread: the ownership check reads the store through the request's session.
@@ -85,6 +93,19 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
         except PathRefused as exc:
             raise spec_field_error([section, "name_or_path"], str(exc), "path_refused") from None
     return resolved
+
+
+def _local_twin(name: str, roots: list[Path]) -> str | None:
+    """The folder or file under the allowed roots that a hub id names when read as a relative path
+    (`tiny/model` for ./tiny/model), unless the hub cache holds it: that name is then a hub id in use.
+    Without this, a path written without ./ went to the Hub and failed only after its retries."""
+    if looks_local(name) or est.load_model_config(name)[0] is not None:
+        return None
+    for root in roots:
+        candidate = (root / name).resolve()
+        if candidate.is_relative_to(root) and candidate.exists():
+            return str(candidate)
+    return None
 
 
 @dataclass

@@ -28,7 +28,14 @@ from ftq.status import JobStatus
 from ftq.store import repository
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository, utcnow
-from service.errors import Conflict, NotFound, SpecError, TooManyRequests, spec_field_error
+from service.errors import (
+    Conflict,
+    NotFound,
+    SpecError,
+    TooManyRequests,
+    spec_field_error,
+    suggest_fields,
+)
 from service.jobs import checkpoints, preflight
 from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
@@ -55,7 +62,7 @@ def _errors_from(exc: ValidationError) -> list[dict[str, Any]]:
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         errors.append({"loc": ["body", *loc], "msg": msg, "type": err.get("type", "value_error")})
-    return errors
+    return suggest_fields(errors, JobSpec)
 
 
 def new_job_id() -> str:
