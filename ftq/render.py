@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ftq import runs
 from ftq.estimate import Estimate
@@ -47,6 +47,11 @@ class Plan(BaseModel):
     trainer_args: dict[str, Any]
     estimate: Estimate | None = None
     launch_script: str
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What submitting this spec would be refused for (a dry run answers with the plan "
+        "anyway), each as `field.path: why and what to change`; empty when it would be accepted.",
+    )
 
 
 # Accelerate config ----------------------------------------------------------------------------------------

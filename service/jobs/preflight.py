@@ -10,6 +10,7 @@ holds the API's threads past the deadline.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import stat
@@ -25,7 +26,7 @@ from ftq import estimate as est
 from ftq import userfiles
 from ftq.estimate import DiskEstimate, Estimate
 from ftq.settings import Settings
-from ftq.spec import JobSpec, looks_local
+from ftq.spec import DatasetSpec, JobSpec, looks_local
 from ftq.store.repository import JobRepository
 from service.errors import SpecError, spec_field_error
 from service.paths import PathRefused, refuse_ftq_state, resolve_local
@@ -132,6 +133,9 @@ def _look_at_files(spec: JobSpec, settings: Settings) -> _Files:
         out.refusals.append(
             {"loc": ["body", "dataset", "name_or_path"], "msg": problem, "type": "dataset_error"}
         )
+    elif missing := missing_dataset_field(spec.dataset):
+        setting, msg = missing
+        out.refusals.append({"loc": ["body", "dataset", setting], "msg": msg, "type": "dataset_error"})
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     out.disk_free = shutil.disk_usage(settings.runs_dir).free
     return out
@@ -177,12 +181,96 @@ def local_dataset_problem(name_or_path: str) -> str | None:
     return None
 
 
+# How much of a .jsonl file the field check reads, and how many of its rows it looks at.
+_SNIFF_BYTES = 64 * 1024
+_SNIFF_ROWS = 50
+
+
+def missing_dataset_field(dataset: DatasetSpec) -> tuple[str, str] | None:
+    """(setting, why) when the first rows of a local .jsonl file lack the field the trainer would read
+    (dataset.text_field, or dataset.messages_field for chat data), as the trainer picks it; None when
+    they have it or the file is not one this looks into (a folder, another format, a hub id)."""
+    path = Path(dataset.name_or_path)
+    if not looks_local(dataset.name_or_path) or path.suffix.lower() != ".jsonl":
+        return None
+    try:
+        head, _, size = userfiles.read_ends(path, _SNIFF_BYTES)
+    except userfiles.NotReadable:
+        return None  # local_dataset_problem says why
+    lines = head.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    if size > len(head):
+        lines = lines[:-1]  # the last line read may be cut short
+    columns: dict[str, None] = {}
+    rows = 0
+    for line in lines:
+        if rows >= _SNIFF_ROWS:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break  # the trainer's reader reports a malformed row with its line; this only looks at fields
+        if not isinstance(row, dict):
+            break
+        rows += 1
+        columns.update(dict.fromkeys(row))
+    if not rows:
+        return None
+    fmt = str(dataset.format)
+    if fmt == "auto":
+        fmt = "messages" if dataset.messages_field in columns else "text"
+    setting, needed = (
+        ("messages_field", dataset.messages_field)
+        if fmt == "messages"
+        else ("text_field", dataset.text_field)
+    )
+    if needed in columns:
+        return None
+    found = ", ".join(columns) or "none"
+    return setting, (
+        f"the first {rows} row(s) of {dataset.name_or_path} have no field {needed!r} "
+        f"(fields found: {found}); set dataset.{setting} to one of them"
+    )
+
+
+def pool_refusals(spec: JobSpec, settings: Settings) -> list[dict[str, Any]]:
+    """A local job that asks for more GPUs (or CPU processes) than the worker pool has: it could only
+    fail once it left the queue. The worker reads the same FTQ_GPU_POOL / FTQ_CPU_SLOTS as the API."""
+    res = spec.resources
+    if res.launcher != "local":
+        return []
+    need = res.world_size
+    if res.device == "cuda":
+        have = len(settings.gpu_indices)
+        if need <= have:
+            return []
+        pool = f"FTQ_GPU_POOL={settings.gpu_pool!r}"
+        if have == 0:
+            loc, msg = "device", f"this server's local worker pool has no GPUs ({pool}); use device: cpu"
+        else:
+            loc = "processes_per_node"
+            msg = f"the job needs {need} GPUs but this server's local worker pool has {have} ({pool}); "
+            msg += f"set processes_per_node to at most {have}"
+        msg += ", or launcher: slurm"
+    else:
+        have = settings.cpu_slots
+        if need <= have:
+            return []
+        loc = "processes_per_node"
+        msg = (
+            f"the job needs {need} CPU processes but this server's local worker allows {have} "
+            f"(FTQ_CPU_SLOTS); set processes_per_node to at most {have}"
+        )
+    return [{"loc": ["body", "resources", loc], "msg": msg, "type": "not_available"}]
+
+
 def preflight(
     spec: JobSpec, settings: Settings, owner: str, deadline: Deadline
 ) -> tuple[Estimate, list[dict[str, Any]]]:
     """The memory and disk estimate for the plan, and the refusals it implies (empty when it fits)."""
     files = deadline.run(functools.partial(_look_at_files, spec, settings))
-    refusals = list(files.refusals)
+    refusals = pool_refusals(spec, settings) + files.refusals
     cpu = spec.resources.device == "cpu"
     if cpu:
         # A CPU job's "devices" are its processes, which share the host's RAM.

@@ -164,7 +164,7 @@ def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str)
 
 def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
     # A dry run always answers with the plan, fits or not, so the user can see why.
-    spec, estimate, _, resume = _planned(parse_spec(body), repo, settings)
+    spec, estimate, refusals, resume = _planned(parse_spec(body), repo, settings)
     plan = render_plan(
         spec,
         job_id="dry-run",
@@ -173,6 +173,8 @@ def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
         estimate=estimate,
         resume_from_checkpoint=resume,
     )
+    # Not a green plan for a job that submit would refuse: the same reasons, on the plan.
+    plan.warnings = [".".join(str(p) for p in r["loc"][1:]) + f": {r['msg']}" for r in refusals]
     return plan
 
 

@@ -53,7 +53,13 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     text_dataset(root / "data" / "data" / "train.jsonl")
     llama = config_only_model(root / "data" / "llama-1b")
     (llama / "config.json").write_text(json.dumps(LLAMA_1B))
-    settings: dict[str, object] = {**CAPS, "allow_oversubscribe": "trusted", "post_rate_per_minute": 100000}
+    # One GPU in the local pool: a local cuda job is refused at POST on a server without any.
+    settings: dict[str, object] = {
+        **CAPS,
+        "allow_oversubscribe": "trusted",
+        "post_rate_per_minute": 100000,
+        "gpu_pool": "0",
+    }
     with Deployment(root, mode="api", tokens=TOKENS, settings=settings) as dep:
         yield dep
 

@@ -28,5 +28,13 @@ def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stack(models_root: Path, tiny_dir: Path) -> Iterator[Deployment]:
     # allow_oversubscribe skips the disk check too here, as the test of launching anyway needs (a 70B
     # full fine-tune's checkpoints do not fit this disk).
-    with running_up(models_root.parent, tiny_dir, data_dir=models_root, allow_oversubscribe="true") as dep:
+    # Eight GPUs in the local pool, as the articles' one-node jobs ask for (a local cuda job is refused
+    # at POST where the pool has fewer).
+    with running_up(
+        models_root.parent,
+        tiny_dir,
+        data_dir=models_root,
+        allow_oversubscribe="true",
+        gpu_pool="0,1,2,3,4,5,6,7",
+    ) as dep:
         yield dep

@@ -7,6 +7,7 @@ reads, so a 180B job is checked on a machine without a GPU.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -96,9 +97,9 @@ def test_allow_oversubscribe_launches_anyway(stack: Deployment, llama_one_gpu: d
         assert job["spec"]["allow_oversubscribe"] is True
         plan = stack.http.get(f"/jobs/{job['id']}/plan").json()
         assert plan["estimate"]["fits"] is False
-        # No GPU here: the worker fails it at launch, never with a 422 at POST.
+        # The pool names eight GPUs this machine lacks: the run fails once launched, never a 422 at POST.
         ended = stack.wait_terminal(job["id"], timeout=60)
-        assert ended["error"]["code"] == "launch_error", ended
+        assert ended["status"] == "failed" and ended["error"]["code"] != "invalid_spec", ended
     finally:
         index.unlink()
 
@@ -203,3 +204,42 @@ def test_checkpoints_that_cannot_fit_the_free_space_are_a_422(
     r = stack.http.post("/jobs", json={**spec, "training": {**spec["training"], "max_steps": 2}})
     assert r.status_code == 201, r.text
     stack.http.post(f"/jobs/{r.json()['id']}/cancel")
+
+
+# What the worker could only find out after launch -------------------------------------------------------
+
+
+def test_a_dataset_file_without_the_text_field_is_refused_at_post(
+    stack: Deployment, models_root: Path, tiny_dir: Path
+) -> None:
+    qa = models_root / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"a{i}"}) + "\n" for i in range(5)))
+    spec = tiny_spec(tiny_dir, name="qa")
+    spec["dataset"]["name_or_path"] = str(qa)
+
+    r = stack.http.post("/jobs", json=spec)
+    assert r.status_code == 422, r.text
+    errors = {tuple(e["loc"]): e for e in r.json()["detail"]}
+    msg = errors[("body", "dataset", "text_field")]["msg"]
+    assert "'text'" in msg and "question, answer" in msg and "dataset.text_field" in msg
+    # The dry run is not a green plan: it carries the same reason.
+    assert any(w.startswith("dataset.text_field:") for w in stack.dry_run(spec)["warnings"])
+
+    # The remedy the message names is accepted.
+    spec["dataset"]["text_field"] = "answer"
+    assert stack.dry_run(spec)["warnings"] == []
+
+
+def test_a_local_cuda_job_past_the_gpu_pool_is_refused_at_post(stack: Deployment, tiny_dir: Path) -> None:
+    spec = tiny_spec(tiny_dir, name="too-many-gpus")
+    spec["resources"] = {"launcher": "local", "device": "cuda", "processes_per_node": 16}
+    spec["distributed"] = {"strategy": "ddp"}
+    r = stack.http.post("/jobs", json=spec)
+    assert r.status_code == 422, r.text
+    errors = {tuple(e["loc"]): e for e in r.json()["detail"]}
+    msg = errors[("body", "resources", "processes_per_node")]["msg"]
+    assert "needs 16 GPUs" in msg and "has 8" in msg and "FTQ_GPU_POOL" in msg
+    assert any("needs 16 GPUs" in w for w in stack.dry_run(spec)["warnings"])
+    # On SLURM the nodes' GPUs are SLURM's to count: the same job is not refused for this pool.
+    spec["resources"]["launcher"] = "slurm"
+    assert not any("GPU_POOL" in w for w in stack.dry_run(spec)["warnings"])

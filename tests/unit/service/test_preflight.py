@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from ftq.estimate import local_model_problem
+from ftq.settings import Settings
+from ftq.spec import DatasetSpec, JobSpec
 from service.errors import SpecError
-from service.jobs.preflight import Deadline, local_dataset_problem
+from service.jobs.preflight import Deadline, local_dataset_problem, missing_dataset_field, pool_refusals
 
 GiB = 1024**3
 
@@ -125,3 +127,30 @@ def test_a_node_without_the_host_ram_for_every_ranks_copy_is_refused(tmp_path: P
     trusted = Settings(data_dir=tmp_path / "data", node_memory_gb=1024, allow_oversubscribe="alice")
     _, refusals = preflight(JobSpec.model_validate(body), trusted, "alice", Deadline(10))
     assert [r for r in refusals if r["loc"] == ["body", "resources"]] == []
+
+
+def test_local_gpu_jobs_on_a_server_without_gpus_are_named_with_the_fix() -> None:
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name_or_path": "org/model"},
+            "dataset": {"name_or_path": "org/data"},
+            "training": {"max_steps": 1},
+            "resources": {"launcher": "local", "device": "cuda", "processes_per_node": 1},
+        }
+    )
+    (refusal,) = pool_refusals(spec, Settings(gpu_pool=""))
+    assert refusal["loc"] == ["body", "resources", "device"]
+    assert "no GPUs" in refusal["msg"] and "device: cpu" in refusal["msg"]
+    assert pool_refusals(spec, Settings(gpu_pool="0")) == []
+    cpu = spec.model_copy(update={"resources": spec.resources.model_copy(update={"device": "cpu"})})
+    assert pool_refusals(cpu, Settings(gpu_pool="")) == []
+
+
+def test_the_dataset_field_is_looked_for_as_the_trainer_picks_it(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "p", "messages": []}) + "\n")
+    auto = DatasetSpec(name_or_path=str(rows))
+    assert missing_dataset_field(auto) is None  # auto: a messages column makes it chat data
+    text = DatasetSpec(name_or_path=str(rows), format="text")
+    setting, msg = missing_dataset_field(text) or ("", "")
+    assert setting == "text_field" and "prompt, messages" in msg
