@@ -116,6 +116,14 @@ const FTQ = (() => {
     return String(Number(v.toPrecision(digits)));
   }
 
+  // The last two parts of a path or Hub id ("/srv/ftq/examples/tiny/model" -> "…/tiny/model"); the
+  // full one goes in a title attribute next to it.
+  function shortPath(path) {
+    if (!path) return "–";
+    const parts = String(path).split("/").filter(Boolean);
+    return parts.length > 2 ? `…/${parts.slice(-2).join("/")}` : String(path);
+  }
+
   function duration(seconds) {
     if (seconds === null || seconds === undefined) return "–";
     let s = Math.max(0, Math.round(seconds));
@@ -203,7 +211,7 @@ const FTQ = (() => {
   }
 
   return {
-    TERMINAL, ApiError, api, banner, clearBanner, h, num, duration, age, took, badge, progressFraction,
+    TERMINAL, ApiError, api, banner, clearBanner, h, num, shortPath, duration, age, took, badge, progressFraction,
     progressText, setRefreshState, every, parseTime,
   };
 })();

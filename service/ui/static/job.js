@@ -1,4 +1,5 @@
-/* ftq dashboard, `/ui/jobs/{id}`: live loss / eval-loss / LR charts, log tail, plan, cancel.
+/* ftq dashboard, `/ui/jobs/{id}`: live loss / eval-loss / LR / grad-norm / tokens-per-second charts,
+log tail, plan, checkpoints, cancel.
 
 Polling is incremental: metrics with after_step, the log with byte offsets; each stops once the
 API says it is complete. The one exception is the last metric point, asked for again each time,
@@ -21,7 +22,10 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     logOffset: 0,
     logComplete: false,
     planShown: false,
+    outputsFor: null, // the status the outputs card was last read for
+    outputsAt: 0,
   };
+  const OUTPUTS_MS = 10000; // how often a running job's checkpoints are read again
 
   document.getElementById("crumb-id").textContent = jobId;
   const cancelButton = document.getElementById("cancel");
@@ -69,8 +73,9 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     document.getElementById("job-meta").replaceChildren(
       meta("job id", job.id),
       meta("owner", job.owner),
-      meta("model", (spec.model || {}).name_or_path || "–"),
-      meta("dataset", (spec.dataset || {}).name_or_path || "–"),
+      // Paths are shown by their last parts; the full path is the hover text.
+      meta("model", FTQ.shortPath((spec.model || {}).name_or_path), (spec.model || {}).name_or_path),
+      meta("dataset", FTQ.shortPath((spec.dataset || {}).name_or_path), (spec.dataset || {}).name_or_path),
       meta("launch", `${res.launcher} · ${res.device} · ${res.num_nodes}×${res.processes_per_node} · ${dist.strategy}`),
       meta("external id", job.external_id || "–"),
       meta("created", FTQ.age(job.created_at), job.created_at),
@@ -110,16 +115,27 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     }
   }
 
+  const lossOptions = Charts.lossControls(() => drawCharts());
+
   function drawCharts() {
     const pts = [...state.points.values()].sort((a, b) => a.step - b.step);
     const series = (key) => pts.filter((p) => p[key] != null).map((p) => [p.step, p[key]]);
     const ended = state.job && FTQ.TERMINAL.includes(state.job.status);
     const emptyText = ended ? "this job logged no points" : "no points yet";
+    const { smoothing, yScale } = lossOptions();
+    const loss = series("loss");
+    const train = smoothing > 0
+      ? [
+        { name: "train loss, raw", key: "loss-raw", color: "#2563eb", points: loss, faint: true },
+        { name: `train loss (smoothed ${smoothing.toFixed(2)})`, key: "loss", color: "#2563eb", points: Charts.ema(loss, smoothing) },
+      ]
+      : [{ name: "train loss", key: "loss", color: "#2563eb", points: loss }];
     Charts.render(document.getElementById("chart-loss"), {
       series: [
-        { name: "train loss", key: "loss", color: "#2563eb", points: series("loss") },
+        ...train,
         { name: "eval loss", key: "eval_loss", color: "#ea580c", points: series("eval_loss"), markers: true },
       ],
+      yScale,
       emptyText,
     });
     Charts.render(document.getElementById("chart-lr"), {
@@ -127,6 +143,36 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       yFormat: (v) => (v === 0 ? "0" : v.toExponential(1)),
       emptyText,
     });
+    Charts.render(document.getElementById("chart-grad-norm"), {
+      series: [{ name: "grad norm", key: "grad_norm", color: "#9333ea", points: series("grad_norm") }],
+      emptyText,
+    });
+    Charts.render(document.getElementById("chart-tokens"), {
+      series: [{ name: "tokens/s", key: "tokens_per_second", color: "#0891b2", points: series("tokens_per_second") }],
+      yFormat: (v) => FTQ.num(v, 3),
+      emptyText,
+    });
+  }
+
+  // The run's outputs: its checkpoints (GET /jobs/{id}/checkpoints), each with its full path.
+  // Samples of model output and exported artifacts are not served by the API yet; when they are, they
+  // are listed here, in #samples.
+  async function showOutputs(job) {
+    const running = !FTQ.TERMINAL.includes(job.status);
+    if (state.outputsFor === job.status && (!running || Date.now() - state.outputsAt < OUTPUTS_MS)) return;
+    const list = await FTQ.api(`/jobs/${enc}/checkpoints`);
+    state.outputsFor = job.status;
+    state.outputsAt = Date.now();
+    const box = document.getElementById("outputs");
+    if (!list.data.length) {
+      box.replaceChildren(h("p", { class: "muted" }, running ? "no checkpoint saved yet" : "this run saved no checkpoint"));
+      return;
+    }
+    const rows = list.data.map((c) => h("tr", { dataset: { step: c.step } },
+      h("td", { class: "num" }, `step ${c.step}`),
+      h("td", {}, h("code", { title: c.path }, c.path)),
+      h("td", {}, c.resumable ? "resumable" : h("span", { class: "muted" }, "not resumable"))));
+    box.replaceChildren(h("table", { class: "outputs", id: "checkpoints" }, ...rows));
   }
 
   async function pollLog() {
@@ -184,6 +230,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     const job = await FTQ.api(`/jobs/${enc}`);
     showJob(job);
     if (!state.planShown) await showPlan();
+    await showOutputs(job);
     if (!state.metricsComplete) await pollMetrics();
     if (!state.logComplete) await pollLog();
     const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete;

@@ -1,4 +1,5 @@
-/* ftq dashboard, `/`: the jobs table, refreshed by polling GET /jobs. */
+/* ftq dashboard, `/`: the jobs table, refreshed by polling GET /jobs, and the runs ticked in it
+compared on one train-loss chart (their ids kept in ?compare=, so the view can be shared or reopened). */
 "use strict";
 
 (() => {
@@ -9,6 +10,51 @@
   const filter = document.getElementById("status-filter");
   const more = document.getElementById("more");
   let shown = PAGE;
+
+  const url0 = new URLSearchParams(window.location.search);
+  const selected = (url0.get("compare") || "").split(",").filter(Boolean);
+  const runs = new Map(); // job id -> {job, points: [[step, loss]], lastStep, complete}
+  const colours = new Map(); // job id -> colour, kept while the job stays selected
+  let compareDirty = true;
+
+  function colourFor(id) {
+    if (!colours.has(id)) {
+      const used = new Set(colours.values());
+      colours.set(id, Charts.PALETTE.find((c) => !used.has(c)) || Charts.PALETTE[colours.size % Charts.PALETTE.length]);
+    }
+    return colours.get(id);
+  }
+  selected.forEach(colourFor);
+
+  function saveSelection() {
+    const url = new URL(window.location.href);
+    if (selected.length) url.searchParams.set("compare", selected.join(","));
+    else url.searchParams.delete("compare");
+    history.replaceState(null, "", url.pathname + url.search);
+    compareDirty = true;
+  }
+
+  function toggle(id, on) {
+    const at = selected.indexOf(id);
+    if (on && at < 0) {
+      selected.push(id);
+      colourFor(id);
+    } else if (!on && at >= 0) {
+      selected.splice(at, 1);
+      colours.delete(id);
+    }
+    saveSelection();
+    refreshCompare([]).catch((e) => FTQ.banner("error", [e.message]));
+  }
+
+  const compareOptions = Charts.lossControls(() => drawCompare());
+  document.getElementById("compare-clear").addEventListener("click", () => {
+    selected.splice(0);
+    colours.clear();
+    saveSelection();
+    body.querySelectorAll("input.pick").forEach((box) => { box.checked = false; });
+    drawCompare();
+  });
 
   filter.value = new URLSearchParams(window.location.search).get("status") || "";
   filter.addEventListener("change", () => {
@@ -30,7 +76,16 @@
     fill.style.width = `${(100 * FTQ.progressFraction(job)).toFixed(1)}%`;
     const link = h("a", { href: `/ui/jobs/${encodeURIComponent(job.id)}` },
       h("span", { class: "job-name" }, job.name), h("span", { class: "job-id" }, job.id));
+    const pick = h("input", {
+      type: "checkbox", class: "pick", checked: selected.includes(job.id), "aria-label": `compare ${job.id}`,
+      dataset: { jobId: job.id },
+    });
+    pick.addEventListener("change", () => toggle(job.id, pick.checked));
+    const spec = job.spec || {};
+    const model = (spec.model || {}).name_or_path;
+    const data = (spec.dataset || {}).name_or_path;
     return h("tr", { dataset: { jobId: job.id, status: job.status } },
+      h("td", { class: "pick-cell" }, pick),
       h("td", {}, link),
       h("td", {}, FTQ.badge(job.status)),
       h("td", {}, h("div", { class: "progress-cell" },
@@ -38,6 +93,10 @@
       h("td", { class: "num", dataset: { field: "loss" } }, FTQ.num(latest.loss)),
       h("td", { class: "num" }, FTQ.num(latest.eval_loss)),
       h("td", { class: "num" }, FTQ.num(latest.learning_rate)),
+      // Full paths on hover: the cell shows their last parts only.
+      h("td", { class: "paths" },
+        h("span", { class: "model-path", title: model || null }, FTQ.shortPath(model)),
+        h("span", { class: "data-path muted", title: data || null }, FTQ.shortPath(data))),
       h("td", {}, job.launcher + (job.external_id ? ` · ${job.external_id}` : "")),
       h("td", { title: job.created_at }, FTQ.age(job.created_at)),
       h("td", {}, FTQ.took(job)),
@@ -60,7 +119,58 @@
     document.getElementById("empty").hidden = page.data.length > 0;
     more.hidden = !page.next_cursor;
     document.getElementById("jobs").dataset.count = String(page.data.length);
+    await refreshCompare(page.data);
     FTQ.setRefreshState(`updated ${new Date().toLocaleTimeString()}`);
+  }
+
+  // Reads the new loss points of every selected run (after_step, as the job page does; a finished run
+  // is read once) and redraws the comparison when anything changed.
+  async function refreshCompare(listed) {
+    for (const job of listed) if (runs.has(job.id)) runs.get(job.id).job = job;
+    for (const id of [...selected]) {
+      let run = runs.get(id);
+      if (!run) {
+        run = { job: listed.find((j) => j.id === id) || null, points: new Map(), lastStep: -1, complete: false };
+        runs.set(id, run);
+      }
+      if (!run.job) run.job = await FTQ.api(`/jobs/${encodeURIComponent(id)}`);
+      if (run.complete) continue;
+      let after = run.lastStep >= 0 ? run.lastStep - 1 : -1;
+      for (;;) {
+        const page = await FTQ.api(`/jobs/${encodeURIComponent(id)}/metrics?after_step=${after}&limit=1000`);
+        for (const pt of page.data) {
+          if (pt.loss != null) run.points.set(pt.step, pt.loss);
+          run.lastStep = Math.max(run.lastStep, pt.step);
+        }
+        if (page.data.length) compareDirty = true;
+        if (page.complete) run.complete = true;
+        if (page.data.length < 1000 || page.next_after_step === after) break;
+        after = page.next_after_step;
+      }
+    }
+    if (compareDirty) drawCompare();
+  }
+
+  function drawCompare() {
+    compareDirty = false;
+    const section = document.getElementById("compare");
+    section.hidden = selected.length === 0;
+    if (!selected.length) return;
+    const { smoothing, yScale } = compareOptions();
+    const series = [];
+    for (const id of selected) {
+      const run = runs.get(id);
+      if (!run || !run.job) continue;
+      const points = [...run.points.entries()].sort((a, b) => a[0] - b[0]);
+      const colour = colourFor(id);
+      // Runs of one spec share a name: the label adds the id's end, the hover text has the full id.
+      const base = { name: `${run.job.name} ·${id.slice(-6)}`, title: `${run.job.name} (${id}, ${run.job.status})`, color: colour };
+      if (smoothing > 0) series.push({ ...base, key: `${id}-raw`, points, faint: true });
+      series.push({ ...base, key: id, points: Charts.ema(points, smoothing) });
+    }
+    document.getElementById("compare-what").textContent =
+      `${selected.length} run${selected.length === 1 ? "" : "s"}, by step${smoothing > 0 ? `, smoothed ${smoothing.toFixed(2)}` : ""}`;
+    Charts.render(document.getElementById("chart-compare"), { series, yScale, emptyText: "no loss points yet" });
   }
 
   FTQ.every(REFRESH_MS, refresh);

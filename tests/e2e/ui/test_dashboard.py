@@ -1,18 +1,21 @@
-"""The dashboard in real headless Chromium against a real `ftq up`: list, charts, log, plan, cancel, auth.
+"""The dashboard in real headless Chromium against a real `ftq up`: list, charts, smoothing and log scale,
+runs compared, log, plan, checkpoints, cancel, auth.
 
 Screenshots go to tests/_artifacts/ (gitignored) for a human to look at.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.session import AUTH_TOKEN, FinishedJob
+from tests.e2e.session import AUTH_TOKEN, FinishedJob, Walkthrough
 from tests.harness import ARTIFACTS, Deployment, example_spec
 
 pytestmark = pytest.mark.browser
@@ -66,6 +69,33 @@ def test_job_page_charts_every_point_and_stops_polling(
     expect(page.locator('#chart-loss g[data-series-markers="eval_loss"] circle')).to_have_count(n_eval)
     rates = page.locator('#chart-lr path[data-series="learning_rate"]')
     expect(rates).to_have_attribute("data-count", str(n_lr))
+    for chart, key in (("grad-norm", "grad_norm"), ("tokens", "tokens_per_second")):
+        n = sum(p[key] is not None for p in points)
+        assert n >= 5, (key, points)
+        expect(page.locator(f'#chart-{chart} path[data-series="{key}"]')).to_have_attribute(
+            "data-count", str(n)
+        )
+
+    # Full paths on hover: the meta shows the model's last parts, its title the resolved path.
+    job = server.get(f"/jobs/{finished_job.job_id}")
+    model_path = job["spec"]["model"]["name_or_path"]
+    expect(page.locator(f'#job-meta dd[title="{model_path}"]')).to_have_text("…/tiny/model")
+    ckpts = server.get(f"/jobs/{finished_job.job_id}/checkpoints")["data"]
+    assert ckpts
+    expect(page.locator("#checkpoints tr")).to_have_count(len(ckpts))
+    expect(page.locator(f'#checkpoints code[title="{ckpts[-1]["path"]}"]')).to_be_visible()
+
+    # Smoothing keeps the raw line (pale, same points) and draws the EMA over it: a calmer line.
+    raw_d = train.get_attribute("d")
+    page.locator("#smoothing").fill("0.9")
+    expect(page.locator('#chart-loss path[data-series="loss-raw"]')).to_have_attribute(
+        "data-count", str(n_loss)
+    )
+    expect(train).to_have_attribute("data-count", str(n_loss))
+    expect(loss_chart).to_have_attribute("data-points", str(n_loss + n_eval))
+    assert _variation(train.get_attribute("d")) < 0.6 * _variation(raw_d)
+    page.locator("#smoothing").fill("0")
+    expect(page.locator('#chart-loss path[data-series="loss-raw"]')).to_have_count(0)
 
     log_text = server.get(f"/jobs/{finished_job.job_id}/logs", limit=1048576)["text"]
     assert page.locator("#log").text_content() == log_text
@@ -158,3 +188,71 @@ def test_pages_are_not_in_the_openapi_document_and_send_a_csp(server: Deployment
         assert "<script>" not in page.text  # every script is a file: the CSP allows no inline code
         assert c.get("/ui/static/../../app.py").status_code == 404
         assert c.get("/ui/static/job.js").headers["content-type"].startswith("text/javascript")
+
+
+@pytest.mark.slow  # two real tiny training runs (the session's and the curl walkthrough's)
+def test_two_runs_compared_on_one_loss_chart_with_a_log_scale(
+    server: Deployment, finished_job: FinishedJob, walkthrough: Walkthrough, page: Any, tmp_path: Path
+) -> None:
+    code, output = walkthrough.wait()
+    assert code == 0, output
+    other = re.search(r"job id: (job_[0-9a-f]+)", output)
+    assert other
+    ids = [finished_job.job_id, other.group(1)]
+    n_loss = {i: sum(p["loss"] is not None for p in server.get(f"/jobs/{i}/metrics")["data"]) for i in ids}
+
+    page.goto(f"{server.url}/")
+    expect(page.locator("#compare")).to_be_hidden()
+    for job_id in ids:
+        page.locator(f'input.pick[data-job-id="{job_id}"]').check()
+    chart = page.locator("#chart-compare svg")
+    expect(chart).to_have_attribute("data-series-count", "2")
+    for job_id in ids:
+        line = page.locator(f'#chart-compare path[data-series="{job_id}"]')
+        expect(line).to_have_attribute("data-count", str(n_loss[job_id]))
+    colours = {page.locator(f'#chart-compare path[data-series="{i}"]').get_attribute("stroke") for i in ids}
+    assert len(colours) == 2, colours  # same seed and spec: the lines coincide, the colours must not
+    legend = page.locator("#chart-compare .legend-entry")
+    expect(legend).to_have_count(2)
+    assert sorted(legend.locator("title").all_text_contents()) == sorted(
+        f"tiny-cpu-lora ({i}, succeeded)" for i in ids
+    )
+    assert f"compare={ids[0]}%2C{ids[1]}" in page.url  # the comparison survives a reload or a shared link
+    # Paths are shortened in the table; the full, resolved path is the hover text.
+    model_cell = page.locator(f'tr[data-job-id="{ids[0]}"] .model-path')
+    expect(model_cell).to_have_attribute(
+        "title", server.get(f"/jobs/{ids[0]}")["spec"]["model"]["name_or_path"]
+    )
+    page.screenshot(path=str(tmp_path / "compare-linear.png"), full_page=True)
+
+    # A linear axis spaces its ticks evenly; a log axis squeezes them as the values grow.
+    linear = _tick_gaps(page)
+    assert len(linear) >= 2 and max(linear) - min(linear) < 0.05, linear
+    page.locator("#log-scale").check()
+    expect(chart).to_have_attribute("data-y-scale", "log")
+    gaps = _tick_gaps(page)
+    assert len(gaps) >= 2 and all(a > b + 0.3 for a, b in itertools.pairwise(gaps)), gaps
+    page.screenshot(path=str(tmp_path / "compare-log.png"), full_page=True)
+
+    # Unticking a run takes its line off the chart; the last one off hides the chart.
+    page.locator(f'input.pick[data-job-id="{ids[1]}"]').uncheck()
+    expect(chart).to_have_attribute("data-series-count", "1")
+    page.locator("#compare-clear").click()
+    expect(page.locator("#compare")).to_be_hidden()
+
+
+def _tick_gaps(page: Any) -> list[float]:
+    """Pixel gaps between the comparison chart's y ticks, lowest value first."""
+    ys = [
+        float(y)
+        for y in page.locator("#chart-compare .y-axis text.tick").evaluate_all(
+            "ts => ts.map(t => t.getAttribute('y'))"
+        )
+    ]
+    return [a - b for a, b in itertools.pairwise(ys)]
+
+
+def _variation(d: str) -> float:
+    """The summed vertical movement of an SVG path's vertices (its total variation, in pixels)."""
+    ys = [float(y) for y in re.findall(r"[ML][-\d.]+,([-\d.]+)", d)]
+    return sum(abs(a - b) for a, b in itertools.pairwise(ys))
