@@ -208,12 +208,18 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
-def fmt_num(value: float | None, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-        return f"{value:.2e}"
-    return f"{value:.{digits}g}"
+def fmt_fixed(value: float | None, decimals: int) -> str:
+    """A column's numbers with one number of decimals, so they line up and read the same."""
+    return "-" if value is None else f"{value:,.{decimals}f}"
+
+
+def fmt_sci(value: float | None) -> str:
+    """Learning rates, always in scientific form: 1.00e-03, never 0.001 in one row and 2.0e-04 below."""
+    return "-" if value is None else f"{value:.2e}"
+
+
+def fmt_loss(value: float | None) -> str:
+    return fmt_fixed(value, 4)
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -286,7 +292,11 @@ def submit(
     """Submit a job spec. With --follow, exit 0 when the job succeeds and 1 when it fails or is cancelled."""
     with api() as client:
         if dry_run:
-            print_plan(client.jobs.create(file, idempotency_key=idempotency_key, dry_run=True))
+            plan = client.jobs.create(file, idempotency_key=idempotency_key, dry_run=True)
+            print_plan(plan)
+            if plan.warnings:
+                # Scripts that gate a submit on the dry run see what submit would refuse.
+                raise typer.Exit(EXIT_REFUSED)
             return
         job = client.jobs.create(file, idempotency_key=idempotency_key)
         out.print(f"submitted {job.id} ({escape(job.name)}): {fmt_status(job.status)}")
@@ -301,6 +311,14 @@ def submit(
 
 
 def print_plan(plan: PlanPublic) -> None:
+    _print_rendered(plan)
+    if plan.warnings:
+        out.rule("[red]submit would refuse this job[/]")
+        for warning in plan.warnings:
+            out.print(f"[red]✗[/] {escape(warning)}", soft_wrap=True)
+
+
+def _print_rendered(plan: PlanPublic) -> None:
     out.rule("accelerate config (accelerate_config.yaml)")
     out.print(escape(plan.accelerate_config_yaml.rstrip()), soft_wrap=True)
     out.rule("command")
@@ -382,8 +400,8 @@ def follow_job(client: Client, job_id: str) -> int:
                 completed=job.progress.step or 0,
                 total=job.progress.max_steps,
                 max_steps=job.progress.max_steps or "?",
-                loss=fmt_num(latest.loss),
-                lr=fmt_num(latest.learning_rate),
+                loss=fmt_loss(latest.loss),
+                lr=fmt_sci(latest.learning_rate),
                 eta=fmt_duration(job.progress.eta_seconds) if status == "running" else "-",
             )
             if status in TERMINAL and complete:
@@ -397,7 +415,7 @@ def follow_job(client: Client, job_id: str) -> int:
 def report_end(job: JobPublic) -> int:
     latest = job.latest_metrics
     if job.status == "succeeded":
-        loss = f", final loss {fmt_num(latest.loss)}" if latest and latest.loss is not None else ""
+        loss = f", final loss {fmt_loss(latest.loss)}" if latest and latest.loss is not None else ""
         out.print(f"{job.id} [green]succeeded[/] at step {job.progress.step or '-'}{loss}")
         return 0
     code = str(job.error.code) if job.error else str(job.status)
@@ -428,14 +446,17 @@ def ls(
     table.add_column("PROGRESS", no_wrap=True)
     table.add_column("LOSS", no_wrap=True, justify="right")
     table.add_column("CREATED", no_wrap=True)
+    # Why a failed job failed, at a glance (the whole message is in `ftq status`).
+    table.add_column("ERROR", no_wrap=True, overflow="ellipsis", max_width=60)
     for job in page.data:
         table.add_row(
             job.id,
             escape(job.name),
             fmt_status(job.status),
             fmt_progress(job),
-            fmt_num(job.latest_metrics.loss if job.latest_metrics else None),
+            fmt_loss(job.latest_metrics.loss if job.latest_metrics else None),
             fmt_age(job.created_at),
+            f"[red]{escape(str(job.error.code))}[/]: {escape(job.error.message)}" if job.error else "",
         )
     out.print(table)
     if page.next_cursor:
@@ -468,11 +489,11 @@ def status(
         ("started", fmt_time(job.started_at)),
         ("finished", fmt_time(job.finished_at)),
         ("progress", fmt_progress(job)),
-        ("epoch", fmt_num(progress.epoch, 3)),
+        ("epoch", fmt_fixed(progress.epoch, 2)),
         ("eta", fmt_duration(progress.eta_seconds) if job.status == "running" else "-"),
-        ("loss", fmt_num(latest.loss)),
-        ("eval loss", fmt_num(latest.eval_loss)),
-        ("learning rate", fmt_num(latest.learning_rate)),
+        ("loss", fmt_loss(latest.loss)),
+        ("eval loss", fmt_loss(latest.eval_loss)),
+        ("learning rate", fmt_sci(latest.learning_rate)),
     ]
     error = job.error
     if error:
@@ -513,7 +534,11 @@ def metrics(
         out.print_json(data=[p.model_dump(mode="json") for p in points])
         return
     if not points:
-        out.print(f"{job_id} ({fmt_status(job.status)}) has logged no metrics yet")
+        if job.status in TERMINAL:
+            why = f": {escape(str(job.error.code))}: {escape(job.error.message)}" if job.error else ""
+            out.print(f"{job_id} ({fmt_status(job.status)}) logged no metrics{why}", soft_wrap=True)
+        else:
+            out.print(f"{job_id} ({fmt_status(job.status)}) has logged no metrics yet")
         return
     shown = points[-tail:] if tail else points
     table = Table(box=None, header_style="bold", pad_edge=False)
@@ -522,12 +547,12 @@ def metrics(
     for p in shown:
         table.add_row(
             str(p.step),
-            fmt_num(p.epoch, 3),
-            fmt_num(p.loss),
-            fmt_num(p.eval_loss),
-            fmt_num(p.learning_rate),
-            fmt_num(p.grad_norm),
-            fmt_num(p.tokens_per_second, 5),
+            fmt_fixed(p.epoch, 2),
+            fmt_loss(p.loss),
+            fmt_loss(p.eval_loss),
+            fmt_sci(p.learning_rate),
+            fmt_fixed(p.grad_norm, 3),
+            fmt_fixed(p.tokens_per_second, 0),
         )
     out.print(table)
     for label, values in (
@@ -535,7 +560,7 @@ def metrics(
         ("eval", [p.eval_loss for p in points if p.eval_loss is not None]),
     ):
         if values:
-            first, last = fmt_num(values[0]), fmt_num(values[-1])
+            first, last = fmt_loss(values[0]), fmt_loss(values[-1])
             out.print(f"{label:<5} {sparkline(values)}  {first} → {last}  ({len(values)} points)")
 
 

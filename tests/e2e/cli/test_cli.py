@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.e2e.session import AUTH_TOKEN, TINY_SPEC, FinishedJob, Walkthrough
-from tests.harness import Deployment, example_spec, free_port, run_ftq
+from tests.harness import TINY_RELATIVE, Deployment, example_spec, free_port, run_ftq, tiny_spec
 
 
 def assert_one_clean_line(stderr: str) -> str:
@@ -84,6 +84,26 @@ def test_status_logs_metrics_and_cancel_of_a_finished_job(
     cancel = run_ftq("cancel", job_id, url=server.url)
     assert cancel.returncode == 0
     assert f"{job_id}: succeeded" in cancel.stdout  # a finished job stays as it is
+
+
+@pytest.mark.slow  # a real launch, which fails reading its data
+def test_ls_and_metrics_say_why_a_failed_job_failed(server: Deployment) -> None:
+    # Good first rows (what preflight reads), then a row that is not JSON: the trainer fails on it.
+    data = server.data_dir / "broken.jsonl"
+    data.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(200)) + "{not json\n")
+    spec = tiny_spec(TINY_RELATIVE, name="broken-data")
+    spec["dataset"]["name_or_path"] = str(data)
+    job = server.wait_terminal(server.post_job(spec)["id"])
+    assert job["status"] == "failed" and job["error"], job
+    code = job["error"]["code"]
+
+    listed = run_ftq("ls", url=server.url)
+    row = next((line for line in listed.stdout.splitlines() if job["id"] in line), None)
+    assert row is not None and "failed" in row and f"{code}:" in row, listed.stdout
+
+    metrics = run_ftq("metrics", job["id"], url=server.url)
+    assert metrics.returncode == 0, metrics.stderr
+    assert "yet" not in metrics.stdout and f"logged no metrics: {code}" in metrics.stdout, metrics.stdout
 
 
 @pytest.mark.slow  # a real tiny training run
