@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftq.spec import DatasetSpec, looks_local
 
+from . import hub
 from .errors import DatasetError
 
 if TYPE_CHECKING:
@@ -107,6 +108,9 @@ def load_raw(name_or_path: str) -> DatasetDict:
                     }
                 )
             return _as_dict(datasets.load_dataset(str(path)))
+        problem = hub.unreachable_reason(name_or_path, "dataset")
+        if problem:
+            raise DatasetError(problem)
         return _as_dict(datasets.load_dataset(name_or_path))
     except DatasetError:
         raise

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ftq import runs
 from ftq.spec import JobSpec, LoraSpec, ModelSpec, looks_local
 
+from . import hub
 from .errors import ModelError
 
 if TYPE_CHECKING:
@@ -27,8 +28,12 @@ if TYPE_CHECKING:
 
 
 def check_model_path(spec: ModelSpec) -> None:
-    """A local model folder must hold a config and weights; say which is missing before loading."""
+    """A local model folder must hold a config and weights, and a hub id one the Hub can be asked
+    for; say what is wrong before loading."""
     if not looks_local(spec.name_or_path):
+        problem = hub.unreachable_reason(spec.name_or_path, "model", spec.revision)
+        if problem:
+            raise ModelError(problem)
         return
     path = Path(spec.name_or_path)
     if not path.is_dir():
