@@ -24,6 +24,16 @@ class Progress(BaseModel):
     max_steps: int | None = None
     epoch: float | None = None
     eta_seconds: float | None = None
+    phase: str | None = Field(
+        None,
+        description="What the job is doing: queued, starting (processes starting), loading (tokenizer, "
+        "data, model, trainer), training, saving (the final model), cancelling; null once it ended.",
+    )
+    message: str | None = Field(
+        None,
+        description="The phase in words, while there is no step to show: `starting 2 processes`, `loading "
+        "the tokenizer, dataset and model`, `saving the final model`; null while training.",
+    )
 
 
 class JobError(BaseModel):

@@ -224,7 +224,8 @@ async def list_jobs(
             )
             page = rows[:limit]
             next_cursor = str(page[-1].seq) if len(rows) > limit else None
-            return _json(JobList(data=[jobs.to_public(j) for j in page], next_cursor=next_cursor))
+            runs_dir = get_settings().runs_dir
+            return _json(JobList(data=[jobs.to_public(j, runs_dir) for j in page], next_cursor=next_cursor))
 
     return _json_response(await _read(body))
 
@@ -233,7 +234,8 @@ async def list_jobs(
 async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
     def body() -> bytes:
         with read_session() as session:
-            return _json(jobs.to_public(jobs.get_or_404(JobRepository(session, owner), job_id)))
+            job = jobs.get_or_404(JobRepository(session, owner), job_id)
+            return _json(jobs.to_public(job, get_settings().runs_dir))
 
     return _json_response(await _read(body))
 

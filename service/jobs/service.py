@@ -10,6 +10,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,7 +37,7 @@ from service.errors import (
     spec_field_error,
     suggest_fields,
 )
-from service.jobs import checkpoints, preflight
+from service.jobs import checkpoints, phase, preflight
 from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
 
@@ -299,19 +300,22 @@ class _SpecCache:
 _spec_cache = _SpecCache()
 
 
-def to_public(job: Job) -> JobPublic:
+def to_public(job: Job, runs_dir: Path | None = None) -> JobPublic:
+    """The API's Job; with `runs_dir`, a job before its first step says what it is doing (from its log)."""
     error = None
     # A cancel is what the user asked for, not a failure: no error (nor the exit code of the killed run).
     if job.error_code and job.status != JobStatus.cancelled:
         # Stored redacted; masked again in case the secret was set after the job ended.
         message = redact(job.error_message or "")
         error = JobError(code=ErrorCode(job.error_code), message=message, exit_code=job.exit_code)
+    spec = _spec_cache.get(job)
+    now = phase.phase_of(job, spec.resources.world_size, runs_dir)
     return JobPublic(
         id=job.id,
         name=job.name,
         owner=job.owner,
         status=JobStatus(job.status),
-        spec=_spec_cache.get(job),
+        spec=spec,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -322,6 +326,8 @@ def to_public(job: Job) -> JobPublic:
             max_steps=job.progress_max_steps,
             epoch=job.progress_epoch,
             eta_seconds=job.eta_seconds,
+            phase=now.phase,
+            message=now.message,
         ),
         latest_metrics=Point.model_validate(job.latest_metrics) if job.latest_metrics else None,
         error=error,

@@ -13,7 +13,7 @@ import pytest
 
 from ftq.estimate import local_model_problem
 from ftq.settings import Settings
-from ftq.spec import DatasetSpec, JobSpec
+from ftq.spec import DatasetFormat, DatasetSpec, JobSpec
 from service.errors import SpecError
 from service.jobs.preflight import Deadline, local_dataset_problem, missing_dataset_field, pool_refusals
 
@@ -151,6 +151,6 @@ def test_the_dataset_field_is_looked_for_as_the_trainer_picks_it(tmp_path: Path)
     rows.write_text(json.dumps({"prompt": "p", "messages": []}) + "\n")
     auto = DatasetSpec(name_or_path=str(rows))
     assert missing_dataset_field(auto) is None  # auto: a messages column makes it chat data
-    text = DatasetSpec(name_or_path=str(rows), format="text")
+    text = DatasetSpec(name_or_path=str(rows), format=DatasetFormat.text)
     setting, msg = missing_dataset_field(text) or ("", "")
     assert setting == "text_field" and "prompt, messages" in msg

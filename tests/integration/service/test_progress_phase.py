@@ -1,0 +1,43 @@
+"""The progress phase of a real job through a real `ftq up` (service/jobs/phase.py): a job says what it
+is doing before its first step, read from the markers its train.log already holds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import QUICK_SETTINGS, Deployment, tiny_spec
+
+ORDER = ["queued", "starting", "loading", "training", "saving"]
+
+
+@pytest.mark.slow  # a real two-process tiny run
+def test_a_job_says_what_it_does_before_its_first_step(tmp_path: Path, tiny_dir: Path) -> None:
+    settings = {**QUICK_SETTINGS, "local_roots": f"{tmp_path / 'data'}:{tiny_dir}"}
+    with Deployment(tmp_path, settings=settings) as dep:
+        job_id = dep.post_job(tiny_spec(tiny_dir, name="phases", processes=2, max_steps=3))["id"]
+        seen: list[tuple[str, str | None, str | None, int | None]] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            job = dep.job(job_id)
+            p = job["progress"]
+            entry = (job["status"], p["phase"], p["message"], p["step"])
+            if not seen or seen[-1] != entry:
+                seen.append(entry)
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.1)
+
+    assert seen[-1][0] == "succeeded", (seen, dep.report(job_id))
+    assert seen[-1][1] is None and seen[-1][2] is None  # an ended job has no phase
+    # Torch alone takes seconds to import in each process: the poll sees the launch, in words.
+    assert ("starting", "starting 2 processes") in {(s[1], s[2]) for s in seen}, seen
+    for status, phase, message, step in seen:
+        if status in ("starting", "running") and step is None:
+            assert message, seen  # never an empty "what is happening" before the first step
+        if phase == "training":
+            assert step is not None, seen
+    phases = [s[1] for s in seen if s[1] is not None]
+    assert phases == sorted(phases, key=ORDER.index), seen  # forward only
