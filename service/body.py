@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import yaml
 
+from ftq.yaml_errors import describe
 from service.errors import BadRequest, SpecError, UnsupportedMediaType
 
 # A job spec nests about five levels and holds a few hundred values; these leave room for growth.
@@ -178,19 +179,7 @@ def _yaml_problem(raw: bytes, exc: yaml.YAMLError) -> str:
     the curl fix where the body is one line."""
     if _one_line_yaml(raw):
         return _ONE_LINE
-    problem = str(getattr(exc, "problem", None) or str(exc).splitlines()[0])
-    mark = getattr(exc, "problem_mark", None)
-    if mark is None:
-        return f"the body is not valid YAML: {problem}"
-    lines = raw.decode("utf-8", "replace").splitlines()
-    line = lines[mark.line] if mark.line < len(lines) else ""
-    if "\t" in line[: mark.column + 1]:
-        tab = line.index("\t") + 1
-        return (
-            f"the body is not valid YAML at line {mark.line + 1}, column {tab}: a tab character; YAML "
-            "indents with spaces only, replace the tab with spaces"
-        )
-    return f"the body is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return "the body is " + describe(raw.decode("utf-8", "replace"), exc)
 
 
 def _is_yaml(raw: bytes) -> bool:

@@ -40,6 +40,7 @@ from ftq.client.errors import (
 from ftq.schemas import LogChunk
 from ftq.spec import JobSpec
 from ftq.status import TERMINAL, JobStatus
+from ftq.yaml_errors import describe as describe_yaml_error
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 30.0
@@ -135,10 +136,7 @@ def read_spec_file(path: Path) -> tuple[bytes, str]:
         try:
             body = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise SpecFileError(str(path), f"not valid YAML: {problem}{where}") from None
+            raise SpecFileError(str(path), describe_yaml_error(text, exc)) from None
         ctype = "application/yaml"
     if not isinstance(body, dict):
         raise SpecFileError(
