@@ -46,7 +46,7 @@ def test_jobs_page_lists_jobs_and_picks_up_new_ones(
 
 @pytest.mark.slow  # a real tiny training run
 def test_job_page_charts_every_point_and_stops_polling(
-    server: Deployment, finished_job: FinishedJob, page: Any
+    server: Deployment, finished_job: FinishedJob, page: Any, tmp_path: Path
 ) -> None:
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
@@ -94,6 +94,10 @@ def test_job_page_charts_every_point_and_stops_polling(
     expect(train).to_have_attribute("data-count", str(n_loss))
     expect(loss_chart).to_have_attribute("data-points", str(n_loss + n_eval))
     assert _variation(train.get_attribute("d")) < 0.6 * _variation(raw_d)
+    page.locator("#log-scale").check()
+    expect(loss_chart).to_have_attribute("data-y-scale", "log")
+    page.locator(".charts").screenshot(path=str(tmp_path / "charts-smoothed-log.png"))
+    page.locator("#log-scale").uncheck()
     page.locator("#smoothing").fill("0")
     expect(page.locator('#chart-loss path[data-series="loss-raw"]')).to_have_count(0)
 
@@ -201,8 +205,12 @@ def test_two_runs_compared_on_one_loss_chart_with_a_log_scale(
     ids = [finished_job.job_id, other.group(1)]
     n_loss = {i: sum(p["loss"] is not None for p in server.get(f"/jobs/{i}/metrics")["data"]) for i in ids}
 
-    page.goto(f"{server.url}/")
+    # A stale id in a shared link drops out of the comparison; the table goes on refreshing.
+    page.goto(f"{server.url}/?compare=job_0000000000000000")
+    expect(page.locator(f'tr[data-job-id="{ids[0]}"]')).to_be_visible()
+    page.wait_for_function("!location.search.includes('compare')")
     expect(page.locator("#compare")).to_be_hidden()
+    expect(page.locator("#banner")).to_be_hidden()
     for job_id in ids:
         page.locator(f'input.pick[data-job-id="{job_id}"]').check()
     chart = page.locator("#chart-compare svg")
