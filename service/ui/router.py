@@ -1,4 +1,5 @@
-"""Dashboard routes: `/` (jobs at a glance) and `/ui/jobs/{id}` (charts, log tail, plan, cancel).
+"""Dashboard routes: `/` (jobs at a glance, runs compared on one loss chart) and `/ui/jobs/{id}` (loss, LR,
+grad-norm and tokens/s charts, log tail, plan, checkpoints, cancel).
 
 The pages are static HTML; their JS calls the public JSON API, so the pages need no token of their
 own and the API's owner rules apply unchanged. When auth is on, the JS takes the token from `?token=`

@@ -133,7 +133,17 @@ compared on one train-loss chart (their ids kept in ?compare=, so the view can b
         run = { job: listed.find((j) => j.id === id) || null, points: new Map(), lastStep: -1, complete: false };
         runs.set(id, run);
       }
-      if (!run.job) run.job = await FTQ.api(`/jobs/${encodeURIComponent(id)}`);
+      if (!run.job) {
+        try {
+          run.job = await FTQ.api(`/jobs/${encodeURIComponent(id)}`);
+        } catch (e) {
+          // A stale or mistyped id in ?compare= leaves the comparison; the table keeps refreshing.
+          if (!(e instanceof FTQ.ApiError && e.status === 404)) throw e;
+          runs.delete(id);
+          toggle(id, false);
+          continue;
+        }
+      }
       if (run.complete) continue;
       let after = run.lastStep >= 0 ? run.lastStep - 1 : -1;
       for (;;) {
