@@ -1,7 +1,8 @@
 """Logging for the API and the worker: one format, and the job a record is about on every record.
 
 `configure(level)` is called once per process, by the API at startup and by the Celery worker from
-its `setup_logging` signal. It puts one handler on the root logger whose lines read
+its `setup_logging` signal. It puts one handler on the root logger (the periodic sweeps' Celery lines
+shown at DEBUG only, see RoutineToDebug) whose lines read
 
     2026-01-02 03:04:05,678 INFO worker.controller [job=job_0123456789abcdef] job ... launched: ...
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +24,14 @@ from typing import IO, ParamSpec, TypeVar
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s [job=%(job_id)s] %(message)s"
 NO_JOB = "-"
+
+# The periodic sweeps (ftq.queue's TASK_INGEST, TASK_RECONCILE, TASK_RELAY) run every second or two: at
+# INFO, Celery's three lines for each (sent, received, succeeded) would bury what happens to jobs.
+SWEEP_TASKS = ("ftq.ingest", "ftq.reconcile", "ftq.relay")
+_SWEEP = re.compile("|".join(rf"\b{re.escape(t)}\b" for t in SWEEP_TASKS))
+_SWEEP_LOGGERS = frozenset({"celery.beat", "celery.worker.strategy", "celery.app.trace"})
+# kombu says this of every connection to the embedded (filesystem) broker, which has no host to supply.
+_NO_HOSTNAME = "No hostname was supplied"
 
 _job_id: ContextVar[str | None] = ContextVar("ftq_job_id", default=None)
 
@@ -65,6 +75,24 @@ class JobIdFilter(logging.Filter):
         return True
 
 
+class RoutineToDebug(logging.Filter):
+    """Demotes the sweeps' task lines and kombu's hostname notice to DEBUG: shown with `--log-level
+    DEBUG`, not at INFO. A sweep's failure (ERROR) and its lines about a job (ftq's loggers) stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING:
+            return True
+        routine = (
+            record.name in _SWEEP_LOGGERS
+            and record.levelno == logging.INFO
+            and bool(_SWEEP.search(record.getMessage()))
+        ) or (record.name == "kombu.connection" and _NO_HOSTNAME in record.getMessage())
+        if not routine:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
 class _FtqHandler(logging.StreamHandler[IO[str]]):
     """The handler `configure` installs; found again by its class, so a second call replaces it."""
 
@@ -78,6 +106,7 @@ def configure(level: int | str = "INFO", *, stream: IO[str] | None = None) -> lo
     handler = _FtqHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(logging.Formatter(FORMAT))
     handler.addFilter(JobIdFilter())
+    handler.addFilter(RoutineToDebug())
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
     return handler

@@ -25,6 +25,23 @@ _MIGRATE_LOCK_KEY = 0x66747100  # "ftq\0": the advisory lock that serialises sch
 
 HostOpt = Annotated[str | None, typer.Option("--host", help="Address to listen on (FTQ_HOST).")]
 PortOpt = Annotated[int | None, typer.Option("--port", help="Port to listen on (FTQ_PORT).")]
+LogLevelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--log-level",
+        help="DEBUG, INFO, WARNING or ERROR (FTQ_LOG_LEVEL). INFO shows what happens to jobs; DEBUG adds "
+        "every periodic sweep (reconcile, ingest, relay) and its task lines.",
+    ),
+]
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(given: str | None) -> str:
+    level = (given or get_settings().log_level).upper()
+    if level not in _LEVELS:
+        typer.echo(f"ftq: --log-level {given!r} is not one of {', '.join(_LEVELS)}", err=True)
+        raise typer.Exit(2)
+    return level
 
 
 def _is_loopback(host: str) -> bool:
@@ -101,20 +118,23 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def worker_argv(*, beat: bool, concurrency: int) -> list[str]:
+def worker_argv(*, beat: bool, concurrency: int, log_level: str | None = None) -> list[str]:
+    level = log_level or get_settings().log_level
     argv = [
         sys.executable,
         "-m",
         "celery",
         "-A",
         "worker.celery_app:celery_app",
+        # The start-up banner (config, queues, the task list) is 20 lines; DEBUG keeps it.
+        *([] if level == "DEBUG" else ["--quiet"]),
         "worker",
         "--pool",
         "threads",
         "--concurrency",
         str(concurrency),
         "--loglevel",
-        get_settings().log_level,
+        level,
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
@@ -170,14 +190,14 @@ class WorkerSupervisor:
             proc.wait()
 
 
-def _serve(host: str, port: int) -> None:
+def _serve(host: str, port: int, log_level: str) -> None:
     import uvicorn
 
     from ftq.http_protocol import bounded_http_protocol
 
     settings = get_settings()
     # uvicorn's own records go through the same root handler as the app's (log_config=None).
-    logs.configure(settings.log_level)
+    logs.configure(log_level)
     # The request head is bounded while it is read (FTQ_MAX_HEADER_BYTES, FTQ_MAX_HEADER_COUNT).
     protocol = bounded_http_protocol(settings.max_header_bytes, settings.max_header_count)
     uvicorn.run(
@@ -186,7 +206,7 @@ def _serve(host: str, port: int) -> None:
         host=host,
         port=port,
         log_config=None,
-        log_level=settings.log_level.lower(),
+        log_level=log_level.lower(),
         access_log=False,
         http=protocol or "h11",
         h11_max_incomplete_event_size=settings.max_header_bytes,
@@ -201,15 +221,16 @@ def migrate() -> None:
 
 
 @server_app.command("api")
-def api(host: HostOpt = None, port: PortOpt = None) -> None:
+def api(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None) -> None:
     """Serve the HTTP API (and the dashboard)."""
 
     settings = get_settings()
     host = host or settings.host
     port = port or settings.port
+    level = _log_level(log_level)
     _check_listen(host)
     _migrate()
-    _serve(host, port)
+    _serve(host, port, level)
 
 
 @server_app.command("worker")
@@ -223,28 +244,31 @@ def worker(
         ),
     ] = True,
     concurrency: Annotated[int, typer.Option(help="Tasks run at once.")] = 4,
+    log_level: LogLevelOpt = None,
 ) -> None:
     """Run a Celery worker (submit, cancel, reconcile, ingest, relay)."""
+    level = _log_level(log_level)
     _migrate()
-    argv = worker_argv(beat=beat, concurrency=concurrency)
+    argv = worker_argv(beat=beat, concurrency=concurrency, log_level=level)
     os.execv(sys.executable, argv)  # noqa: S606 (an argv list, no shell)
 
 
 @server_app.command("up")
-def up(host: HostOpt = None, port: PortOpt = None) -> None:
+def up(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None) -> None:
     """API + worker + scheduler with the embedded defaults: one command on a bare machine."""
 
     settings = get_settings()
     host = host or settings.host
     port = port or settings.port
+    level = _log_level(log_level)
     _check_listen(host)
     _migrate()
-    supervisor = WorkerSupervisor(worker_argv(beat=True, concurrency=4))
+    supervisor = WorkerSupervisor(worker_argv(beat=True, concurrency=4, log_level=level))
     worker_proc = supervisor.start()
     typer.echo(
         f"ftq: API on http://{host}:{port}  data in {settings.data_path}  worker pid {worker_proc.pid}"
     )
     try:
-        _serve(host, port)
+        _serve(host, port, level)
     finally:
         supervisor.stop()

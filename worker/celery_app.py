@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import SecurityWarning
 from celery.signals import beat_embedded_init, setup_logging
 
 from ftq import logs
@@ -82,5 +84,11 @@ def make_worker_app() -> Celery:
     )
     return app
 
+
+# Celery's multi-line warning is about pickle, which ftq does not accept (json only); a worker as root
+# is how FTQ_RUN_AS_USER runs jobs as other users, and the README says how to run one without it.
+warnings.filterwarnings(
+    "ignore", message="You're running the worker with superuser", category=SecurityWarning
+)
 
 celery_app = make_worker_app()
