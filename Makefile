@@ -7,14 +7,23 @@ STAMP := $(VENV)/.ftq-installed
 TORCH_CPU := torch==2.13.0
 CONSTRAINTS := constraints.txt
 LOCK_VENV := build/lock-venv
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# Empty unless given (`make up PORT=8137`): `ftq up` then reads FTQ_HOST / FTQ_PORT / FTQ_LOG_LEVEL, so
+# `FTQ_PORT=8137 make up` and the CLI's default URL agree on one port.
+HOST ?=
+PORT ?=
+LOG_LEVEL ?=
 
-.PHONY: install up test test-fast lint typecheck openapi openapi-check bench clean lock
+.PHONY: help install up test test-fast lint typecheck openapi openapi-check bench clean lock
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@echo "make TARGET, where TARGET is one of:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 18
+	@echo "Then use bin/ftq (or .venv/bin/ftq): bin/ftq --help. The port: FTQ_PORT=8137 make up."
 
 # Idempotent and quick when nothing changed: the stamp is newer than pyproject.toml and the constraints.
 # Every dependency but torch is pinned by constraints.txt (`make lock` refreshes it).
-install: $(STAMP) examples/tiny/model/config.json
+install: $(STAMP) examples/tiny/model/config.json ## create .venv and install ftq (quick when nothing changed)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -31,7 +40,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # Re-resolve pyproject.toml's dependencies at their newest allowed versions in a throwaway venv (on the
 # CPU build of torch, so no CUDA package is pinned) and write them to constraints.txt, torch left out:
 # it is installed first, CPU or CUDA build, by `make install`. Review the diff, then `make test`.
-lock:
+lock: ## re-pin constraints.txt at the newest allowed versions
 	rm -rf $(LOCK_VENV)
 	$(PY) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/pip install -q -U pip wheel
@@ -46,35 +55,35 @@ lock:
 examples/tiny/model/config.json: $(STAMP) trainer/tiny.py
 	$(BIN)/python -m trainer.tiny --out examples/tiny
 
-up: install
-	$(BIN)/ftq up --host $(HOST) --port $(PORT)
+up: install ## serve API + worker + scheduler (FTQ_PORT, default 8000; LOG_LEVEL=DEBUG for more)
+	$(BIN)/ftq up $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(if $(LOG_LEVEL),--log-level $(LOG_LEVEL))
 
 # The same checks as .pre-commit-config.yaml: style, formatting, and the import contracts in pyproject.toml.
-lint: install
+lint: install ## ruff check, ruff format --check, lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-logo
 
-typecheck: install
+typecheck: install ## strict mypy
 	$(BIN)/mypy ftq service worker trainer migrations tests bench
 
-openapi: install
+openapi: install ## regenerate openapi/openapi.json
 	$(BIN)/python -m service.openapi_dump > openapi/openapi.json
 
-openapi-check: install
+openapi-check: install ## fail if openapi/openapi.json is stale
 	$(BIN)/python -m service.openapi_dump | diff -u openapi/openapi.json - \
 		|| (echo "openapi/openapi.json is stale: run 'make openapi'" && exit 1)
 
 # Everything: lint, types, the OpenAPI document, then tests/unit, tests/integration and tests/e2e.
-test: install lint typecheck openapi-check
+test: install lint typecheck openapi-check ## everything: lint, types, OpenAPI, the whole test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The unit tests alone (in process: no subprocess, server or training), in well under two minutes.
-test-fast: install
+test-fast: install ## the unit tests alone (about half a minute)
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
-bench: install
+bench: install ## run the benchmarks, rewrite bench/RESULTS.md
 	$(BIN)/python -m bench.run_all
 
-clean:
+clean: ## remove .venv, .ftq and the tiny example model
 	rm -rf $(VENV) .ftq examples/tiny

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The README's curl walkthrough, runnable. With `ftq up` (or `make up`) serving on 127.0.0.1:8000:
+# The README's curl walkthrough, runnable. With `ftq up` (or `make up`) serving on 127.0.0.1:$FTQ_PORT:
 #
 #   examples/curl.sh
 #
-# FTQ_URL (default http://127.0.0.1:8000) and FTQ_TOKEN (sent as a bearer token when set) are read
+# FTQ_URL (default http://127.0.0.1:$FTQ_PORT, 8000 unless set) and FTQ_TOKEN (sent as a bearer token when set) are read
 # as the CLI reads them. Needs bash, curl and python3 (for reading JSON). Exits 0 when the tiny job
 # succeeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-URL="${FTQ_URL:-http://127.0.0.1:8000}"
+URL="${FTQ_URL:-http://127.0.0.1:${FTQ_PORT:-8000}}"
 URL="${URL%/}"
 AUTH=()
 if [ -n "${FTQ_TOKEN:-}" ]; then

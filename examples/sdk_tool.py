@@ -9,7 +9,7 @@ from pathlib import Path
 from ftq.client import Client
 
 spec = Path(__file__).with_name("tiny-cpu.yaml")
-with Client() as ftq:  # FTQ_URL and FTQ_TOKEN, or Client("http://host:8000", "token")
+with Client() as ftq:  # FTQ_URL (else FTQ_PORT) and FTQ_TOKEN, or Client("http://host:8000", "token")
     job = ftq.jobs.create(spec)
     print(f"submitted {job.id} ({job.status})")
     for line in ftq.jobs.logs(job.id, follow=True):  # until the job ends and its log is read

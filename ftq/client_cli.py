@@ -1,7 +1,8 @@
 """Client commands of `ftq`: submit, ls, status, logs, metrics, cancel.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
-http://127.0.0.1:8000), sending `FTQ_TOKEN` as a bearer token when it is set. Every expected failure
+http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
+bearer token when it is set. Every expected failure
 (server down, 401, 404, a 422 on a spec field, a missing or unparsable file) is one line on stderr and
 a non-zero exit, never a traceback:
 
@@ -130,6 +131,9 @@ def describe_failure(exc: FtqClientError) -> tuple[str, int]:
     if isinstance(exc, SpecFileError):
         return str(exc), EXIT_INPUT
     if isinstance(exc, InvalidURL):
+        # An FTQ_PORT that is not a port names itself; anything else came from FTQ_URL.
+        if exc.url.startswith("FTQ_PORT="):
+            return f"{exc.url} {exc.reason}", EXIT_INPUT
         return f"FTQ_URL {exc.url!r} {exc.reason}", EXIT_INPUT
     if isinstance(exc, ServerTimeout):
         return f"the ftq server at {exc.url} did not answer in time", EXIT_UNREACHABLE
@@ -137,7 +141,8 @@ def describe_failure(exc: FtqClientError) -> tuple[str, int]:
         return f"request to {exc.url}{exc.path} failed: {exc.reason}", EXIT_UNREACHABLE
     if isinstance(exc, ConnectionFailed):
         return (
-            f"cannot reach the ftq server at {exc.url} ({exc.reason}); start it with `ftq up` or set FTQ_URL",
+            f"cannot reach the ftq server at {exc.url} ({exc.reason}); "
+            "start it with `ftq up` or set FTQ_URL or FTQ_PORT",
             EXIT_UNREACHABLE,
         )
     if isinstance(exc, UnexpectedResponse):

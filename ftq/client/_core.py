@@ -42,7 +42,8 @@ from ftq.spec import JobSpec
 from ftq.status import TERMINAL, JobStatus
 from ftq.yaml_errors import describe as describe_yaml_error
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_PORT = 8000
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_TIMEOUT = 30.0
 # Bytes of train.log per read: large enough that a finished log comes in a request or two.
 LOG_READ_BYTES = 262_144
@@ -60,8 +61,9 @@ __all__ = ["TERMINAL", "SpecInput", "StatusFilter"]
 
 
 def resolve_url(url: str | None) -> str:
-    """url, else FTQ_URL, else the local default; checked here so a typo fails before any request."""
-    raw = (url or os.environ.get("FTQ_URL") or DEFAULT_URL).rstrip("/")
+    """url, else FTQ_URL, else the local server on FTQ_PORT (the port `ftq up` reads too); checked here
+    so a typo fails before any request."""
+    raw = (url or os.environ.get("FTQ_URL") or default_url()).rstrip("/")
     try:
         parsed = httpx.URL(raw)
     except (httpx.InvalidURL, ValueError) as exc:
@@ -69,6 +71,16 @@ def resolve_url(url: str | None) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise InvalidURL(raw, "is not an http(s) URL")
     return raw
+
+
+def default_url() -> str:
+    """http://127.0.0.1:<FTQ_PORT>: one variable sets the port of `ftq up` / `ftq api` and of every client."""
+    port = os.environ.get("FTQ_PORT", "").strip()
+    if not port:
+        return DEFAULT_URL
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidURL(f"FTQ_PORT={port!r}", "is not a port number (1-65535)")
+    return f"http://127.0.0.1:{int(port)}"
 
 
 def build_headers(token: str | None, extra: Mapping[str, str] | None) -> dict[str, str]:

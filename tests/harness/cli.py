@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +21,16 @@ class CliResult:
 
 
 def run_ftq(
-    *args: str, url: str | None, token: str | None = None, timeout: float = 120, cwd: Path = REPO
+    *args: str,
+    url: str | None,
+    token: str | None = None,
+    timeout: float = 120,
+    cwd: Path = REPO,
+    env: Mapping[str, str] | None = None,
 ) -> CliResult:
-    """`ftq ARGS` with FTQ_URL (and FTQ_TOKEN) set, in a clean environment; never raises on its status."""
-    extra: dict[str, str] = {}
+    """`ftq ARGS` with FTQ_URL (and FTQ_TOKEN, and `env`) set, in a clean environment; never raises on its
+    status."""
+    extra: dict[str, str] = dict(env or {})
     if url:
         extra["FTQ_URL"] = url
     if token:

@@ -198,7 +198,10 @@ class Deployment:
 
     def start_server(self) -> None:
         """Start `ftq up` / `ftq api` (again, after a kill) on this deployment's port; wait until ready."""
-        argv = [self.server_name, "--port", str(self.port)]
+        argv = [self.server_name]
+        # Given FTQ_PORT (env=), the server is left to find its port there, as `FTQ_PORT=... make up` does.
+        if self._extra_env.get("FTQ_PORT") != str(self.port):
+            argv += ["--port", str(self.port)]
         if self.host is not None:
             argv += ["--host", self.host]
         self.spawn(self.server_name, *argv)
