@@ -4,7 +4,8 @@ Each line is a JSON object with the contract's Point fields (step, epoch, loss, 
 grad_norm, eval_loss, tokens_per_second, time), null where that step did not log a field, plus
 `max_steps` so the service can show progress and an ETA, and `tokens_seen` (the input tokens trained on
 so far, all ranks; the service does not read it). Only the main process writes, and each line is
-flushed at once, so the worker's ingest can tail the file while training runs.
+flushed at once, so the worker's ingest can tail the file while training runs. The main process also
+logs the point to train.log as one line a person reads (step, loss, lr, grad norm, tokens/s, eta).
 
 tokens_per_second is the tokens of the steps since the last logged point over the training time they
 took: evaluation and checkpoint writing pause the clock and the token count together, so a save or an
@@ -13,6 +14,7 @@ eval between two logging steps neither inflates nor dilutes the next rate.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -49,6 +51,7 @@ class MetricsWriter:
         self.path = path
         self._last_time: float | None = None
         self._last_tokens = 0
+        self._started: tuple[float, int] | None = None  # (time, step) of the first step, for the ETA
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
@@ -61,6 +64,8 @@ class MetricsWriter:
         if self._last_time is None:
             # Start the throughput clock at the first step, after loading and (on resume) skipping.
             self._restart_clock(state)
+        if self._started is None:
+            self._started = (time.time(), int(state.global_step))
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._restart_clock(state)  # evaluation time is not training throughput
@@ -99,6 +104,36 @@ class MetricsWriter:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(point) + "\n")
                 f.flush()
+            logging.getLogger("trainer").info("%s", self.line(point, now))
+
+    def line(self, point: dict[str, Any], now: float) -> str:
+        """The point for train.log, as
+        `step 11/40  loss 2.3450  lr 1.00e-03  grad norm 0.520  1,234 tokens/s  eta 0:00:12`."""
+        max_steps = point.get("max_steps")
+        parts = [f"step {point['step']}" + (f"/{max_steps}" if max_steps and max_steps > 0 else "")]
+        for key, label, fmt in (
+            ("loss", "loss", "{:.4f}"),
+            ("learning_rate", "lr", "{:.2e}"),
+            ("grad_norm", "grad norm", "{:.3f}"),
+            ("eval_loss", "eval loss", "{:.4f}"),
+        ):
+            if point.get(key) is not None:
+                parts.append(f"{label} {fmt.format(point[key])}")
+        if point.get("tokens_per_second") is not None:
+            parts.append(f"{point['tokens_per_second']:,.0f} tokens/s")
+        eta = self._eta(int(point["step"]), max_steps, now)
+        if eta is not None:
+            parts.append(f"eta {eta}")
+        return "  ".join(parts)
+
+    def _eta(self, step: int, max_steps: int | None, now: float) -> str | None:
+        if self._started is None or not max_steps or max_steps <= step:
+            return None
+        t0, step0 = self._started
+        if step <= step0 or now <= t0:
+            return None
+        seconds = round((max_steps - step) * (now - t0) / (step - step0))
+        return str(datetime.timedelta(seconds=seconds))
 
     def _tokens_per_second(self, state: Any, now: float) -> float | None:
         tokens = int(state.num_input_tokens_seen)

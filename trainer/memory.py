@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-log = logging.getLogger("trainer")
+# Its own logger: every rank logs its memory (the other ranks log only warnings otherwise).
+log = logging.getLogger("trainer.memory")
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")

@@ -130,7 +130,8 @@ def exit_if_stopped(stop: StopOnSignal, trainer: Any, out: Path) -> None:
         f"{USER_ERROR_PREFIX} {code.value}: stopped after step {stop.step} because {why}, with a "
         f"checkpoint at {ckpt.relative_to(out)}; {then}"
     )
-    log.warning("stopped after step %s with a checkpoint at %s", stop.step, ckpt)
+    if trainer.accelerator.is_main_process:
+        log.warning("stopped after step %s with a checkpoint at %s", stop.step, ckpt)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -63,7 +63,7 @@ def main(args: TrainerArgs) -> None:
 
 def run(args: TrainerArgs) -> None:
     spec, out = args.spec, args.output_dir
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     _quiet_progress_bars(heavy=False)
     stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
 
@@ -133,6 +133,10 @@ def run(args: TrainerArgs) -> None:
         peft_config=peft_config,
         callbacks=[metrics_callback(out / runs.METRICS), stop_callback(stop)],
     )
+    # The metrics callback logs one line per logging step; transformers' printer would add its dict.
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
 
     if (strategy == "fsdp") != trainer.is_fsdp_enabled or (
         strategy == "deepspeed"
@@ -165,6 +169,23 @@ def run(args: TrainerArgs) -> None:
     if dist.is_available() and dist.is_initialized():
         trainer.accelerator.wait_for_everyone()
         dist.destroy_process_group()
+
+
+def configure_logging() -> None:
+    """train.log is read by people: INFO from rank 0 alone (the others said the same), warnings from all.
+    Every rank's memory lines stay (trainer.memory): they differ by rank and the memory tests read them."""
+    import warnings
+
+    main_rank = os.environ.get("RANK", "0") == "0"
+    logging.basicConfig(
+        level=logging.INFO if main_rank else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("trainer.memory").setLevel(logging.INFO)
+    # transformers 5 calls its own deprecated name from inside; nothing the job could change.
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
 
 
 def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
@@ -212,7 +233,7 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
         include_num_input_tokens_seen="all" if t.packing else "non_padding",
         ddp_find_unused_parameters=False,
         report_to="none",
-        disable_tqdm=True,  # train.log gets one printed dict per log step instead of progress bars
+        disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
         log_level="warning",  # transformers' info level dumps the model config into train.log at every save
     )
 

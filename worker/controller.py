@@ -11,9 +11,11 @@ looked at before anything new is started. A worker killed at any point is made w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -430,6 +432,28 @@ def _mark_running(v: JobView) -> None:
         )
 
 
+# The trainer's line when the ranks stopped together and saved (trainer/preempt.py).
+_STOPPED_WITH_CHECKPOINT = re.compile(r"stopped after step (\d+) because .*, with a checkpoint at (\S+);")
+
+
+def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
+    """train.log's last line says what a cancel left, for a person reading it: the step, and the
+    checkpoint where the run saved one (the trainer only knows it was sent SIGTERM, not why)."""
+    try:
+        stopped = _STOPPED_WITH_CHECKPOINT.findall(failures.read_tail(run_dir / runs.TRAIN_LOG))
+    except OSError:
+        stopped = []
+    if stopped:
+        step, ckpt = stopped[-1]
+        line = f"ftq: cancelled at step {step}; checkpoint saved ({ckpt})"
+    elif last_step:
+        line = f"ftq: cancelled at step {last_step}; no checkpoint saved"
+    else:
+        line = "ftq: cancelled before the first step"
+    with contextlib.suppress(OSError), (run_dir / runs.TRAIN_LOG).open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
 @logs.about_job
 def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
     """The run has ended: take in its last metrics, then record how it ended (or, for a failure the
@@ -451,6 +475,7 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
                 error_message="cancelled on request",
                 exit_code=state.exit_code,
             )
+            _end_log_with_cancel(v.run_dir, job.progress_step)
         elif state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
             repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
         elif status in (JobStatus.starting, JobStatus.running):

@@ -436,10 +436,15 @@ class LocalLauncher:
     def _signal_group(self, run: RunRef, sig: signal.Signals) -> None:
         """Signal the run's process group and every process carrying its marker (ranks elsewhere)."""
         procs = scan_proc()
-        if run.pid and group_members(run.pid, procs):
+        members = set(group_members(run.pid, procs)) if run.pid else set()
+        if run.pid and members:
             log.info("sending %s to process group %s (job %s)", sig.name, run.pid, run.job_id)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pid, sig)
+        # Once each: torch's elastic agent, given a second SIGTERM while it stops its ranks, ends in a
+        # 45-line traceback in train.log instead of its one line.
         for pid in marked(run.job_id, procs, run_uid(run.run_dir)):
+            if pid in members:
+                continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)

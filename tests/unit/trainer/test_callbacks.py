@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -92,3 +93,20 @@ def test_tokens_per_second_is_the_same_across_save_and_eval_pauses(
     assert [p["step"] for p in train] == [2, 4, 6, 8, 10]
     assert [p["tokens_per_second"] for p in train] == [100.0] * 5
     assert [p["tokens_seen"] for p in train] == [200, 400, 600, 800, 1000]
+
+
+def test_the_main_process_logs_one_readable_line_per_point(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = MetricsWriter(tmp_path / "metrics.jsonl")
+    caplog.set_level("INFO", logger="trainer")
+    w.on_step_begin(None, _state(0, 0), None)
+    w.on_log(None, _state(10, 5000), None, logs={"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 0.7})
+    w.on_log(None, _state(10, 5000, main=False), None, logs={"loss": 2.5})  # another rank: silent
+    w.on_log(None, _state(10, 5000), None, logs={"train_runtime": 9.0, "train_loss": 2.4})  # summary: silent
+    lines = [r.getMessage() for r in caplog.records if r.name == "trainer"]
+    assert len(lines) == 1, lines
+    assert re.fullmatch(
+        r"step 10/40  loss 2\.5000  lr 1\.00e-04  grad norm 0\.700  [\d,]+ tokens/s  eta \d+:\d\d:\d\d",
+        lines[0],
+    ), lines[0]
