@@ -42,7 +42,11 @@ class Plan(BaseModel):
 
     accelerate_config: dict[str, Any]
     accelerate_config_yaml: str
-    command: list[str]
+    command: list[str] = Field(
+        description="The launch as argv: for a local job, the one `accelerate launch` on this host; for "
+        "SLURM, what job.sbatch runs on every node under srun (`$SLURM_NODEID` and `$MASTER_ADDR` are "
+        "each node's, set by SLURM and the script)."
+    )
     sbatch_script: str | None
     trainer_args: dict[str, Any]
     estimate: Estimate | None = None
@@ -193,6 +197,28 @@ def launch_argv(
         "--num_processes", str(res.num_nodes * res.processes_per_node),
         "--num_machines", str(res.num_nodes),
         "--main_process_port", str(port),
+        *trainer_argv(run_dir, resume_from_checkpoint, trust_remote_code=spec.model.trust_remote_code),
+    ]  # fmt: skip
+
+
+def slurm_node_argv(
+    spec: JobSpec, *, run_dir: Path, settings: Settings, port: int, resume_from_checkpoint: str | None
+) -> list[str]:
+    """What job.sbatch runs on every node under srun (a first run; a requeued one adds
+    `--resume_from_checkpoint latest`). `$SLURM_NODEID` and `$MASTER_ADDR` are that node's, set by SLURM
+    and by the script; the port is the script's MASTER_PORT."""
+    res = spec.resources
+    return [
+        settings.python,
+        *ACCELERATE_LAUNCH,
+        "--machine_rank", "$SLURM_NODEID",
+        "--config_file", str(run_dir / runs.ACCELERATE_CONFIG),
+        "--num_processes", str(res.num_nodes * res.processes_per_node),
+        "--num_machines", str(res.num_nodes),
+        "--main_process_ip", "$MASTER_ADDR",
+        "--main_process_port", str(port),
+        "--rdzv_backend", "static",
+        "--same_network",
         *trainer_argv(run_dir, resume_from_checkpoint, trust_remote_code=spec.model.trust_remote_code),
     ]  # fmt: skip
 
@@ -458,8 +484,13 @@ def render_plan(
     argv = launch_argv(
         spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
     )
+    command = argv
     sbatch = None
     if spec.resources.launcher == "slurm":
+        # The plan shows what job.sbatch runs on each node, not a one-host launch that never runs.
+        command = slurm_node_argv(
+            spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
+        )
         sbatch = sbatch_script(
             spec,
             job_id=job_id,
@@ -471,7 +502,7 @@ def render_plan(
     return Plan(
         accelerate_config=cfg,
         accelerate_config_yaml=config_yaml(cfg),
-        command=argv,
+        command=command,
         sbatch_script=sbatch,
         trainer_args={
             "spec": str(run_dir / runs.SPEC),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.render import Plan, render_plan
+from ftq.render import Plan, default_port, launch_argv, render_plan
 from tests.unit.ftq.test_render import example, settings, spec_for
 
 # Quoting ----------
@@ -89,10 +89,19 @@ def test_hostile_strings_never_become_script_lines(evil: str, tmp_path: Path) ->
     assert plan.sbatch_script is not None
     for script in (plan.launch_script, plan.sbatch_script):
         _bash_n(script, tmp_path)
-    # launch.sh: the command words, as bash will split them, are exactly the argv.
+    # launch.sh: the command words, as bash will split them, are exactly the one-host argv (the plan's
+    # command is the per-node launch of job.sbatch, which tests/unit/ftq/test_render.py reads back).
     command = plan.launch_script.split(" TERM INT\n", 1)[1].split(" \\\n  >>")[0]
     launch_words = shlex.split(command.replace(" \\\n  ", " "))
-    assert launch_words == [w for w in plan.command]
+    one_host = launch_argv(
+        spec,
+        run_dir=run_dir,
+        settings=settings(python="/opt/py " + evil),
+        port=default_port("j-" + evil),
+        resume_from_checkpoint=evil,
+    )
+    assert launch_words == one_host
+    assert evil in plan.command and "/opt/py " + evil == plan.command[0]
     # job.sbatch: every #SBATCH value is read back whole by sbatch's rules.
     tokens = _sbatch_tokens(plan.sbatch_script)
     for opt, value in (

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,26 @@ def test_llama_fsdp2_config_has_the_fsdp2_keys_and_none_of_the_obsolete_ones() -
         "fsdp_version": 2,
     }
     assert (cfg["num_machines"], cfg["num_processes"]) == (2, 16)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_a_slurm_plans_command_is_what_its_sbatch_script_runs_on_each_node(name: str) -> None:
+    plan = golden_plan(name)
+    script = plan.sbatch_script or ""
+    srun = script[script.index("\nsrun ") + 1 :].split("\nLAUNCH_PID=")[0].replace(" \\\n  ", " ")
+    words = shlex.split(srun)
+    after_c = words[words.index("-c") + 1 :]
+    per_node, python, args = after_c[0], after_c[1], after_c[2:]
+    # The resume words (empty on a first run) and the `&` that backgrounds srun.
+    assert args[-1] == "&" and "RESUME_ARGS" in args[-2]
+    node = shlex.split(per_node)
+    node = node[node.index("exec") + 1 :]
+    assert node[0] == "$0" and node[-1] == "$@"
+    port = re.search(r"^export MASTER_PORT=(\d+)$", script, re.M)
+    assert port
+    ran = [python, *node[1:-1], *args[:-2]]
+    ran = [port.group(1) if w == "$MASTER_PORT" else w for w in ran]
+    assert ran == plan.command
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
