@@ -130,6 +130,11 @@ def test_compose_with_the_gpu_overlay_matches_the_schema() -> None:
     assert worker["build"]["dockerfile"] == "docker/Dockerfile.cuda"
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert worker["environment"]["FTQ_BROKER_URL"].startswith("redis://")  # the base env survives
+    # The API checks local GPU jobs against the pool the worker runs them on.
+    api = merged["services"]["api"]["environment"]
+    assert api["FTQ_GPU_POOL"] == worker["environment"]["FTQ_GPU_POOL"]
+    assert api["FTQ_GPU_MEMORY_GB"] == worker["environment"]["FTQ_GPU_MEMORY_GB"]
+    assert api["FTQ_BROKER_URL"].startswith("redis://")
 
 
 def test_schema_check_catches_mistakes() -> None:
