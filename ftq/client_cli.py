@@ -493,7 +493,7 @@ def status(
         ("created", f"{fmt_time(job.created_at)} ({fmt_age(job.created_at)})"),
         ("started", fmt_time(job.started_at)),
         ("finished", fmt_time(job.finished_at)),
-        ("progress", fmt_progress(job)),
+        ("progress", fmt_progress(job) + (f" ({escape(progress.message)})" if progress.message else "")),
         ("epoch", fmt_fixed(progress.epoch, 2)),
         ("eta", fmt_duration(progress.eta_seconds) if job.status == "running" else "-"),
         ("loss", fmt_loss(latest.loss)),

@@ -3,12 +3,13 @@ is doing before its first step, read from the markers its train.log already hold
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.harness import QUICK_SETTINGS, Deployment, tiny_spec
+from tests.harness import QUICK_SETTINGS, Deployment, run_ftq, tiny_spec
 
 ORDER = ["queued", "starting", "loading", "training", "saving"]
 
@@ -19,6 +20,7 @@ def test_a_job_says_what_it_does_before_its_first_step(tmp_path: Path, tiny_dir:
     with Deployment(tmp_path, settings=settings) as dep:
         job_id = dep.post_job(tiny_spec(tiny_dir, name="phases", processes=2, max_steps=3))["id"]
         seen: list[tuple[str, str | None, str | None, int | None]] = []
+        shown: str | None = None
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             job = dep.job(job_id)
@@ -26,6 +28,9 @@ def test_a_job_says_what_it_does_before_its_first_step(tmp_path: Path, tiny_dir:
             entry = (job["status"], p["phase"], p["message"], p["step"])
             if not seen or seen[-1] != entry:
                 seen.append(entry)
+            if p["message"] and shown is None:
+                # `ftq status` shows it too (the run may have moved on by the time the CLI asks).
+                shown = run_ftq("status", job_id, url=dep.url).stdout
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 break
             time.sleep(0.1)
@@ -39,5 +44,7 @@ def test_a_job_says_what_it_does_before_its_first_step(tmp_path: Path, tiny_dir:
             assert message, seen  # never an empty "what is happening" before the first step
         if phase == "training":
             assert step is not None, seen
+    messages = "|".join(re.escape(m) for m in {s[2] for s in seen if s[2]})
+    assert shown and re.search(rf"progress\s+(\S+ \(({messages})\)|\d+/3 )", shown), shown
     phases = [s[1] for s in seen if s[1] is not None]
     assert phases == sorted(phases, key=ORDER.index), seen  # forward only
