@@ -72,6 +72,10 @@ def run(args: TrainerArgs) -> None:
     _, splits = load_splits(spec.dataset, seed=spec.training.seed)
 
     import torch
+
+    if not torch.cuda.is_available():
+        # What DeepSpeed's detection picks anyway, said up front: else every rank warns in train.log.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from accelerate import PartialState
     from trl import SFTTrainer
 
