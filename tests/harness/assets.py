@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,16 @@ _TINY_FILES = (
     "data/no_text_field.jsonl",
     "chat/train.jsonl",
 )
+
+
+def no_text_field_folder(root: Path) -> Path:
+    """A dataset folder under `root` whose train.jsonl holds the tiny text under `body`, not `text`.
+    Preflight reads the first rows of a single .jsonl file (a 422 at POST), not a folder's files: this
+    is the case that reaches the trainer, which names the missing field itself."""
+    folder = root / "no_text_field"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tiny_assets() / "data" / "no_text_field.jsonl", folder / "train.jsonl")
+    return folder
 
 
 def tiny_assets() -> Path:

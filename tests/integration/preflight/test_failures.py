@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Deployment, run_pids, tiny_spec
+from tests.harness import Deployment, no_text_field_folder, run_pids, tiny_spec
 from tests.integration.preflight.deployments import running_up
 
 
@@ -34,7 +34,7 @@ def fstack(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator
 def early(fstack: Deployment, tiny_dir: Path) -> dict[str, str]:
     """The jobs that fail on their own, posted together so they run side by side."""
     no_field = tiny_spec(tiny_dir, name="no-text-field")
-    no_field["dataset"]["name_or_path"] = str(tiny_dir / "data" / "no_text_field.jsonl")
+    no_field["dataset"]["name_or_path"] = str(no_text_field_folder(fstack.data_dir))
     bad_target = tiny_spec(tiny_dir, name="bad-lora-target")
     bad_target["lora"]["target_modules"] = ["q_proj", "query_key_value"]
     return {

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import EXAMPLES, QUICK_SETTINGS, Deployment, example_spec, procs_with
+from tests.harness import EXAMPLES, QUICK_SETTINGS, Deployment, example_spec, no_text_field_folder, procs_with
 from tests.harness import wait_until as wait_for
 from tests.integration.slurm.cluster import squeue_ids
 
@@ -55,7 +55,9 @@ def slurm_spec(tiny: Path, *, max_steps: int, dataset: str = "train.jsonl", name
 def test_jobs_on_slurm_succeed_fail_and_cancel(stack: Deployment, tiny_dir: Path) -> None:
     good = stack.post_job(slurm_spec(tiny_dir, max_steps=4, name="slurm-ok"))
     long = stack.post_job(slurm_spec(tiny_dir, max_steps=100_000, name="slurm-long"))
-    bad = stack.post_job(slurm_spec(tiny_dir, max_steps=4, dataset="no_text_field.jsonl", name="slurm-bad"))
+    bad_spec = slurm_spec(tiny_dir, max_steps=4, name="slurm-bad")
+    bad_spec["dataset"]["name_or_path"] = str(no_text_field_folder(stack.data_dir))
+    bad = stack.post_job(bad_spec)
     assert good["launcher"] == "slurm"
 
     # The long one is cancelled once SLURM runs it and its launch has started (cancelling it later,

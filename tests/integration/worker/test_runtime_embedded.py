@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Deployment, proc_groups, run_pids, tiny_spec, wait_gone
+from tests.harness import Deployment, no_text_field_folder, proc_groups, run_pids, tiny_spec, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,9 @@ def first_wave(embedded: Deployment, tiny_dir: Path) -> dict[str, str]:
     """Three jobs posted together so that their slow start-ups overlap (4 CPU slots: 1 + 1 + 2)."""
     good = embedded.post_job(tiny_spec(tiny_dir, max_steps=8))
     assert good["status"] == "queued"
-    bad = embedded.post_job(tiny_spec(tiny_dir, max_steps=4, dataset="no_text_field.jsonl", name="bad"))
+    bad_spec = tiny_spec(tiny_dir, max_steps=4, name="bad")
+    bad_spec["dataset"]["name_or_path"] = str(no_text_field_folder(embedded.data_dir))
+    bad = embedded.post_job(bad_spec)
     cancel = embedded.post_job(tiny_spec(tiny_dir, max_steps=100_000, processes=2, name="to-cancel"))
     return {"good": good["id"], "bad": bad["id"], "cancel": cancel["id"]}
 
