@@ -58,16 +58,41 @@ def has_weights(folder: Path) -> bool:
     return any((folder / name).is_file() for name in WEIGHT_FILES) or any(folder.glob("*.safetensors"))
 
 
-def read_run_file(path: Path, limit: int) -> bytes:
-    """A file the run wrote, as the service reads it: the run chose what is there, so a symlink (to a
-    file only the service may read), a FIFO (an open that never returns) or anything but a regular file
-    is an OSError, and more than `limit` bytes a ValueError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
+class NotRegularFile(OSError):
+    """A path that is not a regular file (a FIFO, a device, a folder...); `mode` says what it is."""
+
+    def __init__(self, path: Path | str, mode: int):
+        super().__init__(f"{path} is not a regular file")
+        self.mode = mode
+
+
+def open_regular(path: Path | str, *, follow_symlinks: bool = False) -> tuple[int, int]:
+    """(fd, size) of a regular file, opened read-only without blocking; the caller closes fd.
+
+    How ftq opens a file someone else chose (a run's output, a spec's path): a FIFO opens at once and is
+    refused instead of blocking forever, and unless `follow_symlinks` a symlink (to a file only the
+    service may read) fails with ELOOP. What is read is what fstat checked. OSError otherwise.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    fd = os.open(path, flags)
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise IsADirectoryError(f"{path} is not a regular file")
-        if info.st_size > limit:
+            raise NotRegularFile(path, info.st_mode)
+        return fd, info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_run_file(path: Path, limit: int) -> bytes:
+    """A file the run wrote, as the service reads it: the run chose what is there, so anything but a
+    regular file is an OSError (open_regular), and more than `limit` bytes a ValueError."""
+    fd, size = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        if size > limit:
             raise ValueError(f"{path} is larger than {limit} bytes")
         return f.read(limit)
 

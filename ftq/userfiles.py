@@ -14,6 +14,8 @@ import os
 import stat
 from pathlib import Path
 
+from ftq import runs
+
 # What a format sniff reads from the start of a dataset file.
 HEAD_BYTES = 4096
 
@@ -27,27 +29,17 @@ class Missing(NotReadable):
 
 
 def _open_regular(path: Path, *, follow_symlinks: bool) -> tuple[int, int]:
-    """(fd, size) of a regular file, opened read-only without blocking."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    if not follow_symlinks:
-        # A link inside an allowed folder could name any file the service can read.
-        flags |= os.O_NOFOLLOW
+    """(fd, size) of a regular file (runs.open_regular), its failures said for a user."""
     try:
-        fd = os.open(path, flags)
+        return runs.open_regular(path, follow_symlinks=follow_symlinks)
     except FileNotFoundError:
         raise Missing("does not exist") from None
+    except runs.NotRegularFile as exc:
+        raise NotReadable(f"is not a regular file (it is {kind_of(exc.mode)})") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotReadable("is a symbolic link; put the file itself there") from None
         raise NotReadable(f"cannot be opened ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotReadable(f"is not a regular file (it is {kind_of(st.st_mode)})")
-        return fd, st.st_size
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def read_capped(path: Path, cap: int, *, follow_symlinks: bool = False) -> bytes:

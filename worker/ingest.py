@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import os
-import stat
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,16 +60,13 @@ def read_new_lines(path: Any, offset: int) -> tuple[list[bytes], int]:
     The run writes its run directory, so the file is the run's to choose: a symlink (to another owner's
     metrics, or anything the worker may read) or a FIFO (an open that never returns) is read as empty."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, size = runs.open_regular(path)
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return [], offset
-            size = f.seek(0, 2)
             if size <= offset:
                 return [], offset
             f.seek(offset)
             data = f.read(min(MAX_READ, size - offset))
-    except OSError:  # missing, a symlink (ELOOP), unreadable
+    except OSError:  # missing, a symlink (ELOOP), a FIFO, unreadable
         return [], offset
     end = data.rfind(b"\n")
     if end < 0:
