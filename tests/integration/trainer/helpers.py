@@ -14,6 +14,15 @@ from tests.harness import REPO, free_port
 
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 
+
+def rendered_config(spec: dict[str, Any]) -> str:
+    """The accelerate config ftq renders for this spec, as a launch of the trainer reads it."""
+    from ftq import render
+    from ftq.spec import JobSpec
+
+    return render.config_yaml(render.accelerate_config(JobSpec.model_validate(spec)))
+
+
 ACCELERATE_FSDP2_CPU = """\
 compute_environment: LOCAL_MACHINE
 distributed_type: FSDP

@@ -18,39 +18,15 @@ from typing import Any
 import pytest
 
 from tests.integration.trainer.helpers import (
-    ACCELERATE_FSDP2_CPU,
     explain,
     launch_trainer,
     points,
+    rendered_config,
     run_trainer,
     write_spec,
 )
 
 pytestmark = pytest.mark.slow
-
-ACCELERATE_FSDP1_CPU = """\
-compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
-use_cpu: true
-num_processes: 2
-num_machines: 1
-machine_rank: 0
-mixed_precision: 'no'
-rdzv_backend: static
-same_network: true
-fsdp_config:
-  fsdp_version: 1
-  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_cpu_ram_efficient_loading: true
-  fsdp_sync_module_states: true
-  fsdp_use_orig_params: true
-  fsdp_sharding_strategy: FULL_SHARD
-  fsdp_backward_prefetch: BACKWARD_PRE
-  fsdp_forward_prefetch: false
-  fsdp_state_dict_type: SHARDED_STATE_DICT
-  fsdp_offload_params: false
-  fsdp_activation_checkpointing: false
-"""
 
 PEAK = re.compile(r"rank (\d) (loading|final save)[^:]*: peak RSS \+(\d+) MiB")
 MIB = 2**20
@@ -138,7 +114,9 @@ def fsdp_run(
         "distributed": {"strategy": "fsdp", "fsdp": {"version": version}},
         "resources": {"device": "cpu", "processes_per_node": 2},
     }
-    config = ACCELERATE_FSDP2_CPU if version == 2 else ACCELERATE_FSDP1_CPU
+    # The config ftq renders: RAM-efficient loading (and FSDP1's sync_module_states) as a job gets them.
+    config = rendered_config(spec)
+    assert "fsdp_cpu_ram_efficient_loading: true" in config
     args = ["--spec", str(write_spec(work / "spec.json", spec)), "--output_dir", str(work / "run")]
     proc = launch_trainer(config, work, args)
     assert proc.returncode == 0, explain(proc)
@@ -196,12 +174,9 @@ def test_fsdp1_full_fine_tune_on_cpu_saves_a_model_that_loads(tiny_dir: Path, tm
         "distributed": {"strategy": "fsdp", "fsdp": {"version": 1}},
         "resources": {"device": "cpu", "processes_per_node": 2},
     }
-    from ftq import render
-    from ftq.spec import JobSpec
-
     args = ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(tmp_path / "run")]
     # The config ftq renders for this spec: a CPU rehearsal of FSDP1 loads as the GPU job would.
-    rendered = render.config_yaml(render.accelerate_config(JobSpec.model_validate(spec)))
+    rendered = rendered_config(spec)
     assert "fsdp_sync_module_states: true" in rendered and "fsdp_cpu_ram_efficient_loading: true" in rendered
     proc = launch_trainer(rendered, tmp_path, args)
     assert proc.returncode == 0, explain(proc)
