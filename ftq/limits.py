@@ -35,3 +35,33 @@ def slurm_time_seconds(value: str) -> int:
 def max_seconds(settings: Settings) -> int:
     """The operator's cap on a job's time limit, and how long a local job may run."""
     return int(settings.max_time_limit_hours * 3600)
+
+
+def beyond_local_pool(device: str, processes: int, settings: Settings) -> tuple[str, str] | None:
+    """Why a local job of `processes` ranks can never start on this server's worker pool (FTQ_GPU_POOL
+    for cuda, FTQ_CPU_SLOTS for cpu), as (the resources field to change, the reason with its fix); None
+    when it fits. The API refuses such a job at submit; the worker fails one that got queued anyway
+    (submitted before the operator shrank the pool)."""
+    if device == "cuda":
+        have = len(settings.gpu_indices)
+        if processes <= have:
+            return None
+        pool = f"FTQ_GPU_POOL={settings.gpu_pool!r}"
+        if have == 0:
+            return (
+                "device",
+                f"this server's local worker pool has no GPUs ({pool}); use device: cpu, or launcher: slurm",
+            )
+        return (
+            "processes_per_node",
+            f"the job needs {processes} GPUs but this server's local worker pool has {have} ({pool}); "
+            f"set processes_per_node to at most {have}, use device: cpu, or launcher: slurm",
+        )
+    have = settings.cpu_slots
+    if processes <= have:
+        return None
+    return (
+        "processes_per_node",
+        f"the job needs {processes} CPU processes but this server's local worker allows {have} "
+        f"(FTQ_CPU_SLOTS); set processes_per_node to at most {have}",
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ftq import limits
 from ftq.settings import Settings
 
 
@@ -55,38 +56,17 @@ def decide(
         if need.pool is None:
             out.append(Decision(job_id, resources={}))
             continue
+        beyond = limits.beyond_local_pool("cuda" if need.pool == "gpus" else "cpu", need.count, settings)
+        if beyond is not None:
+            out.append(Decision(job_id, impossible=beyond[1]))
+            continue
         if need.pool == "gpus":
-            total = len(settings.gpu_indices)
-            if need.count > total:
-                out.append(
-                    Decision(
-                        job_id,
-                        impossible=(
-                            f"the job needs {need.count} GPUs but this worker has {total} (FTQ_GPU_POOL="
-                            f"{settings.gpu_pool!r}); lower resources.processes_per_node, use "
-                            "resources.device: cpu, or run it with resources.launcher: slurm"
-                        ),
-                    )
-                )
-                continue
             if "gpus" in blocked or need.count > len(free_gpus):
                 blocked.add("gpus")
                 continue
             take, free_gpus = free_gpus[: need.count], free_gpus[need.count :]
             out.append(Decision(job_id, resources={"gpus": take}))
         else:
-            total = settings.cpu_slots
-            if need.count > total:
-                out.append(
-                    Decision(
-                        job_id,
-                        impossible=(
-                            f"the job needs {need.count} CPU processes but this worker allows {total} "
-                            "(FTQ_CPU_SLOTS); lower resources.processes_per_node"
-                        ),
-                    )
-                )
-                continue
             if "cpu_slots" in blocked or need.count > free_slots:
                 blocked.add("cpu_slots")
                 continue

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ftq import estimate as est
-from ftq import userfiles
+from ftq import limits, userfiles
 from ftq.estimate import DiskEstimate, Estimate
 from ftq.settings import Settings
 from ftq.spec import DatasetSpec, JobSpec, looks_local
@@ -238,30 +238,14 @@ def pool_refusals(spec: JobSpec, settings: Settings) -> list[dict[str, Any]]:
     """A local job that asks for more GPUs (or CPU processes) than the worker pool has: it could only
     fail once it left the queue. The worker reads the same FTQ_GPU_POOL / FTQ_CPU_SLOTS as the API."""
     res = spec.resources
-    if res.launcher != "local":
+    beyond = (
+        limits.beyond_local_pool(str(res.device), res.world_size, settings)
+        if res.launcher == "local"
+        else None
+    )
+    if beyond is None:
         return []
-    need = res.world_size
-    if res.device == "cuda":
-        have = len(settings.gpu_indices)
-        if need <= have:
-            return []
-        pool = f"FTQ_GPU_POOL={settings.gpu_pool!r}"
-        if have == 0:
-            loc, msg = "device", f"this server's local worker pool has no GPUs ({pool}); use device: cpu"
-        else:
-            loc = "processes_per_node"
-            msg = f"the job needs {need} GPUs but this server's local worker pool has {have} ({pool}); "
-            msg += f"set processes_per_node to at most {have}"
-        msg += ", or launcher: slurm"
-    else:
-        have = settings.cpu_slots
-        if need <= have:
-            return []
-        loc = "processes_per_node"
-        msg = (
-            f"the job needs {need} CPU processes but this server's local worker allows {have} "
-            f"(FTQ_CPU_SLOTS); set processes_per_node to at most {have}"
-        )
+    loc, msg = beyond
     return [{"loc": ["body", "resources", loc], "msg": msg, "type": "not_available"}]
 
 
