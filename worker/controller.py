@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -432,20 +431,16 @@ def _mark_running(v: JobView) -> None:
         )
 
 
-# The trainer's line when the ranks stopped together and saved (trainer/preempt.py).
-_STOPPED_WITH_CHECKPOINT = re.compile(r"stopped after step (\d+) because .*, with a checkpoint at (\S+);")
-
-
 def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
     """train.log's last line says what a cancel left, for a person reading it: the step, and the
-    checkpoint where the run saved one (the trainer only knows it was sent SIGTERM, not why)."""
-    try:
-        stopped = _STOPPED_WITH_CHECKPOINT.findall(failures.read_tail(run_dir / runs.TRAIN_LOG))
-    except OSError:
-        stopped = []
-    if stopped:
-        step, ckpt = stopped[-1]
-        line = f"ftq: cancelled at step {step}; checkpoint saved ({ckpt})"
+    checkpoint a continued run would start from (the newest complete one, as resume_from: latest takes)."""
+    ckpt = runs.latest_checkpoint(run_dir)
+    where = ckpt.path.relative_to(run_dir) if ckpt else None
+    if ckpt and ckpt.step >= (last_step or 0):
+        # The ranks saved on the way out (trainer/preempt.py), at the step they stopped after.
+        line = f"ftq: cancelled at step {ckpt.step}; checkpoint saved ({where})"
+    elif ckpt:
+        line = f"ftq: cancelled at step {last_step}; last checkpoint {where}"
     elif last_step:
         line = f"ftq: cancelled at step {last_step}; no checkpoint saved"
     else:
