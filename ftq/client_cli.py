@@ -1,4 +1,4 @@
-"""Client commands of `ftq`: submit, ls, status, logs, metrics, cancel.
+"""Client commands of `ftq`: submit, ls, status, logs, metrics, cancel, export, exports.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -36,6 +36,7 @@ from ftq.client import (
     Client,
     ConnectionFailed,
     ConnectionLost,
+    ExportPublic,
     FtqAPIError,
     FtqClientError,
     InvalidURL,
@@ -575,3 +576,74 @@ def cancel(job_id: JobIdArg) -> None:
     with api() as client:
         job = client.jobs.cancel(job_id)
     out.print(f"{job.id}: {fmt_status(job.status)}")
+
+
+# Exports -----------------------------------------------------------------------------------------------
+
+
+def _export_line(export: ExportPublic) -> str:
+    line = f"{export.id}: {fmt_status(export.status)} {export.kind} {export.dtype} -> {export.path}"
+    if export.error is not None:
+        line += f" [red]{escape(str(export.error.code))}[/]: {escape(export.error.message)}"
+    return line
+
+
+@_command("export")
+def export(
+    job_id: JobIdArg,
+    merged: Annotated[bool, typer.Option("--merged", help="The adapter merged into the base model.")] = False,
+    adapter: Annotated[bool, typer.Option("--adapter", help="The LoRA adapter alone.")] = False,
+    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
+    max_shard_size: Annotated[
+        str | None, typer.Option("--max-shard-size", help="Largest safetensors shard, e.g. 2GB.")
+    ] = None,
+    push_to_hub: Annotated[
+        str | None, typer.Option("--push-to-hub", help="Also push to this Hub repo (private).")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Wait until it ends, showing its status.")
+    ] = False,
+) -> None:
+    """Export a succeeded job's model: --merged (a full model) or --adapter, in --dtype."""
+    if merged == adapter:
+        _fail("say what to export: --merged or --adapter", EXIT_INPUT)
+    kind = "merged" if merged else "adapter"
+    with api() as client:
+        made = client.jobs.export(job_id, kind, dtype, max_shard_size=max_shard_size, push_to_hub=push_to_hub)
+        out.print(_export_line(made))
+        if not follow:
+            return
+        last = made.status
+        while made.status not in TERMINAL:
+            time.sleep(POLL_SECONDS)
+            made = client.jobs.get_export(job_id, made.id)
+            if made.status != last:
+                out.print(_export_line(made))
+                last = made.status
+    if made.status != "succeeded":
+        raise typer.Exit(EXIT_REFUSED)
+    out.print(f"download it with: ftq download {job_id} {made.path}")
+
+
+@_command("exports")
+def exports(job_id: JobIdArg) -> None:
+    """List a job's exports, newest first."""
+    with api() as client:
+        found = client.jobs.exports(job_id)
+    if not found:
+        out.print(f"no exports of {job_id}")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("ID", "STATUS", "KIND", "DTYPE", "PATH", "CREATED", "ERROR"):
+        table.add_column(name, no_wrap=True)
+    for e in found:
+        table.add_row(
+            e.id,
+            fmt_status(e.status),
+            str(e.kind),
+            str(e.dtype),
+            e.path,
+            fmt_age(e.created_at),
+            f"[red]{escape(str(e.error.code))}[/]: {escape(e.error.message)}" if e.error else "",
+        )
+    out.print(table)

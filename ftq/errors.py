@@ -19,6 +19,8 @@ class ErrorCode(StrEnum):
     node_failure = "node_failure"
     cancelled = "cancelled"
     unknown = "unknown"
+    # An export's push to the Hugging Face Hub: no token on this server, the Hub unreachable or refusing.
+    hub_error = "hub_error"
 
 
 # How the trainer reports a failure the user can fix: exit status 2 and one stderr line

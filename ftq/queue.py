@@ -24,9 +24,11 @@ TASK_CANCEL = "ftq.cancel"
 TASK_RECONCILE = "ftq.reconcile"
 TASK_INGEST = "ftq.ingest"
 TASK_RELAY = "ftq.relay"
+# Start or cancel a job's exports now rather than at the next sweep (its argument is the job id).
+TASK_EXPORTS = "ftq.exports"
 
 # The outbox's dispatch kinds and the task each is sent as.
-TASK_FOR_DISPATCH = {"submit": TASK_SUBMIT, "cancel": TASK_CANCEL}
+TASK_FOR_DISPATCH = {"submit": TASK_SUBMIT, "cancel": TASK_CANCEL, "export": TASK_EXPORTS}
 
 
 def _survive_broker_loss() -> None:

@@ -512,3 +512,75 @@ def render_plan(
         estimate=estimate,
         launch_script=launch_script(run_dir, argv),
     )
+
+
+# Exports ------------------------------------------------------------------------------------------------
+
+EXPORT_MODULE = "trainer.export"
+
+
+def export_argv(export_dir: Path, settings: Settings) -> list[str]:
+    """One process: `python -m trainer.export --request exports/<id>/export.json`."""
+    return [settings.python, "-m", EXPORT_MODULE, "--request", str(export_dir / runs.EXPORT_REQUEST)]
+
+
+def export_sbatch_script(spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings) -> str:
+    """`job.sbatch` of an export: one task on one node (one GPU for a cuda job), under the job's partition,
+    account and time limit, recording its exit status as a job's script does."""
+    slurm = spec.resources.slurm
+    partition = slurm.partition or settings.slurm_partition
+    account = slurm.account or settings.slurm_account
+    header = [f"--job-name={_sbatch_value('ftq-' + export_id)}", "--nodes=1", "--ntasks=1"]
+    if spec.resources.device == "cuda":
+        header.append("--gres=gpu:1")
+    header.append(f"--cpus-per-task={settings.slurm_cpus_per_task or settings.slurm_cpus_per_gpu}")
+    if settings.slurm_mem:
+        header.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
+    if slurm.time_limit:
+        header.append(f"--time={_sbatch_value(slurm.time_limit)}")
+    if partition:
+        header.append(f"--partition={_sbatch_value(partition)}")
+    if account:
+        header.append(f"--account={_sbatch_value(account)}")
+    header += [
+        f"--chdir={_sbatch_value(str(export_dir))}",
+        f"--output={_sbatch_path(export_dir / runs.TRAIN_LOG)}",
+        "--open-mode=append",
+    ]
+    header += _extra_sbatch_args(settings.slurm_extra_args)
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {h}" for h in header),
+        "# Rendered by ftq: one export of a job's final/.",
+        "",
+        "set -uo pipefail",
+        f"RUN_DIR={shlex.quote(str(export_dir))}",
+        "write_exit_status() {",
+        f'  printf \'%s\\n\' "$1" > "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" \\',
+        f'    && mv -f "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" "$RUN_DIR/{runs.EXIT_STATUS}"',
+        "}",
+        "trap 'write_exit_status $?' EXIT",
+        f'rm -f "$RUN_DIR/{runs.EXIT_STATUS}"',
+        "",
+    ]
+    setup = settings.slurm_setup.strip("\n")
+    if setup:
+        lines += ["# Site setup (FTQ_SLURM_SETUP)", setup, ""]
+    lines += [_argv_lines(export_argv(export_dir, settings), 3), ""]
+    return "\n".join(lines)
+
+
+def render_export_plan(spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings) -> Plan:
+    """The launch of one export, as a Plan the launchers take (no accelerate config: one process)."""
+    argv = export_argv(export_dir, settings)
+    sbatch = None
+    if spec.resources.launcher == "slurm":
+        sbatch = export_sbatch_script(spec, export_id=export_id, export_dir=export_dir, settings=settings)
+    return Plan(
+        accelerate_config={},
+        accelerate_config_yaml="",
+        command=argv,
+        sbatch_script=sbatch,
+        trainer_args={"request": str(export_dir / runs.EXPORT_REQUEST)},
+        launch_script=launch_script(export_dir, argv),
+    )

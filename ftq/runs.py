@@ -22,6 +22,14 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint-"  # checkpoints/checkpoint-<step>/, as transformers' Trainer names them
 FINAL = "final"
+# The model card every final/ and export holds, and the facts the trainer measured for it (beside final/,
+# so an export renders its own card from them; see ftq.modelcard).
+MODEL_CARD = "README.md"
+CARD_FACTS = "card_facts.json"
+# exports/<export id>/: one export's launch (launch.sh or job.sbatch, export.json, its log and records)
+# and what it wrote (safetensors shards, tokenizer, generation config, README.md).
+EXPORTS = "exports"
+EXPORT_REQUEST = "export.json"
 # Written by launch.sh / job.sbatch when the launch ends: the exit status as text, e.g. "0" or "137".
 # How the service learns the end of a run it did not start itself (a restarted worker, or SLURM
 # without accounting, where finished jobs leave squeue).
@@ -52,6 +60,10 @@ TRAINER_STATE_LIMIT = 256 * 1024**2
 
 def run_dir(runs_root: Path, job_id: str) -> Path:
     return runs_root / job_id
+
+
+def export_dir(run_dir: Path, export_id: str) -> Path:
+    return run_dir / EXPORTS / export_id
 
 
 def has_weights(folder: Path) -> bool:

@@ -4,13 +4,14 @@ client SDK (`ftq.client`) parses them, so both sides share one definition."""
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftq.errors import ErrorCode
 from ftq.metrics import Point
 from ftq.render import Plan
-from ftq.spec import JobSpec
+from ftq.spec import HUB_ID_RE, JobSpec
 from ftq.status import JobStatus
 
 # The plan is rendered by the core's pure renderer; the API serves that same model.
@@ -99,3 +100,79 @@ class ErrorBody(BaseModel):
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = Field(default_factory=dict)
+
+
+# Exports --------------------------------------------------------------------------------------------------
+
+
+class ExportKind(StrEnum):
+    merged = "merged"
+    adapter = "adapter"
+
+
+class ExportDtype(StrEnum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class PushToHub(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    repo_id: str = Field(
+        pattern=HUB_ID_RE,
+        description="The Hugging Face Hub repo to push the export to (`owner/name`); created when missing. "
+        "The push uses the operator's token (FTQ_HUB_TOKEN), never one from the request.",
+    )
+    private: bool = Field(True, description="Create the repo private (when it does not exist yet).")
+
+
+class ExportCreate(BaseModel):
+    """`POST /jobs/{id}/exports`: what to export of a succeeded job's `final/`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: ExportKind = Field(
+        description="`merged`: the LoRA adapter folded into the base model's weights (a full fine-tune: its "
+        "model re-saved), a folder `AutoModelForCausalLM.from_pretrained` loads. `adapter`: the LoRA "
+        "adapter alone, converted to `dtype` (a full fine-tune has none: 409)."
+    )
+    dtype: ExportDtype = Field(ExportDtype.bf16, description="The dtype the weights are saved in.")
+    max_shard_size: str = Field(
+        "5GB",
+        pattern=r"^[0-9]{1,6}(\.[0-9]{1,3})?(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$",
+        description="The largest safetensors shard, as transformers writes it (`500MB`, `2GB`, `5GB`).",
+    )
+    push_to_hub: PushToHub | None = Field(
+        None, description="Also push the export to this Hub repo once written (needs FTQ_HUB_TOKEN set)."
+    )
+
+
+class ExportPublic(BaseModel):
+    """One export of a job. A second identical request (same kind, dtype, max_shard_size and push) while
+    one is queued, starting, running or succeeded returns that one (200) instead of a new one (202)."""
+
+    id: str = Field(description="Export id, e.g. exp_0123456789abcdef")
+    job_id: str
+    kind: ExportKind
+    dtype: ExportDtype
+    max_shard_size: str
+    push_to_hub: PushToHub | None
+    status: JobStatus = Field(
+        description="As a job's: queued, starting, running, cancelling, then succeeded, failed or cancelled."
+    )
+    error: JobError | None = Field(
+        description="Why a failed export failed (code and message, as a job's); null otherwise."
+    )
+    path: str = Field(
+        description="Where the export is, relative to the job's run directory: `exports/<export id>`, "
+        "holding the safetensors shards (or the adapter), the tokenizer, generation_config.json and "
+        "README.md (the model card). Download it as `GET /jobs/{id}/artifacts/exports/<export id>.tar`."
+    )
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ExportList(BaseModel):
+    data: list[ExportPublic] = Field(description="The job's exports, newest first.")

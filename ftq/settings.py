@@ -163,6 +163,11 @@ class Settings(BaseSettings):
         "the loopback names and FTQ_HOST; with auth on, any.",
     )
     metrics_token: str = Field("", description="Bearer token `GET /metrics` requires; empty: none.")
+    hub_token: str = Field(
+        "",
+        description="The Hugging Face token exports push with (`push_to_hub`); handed to an export's "
+        "process only when it pushes, never stored or shown. Empty: pushing is refused.",
+    )
 
     # Retries (operator policy, never from a job spec)
     retry_preempted: int = Field(

@@ -23,6 +23,7 @@ from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
+from service.exports.router import router as exports_router
 from service.guard import RequestGuard
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
@@ -151,6 +152,7 @@ def create_app() -> FastAPI:
         return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
     app.include_router(jobs_router)
+    app.include_router(exports_router)
 
     @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
     async def healthz() -> Health:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ftq import runs
+from ftq.modelcard import RunFacts, render_model_card
 from ftq.spec import Device, JobSpec
 
 from .args import TrainerArgs
@@ -63,6 +64,7 @@ def main(args: TrainerArgs) -> None:
 
 def run(args: TrainerArgs) -> None:
     spec, out = args.spec, args.output_dir
+    run_started = time.time()
     configure_logging()
     _quiet_progress_bars(heavy=False)
     stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
@@ -163,6 +165,9 @@ def run(args: TrainerArgs) -> None:
 
     with peak_rss("final save"):
         save_final(trainer, out / runs.FINAL, tokenizer, strategy)
+    if trainer.accelerator.is_main_process:
+        facts = run_facts(trainer, splits, state, time.time() - run_started)
+        write_model_card(spec, facts, out)
     log.info("saved %s", out / runs.FINAL)
 
     # Leave the process group explicitly, all ranks together: left to interpreter shutdown, a rank's
@@ -173,6 +178,34 @@ def run(args: TrainerArgs) -> None:
     if dist.is_available() and dist.is_initialized():
         trainer.accelerator.wait_for_everyone()
         dist.destroy_process_group()
+
+
+def run_facts(trainer: Any, splits: Any, state: Any, wall_seconds: float) -> RunFacts:
+    """What the model card says about this run, from the trainer's state at the final save."""
+    history = trainer.state.log_history
+    train_loss = next((h["loss"] for h in reversed(history) if "loss" in h), None)
+    eval_loss = next((h["eval_loss"] for h in reversed(history) if "eval_loss" in h), None)
+    tokens = int(trainer.state.num_input_tokens_seen or 0) or next(
+        (int(h["num_tokens"]) for h in reversed(history) if "num_tokens" in h), None
+    )
+    return RunFacts(
+        job_id=os.environ.get("FTQ_JOB_ID"),
+        train_rows=len(splits.train),
+        eval_rows=len(splits.eval) if splits.eval is not None else None,
+        steps=int(trainer.state.global_step),
+        train_loss=float(train_loss) if train_loss is not None else None,
+        eval_loss=float(eval_loss) if eval_loss is not None else None,
+        tokens=tokens,
+        wall_seconds=round(wall_seconds, 1),
+        device=state.device.type,
+        devices=int(state.num_processes),
+    )
+
+
+def write_model_card(spec: JobSpec, facts: RunFacts, out: Path) -> None:
+    """final/README.md, and the facts beside final/ that an export renders its own card from (rank 0)."""
+    (out / runs.CARD_FACTS).write_text(facts.to_json())
+    (out / runs.FINAL / runs.MODEL_CARD).write_text(render_model_card(spec.model_dump(mode="json"), facts))
 
 
 def configure_logging() -> None:

@@ -31,7 +31,7 @@ from ftq.status import LAUNCHED, JobStatus
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Job
-from worker import failures, ingest, locks, recovery, scheduling
+from worker import exports, failures, ingest, locks, recovery, scheduling
 from worker.launchers import make_launcher
 from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
 
@@ -333,6 +333,11 @@ def reconcile() -> bool:
                 launch(claimed)
             except Exception:
                 log.exception("launching job %s failed", claimed, extra={"job_id": claimed})
+        # Exports run through the same launchers and draw on the same pool, after the jobs' turn.
+        try:
+            exports.reconcile(get_launcher)
+        except Exception:
+            log.exception("the export sweep failed; trying again next sweep")
     return True
 
 

@@ -3,10 +3,10 @@ work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest` and 
 
 from __future__ import annotations
 
-from ftq.queue import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT
+from ftq.queue import TASK_CANCEL, TASK_EXPORTS, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT
 from ftq.store import outbox, repository
 from ftq.store.db import session_scope
-from worker import controller, locks
+from worker import controller, exports, locks
 from worker.celery_app import celery_app
 from worker.ingest import ingest_all
 
@@ -19,6 +19,11 @@ def submit(job_id: str) -> None:
 @celery_app.task(name=TASK_CANCEL)
 def cancel(job_id: str) -> None:
     controller.cancel(job_id)
+
+
+@celery_app.task(name=TASK_EXPORTS)
+def export(job_id: str) -> None:
+    exports.wake(job_id, controller.get_launcher)
 
 
 @celery_app.task(name=TASK_RECONCILE)

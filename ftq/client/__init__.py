@@ -41,6 +41,7 @@ from ftq.client.errors import (
 )
 from ftq.schemas import (
     Checkpoint,
+    ExportPublic,
     Health,
     JobList,
     JobPublic,
@@ -64,6 +65,7 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "ConnectionLost",
+    "ExportPublic",
     "FieldError",
     "Forbidden",
     "FtqAPIError",

@@ -18,6 +18,8 @@ from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
     Checkpoint,
     CheckpointList,
+    ExportList,
+    ExportPublic,
     Health,
     JobList,
     JobPublic,
@@ -175,6 +177,33 @@ class AsyncJobs:
     async def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
         page = await self._client._call("GET", _core.job_path(job_id, "checkpoints"), CheckpointList)
         return page.data
+
+    # Exports
+
+    async def export(
+        self,
+        job_id: str,
+        kind: str = "merged",
+        dtype: str = "bf16",
+        *,
+        max_shard_size: str | None = None,
+        push_to_hub: Mapping[str, Any] | str | None = None,
+    ) -> ExportPublic:
+        """As `Client.jobs.export`."""
+        content, headers = _core.export_body(kind, dtype, max_shard_size, push_to_hub)
+        path = _core.export_path(job_id)
+        return await self._client._call("POST", path, ExportPublic, content=content, headers=headers)
+
+    async def exports(self, job_id: str) -> builtins.list[ExportPublic]:
+        page = await self._client._call("GET", _core.export_path(job_id), ExportList)
+        return page.data
+
+    async def get_export(self, job_id: str, export_id: str) -> ExportPublic:
+        return await self._client._call("GET", _core.export_path(job_id, export_id), ExportPublic)
+
+    async def cancel_export(self, job_id: str, export_id: str) -> ExportPublic:
+        path = _core.export_path(job_id, export_id, "cancel")
+        return await self._client._call("POST", path, ExportPublic)
 
     # Logs
 

@@ -101,6 +101,29 @@ def job_path(job_id: str, *rest: str) -> str:
     return "/".join(["/jobs", quote(job_id, safe=""), *rest])
 
 
+def export_path(job_id: str, export_id: str | None = None, *rest: str) -> str:
+    """/jobs/<id>/exports[/<export id>/...], both ids quoted."""
+    if export_id is None:
+        return job_path(job_id, "exports")
+    if not export_id:
+        raise ValueError("export_id is empty")
+    return job_path(job_id, "exports", quote(export_id, safe=""), *rest)
+
+
+def export_body(
+    kind: str, dtype: str, max_shard_size: str | None, push_to_hub: Mapping[str, Any] | str | None
+) -> tuple[bytes, dict[str, str]]:
+    """The body of POST /jobs/{id}/exports; `push_to_hub` a repo id or `{repo_id, private}`."""
+    body: dict[str, Any] = {"kind": kind, "dtype": dtype}
+    if max_shard_size is not None:
+        body["max_shard_size"] = max_shard_size
+    if isinstance(push_to_hub, str):
+        body["push_to_hub"] = {"repo_id": push_to_hub}
+    elif push_to_hub is not None:
+        body["push_to_hub"] = dict(push_to_hub)
+    return json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
 def status_param(status: StatusFilter) -> str | None:
     if status is None:
         return None

@@ -17,6 +17,8 @@ from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
     Checkpoint,
     CheckpointList,
+    ExportList,
+    ExportPublic,
     Health,
     JobList,
     JobPublic,
@@ -180,6 +182,46 @@ class Jobs:
 
     def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
         return self._client._call("GET", _core.job_path(job_id, "checkpoints"), CheckpointList).data
+
+    # Exports
+
+    def export(
+        self,
+        job_id: str,
+        kind: str = "merged",
+        dtype: str = "bf16",
+        *,
+        max_shard_size: str | None = None,
+        push_to_hub: Mapping[str, Any] | str | None = None,
+    ) -> ExportPublic:
+        """Export a succeeded job's model (`merged` or `adapter`, in `dtype`); an identical export under
+        way or done is returned instead of a new one. `push_to_hub`: a repo id or `{repo_id, private}`."""
+        content, headers = _core.export_body(kind, dtype, max_shard_size, push_to_hub)
+        path = _core.export_path(job_id)
+        return self._client._call("POST", path, ExportPublic, content=content, headers=headers)
+
+    def exports(self, job_id: str) -> builtins.list[ExportPublic]:
+        """The job's exports, newest first."""
+        return self._client._call("GET", _core.export_path(job_id), ExportList).data
+
+    def get_export(self, job_id: str, export_id: str) -> ExportPublic:
+        return self._client._call("GET", _core.export_path(job_id, export_id), ExportPublic)
+
+    def cancel_export(self, job_id: str, export_id: str) -> ExportPublic:
+        return self._client._call("POST", _core.export_path(job_id, export_id, "cancel"), ExportPublic)
+
+    def wait_export(
+        self, job_id: str, export_id: str, *, timeout: float | None = None, poll: float = 1.0
+    ) -> ExportPublic:
+        """The export once it has ended; WaitTimeout-like TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            export = self.get_export(job_id, export_id)
+            if _core.is_terminal(export.status):
+                return export
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"export {export_id} still {export.status} after {timeout} s")
+            time.sleep(poll)
 
     # Logs
 

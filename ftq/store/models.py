@@ -138,3 +138,38 @@ class Dispatch(Base):
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
     __table_args__ = (Index("ix_dispatches_unsent", "sent_at", "id"),)
+
+
+class Export(Base):
+    """One export of a succeeded job's `final/` (merged weights or the adapter, in a dtype), run as a
+    launch of its own through the job's launcher. Statuses and transitions are a job's (`ftq.status`);
+    whose it is comes from its job (the owner filter joins `jobs`)."""
+
+    __tablename__ = "exports"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # merged | adapter
+    dtype: Mapped[str] = mapped_column(String(8), nullable=False)  # bf16 | fp16 | fp32
+    max_shard_size: Mapped[str] = mapped_column(String(16), nullable=False)
+    push_to_hub: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {repo_id, private}
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The launch, as for a job: SLURM job id, or the local process group's pid and start time.
+    external_id: Mapped[str | None] = mapped_column(String(64))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_start_ticks: Mapped[int | None] = mapped_column(BigInteger)
+    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error_code: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (
+        Index("ix_exports_job_seq", "job_id", "seq"),
+        Index("ix_exports_status", "status"),
+    )

@@ -33,7 +33,7 @@ from ftq.metrics import POINT_FIELDS
 from ftq.redact import redact
 from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
 from ftq.store.db import AsyncReadPool
-from ftq.store.models import Dispatch, IdempotencyKey, Job, MetricPoint
+from ftq.store.models import Dispatch, Export, IdempotencyKey, Job, MetricPoint
 
 
 def utcnow() -> datetime:
@@ -339,11 +339,16 @@ def jobs_in(session: Session, statuses: Iterable[str], *, launcher: str | None =
 
 
 def held_resources(session: Session) -> list[dict[str, Any]]:
+    """What launched jobs and exports hold of the local pool: both draw on the same GPUs and CPU slots."""
     stmt = select(Job.resources).where(
         Job.status.in_(list(LAUNCHED)),
         Job.resources.is_not(None),
     )
-    return [r for r in session.scalars(stmt) if r]
+    exports = select(Export.resources).where(
+        Export.status.in_([str(s) for s in LAUNCHED]),
+        Export.resources.is_not(None),
+    )
+    return [r for r in session.scalars(stmt) if r] + [r for r in session.scalars(exports) if r]
 
 
 # Dispatch outbox ---------------------------------------------------------------------------------------

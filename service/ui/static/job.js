@@ -24,6 +24,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     planShown: false,
     outputsFor: null, // the status the outputs card was last read for
     outputsAt: 0,
+    exportsActive: false, // an export of this job is queued or running: keep polling
   };
   const OUTPUTS_MS = 10000; // how often a running job's checkpoints are read again
 
@@ -175,6 +176,26 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     box.replaceChildren(h("table", { class: "outputs", id: "checkpoints" }, ...rows));
   }
 
+  // The job's exports (GET /jobs/{id}/exports): status, kind, dtype and folder; read on every poll while
+  // one is under way.
+  async function showExports() {
+    const list = await FTQ.api(`/jobs/${enc}/exports`);
+    const box = document.getElementById("exports");
+    state.exportsActive = list.data.some((e) => !FTQ.TERMINAL.includes(e.status));
+    if (!list.data.length) {
+      box.replaceChildren(h("p", { class: "muted" }, "no exports (ftq export ID --merged --dtype bf16)"));
+      return;
+    }
+    const rows = list.data.map((e) => h("tr", { dataset: { export: e.id } },
+      h("td", {}, h("code", {}, e.id)),
+      h("td", {}, FTQ.badge(e.status)),
+      h("td", {}, e.kind),
+      h("td", {}, e.dtype),
+      h("td", {}, h("code", {}, e.path)),
+      h("td", { class: "muted" }, e.error ? `${e.error.code}: ${e.error.message}` : "")));
+    box.replaceChildren(h("table", { class: "outputs", id: "exports-table" }, ...rows));
+  }
+
   async function pollLog() {
     const log = document.getElementById("log");
     for (;;) {
@@ -231,9 +252,11 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     showJob(job);
     if (!state.planShown) await showPlan();
     await showOutputs(job);
+    await showExports();
     if (!state.metricsComplete) await pollMetrics();
     if (!state.logComplete) await pollLog();
-    const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete;
+    const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete
+      && !state.exportsActive;
     document.body.dataset.loaded = "true";
     FTQ.setRefreshState(done ? `${job.status}; no more updates` : `updated ${new Date().toLocaleTimeString()}`);
     return !done;

@@ -1,0 +1,121 @@
+"""The rules of exports: what may be exported (a succeeded job's final/; an adapter only of a LoRA job),
+one export per identical request, cancel as a job's, and the shape of an export in responses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from ftq import runs
+from ftq.errors import ErrorCode
+from ftq.redact import redact
+from ftq.settings import Settings
+from ftq.status import JobStatus
+from ftq.store import exports as store
+from ftq.store.exports import ExportRepository, new_export_id
+from ftq.store.models import Export, Job
+from ftq.store.repository import JobRepository, utcnow
+from service.errors import Conflict, NotFound, spec_field_error
+from service.exports.schemas import ExportCreate, ExportDtype, ExportKind, ExportPublic, PushToHub
+from service.jobs.schemas import JobError
+
+
+def _job_or_404(session: Session, owner: str, job_id: str) -> Job:
+    job = JobRepository(session, owner).get(job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def get_or_404(session: Session, owner: str, job_id: str, export_id: str) -> Export:
+    export = ExportRepository(session, owner).get(job_id, export_id)
+    if export is None:
+        raise NotFound(f"export {export_id} of job {job_id} not found")
+    return export
+
+
+def list_exports(session: Session, owner: str, job_id: str) -> list[Export]:
+    _job_or_404(session, owner, job_id)
+    return ExportRepository(session, owner).list_for(job_id)
+
+
+def create(
+    session: Session, owner: str, settings: Settings, job_id: str, body: ExportCreate
+) -> tuple[Export, bool]:
+    """The new export (queued, with its dispatch), or the existing identical one (True)."""
+    if body.push_to_hub is not None and not settings.hub_token:
+        raise spec_field_error(
+            ["push_to_hub"],
+            "this server has no Hugging Face token to push with; ask the operator to set FTQ_HUB_TOKEN, or "
+            "leave push_to_hub out and download the export",
+            "not_configured",
+        )
+    job = _job_or_404(session, owner, job_id)
+    if job.status != JobStatus.succeeded:
+        raise Conflict(
+            f"job {job_id} is {job.status}: only a succeeded job has a final model to export; wait for it "
+            "to succeed (GET /jobs/{id})"
+        )
+    if body.kind == ExportKind.adapter and job.spec.get("lora") is None:
+        raise Conflict(
+            f"job {job_id} is a full fine-tune: it has no LoRA adapter to export; export it as "
+            "kind: merged (its full model in the dtype you choose)"
+        )
+    if not (runs.run_dir(settings.runs_dir, job.id) / runs.FINAL).is_dir():
+        raise Conflict(f"job {job_id} has no final/ folder in its run directory (it was removed)")
+    push = body.push_to_hub.model_dump() if body.push_to_hub is not None else None
+    repo = ExportRepository(session, owner)
+    shard = body.max_shard_size.upper().replace("IB", "iB")
+    same = repo.find_same(job.id, kind=body.kind, dtype=body.dtype, max_shard_size=shard, push_to_hub=push)
+    if same is not None:
+        return same, True
+    now = utcnow()
+    export = Export(
+        id=new_export_id(),
+        job_id=job.id,
+        kind=str(body.kind),
+        dtype=str(body.dtype),
+        max_shard_size=shard,
+        push_to_hub=push,
+        status=JobStatus.queued,
+        created_at=now,
+        updated_at=now,
+    )
+    repo.add_with_dispatch(export)
+    session.commit()
+    return export, False
+
+
+def cancel(session: Session, owner: str, job_id: str, export_id: str) -> Export:
+    """As a job's cancel: queued -> cancelled; starting/running -> cancelling; else nothing changes."""
+    export = get_or_404(session, owner, job_id, export_id)
+    changed = store.request_cancel(session, export)
+    session.commit()
+    if changed is not None:
+        session.refresh(export)
+    return export
+
+
+def to_public(export: Export) -> ExportPublic:
+    error = None
+    if export.error_code and export.status != JobStatus.cancelled:
+        error = JobError(
+            code=ErrorCode(export.error_code),
+            message=redact(export.error_message or ""),
+            exit_code=export.exit_code,
+        )
+    return ExportPublic(
+        id=export.id,
+        job_id=export.job_id,
+        kind=ExportKind(export.kind),
+        dtype=ExportDtype(export.dtype),
+        max_shard_size=export.max_shard_size,
+        push_to_hub=PushToHub.model_validate(export.push_to_hub) if export.push_to_hub else None,
+        status=JobStatus(export.status),
+        error=error,
+        path=str(Path(runs.EXPORTS) / export.id),
+        created_at=export.created_at,
+        started_at=export.started_at,
+        finished_at=export.finished_at,
+    )
