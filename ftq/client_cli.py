@@ -634,15 +634,16 @@ def exports(job_id: JobIdArg) -> None:
         out.print(f"no exports of {job_id}")
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name in ("ID", "STATUS", "KIND", "DTYPE", "PATH", "CREATED", "ERROR"):
+    for name in ("ID", "STATUS", "KIND", "DTYPE", "CREATED"):
         table.add_column(name, no_wrap=True)
+    # Why a failed export failed, at a glance (the whole message: `ftq export` or the API).
+    table.add_column("ERROR", no_wrap=True, overflow="ellipsis", max_width=50)
     for e in found:
         table.add_row(
             e.id,
             fmt_status(e.status),
             str(e.kind),
             str(e.dtype),
-            e.path,
             fmt_age(e.created_at),
             f"[red]{escape(str(e.error.code))}[/]: {escape(e.error.message)}" if e.error else "",
         )

@@ -98,7 +98,7 @@ def full_job(dep: Deployment) -> str:
 def merged(dep: Deployment, lora_job: str) -> dict[str, Any]:
     with alice(dep) as c:
         r = c.post(
-            f"/jobs/{lora_job}/exports", json={"kind": "merged", "dtype": "bf16", "max_shard_size": "1MB"}
+            f"/jobs/{lora_job}/exports", json={"kind": "merged", "dtype": "bf16", "max_shard_size": "100KB"}
         )
     assert r.status_code == 202, r.text
     made: dict[str, Any] = r.json()
@@ -139,7 +139,7 @@ def test_merged_bf16_export_loads_and_generates_as_base_plus_adapter(
     names = {p.name for p in folder.iterdir()}
     assert {"config.json", "generation_config.json", "README.md", "tokenizer_config.json"} <= names
     shards = sorted(n for n in names if n.endswith(".safetensors"))
-    assert len(shards) > 1 and "model.safetensors.index.json" in names, names  # max_shard_size 1MB
+    assert len(shards) > 1 and "model.safetensors.index.json" in names, names  # max_shard_size 100KB
     card = (folder / "README.md").read_text()
     assert "library_name: transformers" in card and f"`{merged['id']}` (merged, bf16)" in card
 
@@ -184,7 +184,7 @@ def test_a_second_identical_request_returns_the_existing_export(
 ) -> None:
     with alice(dep) as c:
         again = c.post(
-            f"/jobs/{lora_job}/exports", json={"kind": "merged", "dtype": "bf16", "max_shard_size": "1MB"}
+            f"/jobs/{lora_job}/exports", json={"kind": "merged", "dtype": "bf16", "max_shard_size": "100KB"}
         )
         assert again.status_code == 200, again.text
         assert again.json()["id"] == merged["id"]
@@ -296,7 +296,7 @@ def test_push_without_an_operator_token_is_422(tmp_path: Path) -> None:
 
 def test_cli_export_follow_and_list(dep: Deployment, lora_job: str, merged: dict[str, Any]) -> None:
     result = run_ftq(
-        "export", lora_job, "--merged", "--dtype", "bf16", "--max-shard-size", "1MB", "--follow",
+        "export", lora_job, "--merged", "--dtype", "bf16", "--max-shard-size", "100KB", "--follow",
         url=dep.url, token=ALICE,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
