@@ -517,6 +517,10 @@ def render_plan(
 # Exports ------------------------------------------------------------------------------------------------
 
 EXPORT_MODULE = "trainer.export"
+# launch.sh runs the export under a shell of its own, as a job's runs under accelerate's launcher: a local
+# cancel signals the processes below the launch script's child (worker.launchers.local `_signal_ranks`),
+# so the export itself gets the SIGTERM. `; exit` keeps bash from exec'ing the command in its place.
+EXPORT_LAUNCHER = ["bash", "-c", '"$@"; exit "$?"', "ftq-export"]
 
 
 def export_argv(export_dir: Path, settings: Settings) -> list[str]:
@@ -533,7 +537,11 @@ def export_sbatch_script(spec: JobSpec, *, export_id: str, export_dir: Path, set
     header = [f"--job-name={_sbatch_value('ftq-' + export_id)}", "--nodes=1", "--ntasks=1"]
     if spec.resources.device == "cuda":
         header.append("--gres=gpu:1")
-    header.append(f"--cpus-per-task={settings.slurm_cpus_per_task or settings.slurm_cpus_per_gpu}")
+    # As a one-process job of this spec asks: a GPU's share of CPUs on cuda, one CPU on cpu.
+    cpus = settings.slurm_cpus_per_task or (
+        settings.slurm_cpus_per_gpu if spec.resources.device == "cuda" else 1
+    )
+    header.append(f"--cpus-per-task={cpus}")
     if settings.slurm_mem:
         header.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
     if slurm.time_limit:
@@ -582,5 +590,5 @@ def render_export_plan(spec: JobSpec, *, export_id: str, export_dir: Path, setti
         command=argv,
         sbatch_script=sbatch,
         trainer_args={"request": str(export_dir / runs.EXPORT_REQUEST)},
-        launch_script=launch_script(export_dir, argv),
+        launch_script=launch_script(export_dir, [*EXPORT_LAUNCHER, *argv]),
     )

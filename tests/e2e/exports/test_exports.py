@@ -262,6 +262,9 @@ def test_cancel_a_running_export(dep: Deployment, lora_job: str) -> None:
         assert r.status_code == 202 and r.json()["status"] == "cancelling", r.text
     done = wait_export(dep, lora_job, eid, timeout=120)
     assert done["status"] == "cancelled" and done["error"] is None, done
+    # The export process itself got the SIGTERM (128 + 15, recorded by launch.sh), not a SIGKILL of the
+    # whole launch after the grace period (which leaves no exit status).
+    assert (dep.run_dir(lora_job) / done["path"] / "exit_status").read_text().strip() == "143"
     with alice(dep) as c:
         # Cancel is idempotent: a finished export stays as it is.
         assert c.post(f"/jobs/{lora_job}/exports/{eid}/cancel").json()["status"] == "cancelled"

@@ -60,7 +60,8 @@ def test_a_merged_export_runs_as_a_slurm_batch_job(stack: Deployment, tiny_dir: 
         time.sleep(0.5)
     folder = stack.run_dir(job["id"]) / export["path"]
     log = (folder / "train.log").read_text() if (folder / "train.log").exists() else ""
-    assert export["status"] == "succeeded", f"{export}\n{log}"
+    queue = subprocess.run(["squeue", "--states=all"], capture_output=True, text=True, check=False).stdout
+    assert export["status"] == "succeeded", f"{export}\n{log}\n{queue}"
     script = (folder / "job.sbatch").read_text()
     assert "#SBATCH --job-name=ftq-" + eid in script and "#SBATCH --ntasks=1" in script
     slurm_id = json.loads((folder / "launch.json").read_text())["external_id"]

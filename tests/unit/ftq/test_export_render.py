@@ -46,6 +46,8 @@ def test_local_export_is_one_quoted_process_writing_its_exit_status() -> None:
     assert f"cd -- {shlex.quote(str(EXPORT_DIR))}" in plan.launch_script
     assert shlex.quote(str(EXPORT_DIR / runs.EXPORT_REQUEST)) in plan.launch_script
     assert runs.EXIT_STATUS in plan.launch_script
+    # Under a shell of its own, so a local cancel's SIGTERM (sent below the launch script's child) reaches it.
+    assert """bash -c '"$@"; exit "$?"' ftq-export /opt/py/bin/python""" in plan.launch_script
 
 
 def test_slurm_export_is_one_task_with_one_gpu_in_the_jobs_partition() -> None:
@@ -62,3 +64,13 @@ def test_slurm_export_is_one_task_with_one_gpu_in_the_jobs_partition() -> None:
     assert f'#SBATCH --chdir="{EXPORT_DIR}"' in script
     assert "trap 'write_exit_status $?' EXIT" in script
     assert "-m trainer.export" in script and "--requeue" not in script
+    assert f"#SBATCH --cpus-per-task={settings().slurm_cpus_per_gpu}" in script
+
+
+def test_a_cpu_export_on_slurm_asks_for_one_cpu() -> None:
+    # As a one-process CPU job asks: more than a node has would leave it pending forever.
+    plan = render_export_plan(
+        spec(launcher="slurm", device="cpu"), export_id="e", export_dir=EXPORT_DIR, settings=settings()
+    )
+    script = plan.sbatch_script or ""
+    assert "#SBATCH --cpus-per-task=1" in script and "--gres" not in script
