@@ -106,13 +106,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def export(req: ExportRequest) -> None:
-    spec_dict = json.loads((req.run_dir / runs.SPEC).read_text())
-    spec = JobSpec.model_validate(spec_dict)
-    if not req.trust_remote_code and spec.model.trust_remote_code:
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
     final = req.run_dir / runs.FINAL
     if not final.is_dir():
         raise ModelError(f"the job has no {runs.FINAL}/ folder to export (was it removed?)")
+    try:
+        spec_dict = json.loads((req.run_dir / runs.SPEC).read_text())
+        spec = JobSpec.model_validate(spec_dict)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"the job's {runs.SPEC} cannot be read: {_first_line(err)}") from err
+    if not req.trust_remote_code and spec.model.trust_remote_code:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
     is_lora = (final / "adapter_config.json").is_file()
     if req.kind == "adapter" and not is_lora:
         raise ModelError("the job is a full fine-tune: its final/ holds no LoRA adapter; export it as merged")

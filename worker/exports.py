@@ -206,7 +206,18 @@ def launch(export_id: str, launcher_for: LauncherFor) -> None:
         if export is None or export.status not in (JobStatus.starting, JobStatus.cancelling):
             return
         export_dir = _export_dir(export.job_id, export.id)
-    _make_dirs(export_dir)
+        try:
+            _make_dirs(export_dir)
+        except OSError as exc:
+            # No run directory (removed by hand, or a data dir restored without it): nothing to export.
+            store.mark_finished(
+                session,
+                export_id,
+                JobStatus.failed,
+                error_code=ErrorCode.launch_error,
+                error_message=f"the job's run directory cannot hold the export: {exc}"[:2000],
+            )
+            return
     with locks.run_lock(export_dir), session_scope() as session:
         export = store.get_export(session, export_id)  # again, under the lock: the truth now
         job = repository.get_job(session, export.job_id) if export is not None else None

@@ -1,0 +1,120 @@
+"""The export controller in process, on a real SQLite store and the real local launcher: an export
+draws on the same CPU slots as jobs, is launched as `python -m trainer.export` in exports/<id>/, and
+its end is settled by the sweep with the export's own error; a claim its worker never launched is
+queued again. The exports here fail in trainer.export's first check (no final/), before anything heavy."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftq import runs
+from tests.integration.worker.test_reconcile import SCRIPT_SLEEP, add_job, job, store
+
+__all__ = ["store"]  # the fixture, shared with test_reconcile
+
+
+def add_export(
+    export_id: str, job_id: str, status: str = "queued", *, run_dir: bool = True, **values: Any
+) -> None:
+    from ftq.settings import get_settings
+    from ftq.store.db import session_scope
+    from ftq.store.models import Export
+    from ftq.store.repository import utcnow
+
+    if run_dir:  # the succeeded job's run directory (its final/ is left out: the export fails at once)
+        runs.run_dir(get_settings().runs_dir, job_id).mkdir(parents=True, exist_ok=True)
+    now = utcnow()
+    with session_scope() as s:
+        s.add(
+            Export(
+                id=export_id,
+                job_id=job_id,
+                kind="merged",
+                dtype="bf16",
+                max_shard_size="5GB",
+                status=status,
+                created_at=now,
+                updated_at=now,
+                **values,
+            )
+        )
+
+
+def export(export_id: str) -> Any:
+    from ftq.store import exports
+    from ftq.store.db import session_scope
+
+    with session_scope() as s:
+        return exports.get_export(s, export_id)
+
+
+def settle(export_id: str, want: set[str], timeout: float = 30) -> Any:
+    from worker import controller
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        controller.reconcile()
+        e = export(export_id)
+        if e.status in want:
+            return e
+        time.sleep(0.1)
+    raise AssertionError(f"{export_id}: {export(export_id).status}, wanted {want}")
+
+
+def test_an_export_is_launched_in_its_folder_and_settled_with_its_error(store: Path) -> None:
+    add_job("j_gone", "exit 0\n", status="succeeded")
+    add_export("exp_no_run_dir", "j_gone", run_dir=False)
+    # Without the job's run directory an export fails at once, naming why, instead of waiting forever.
+    assert settle("exp_no_run_dir", {"failed"}).error_code == "launch_error"
+    add_job("j_done", "exit 0\n", status="succeeded")
+    add_export("exp_1", "j_done")
+    e = settle("exp_1", {"failed"})
+    assert e.error_code == "model_error" and "no final/ folder" in (e.error_message or "")
+    assert e.exit_code == 2 and e.resources is None
+    folder = store / "j_done" / runs.EXPORTS / "exp_1"
+    assert (folder / runs.EXPORT_REQUEST).is_file() and (folder / runs.LAUNCH_SCRIPT).is_file()
+    assert "-m trainer.export" in (folder / runs.LAUNCH_SCRIPT).read_text()
+    assert (folder / runs.EXIT_STATUS).read_text().strip() == "2"
+
+
+def test_an_export_waits_for_the_slot_a_job_holds(store: Path) -> None:
+    from worker import controller, exports
+
+    add_job("j_busy", SCRIPT_SLEEP.replace("sleep 30", "sleep 3"))
+    add_job("j_done", "exit 0\n", status="succeeded")
+    controller.submit("j_busy")
+    assert job("j_busy").status == "running"  # it holds the one CPU slot (cpu_slots=1)
+    add_export("exp_wait", "j_done")
+    assert exports.schedule() == []
+    assert export("exp_wait").status == "queued"
+    settle("exp_wait", {"failed"})  # once the job ended, the export got the slot and ran
+    assert job("j_busy").status == "succeeded"
+
+
+def test_a_job_waits_for_the_slot_an_export_holds(store: Path) -> None:
+    from worker import controller
+
+    add_job("j_done", "exit 0\n", status="succeeded")
+    add_export("exp_holds", "j_done", status="starting", resources={"cpu_slots": 1})
+    add_job("j_next", "exit 0\n")
+    assert controller.schedule() == []
+    assert job("j_next").status == "queued"
+
+
+def test_a_claimed_export_its_worker_never_launched_is_queued_again(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker import exports
+
+    monkeypatch.setattr(exports, "STARTING_GRACE_SECONDS", 0.0)
+    add_job("j_done", "exit 0\n", status="succeeded")
+    add_export("exp_orphan", "j_done", status="starting", resources={"cpu_slots": 1})
+    assert not (store / "j_done" / runs.EXPORTS / "exp_orphan").exists()
+    # The sweep queues it again, claims it and launches it: it runs to its (quick) end.
+    e = settle("exp_orphan", {"failed"})
+    assert e.error_code == "model_error"
+    assert (store / "j_done" / runs.EXPORTS / "exp_orphan" / runs.LAUNCH_RECORD).is_file()
