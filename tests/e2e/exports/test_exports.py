@@ -21,9 +21,11 @@ from tests.harness import (
     TINY_RELATIVE,
     Deployment,
     free_port,
+    procs_with,
     run_ftq,
     tiny_assets,
     tiny_spec,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -257,7 +259,10 @@ def test_cancel_a_running_export(dep: Deployment, lora_job: str) -> None:
         )
         assert r.status_code == 202, r.text
         eid = r.json()["id"]
-        wait_export(dep, lora_job, eid, lambda e: e["status"] == "running", timeout=120)
+        running = wait_export(dep, lora_job, eid, lambda e: e["status"] == "running", timeout=120)
+        # The export's process has started (the shell launch.sh runs it under, and the export itself).
+        request = str(dep.run_dir(lora_job) / running["path"] / "export.json")
+        wait_until("the export's processes", lambda: len(procs_with(request)) >= 2, timeout=60)
         r = c.post(f"/jobs/{lora_job}/exports/{eid}/cancel")
         assert r.status_code == 202 and r.json()["status"] == "cancelling", r.text
     done = wait_export(dep, lora_job, eid, timeout=120)
