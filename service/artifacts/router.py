@@ -108,10 +108,28 @@ async def list_artifacts(request: Request, job_id: JobId) -> ArtifactList:
 async def get_artifact(
     request: Request,
     job_id: JobId,
-    path: str,
-    range_: Annotated[str | None, Header(alias="Range", include_in_schema=True)] = None,
-    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
-    if_range: Annotated[str | None, Header(alias="If-Range")] = None,
+    path: Annotated[
+        str,
+        Path(
+            description="An artifact's path from the list (`final/adapter_model.safetensors`), or a "
+            "folder's path plus `.tar` (`final.tar`, `checkpoints/checkpoint-20.tar`, `exports/<id>.tar`)"
+        ),
+    ],
+    range_: Annotated[
+        str | None,
+        Header(alias="Range", description="One range: `bytes=a-b`, `bytes=a-` or `bytes=-n` (the last n)"),
+    ] = None,
+    if_none_match: Annotated[
+        str | None, Header(alias="If-None-Match", description="ETags the client has: a match is a 304")
+    ] = None,
+    if_range: Annotated[
+        str | None,
+        Header(
+            alias="If-Range",
+            description="The ETag (or Last-Modified date) of the version the client holds part of: the "
+            "Range applies only if the file is still that version, else the whole file comes (200)",
+        ),
+    ] = None,
 ) -> Response:
     job = await _job(request, job_id)
     settings = get_settings()

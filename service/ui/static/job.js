@@ -240,7 +240,12 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       const folder = folderOf(a.path);
       if (folder) folders.set(folder, (folders.get(folder) || 0) + a.size);
     }
-    const folderLinks = [...folders.entries()].map(([folder, bytes]) => h("li", {},
+    // The model first, then exports, then checkpoints (oldest first).
+    const rank = (f) => (f === "final" ? 0 : f.startsWith("exports/") ? 1 : 2);
+    const step = (f) => Number((/checkpoint-(\d+)$/.exec(f) || [0, 0])[1]);
+    const ordered = [...folders.entries()].sort((a, b) =>
+      rank(a[0]) - rank(b[0]) || step(a[0]) - step(b[0]) || a[0].localeCompare(b[0]));
+    const folderLinks = ordered.map(([folder, bytes]) => h("li", {},
       downloadLink(`${folder}.tar`, `${folder}.tar`), " ", h("span", { class: "muted" }, size(bytes))));
     const rows = list.data.map((a) => h("tr", { dataset: { path: a.path, kind: a.kind } },
       h("td", {}, downloadLink(a.path, a.path)),
