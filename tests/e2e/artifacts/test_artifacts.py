@@ -332,3 +332,34 @@ def test_cli_download_resumes_and_verifies(
     r = run_ftq("download", job_id, "final/nothing.bin", "--out", str(tmp_path), url=server.url)
     assert r.returncode == 1 and "final/nothing.bin" in r.stderr
     assert os.listdir(tmp_path / "ck") == ["checkpoint-20"]
+
+
+def test_async_sdk_downloads_a_checkpoint_and_skips_what_is_already_there(
+    server: Deployment, job_id: str, listing: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    import asyncio
+
+    from ftq.client import AsyncClient
+
+    seen: list[tuple[int, int]] = []
+
+    async def fetch() -> list[Any]:
+        async with AsyncClient(server.url, "") as client:
+            listed = await client.jobs.artifacts(job_id)
+            assert {a.path for a in listed} == set(listing)
+            return await client.jobs.download(
+                job_id, "checkpoints/checkpoint-40", tmp_path, progress=lambda n, t: seen.append((n, t))
+            )
+
+    files = asyncio.run(fetch())
+    want = {p: a for p, a in listing.items() if p.startswith("checkpoints/checkpoint-40/")}
+    assert {f.artifact.path for f in files} == set(want)
+    for f in files:
+        assert f.verified and f.path == tmp_path / "checkpoint-40" / f.artifact.path.split("/", 2)[2]
+        assert _sha(f.path.read_bytes()) == want[f.artifact.path]["sha256"]
+    total = sum(a["size"] for a in want.values())
+    assert sum(n for n, _ in seen) == total and {t for _, t in seen} == {total}
+    # A second download finds every file in place with its sha256 and fetches nothing.
+    before = {f.path: f.path.stat().st_mtime_ns for f in files}
+    again = asyncio.run(fetch())
+    assert {f.path: f.path.stat().st_mtime_ns for f in again} == before
