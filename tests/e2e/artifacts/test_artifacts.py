@@ -363,3 +363,47 @@ def test_async_sdk_downloads_a_checkpoint_and_skips_what_is_already_there(
     before = {f.path: f.path.stat().st_mtime_ns for f in files}
     again = asyncio.run(fetch())
     assert {f.path: f.path.stat().st_mtime_ns for f in again} == before
+
+
+def test_a_download_killed_midway_resumes_where_it_stopped(tmp_path: Path) -> None:
+    """A real interruption: `ftq download` of a 300 MB file is SIGKILLed once its .part holds some of it;
+    run again, it asks for the rest only (Range + If-Range) and checks the whole file's sha256, which
+    the server computes in the background (the file is past what a listing hashes itself)."""
+    import signal
+    import subprocess
+
+    from bench.artifacts_tar import api_deployment, job_with_final
+    from tests.harness import FTQ, REPO, clean_env
+
+    with api_deployment(tmp_path / "srv") as dep:
+        job = job_with_final(dep, 300 * 1024**2, files=1, random=False)
+        name = "model-00001-of-00001.safetensors"
+        path = f"final/{name}"
+        out = tmp_path / "out"
+        part = out / f"{name}.part"
+        proc = subprocess.Popen(
+            [FTQ, "download", job, path, "--out", str(out)],
+            cwd=REPO,
+            env=clean_env(FTQ_URL=dep.url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if part.exists() and part.stat().st_size > 20 * 1024**2:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the download ended before it could be interrupted"
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        have = part.stat().st_size
+        assert 0 < have < 300 * 1024**2
+        assert not (out / name).exists()
+
+        r = run_ftq("download", job, path, "--out", str(out), url=dep.url, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "resumed at" in r.stdout and "sha256 ok" in r.stdout, r.stdout
+        listed = {a["path"]: a for a in dep.get(f"/jobs/{job}/artifacts")["data"]}
+        assert listed[path]["sha256"] == _sha((dep.run_dir(job) / path).read_bytes())
+        assert _sha((out / name).read_bytes()) == listed[path]["sha256"]
+        assert not part.exists()
