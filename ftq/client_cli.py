@@ -33,6 +33,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeRemainingColumn,
@@ -634,13 +635,23 @@ def download(
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     ]
-    with api() as client, Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task(f"{job_id}/{path}", total=None)
+    # The bar starts with the first bytes, so a refusal (404, 401) stays one line on stderr.
+    bar = Progress(*columns, console=err, transient=False)
+    task: TaskID | None = None
 
-        def progress(n: int, total: int) -> None:
-            bar.update(task, advance=n, total=total)
+    def progress(n: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(f"{job_id}/{path}", total=total)
+        bar.update(task, advance=n)
 
-        files = client.jobs.download(job_id, path, out_dir, progress=progress)
+    with api() as client:
+        try:
+            files = client.jobs.download(job_id, path, out_dir, progress=progress)
+        finally:
+            if task is not None:
+                bar.stop()
     for f in files:
         resumed = f" (resumed at {fmt_bytes(f.resumed_from)})" if f.resumed_from else ""
         check = (

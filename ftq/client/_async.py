@@ -17,7 +17,7 @@ import httpx
 
 from ftq.client import _core
 from ftq.client._core import M, SpecInput, StatusFilter
-from ftq.client.errors import ConnectionLost, NotFound, Unavailable, WaitTimeout
+from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
     Artifact,
     ArtifactList,
@@ -305,7 +305,7 @@ class AsyncJobs:
         listed = await self.artifacts(job_id)
         plan = _core.plan_download(listed, path, Path(out))
         if not plan:
-            raise NotFound(404, "not_found", f"job {job_id} has no artifact {path}")
+            raise _core.no_artifact(job_id, path)
         total = sum(a.size for a, _ in plan)
 
         def report(n: int) -> None:

@@ -384,6 +384,12 @@ def plan_download(artifacts: list[Artifact], path: str, out: Path) -> list[tuple
     return plan
 
 
+def no_artifact(job_id: str, path: str) -> NotFound:
+    """What the server answers for a path it does not list (the SDK says it without a request)."""
+    detail = f"job {job_id} has no artifact {path}"
+    return NotFound(404, "not_found", detail, body={"detail": detail, "code": "not_found"})
+
+
 def part_files(dest: Path) -> tuple[Path, Path]:
     """The partial file of a download and the ETag of the version it holds (for If-Range)."""
     return dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.etag")

@@ -16,7 +16,7 @@ import httpx
 
 from ftq.client import _core
 from ftq.client._core import M, SpecInput, StatusFilter
-from ftq.client.errors import ConnectionLost, NotFound, Unavailable, WaitTimeout
+from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
     Artifact,
     ArtifactList,
@@ -324,7 +324,7 @@ class Jobs:
         listed = self.artifacts(job_id)
         plan = _core.plan_download(listed, path, Path(out))
         if not plan:
-            raise NotFound(404, "not_found", f"job {job_id} has no artifact {path}")
+            raise _core.no_artifact(job_id, path)
         total = sum(a.size for a, _ in plan)
         report = (lambda n: progress(n, total)) if progress else (lambda n: None)
         fetched: builtins.list[tuple[Artifact, Path, str | None, int]] = []

@@ -330,7 +330,7 @@ def test_cli_download_resumes_and_verifies(
     assert "100%" in r.stderr
     # Unknown paths name themselves.
     r = run_ftq("download", job_id, "final/nothing.bin", "--out", str(tmp_path), url=server.url)
-    assert r.returncode == 1 and "final/nothing.bin" in r.stderr
+    assert r.returncode == 1 and "not found (404): job" in r.stderr and "final/nothing.bin" in r.stderr
     assert os.listdir(tmp_path / "ck") == ["checkpoint-20"]
 
 
