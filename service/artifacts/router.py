@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ftq.settings import get_settings
+from ftq.settings import Settings, get_settings
 from ftq.store.db import read_session
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
@@ -174,7 +174,7 @@ async def get_artifact(
         raise
 
 
-async def _tar(job: Job, path: str, settings: Any) -> Response:
+async def _tar(job: Job, path: str, settings: Settings) -> Response:
     folder = artifacts.tar_folder_of(path)
     plan = None
     if folder is not None:

@@ -200,8 +200,11 @@ async def file_chunks(opened: OpenFile, start: int, end: int) -> AsyncIterator[b
 
 
 def close_file(opened: OpenFile) -> None:
-    with contextlib.suppress(OSError):
-        os.close(opened.fd)
+    """Close once: a second close could close another file that got the same number meanwhile."""
+    fd, opened.fd = opened.fd, -1
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 # A folder as a tar ---------------------------------------------------------------------------------------
