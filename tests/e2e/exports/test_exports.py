@@ -7,6 +7,7 @@ to an unreachable Hub fails fast with hub_error; the CLI's `ftq export --follow`
 
 from __future__ import annotations
 
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,15 +131,33 @@ def test_final_has_a_model_card(dep: Deployment, lora_job: str) -> None:
     assert "- Final train loss: n/a" not in card
 
 
+def download_tar(dep: Deployment, job_id: str, folder: str, into: Path) -> Path:
+    """GET /jobs/{id}/artifacts/<folder>.tar, extracted into `into`: the folder that holds config.json."""
+    with alice(dep) as c, c.stream("GET", f"/jobs/{job_id}/artifacts/{folder}.tar") as r:
+        assert r.status_code == 200, r.read()
+        with (into / "export.tar").open("wb") as f:
+            for chunk in r.iter_bytes():
+                f.write(chunk)
+    with tarfile.open(into / "export.tar") as tar:
+        tar.extractall(into / "x", filter="data")
+    found = [p.parent for p in (into / "x").rglob("config.json")] or [
+        p.parent for p in (into / "x").rglob("README.md")
+    ]
+    assert len(found) == 1, list((into / "x").rglob("*"))
+    return found[0]
+
+
 def test_merged_bf16_export_loads_and_generates_as_base_plus_adapter(
-    dep: Deployment, lora_job: str, merged: dict[str, Any]
+    dep: Deployment, lora_job: str, merged: dict[str, Any], tmp_path: Path
 ) -> None:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = dep.run_dir(lora_job) / merged["path"]
+    # Downloaded through the API as a tar, as a user gets it; the export's launch records are not in it.
+    folder = download_tar(dep, lora_job, merged["path"], tmp_path)
     names = {p.name for p in folder.iterdir()}
+    assert not names & {"export.json", "launch.sh", "launch.json", "exit_status", ".launch.lock"}, names
     assert {"config.json", "generation_config.json", "README.md", "tokenizer_config.json"} <= names
     shards = sorted(n for n in names if n.endswith(".safetensors"))
     assert len(shards) > 1 and "model.safetensors.index.json" in names, names  # max_shard_size 100KB
