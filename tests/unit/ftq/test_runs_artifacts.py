@@ -177,3 +177,16 @@ def test_the_walk_is_bounded(run: Path, monkeypatch: pytest.MonkeyPatch) -> None
     write(deep / "x")
     monkeypatch.setattr(runs, "MAX_ARTIFACTS", 1000)
     assert not any(a.path.endswith("/x") for a in runs.list_artifacts(run))
+
+
+def test_an_exports_launch_records_are_not_artifacts(run: Path) -> None:
+    folder = run / "exports" / "exp_9"
+    made = ["model.safetensors", "config.json", "README.md", "train.log"]
+    records = ["export.json", "launch.sh", "job.sbatch", "launch.json", "cancel.json", "exit_status"]
+    for name in [*made, *records, ".launch.lock", ".exit_status.tmp", "launches.log"]:
+        write(folder / name)
+    listed = {a.path for a in runs.list_artifacts(run, "exports/exp_9")}
+    assert listed == {f"exports/exp_9/{n}" for n in made}
+    for name in records:
+        with pytest.raises(FileNotFoundError):
+            runs.open_artifact(run, f"exports/exp_9/{name}")
