@@ -21,7 +21,7 @@ TOKEN = "tok-prod-files-0123456789"
 def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     dep = Deployment(
         tmp_path_factory.mktemp("files-prod"),
-        mode="api",
+        mode="api+worker",
         store="postgres",
         broker="redis",
         tokens={"dana": TOKEN},
@@ -46,6 +46,7 @@ def _sent_at(dep: Deployment, file_id: str) -> object:
 
 def test_an_upload_while_redis_is_down_is_validated_once_it_is_back(prod: Deployment, tmp_path: Path) -> None:
     assert prod.redis is not None
+    prod.stop("worker")  # nothing validates until it is back
     prod.redis.stop()
     try:
         r = upload_raw(prod, TOKEN, b'{"text": "one"}\n{"text": "two"}\n')
