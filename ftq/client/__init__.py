@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ftq.client._async import AsyncClient, AsyncJobs
 from ftq.client._core import DEFAULT_URL, SpecInput
-from ftq.client._files import Files
+from ftq.client._files import AsyncFiles, Files
 from ftq.client._sync import Client, Jobs
 from ftq.client.errors import (
     ApiError,
@@ -58,6 +58,7 @@ __all__ = [
     "TERMINAL",
     "ApiError",
     "AsyncClient",
+    "AsyncFiles",
     "AsyncJobs",
     "BadRequest",
     "Checkpoint",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -13,6 +13,7 @@ from ftq.client.errors import WaitTimeout
 from ftq.schemas import FileList, FilePublic
 
 if TYPE_CHECKING:
+    from ftq.client._async import AsyncClient
     from ftq.client._sync import Client
 
 # What one read of the local file sends: the file is streamed, never read whole.
@@ -103,3 +104,72 @@ class Files:
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(found, timeout or 0.0)  # type: ignore[arg-type]
             time.sleep(poll)
+
+
+async def _aread_chunks(path: Path, progress: Progress | None) -> AsyncIterator[bytes]:
+    import anyio
+
+    total = os.stat(path).st_size
+    sent = 0
+    async with await anyio.open_file(path, "rb") as f:
+        while chunk := await f.read(UPLOAD_CHUNK):
+            sent += len(chunk)
+            yield chunk
+            if progress is not None:
+                progress(sent, total)
+
+
+class AsyncFiles:
+    """The /files routes for `AsyncClient`; reached as `client.files`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def upload(
+        self, path: str | os.PathLike[str], *, filename: str | None = None, progress: Progress | None = None
+    ) -> FilePublic:
+        """As `Files.upload`: the file streamed from disk as the raw body."""
+        local = Path(path)
+        headers = {"Content-Type": "application/jsonl", "Content-Length": str(os.stat(local).st_size)}
+        return await self._client._call(
+            "POST",
+            "/files",
+            FilePublic,
+            params={"filename": filename or local.name},
+            content=_aread_chunks(local, progress),
+            headers=headers,
+        )
+
+    async def list_page(self, *, limit: int = 50, cursor: str | None = None) -> FileList:
+        return await self._client._call("GET", "/files", FileList, params={"limit": limit, "cursor": cursor})
+
+    async def list(self, *, limit: int = 50) -> AsyncIterator[FilePublic]:
+        cursor: str | None = None
+        while True:
+            page = await self.list_page(limit=limit, cursor=cursor)
+            for item in page.data:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def get(self, file_id: str) -> FilePublic:
+        return await self._client._call("GET", file_path(file_id), FilePublic)
+
+    async def content(self, file_id: str) -> bytes:
+        return (await self._client._send("GET", file_path(file_id, "content"))).content
+
+    async def delete(self, file_id: str) -> None:
+        await self._client._send("DELETE", file_path(file_id))
+
+    async def wait(self, file_id: str, *, timeout: float | None = None, poll: float = 0.5) -> FilePublic:
+        import anyio
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            found = await self.get(file_id)
+            if found.status != "validating":
+                return found
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(found, timeout or 0.0)  # type: ignore[arg-type]
+            await anyio.sleep(poll)

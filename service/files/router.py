@@ -163,7 +163,15 @@ async def upload_file(
     return public
 
 
-@router.get("", response_model=FileList, responses={401: _ERRORS[401]}, summary="List your files")
+@router.get(
+    "",
+    response_model=FileList,
+    responses={
+        401: _ERRORS[401],
+        400: {"model": ErrorBody, "description": "A cursor this server did not give"},
+    },
+    summary="List your files",
+)
 async def list_files(
     owner: OwnerDep,
     limit: int = Query(50, ge=1, le=500),

@@ -72,3 +72,22 @@ def test_submit_upload_rewrites_the_spec_to_the_file_id(
     assert f"source: {file_id}" in result.stdout
     with Client(files_server.url, ALICE) as client:
         assert client.files.get(file_id).filename == "mine.jsonl"
+
+
+def test_async_sdk_uploads_and_waits(files_server: Deployment, tiny: Path) -> None:
+    import anyio
+
+    from ftq.client import AsyncClient
+
+    path = tiny / "data" / "train.jsonl"
+
+    async def go() -> None:
+        async with AsyncClient(files_server.url, BOB) as client:
+            f = await client.files.upload(path)
+            done = await client.files.wait(f.id, timeout=60)
+            assert done.status == "ready" and done.bytes == path.stat().st_size
+            assert f.id in [x.id async for x in client.files.list()]
+            assert await client.files.content(f.id) == path.read_bytes()
+            await client.files.delete(f.id)
+
+    anyio.run(go)
