@@ -122,9 +122,10 @@ def rm(file_id: FileIdArg) -> None:
 
 
 def upload_spec_files(client: Client, spec_path: Path) -> dict[str, Any]:
-    """The spec with each local .jsonl dataset it names uploaded and replaced by its file id:
-    `dataset.name_or_path` becomes `dataset.file_id`. Waits for the validations; an invalid file stops
-    here with its errors."""
+    """The spec with the local .jsonl data it names uploaded and replaced by file ids: a .jsonl
+    `dataset.name_or_path` becomes `dataset.file_id`; a local folder holding `<train_split>.jsonl` (and
+    `<eval_split>.jsonl`) becomes `file_id` (and `eval_file_id`). Waits for the validations; a file that
+    is not ready stops here with its errors."""
     try:
         spec = yaml.safe_load(spec_path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -133,19 +134,42 @@ def upload_spec_files(client: Client, spec_path: Path) -> dict[str, Any]:
         _fail(f"{spec_path} has no dataset section", EXIT_INPUT)
     dataset = spec["dataset"]
     name = dataset.get("name_or_path")
-    if not isinstance(name, str) or not looks_local(name) or not name.lower().endswith(".jsonl"):
-        _fail(f"{spec_path}: dataset.name_or_path is not a local .jsonl file; nothing to upload", EXIT_INPUT)
+    if not isinstance(name, str) or not looks_local(name):
+        _fail(
+            f"{spec_path}: dataset.name_or_path is not a local .jsonl file or folder; nothing to upload",
+            EXIT_INPUT,
+        )
     local = Path(name)
     if not local.is_absolute():
         # As the user wrote it: relative to the spec file, else to where ftq runs.
         beside = spec_path.parent / local
-        local = beside if beside.is_file() else local
-    f = client.files.wait(upload_with_progress(client, local).id)
-    report_file(f)
-    if str(f.status) != "ready":
-        _fail(f"{local} is {f.status}; fix it and submit again")
+        local = beside if beside.exists() else local
+    uploads: dict[str, Path] = {}
+    if local.is_dir():
+        train = local / f"{dataset.get('train_split') or 'train'}.jsonl"
+        if not train.is_file():
+            _fail(f"{local} holds no {train.name} to upload", EXIT_INPUT)
+        uploads["file_id"] = train
+        eval_split = dataset.get("eval_split")
+        if eval_split and (local / f"{eval_split}.jsonl").is_file():
+            uploads["eval_file_id"] = local / f"{eval_split}.jsonl"
+    elif local.suffix.lower() == ".jsonl":
+        uploads["file_id"] = local
+    else:
+        _fail(
+            f"{spec_path}: dataset.name_or_path is not a local .jsonl file or folder; nothing to upload",
+            EXIT_INPUT,
+        )
+    for field, path in uploads.items():
+        f = client.files.wait(upload_with_progress(client, path).id)
+        report_file(f)
+        if str(f.status) != "ready":
+            _fail(f"{path} is {f.status}; fix it and submit again")
+        dataset[field] = f.id
     dataset.pop("name_or_path")
-    dataset["file_id"] = f.id
+    dataset.pop("train_split", None)
+    if "eval_file_id" in uploads:
+        dataset.pop("eval_split", None)  # the eval file is the eval split
     return spec
 
 

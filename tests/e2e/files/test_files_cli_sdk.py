@@ -91,3 +91,17 @@ def test_async_sdk_uploads_and_waits(files_server: Deployment, tiny: Path) -> No
             await client.files.delete(f.id)
 
     anyio.run(go)
+
+
+def test_submit_upload_of_a_folder_uploads_its_train_and_eval_files(
+    files_server: Deployment, tiny: Path, tmp_path: Path
+) -> None:
+    spec = tiny_spec(tiny)
+    spec["dataset"] = {"name_or_path": str(tiny / "data"), "eval_split": "eval", "text_field": "text"}
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    result = run_ftq("submit", "--upload", "--dry-run", str(spec_file), url=files_server.url, token=ALICE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ids = re.findall(r"^(file_[0-9a-f]{24})  (\S+)", result.stdout, flags=re.M)
+    assert [name for _, name in ids] == ["train.jsonl", "eval.jsonl"]
+    assert f"source: {ids[0][0]}" in result.stdout
