@@ -506,7 +506,7 @@ def status(
         ("owner", escape(job.owner)),
         ("status", fmt_status(job.status)),
         ("model", escape(job.spec.model.name_or_path)),
-        ("dataset", escape(str(job.spec.dataset.name_or_path or "-"))),
+        ("dataset", escape(job.spec.dataset.source or "-")),
         ("launcher", job.launcher + external),
         ("created", f"{fmt_time(job.created_at)} ({fmt_age(job.created_at)})"),
         ("started", fmt_time(job.started_at)),

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
+from starlette.requests import ClientDisconnect
 
 from ftq import files
 from ftq.settings import get_settings
@@ -142,6 +143,9 @@ async def upload_file(
         # Stop reading: the client is told at once, and the connection is not kept for the rest.
         exc.headers = {**exc.headers, "Connection": "close"}
         raise
+    except ClientDisconnect:
+        # The client went away mid-upload: its partial file is gone (upload.receive); nobody to answer.
+        raise BadRequest("the upload was cut short") from None
     name = files.display_name(filename or got.filename or "upload.jsonl")
 
     def store(session: Any) -> FilePublic:

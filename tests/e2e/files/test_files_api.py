@@ -252,3 +252,27 @@ def test_listing_is_paginated_newest_first(files_server: Deployment) -> None:
             if not cursor:
                 break
     assert seen[:3] == ids[::-1]
+
+
+def test_a_client_that_goes_away_mid_upload_leaves_no_partial_file(files_server: Deployment) -> None:
+    import socket
+    import time
+
+    before = owner_files(files_server)
+    port = int(files_server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        head = (
+            f"POST /files HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {BOB}\r\n"
+            "Content-Type: application/jsonl\r\nContent-Length: 1000000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"text": "x"}\n' * 10_000)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(n.endswith(".part") for n in owner_files(files_server)):
+            time.sleep(0.05)
+        assert any(n.endswith(".part") for n in owner_files(files_server)), "the upload never started"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and owner_files(files_server) != before:
+        time.sleep(0.1)
+    assert owner_files(files_server) == before
+    with files_server.client(BOB) as c:
+        assert c.get("/files").status_code == 200
