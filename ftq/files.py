@@ -203,3 +203,30 @@ def validate_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Valid
     out.formats = [f for f in FORMATS if f in (common or set())]
     out.methods = methods_for(out.formats)
     return out
+
+
+# An upload's bytes arrive in `.<id>.part` in its owner's folder; an API process killed mid-upload leaves
+# one behind. Older than this, no upload is still writing it.
+STALE_PART_SECONDS = 24 * 3600
+
+
+def remove_stale_parts(data_dir: Path, *, older_than: float = STALE_PART_SECONDS) -> int:
+    """Remove partial uploads left by API processes that died while receiving them; returns how many."""
+    import time
+
+    removed = 0
+    cutoff = time.time() - older_than
+    root = files_dir(data_dir)
+    if not root.is_dir():
+        return 0
+    for folder in root.iterdir():
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        for part in folder.glob(".file_*.part"):
+            try:
+                if part.lstat().st_mtime < cutoff:
+                    part.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+    return removed

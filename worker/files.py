@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,23 @@ def validate(file_id: str) -> None:
         ",".join(result.formats) or "none",
         result.error_count,
     )
+
+
+_last_sweep = 0.0
+SWEEP_EVERY_SECONDS = 3600.0
+
+
+def sweep_partials() -> int:
+    """Now and then (at most hourly per worker), the partial uploads a killed API process left."""
+    global _last_sweep
+    now = time.monotonic()
+    if _last_sweep and now - _last_sweep < SWEEP_EVERY_SECONDS:
+        return 0
+    _last_sweep = now
+    removed = files.remove_stale_parts(get_settings().data_path)
+    if removed:
+        log.info("removed %d partial upload(s) left by an API process that stopped mid-upload", removed)
+    return removed
 
 
 class FileUnavailable(Exception):

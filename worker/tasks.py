@@ -40,6 +40,7 @@ def relay() -> None:
         if not mine:
             return
         outbox.relay()
+        files.sweep_partials()
         with session_scope() as session:
             repository.purge_expired_idempotency(session)
 

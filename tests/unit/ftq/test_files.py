@@ -93,3 +93,19 @@ def test_a_line_past_the_cap_is_an_error_and_not_kept(tmp_path: Path) -> None:
     got = files.validate_jsonl(path, max_line_bytes=1000)
     assert got.rows == 2
     assert got.errors == [{"line": 2, "message": "the line is longer than 1000 bytes"}]
+
+
+def test_stale_partial_uploads_are_removed_and_fresh_ones_kept(tmp_path: Path) -> None:
+    import os
+    import time
+
+    folder = files.owner_dir(tmp_path, "alice")
+    folder.mkdir(parents=True)
+    old, fresh, done = (folder / ".file_a.part", folder / ".file_b.part", folder / "file_c.jsonl")
+    for p in (old, fresh, done):
+        p.write_text("x")
+    long_ago = time.time() - files.STALE_PART_SECONDS - 60
+    os.utime(old, (long_ago, long_ago))
+    os.utime(done, (long_ago, long_ago))
+    assert files.remove_stale_parts(tmp_path) == 1
+    assert not old.exists() and fresh.exists() and done.exists()
