@@ -26,6 +26,8 @@ TASK_INGEST = "ftq.ingest"
 TASK_RELAY = "ftq.relay"
 # Start or cancel a job's exports now rather than at the next sweep (its argument is the job id).
 TASK_EXPORTS = "ftq.exports"
+# Validate an uploaded file (POST /files): validating -> ready | invalid.
+TASK_VALIDATE_FILE = "ftq.validate_file"
 
 # The outbox's dispatch kinds and the task each is sent as.
 TASK_FOR_DISPATCH = {"submit": TASK_SUBMIT, "cancel": TASK_CANCEL, "export": TASK_EXPORTS}
@@ -113,7 +115,7 @@ def producer() -> Celery:
     return make_celery()
 
 
-def send(task: str, job_id: str) -> None:
-    """Send one task by name. retry=False: with the broker down this fails fast, and the outbox's
-    relay sends it later."""
-    producer().send_task(task, args=[job_id], retry=False)
+def send(task: str, object_id: str) -> None:
+    """Send one task by name with its one argument (a job or file id). retry=False: with the broker down
+    this fails fast, and the outbox's relay sends it later."""
+    producer().send_task(task, args=[object_id], retry=False)

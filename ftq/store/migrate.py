@@ -18,7 +18,9 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "heads") -> None:
+    # "heads": every branch of the history to its newest revision (two migrations written side by side
+    # both start from the same parent until they are chained; "head" would refuse to choose).
     command.upgrade(alembic_config(url), revision)
 
 
