@@ -111,14 +111,14 @@ def time_estimate(
     device_hours = seconds / 3600 * devices if seconds is not None else None
     cost = None
     if device_hours is not None and settings.price_per_device_hour is not None:
-        cost = round(device_hours * settings.price_per_device_hour, 4)
+        cost = device_hours * settings.price_per_device_hour
         notes.append(f"cost: {settings.price_per_device_hour:g} per device hour (FTQ_PRICE_PER_DEVICE_HOUR)")
     return TimeEstimate(
-        seconds=round(seconds, 3) if seconds is not None else None,
+        seconds=seconds,
         tokens=tokens,
         assumptions=notes,
         flops=flops,
         devices=devices,
-        device_hours=round(device_hours, 6) if device_hours is not None else None,
+        device_hours=device_hours,
         cost=cost,
     )

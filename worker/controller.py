@@ -95,7 +95,7 @@ class JobView:
         return RunRef(self.id, self.run_dir, self.external_id, self.pid, self.pid_start_ticks)
 
 
-def _view(job: Job) -> JobView:
+def _view(job: Job, runs_dir: Path | None = None) -> JobView:
     return JobView(
         id=job.id,
         status=job.status,
@@ -104,7 +104,7 @@ def _view(job: Job) -> JobView:
         pid=job.pid,
         pid_start_ticks=job.pid_start_ticks,
         updated_at=job.updated_at,
-        run_dir=runs.run_dir(get_settings().runs_dir, job.id),
+        run_dir=runs.run_dir(runs_dir or get_settings().runs_dir, job.id),
         started_at=job.started_at,
         limit_seconds=job.limit_seconds if job.launcher == "local" else None,
     )
@@ -390,7 +390,8 @@ def reconcile() -> bool:
         if not mine:
             return False
         with session_scope() as session:
-            views = [_view(j) for j in repository.jobs_in(session, LAUNCHED)]
+            runs_dir = get_settings().runs_dir  # resolved once, not once per job
+            views = [_view(j, runs_dir) for j in repository.jobs_in(session, LAUNCHED, lean=True)]
         by_launcher: dict[str, list[JobView]] = {}
         for v in views:
             by_launcher.setdefault(v.launcher, []).append(v)

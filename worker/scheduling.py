@@ -19,7 +19,9 @@ first job that does not fit gets a reservation: the earliest time at which enoug
 the running jobs' expected ends (`expected_end`). A later-ranked job that fits the free devices still
 starts if it cannot delay that reservation: it ends by its own time limit (`resources.max_seconds`) before
 the reserved start, or it uses only devices that are free even after the reserved job has taken its
-share. Otherwise it waits with the reason `reservation`.
+share. Otherwise it waits with the reason `reservation`. A reservation rests on the running jobs' expected
+ends (`expected_end`: the trainer's ETA, else the plan's time estimate, else the time limit; never past the
+limit), so it holds exactly where those are limits, and is a best estimate otherwise.
 
 Quotas (operator settings). A job that would take its owner past their concurrent quota of a pool
 (FTQ_QUOTA_GPUS, FTQ_QUOTA_CPU_SLOTS) waits with the reason `quota` (it is not counted against anyone's
@@ -180,13 +182,18 @@ def duration(limit: float | None, estimate: float | None, cap: float) -> float:
 
 
 def expected_end(job: RunningJob, now: float, cap: float) -> float:
+    """When a running job should free its devices: the trainer's ETA where it reports one, else its start
+    plus its time estimate; a job past its estimate (the estimate was wrong) by its time limit. Never
+    beyond its limit, never before now."""
+    limit = min(job.limit_seconds, cap) if job.limit_seconds else cap
     if job.started_at is None:
         return now + duration(job.limit_seconds, job.estimate_seconds, cap)
-    by_plan = job.started_at + duration(job.limit_seconds, job.estimate_seconds, cap)
+    hard = job.started_at + limit
     if job.eta_seconds is not None and job.eta_seconds >= 0:
-        # The trainer's own estimate of what is left beats the plan's, within the job's limit.
-        hard = job.started_at + (min(job.limit_seconds, cap) if job.limit_seconds else cap)
         return max(now, min(now + job.eta_seconds, hard))
+    by_plan = job.started_at + duration(job.limit_seconds, job.estimate_seconds, cap)
+    if by_plan < now:
+        by_plan = hard
     return max(now, by_plan)
 
 
@@ -275,17 +282,31 @@ def decide(
     for p in pools.values():
         p.ends.sort()
 
+    # The operator's settings, parsed once per owner and size rather than once per job.
+    quotas: dict[tuple[str, str], int | None] = {}
+    beyonds: dict[tuple[str, int], tuple[str, str] | None] = {}
+    gpu_hours: dict[str, float | None] = {}
+
+    def quota_of(pool: str, owner: str) -> int | None:
+        if (pool, owner) not in quotas:
+            quotas[(pool, owner)] = settings.quota_for(pool, owner)
+        return quotas[(pool, owner)]
+
     by_pool: dict[str, list[QueuedJob]] = {GPUS: [], CPU_SLOTS: []}
     for job in sorted(queued, key=lambda j: j.seq):
         if job.need.pool is None:
             out.decisions.append(Decision(job.id, resources={}))
             continue
-        device = "cuda" if job.need.pool == GPUS else "cpu"
-        beyond = limits.beyond_local_pool(device, job.need.count, settings)
+        size = (job.need.pool, job.need.count)
+        if size not in beyonds:
+            beyonds[size] = limits.beyond_local_pool(
+                "cuda" if job.need.pool == GPUS else "cpu", job.need.count, settings
+            )
+        beyond = beyonds[size]
         if beyond is not None:
             out.decisions.append(Decision(job.id, impossible=beyond[1]))
             continue
-        quota = settings.quota_for(job.need.pool, job.owner)
+        quota = quota_of(job.need.pool, job.owner)
         if quota is not None and job.need.count > quota:
             what = "GPUs" if job.need.pool == GPUS else "CPU slots"
             setting = "FTQ_QUOTA_GPUS" if job.need.pool == GPUS else "FTQ_QUOTA_CPU_SLOTS"
@@ -299,7 +320,9 @@ def decide(
             )
             continue
         if job.need.pool == GPUS:
-            hours = settings.gpu_hours_quota_for(job.owner)
+            if job.owner not in gpu_hours:
+                gpu_hours[job.owner] = settings.gpu_hours_quota_for(job.owner)
+            hours = gpu_hours[job.owner]
             used = usage.period_gpu_seconds.get(job.owner, 0.0) / 3600
             if hours is not None and used >= hours:
                 until = ""
@@ -325,7 +348,7 @@ def decide(
         gpus_left = list(free_gpus)
         for job in _rank(jobs, owners_held, usage, half_life):
             n = job.need.count
-            quota = settings.quota_for(pool_name, job.owner)
+            quota = quota_of(pool_name, job.owner)
             if quota is not None and owners_held.get(job.owner, 0) + n > quota:
                 ranked_all.append((job, QUOTA, None))
                 continue

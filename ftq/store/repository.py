@@ -368,8 +368,19 @@ def request_cancel(session: Session, job_id: str) -> str | None:
     return None
 
 
-def jobs_in(session: Session, statuses: Iterable[str], *, launcher: str | None = None) -> list[Job]:
+def jobs_in(
+    session: Session, statuses: Iterable[str], *, launcher: str | None = None, lean: bool = False
+) -> list[Job]:
+    """Jobs in these statuses, oldest first. `lean`: without the spec, plan and latest metrics (the
+    sweep over every running job reads none of them; each is a JSON document to parse)."""
     stmt = select(Job).where(Job.status.in_(list(statuses)))
+    if lean:
+        stmt = stmt.options(
+            defer(Job.spec, raiseload=True),
+            defer(Job.plan, raiseload=True),
+            defer(Job.latest_metrics, raiseload=True),
+            defer(Job.resources, raiseload=True),
+        )
     if launcher:
         stmt = stmt.where(Job.launcher == launcher)
     return list(session.scalars(stmt.order_by(Job.seq)))
