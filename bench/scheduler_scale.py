@@ -19,6 +19,7 @@ each of them alive without 1,000 trainers. Figures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -38,7 +39,8 @@ from tests.harness.redis import PrivateRedis
 OWNERS = [f"team{i:02d}" for i in range(20)]
 _COLUMNS = (
     "id", "name", "owner", "status", "spec", "launcher", "device", "created_at", "updated_at", "started_at",
-    "finished_at", "attempt", "metrics_offset", "priority", "devices", "limit_seconds", "estimated_seconds",
+    "finished_at", "attempt", "metrics_offset", "plan", "priority", "devices", "limit_seconds",
+    "estimated_seconds",
     "resources", "pid", "pid_start_ticks", "device_seconds", "run_seconds",
 )  # fmt: skip
 
@@ -57,16 +59,39 @@ def _spec() -> str:
     ).model_dump_json()
 
 
+PLACEHOLDER = "job_PLACEHOLDER0000"
+
+
+def plan_template(data_dir: Path) -> str:
+    """The rendered plan of the bench spec as JSON, its job id a placeholder to replace per job (what POST
+    /jobs stores; rendering 10,000 plans would take longer than the bench)."""
+    from ftq import runs
+    from ftq.render import render_plan
+    from ftq.settings import Settings
+    from ftq.spec import JobSpec
+
+    # The launch runs the stand-in interpreter (it sleeps), not accelerate: launch.sh names it.
+    settings = Settings(data_dir=data_dir, python=str(data_dir / "stub-python"))
+    plan = render_plan(
+        JobSpec.model_validate_json(_spec()),
+        job_id=PLACEHOLDER,
+        run_dir=runs.run_dir(settings.runs_dir, PLACEHOLDER),
+        settings=settings,
+    )
+    return plan.model_dump_json()
+
+
 def start_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[19])
 
 
-def seed(url: str, *, queued: int, running: int, finished: int, stand_in: int) -> None:
+def seed(url: str, *, queued: int, running: int, finished: int, stand_in: int, data_dir: Path) -> None:
     """Empty the store's jobs, then COPY the rows in (what POST /jobs and the controller would write)."""
     import psycopg
 
     spec = _spec()
+    plan = plan_template(data_dir)
     ticks = start_ticks(stand_in)
     now = datetime.now(UTC)
     with psycopg.connect(url) as conn, conn.cursor() as cur:
@@ -85,6 +110,7 @@ def seed(url: str, *, queued: int, running: int, finished: int, stand_in: int) -
                             f"job_{n:016x}", "bench", owner, status, spec, "local", "cpu", at, at,
                             now - timedelta(minutes=10) if run else at if done else None,
                             at + timedelta(minutes=5) if done else None, 0, 0,
+                            plan.replace(PLACEHOLDER, f"job_{n:016x}"),
                             ("low", "normal", "high")[n % 3], 1, 3600.0, 1800.0,
                             json.dumps({"cpu_slots": 1}) if run else None,
                             stand_in if run else None, ticks if run else None,
@@ -117,7 +143,7 @@ def tick_figures(url: str, data_dir: Path, args: argparse.Namespace, stand_in: i
     from worker import controller
 
     def tick(queued: int, running: int, finished: int, repeats: int = 5) -> tuple[float, float]:
-        seed(url, queued=queued, running=running, finished=finished, stand_in=stand_in)
+        seed(url, queued=queued, running=running, finished=finished, stand_in=stand_in, data_dir=data_dir)
         configure(url, data_dir, cpu_slots=running)  # every slot held: nothing starts, everything waits
         first = timed(controller.reconcile, 1)[0]
         steady = statistics.median(timed(controller.reconcile, repeats))
@@ -182,13 +208,18 @@ def dispatch_figures(url: str, data_dir: Path, args: argparse.Namespace, stand_i
     """Free `--dispatch` slots, send that many `ftq.submit` tasks through Redis, and time N workers
     claiming and launching them."""
     stub = data_dir / "stub-python"
-    stub.write_text(STUB)
-    stub.chmod(0o755)
     redis = PrivateRedis(data_dir / "redis").start()
     rates: dict[int, float] = {}
     try:
         for workers in (1, 2, 4):
-            seed(url, queued=args.queued, running=args.running, finished=0, stand_in=stand_in)
+            seed(
+                url,
+                queued=args.queued,
+                running=args.running,
+                finished=0,
+                stand_in=stand_in,
+                data_dir=data_dir,
+            )
             env = {
                 **{k: v for k, v in os.environ.items() if not k.startswith("FTQ_")},
                 "FTQ_DATABASE_URL": url,
@@ -225,7 +256,7 @@ def dispatch_figures(url: str, data_dir: Path, args: argparse.Namespace, stand_i
                     os.killpg(p.pid, 15)
                 for p in procs:
                     p.wait(30)
-                subprocess.run(["pkill", "-f", str(stub)], check=False)  # the stand-in runs it started
+                _kill_runs_under(data_dir)  # the stand-in runs the workers started
             rates[workers] = launched / elapsed
             result(f"dispatch_workers_{workers}", rates[workers], "jobs/s", launched=launched)
             log(f"{workers} worker(s): {launched} launched in {elapsed:.1f}s")
@@ -236,6 +267,20 @@ def dispatch_figures(url: str, data_dir: Path, args: argparse.Namespace, stand_i
         f"{rates[2] / rates[1]:.2f}x / {rates[4] / rates[1]:.2f}x the jobs per second of one (claims are "
         "serialised by the scheduler lock; each pass ranks every queued job)"
     )
+
+
+def _kill_runs_under(folder: Path) -> None:
+    """SIGKILL every process whose working directory is under `folder` (the runs this bench launched)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd.startswith(str(folder)):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), 9)
 
 
 def _wait_launched(url: str, target: int, timeout: float) -> int:
@@ -263,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only or ["tick", "decide", "dispatch"])
     OUT.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="sched-scale-", dir=OUT))
+    stub = data_dir / "stub-python"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
     stand_in = subprocess.Popen(["sleep", "7200"], start_new_session=True)
     try:
         if "decide" in only:

@@ -29,8 +29,12 @@ def _run(job_id: str, started: datetime, ended: datetime) -> None:
         )
 
 
-def test_queue_usage_and_estimate_vs_actual(make_client: MakeClient, tiny_job: dict[str, Any]) -> None:
-    client = make_client(api_tokens=f"{ALICE}:alice,{BOB}:bob", cpu_slots="1", max_priority="bob:normal")
+def test_queue_usage_and_estimate_vs_actual(
+    make_client: MakeClient, store_url: str, tiny_job: dict[str, Any]
+) -> None:
+    client = make_client(
+        store_url, api_tokens=f"{ALICE}:alice,{BOB}:bob", cpu_slots="1", max_priority="bob:normal"
+    )
     ids = []
     for token in (ALICE, ALICE, BOB):
         r = client.post("/jobs", json=tiny_job, headers=_auth(token))
