@@ -256,7 +256,7 @@ def dispatch_figures(url: str, data_dir: Path, args: argparse.Namespace, stand_i
                     os.killpg(p.pid, 15)
                 for p in procs:
                     p.wait(30)
-                _kill_runs_under(data_dir)  # the stand-in runs the workers started
+                _kill_runs_under(data_dir / "runs")  # the stand-in runs the workers started
             rates[workers] = launched / elapsed
             result(f"dispatch_workers_{workers}", rates[workers], "jobs/s", launched=launched)
             log(f"{workers} worker(s): {launched} launched in {elapsed:.1f}s")

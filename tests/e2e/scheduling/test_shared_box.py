@@ -6,6 +6,7 @@ them, so "a running job ends" happens when the test says."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import QUICK_SETTINGS, TINY, Deployment, example_spec, tiny_assets, tiny_spec
+from tests.harness import QUICK_SETTINGS, TINY, Deployment, example_spec, run_ftq, tiny_assets, tiny_spec
 
 ALICE = "alice-sched-token-0001"
 BOB = "bob-sched-token-0002"
@@ -168,6 +169,9 @@ def test_fair_share_priority_backfill_and_usage(box: Deployment) -> None:
         assert abs(rows[0]["device_seconds"] - wall) <= 0.05 * wall, (rows, wall)
         by_day = c.get("/usage", params={"group_by": "day"}).json()["data"]
         assert sum(r["device_seconds"] for r in by_day) == pytest.approx(rows[0]["device_seconds"], rel=1e-6)
+        cli = run_ftq("usage", "--json", url=box.url, token=ALICE if owner == "alice" else BOB)
+        assert cli.returncode == 0, cli.stderr
+        assert json.loads(cli.stdout)["data"] == rows
     succeeded = _job(bob, b1)
     assert succeeded["estimate_vs_actual"]["actual_seconds"] > 0
     metrics = httpx.get(f"{box.url}/metrics").text
