@@ -20,8 +20,9 @@ the running jobs' expected ends (`expected_end`). A later-ranked job that fits t
 starts if it cannot delay that reservation: it ends by its own time limit (`resources.max_seconds`) before
 the reserved start, or it uses only devices that are free even after the reserved job has taken its
 share. Otherwise it waits with the reason `reservation`. A reservation rests on the running jobs' expected
-ends (`expected_end`: the trainer's ETA, else the plan's time estimate, else the time limit; never past the
-limit), so it holds exactly where those are limits, and is a best estimate otherwise.
+ends (`expected_end`: the trainer's ETA, else the plan's time estimate, and for a job past its estimate as
+long again as it has run; never past its limit), so it holds exactly where those are limits, and is a best
+estimate otherwise.
 
 Quotas (operator settings). A job that would take its owner past their concurrent quota of a pool
 (FTQ_QUOTA_GPUS, FTQ_QUOTA_CPU_SLOTS) waits with the reason `quota` (it is not counted against anyone's
@@ -183,8 +184,8 @@ def duration(limit: float | None, estimate: float | None, cap: float) -> float:
 
 def expected_end(job: RunningJob, now: float, cap: float) -> float:
     """When a running job should free its devices: the trainer's ETA where it reports one, else its start
-    plus its time estimate; a job past its estimate (the estimate was wrong) by its time limit. Never
-    beyond its limit, never before now."""
+    plus its time estimate; a job already past its estimate (the estimate was wrong; loading is not in
+    it) is expected to run as long again as it has so far. Never beyond its limit, never before now."""
     limit = min(job.limit_seconds, cap) if job.limit_seconds else cap
     if job.started_at is None:
         return now + duration(job.limit_seconds, job.estimate_seconds, cap)
@@ -193,7 +194,7 @@ def expected_end(job: RunningJob, now: float, cap: float) -> float:
         return max(now, min(now + job.eta_seconds, hard))
     by_plan = job.started_at + duration(job.limit_seconds, job.estimate_seconds, cap)
     if by_plan < now:
-        by_plan = hard
+        by_plan = min(hard, now + (now - job.started_at))
     return max(now, by_plan)
 
 

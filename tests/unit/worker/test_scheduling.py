@@ -205,15 +205,20 @@ def test_estimated_starts_follow_the_running_jobs_ends_and_estimates() -> None:
     assert out.waiting[0].estimated_start == NOW + 5
 
 
-def test_a_running_job_past_its_estimate_is_expected_to_run_to_its_limit() -> None:
-    """The estimate was wrong once a run outlives it: its limit is what is left to plan with."""
+def test_a_running_job_past_its_estimate_is_expected_to_run_as_long_again() -> None:
+    """The estimate was wrong once a run outlives it: it is expected to run as long again as it has so
+    far, within its limit."""
     late = RunningJob(
         "r", "alice", {"cpu_slots": 1}, started_at=NOW - 100, limit_seconds=300, estimate_seconds=80
     )
-    assert scheduling.expected_end(late, NOW, cap=3600) == NOW + 200
+    assert scheduling.expected_end(late, NOW, cap=3600) == NOW + 100
+    later = RunningJob(
+        "r", "alice", {"cpu_slots": 1}, started_at=NOW - 250, limit_seconds=300, estimate_seconds=80
+    )
+    assert scheduling.expected_end(later, NOW, cap=3600) == NOW + 50  # its limit
     on_time = RunningJob(
         "r", "alice", {"cpu_slots": 1}, started_at=NOW - 50, limit_seconds=300, estimate_seconds=80
     )
     assert scheduling.expected_end(on_time, NOW, cap=3600) == NOW + 30
     no_limit = RunningJob("r", "alice", {"cpu_slots": 1}, started_at=NOW - 100, estimate_seconds=80)
-    assert scheduling.expected_end(no_limit, NOW, cap=3600) == NOW + 3500
+    assert scheduling.expected_end(no_limit, NOW, cap=3600) == NOW + 100
