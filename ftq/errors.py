@@ -18,6 +18,7 @@ class ErrorCode(StrEnum):
     preempted = "preempted"
     node_failure = "node_failure"
     cancelled = "cancelled"
+    quota_exceeded = "quota_exceeded"
     unknown = "unknown"
     # An export's push to the Hugging Face Hub: no token on this server, the Hub unreachable or refusing.
     hub_error = "hub_error"

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ftq import runs
+from ftq import limits, runs
 from ftq.errors import ErrorCode
 from ftq.render import render_export_plan
 from ftq.settings import get_settings
@@ -106,31 +106,57 @@ def need_spec(job_spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def schedule() -> list[str]:
-    """Claim one slot for each queued export that fits, oldest first; the ids now `starting`."""
+    """Claim one slot for each queued export that fits, oldest first; the ids now `starting`. Jobs and
+    exports draw on one pool: what either holds is taken (`held`), and the jobs' scheduler counts what
+    exports hold (`worker.controller.schedule`)."""
     settings = get_settings()
     claimed: list[str] = []
     with session_scope() as session, locks.scheduler_lock(session):
         queued = store.exports_in(session, [JobStatus.queued])
         if not queued:
             return claimed
-        specs = {}
+        held = [r.resources for r in repository.holding_devices(session)] + store.held_resources(session)
+        free_gpus, free_slots = scheduling.free_resources(settings, held)
         for e in queued:
             job = repository.get_job(session, e.job_id)
-            specs[e.id] = need_spec(job.spec if job is not None else {})
-        held = repository.held_resources(session)
-        for d in scheduling.decide([(e.id, specs[e.id]) for e in queued], held, settings):
-            if d.impossible is not None:
+            need = scheduling.need_of(need_spec(job.spec if job is not None else {}))
+            resources: dict[str, Any] | None = None
+            if need.pool is None:
+                resources = {}
+            elif (beyond := limits.beyond_local_pool(_device(need), need.count, settings)) is not None:
                 store.mark_finished(
                     session,
-                    d.job_id,
+                    e.id,
                     JobStatus.failed,
                     error_code=ErrorCode.launch_error,
-                    error_message=d.impossible,
+                    error_message=beyond[1],
                 )
-            elif store.mark_starting(session, d.job_id, resources=d.resources):
-                claimed.append(d.job_id)
+                continue
+            elif need.pool == scheduling.GPUS and free_gpus:
+                resources, free_gpus = {scheduling.GPUS: free_gpus[:1]}, free_gpus[1:]
+            elif need.pool == scheduling.CPU_SLOTS and free_slots >= 1:
+                resources, free_slots = {scheduling.CPU_SLOTS: 1}, free_slots - 1
+            if resources is not None and store.mark_starting(session, e.id, resources=resources):
+                claimed.append(e.id)
         session.commit()
     return claimed
+
+
+def _device(need: scheduling.Need) -> str:
+    return "cuda" if need.pool == scheduling.GPUS else "cpu"
+
+
+def running_exports(session: Any) -> list[scheduling.RunningJob]:
+    """Exports holding devices, as the jobs' scheduler sees what holds the pool (their owner's, for usage)."""
+    out = []
+    for e in store.exports_in(session, list(LAUNCHED)):
+        job = repository.get_job(session, e.job_id)
+        if e.resources and job is not None:
+            started = e.started_at.timestamp() if e.started_at else None
+            out.append(
+                scheduling.RunningJob(id=e.id, owner=job.owner, resources=e.resources, started_at=started)
+            )
+    return out
 
 
 # Launch ---------------------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "heads") -> None:
-    # "heads": every branch of the history to its newest revision (two migrations written side by side
-    # both start from the same parent until they are chained; "head" would refuse to choose).
+    # "heads": every branch's head, so migrations written side by side from one parent (each feature's
+    # own file) apply together until they are chained into one line.
     command.upgrade(alembic_config(url), revision)
 
 
