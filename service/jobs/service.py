@@ -37,7 +37,7 @@ from service.errors import (
     spec_field_error,
     suggest_fields,
 )
-from service.jobs import checkpoints, phase, preflight
+from service.jobs import checkpoints, phase, preflight, trackers
 from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
 
@@ -87,12 +87,36 @@ def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
             "transformers supports natively, or ask the operator (FTQ_ALLOW_REMOTE_CODE)",
             "not_allowed",
         )
+    if spec.integrations.mlflow is not None and not settings.mlflow_tracking_uri:
+        # MLflow's default is a folder next to the process: the run would log where nobody looks.
+        raise spec_field_error(
+            ["integrations", "mlflow"],
+            "this server has no MLflow tracking server to log to; ask the operator to set "
+            "FTQ_MLFLOW_TRACKING_URI, or leave integrations.mlflow out",
+            "not_configured",
+        )
+    if spec.integrations.wandb is not None and not _wandb_usable(settings):
+        raise spec_field_error(
+            ["integrations", "wandb"],
+            "this server has no W&B key for runs (WANDB_API_KEY through FTQ_PASS_ENV) and does not log W&B "
+            "offline (FTQ_WANDB_MODE); ask the operator, or leave integrations.wandb out",
+            "not_configured",
+        )
     errors = [
         {"loc": ["body", "resources", *loc], "msg": msg, "type": "operator_cap"}
         for loc, msg in _over_caps(spec, settings)
     ]
     if errors:
         raise SpecError(errors)
+
+
+def _wandb_usable(settings: Settings) -> bool:
+    """Whether a W&B run can start: offline or disabled needs no key; online needs the operator's."""
+    import os
+
+    if settings.wandb_mode in ("offline", "disabled"):
+        return True
+    return "WANDB_API_KEY" in settings.pass_env_names and bool(os.environ.get("WANDB_API_KEY"))
 
 
 def _over_caps(spec: JobSpec, settings: Settings) -> list[tuple[list[str], str]]:
@@ -331,6 +355,7 @@ def to_public(job: Job, runs_dir: Path | None = None) -> JobPublic:
         ),
         latest_metrics=Point.model_validate(job.latest_metrics) if job.latest_metrics else None,
         error=error,
+        trackers=trackers.tracker_runs(job, spec, runs_dir),
     )
 
 

@@ -26,6 +26,7 @@ JOB_ROUTES = [
     ("GET", "/jobs/{id}/logs/stream"),
     ("GET", "/jobs/{id}/metrics"),
     ("GET", "/jobs/{id}/checkpoints"),
+    ("GET", "/jobs/{id}/samples"),
     ("POST", "/jobs/{id}/cancel"),
 ]
 ALL_ROUTES = [("GET", "/jobs"), ("POST", "/jobs"), ("POST", "/jobs?dry_run=true"), *JOB_ROUTES]
