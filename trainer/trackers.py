@@ -92,7 +92,7 @@ def recorder_callback(integrations: IntegrationsSpec, out: Path) -> Any:
     """A TrainerCallback that writes trackers.json once the trackers have started their runs."""
     from transformers import TrainerCallback
 
-    class TrackerRecorder(TrainerCallback):  # type: ignore[misc]
+    class TrackerRecorder(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             # transformers' reporting callbacks come before this one: their runs exist by now.
             if state.is_world_process_zero:

@@ -49,7 +49,7 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             return False
 
     try:
-        wait_until(up, timeout=300, what="mlflow server up")
+        wait_until("mlflow server up", up, timeout=300)
         yield url
     finally:
         proc.terminate()
@@ -141,7 +141,7 @@ def wandb_records(path: Path) -> Iterator[Any]:
         pos += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
             record.ParseFromString(pending)
             yield record
             pending = b""
