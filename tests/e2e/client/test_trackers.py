@@ -6,6 +6,8 @@ points from GET /jobs/{id}/metrics. The job shows its tracker runs; nothing leav
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
 import subprocess
 from collections.abc import Iterator
@@ -38,6 +40,8 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "--default-artifact-root", str(root / "artifacts"),
         ],
         cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        # No background job runner (a dozen worker processes the tests do not use).
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
@@ -52,7 +56,7 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_until("mlflow server up", up, timeout=300)
         yield url
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn process it starts
         proc.wait(timeout=30)
         log.close()
 
