@@ -22,6 +22,7 @@ from ftq import __version__, logs
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
+from service.artifacts.router import router as artifacts_router
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
 from service.guard import RequestGuard
 from service.jobs.router import RateLimiter
@@ -151,6 +152,7 @@ def create_app() -> FastAPI:
         return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
     app.include_router(jobs_router)
+    app.include_router(artifacts_router)
 
     @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
     async def healthz() -> Health:
