@@ -25,9 +25,10 @@ help: ## list the targets
 
 # Idempotent and quick when nothing changed: the stamp is newer than pyproject.toml and the constraints.
 # Every dependency but torch is pinned by constraints.txt (`make lock` refreshes it).
-install: $(STAMP) examples/tiny/model/config.json $(MLFLOW_VENV)/bin/mlflow ## create .venv and install ftq (quick when nothing changed)
+install: $(STAMP) examples/tiny/model/config.json ## create .venv and install ftq (quick when nothing changed)
 
-# A real MLflow tracking server for the tracker tests, in a venv of its own: the full `mlflow` package
+# A real MLflow tracking server for the tracker tests (so `make test` builds it, not `make install`:
+# someone running `make up` needs no server of their own), in a venv of its own: the full `mlflow` package
 # (the server) wants pyarrow<26, which datasets' pin in constraints.txt rules out. ftq's own venv has
 # the client (mlflow-skinny, extra `trackers`). Pinned by constraints-mlflow.txt.
 $(MLFLOW_VENV)/bin/mlflow: $(MLFLOW_CONSTRAINTS)
@@ -88,7 +89,7 @@ openapi-check: install ## fail if openapi/openapi.json is stale
 		|| (echo "openapi/openapi.json is stale: run 'make openapi'" && exit 1)
 
 # Everything: lint, types, the OpenAPI document, then tests/unit, tests/integration and tests/e2e.
-test: install lint typecheck openapi-check ## everything: lint, types, OpenAPI, the whole test suite
+test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check ## everything: lint, types, OpenAPI, the whole test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The unit tests alone (in process: no subprocess, server or training), in well under two minutes.

@@ -22,14 +22,14 @@ from tests.harness import REPO, TINY_RELATIVE, Deployment, free_port, tiny_asset
 
 pytestmark = pytest.mark.slow
 
-MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"  # `make install` makes it (see the Makefile)
+MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"  # `make test` makes it (see the Makefile)
 EXPERIMENT = "ftq-e2e"
 
 
 @pytest.fixture(scope="module")
 def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLflow tracking server on 127.0.0.1, its store a SQLite file of its own."""
-    assert MLFLOW.exists(), f"{MLFLOW} is missing: `make install` builds it"
+    assert MLFLOW.exists(), f"{MLFLOW} is missing: `make .venv-mlflow/bin/mlflow` (or `make test`) builds it"
     root = tmp_path_factory.mktemp("mlflow")
     port = free_port()
     log = (root / "server.log").open("w")
