@@ -34,6 +34,7 @@ from ftq import runs
 from ftq.modelcard import RunFacts, render_model_card
 from ftq.spec import Device, JobSpec
 
+from . import trackers
 from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, load_splits, trl_rows
@@ -50,6 +51,7 @@ from .model import (
 )
 from .preempt import exit_if_stopped, stop_callback
 from .preempt import start as listen_for_stop
+from .samples import every_steps, samples_callback
 
 log = logging.getLogger("trainer")
 
@@ -88,7 +90,8 @@ def run(args: TrainerArgs) -> None:
     out.mkdir(parents=True, exist_ok=True)
     # The training arguments come first: creating them starts torch.distributed and registers
     # DeepSpeed's config, which from_pretrained needs for FSDP RAM-efficient loading and ZeRO-3 init.
-    config = sft_config(spec, out, has_eval=splits.eval is not None)
+    report_to = trackers.configure(spec.integrations, out)
+    config = sft_config(spec, out, has_eval=splits.eval is not None, report_to=report_to)
     state = PartialState()
     strategy = _strategy(state)
     # Read before engaging FSDP on CPU, which hides the flag from accelerate's later plugin parsing.
@@ -130,6 +133,23 @@ def run(args: TrainerArgs) -> None:
         "LoRA" if peft_config else "full fine-tuning",
     )
 
+    callbacks = [metrics_callback(out / runs.METRICS), stop_callback(stop)]
+    sampler = None
+    if spec.eval.sample_prompts:
+        # With an eval split: at each evaluation; without: on the eval_steps (else save_steps) cadence.
+        sampler = samples_callback(
+            out / runs.SAMPLES,
+            spec.eval.sample_prompts,
+            spec.eval.sample_max_new_tokens,
+            tokenizer=tokenizer,
+            chat=splits.format == "messages",
+            every_steps=None
+            if eval_ds is not None
+            else every_steps(spec.training.eval_steps, spec.training.save_steps),
+        )
+        callbacks.append(sampler)
+    if report_to:
+        callbacks.append(trackers.recorder_callback(spec.integrations, out))
     trainer = SFTTrainer(
         model=model,
         args=config,
@@ -137,8 +157,10 @@ def run(args: TrainerArgs) -> None:
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[metrics_callback(out / runs.METRICS), stop_callback(stop)],
+        callbacks=callbacks,
     )
+    if sampler is not None:
+        sampler.attach(trainer)
     # The metrics callback logs one line per logging step; transformers' printer would add its dict.
     from transformers.trainer_callback import PrinterCallback
 
@@ -154,6 +176,7 @@ def run(args: TrainerArgs) -> None:
     if resume is not None:
         # Said once per run so the log shows where a continued run picked up (the service greps it).
         log.info("resuming from %s", resume)
+    trackers.start(spec.integrations, out, is_main=state.is_main_process)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
@@ -162,6 +185,9 @@ def run(args: TrainerArgs) -> None:
     eval_steps = spec.training.eval_steps
     if eval_ds is not None and (eval_steps is None or trainer.state.global_step % eval_steps != 0):
         trainer.evaluate()
+    if sampler is not None:
+        sampler.final()  # every rank, where the model is sharded; a no-op when the last eval sampled
+    trackers.finish(spec.integrations, is_main=state.is_main_process)  # after the final eval's report
 
     with peak_rss("final save"):
         save_final(trainer, out / runs.FINAL, tokenizer, strategy)
@@ -225,8 +251,9 @@ def configure_logging() -> None:
     )
 
 
-def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
-    """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
+def sft_config(spec: JobSpec, out: Path, has_eval: bool, report_to: list[str] | None = None) -> Any:
+    """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names); `report_to`: the trackers
+    (trainer.trackers.configure), none by default."""
     from trl import SFTConfig
 
     t = spec.training
@@ -269,7 +296,8 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
         # drop every document's EOS from tokens/s. Unpacked batches have a mask that "non_padding" reads.
         include_num_input_tokens_seen="all" if t.packing else "non_padding",
         ddp_find_unused_parameters=False,
-        report_to="none",
+        report_to=report_to or "none",
+        run_name=out.name,  # the job id: the trackers' run name
         disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
         log_level="warning",  # transformers' info level dumps the model config into train.log at every save
     )
