@@ -152,5 +152,5 @@ def test_the_dataset_field_is_looked_for_as_the_trainer_picks_it(tmp_path: Path)
     auto = DatasetSpec(name_or_path=str(rows))
     assert missing_dataset_field(auto) is None  # auto: a messages column makes it chat data
     text = DatasetSpec(name_or_path=str(rows), format=DatasetFormat.text)
-    setting, msg = missing_dataset_field(text) or ("", "")
-    assert setting == "text_field" and "prompt, messages" in msg
+    loc, msg = missing_dataset_field(text) or ((), "")
+    assert loc == ("dataset", "text_field") and "prompt, messages" in msg
