@@ -563,6 +563,10 @@ def _host_breakdown(
         loading = total * load
     else:
         loading = total * load * procs
+    if not zero3 and _reference_bytes(spec, total, 4, 1):
+        # Full fine-tuning DPO/KTO: TRL reads the reference's weights on every rank before the launch
+        # shards it (ZeRO-3 init partitions it while it loads).
+        loading += total * load * procs
     offload = fsdp_offload
     if strategy == "deepspeed" and dist.deepspeed.zero_stage > 0:
         ds = dist.deepspeed

@@ -628,6 +628,8 @@ def test_full_fine_tuning_dpo_counts_the_reference_model_as_weights_only() -> No
         sft.breakdown["grads"],
         sft.breakdown["optimizer"],
     )
+    # Every rank reads the reference whole before FSDP shards it (8 ranks a node, fp32).
+    assert dpo.host_breakdown["loading"] == sft.host_breakdown["loading"] + total * 4 * 8
     # Chosen and rejected run in one batch: twice the activations.
     assert dpo.breakdown["activations"] == 2 * sft.breakdown["activations"]
     assert (dpo.per_device_bytes or 0) > (sft.per_device_bytes or 0) + total * 4 // 16
