@@ -184,7 +184,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
         points: pts.filter((p) => p.extra && p.extra[name] != null).map((p) => [p.step, p.extra[name]]),
         markers: name.startsWith("eval_"),
       }));
-      Charts.render(chart, { series, yFormat: (v) => FTQ.num(v, 3), emptyText });
+      Charts.render(chart, { series, yFormat: (v) => FTQ.num(v), emptyText });
     }
   }
 
