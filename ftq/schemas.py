@@ -4,10 +4,12 @@ client SDK (`ftq.client`) parses them, so both sides share one definition."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftq.errors import ErrorCode
+from ftq.files import FileStatus
 from ftq.metrics import Point
 from ftq.render import Plan
 from ftq.spec import JobSpec
@@ -99,3 +101,73 @@ class ErrorBody(BaseModel):
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = Field(default_factory=dict)
+
+
+ArtifactKind = Literal["adapter", "model", "tokenizer", "checkpoint", "export", "log", "card", "other"]
+
+
+class Artifact(BaseModel):
+    path: str = Field(
+        description="Relative to the run directory, e.g. `final/adapter_model.safetensors`, "
+        "`checkpoints/checkpoint-20/optimizer.pt`, `exports/<export id>/model.safetensors`, `train.log`; "
+        "download it from `GET /jobs/{id}/artifacts/{path}`."
+    )
+    size: int = Field(description="Bytes.")
+    kind: ArtifactKind = Field(
+        description="adapter (final/adapter_*), model (final/ weights and config), tokenizer (final/ "
+        "tokenizer files), checkpoint (anything under checkpoints/), export (anything under exports/), "
+        "log (train.log, metrics.jsonl, samples.jsonl), card (the model card README.md of final/ or an "
+        "export), other (anything else in final/, e.g. training_args.bin)."
+    )
+    sha256: str | None = Field(
+        description="Hex SHA-256 of the bytes a download returns. Computed once per version of the file "
+        "(size, mtime, inode) and cached; null while a large file is still being hashed in the "
+        "background (list again shortly). train.log is served with the operator's secrets masked "
+        "(each byte of one replaced by `*`, so its size is unchanged): its sha256 is of the masked bytes."
+    )
+
+
+class ArtifactList(BaseModel):
+    data: list[Artifact] = Field(
+        description="Every file of the run a user may download, sorted by path. A folder downloads as "
+        "one tar: `GET /jobs/{id}/artifacts/final.tar`, `.../checkpoints/checkpoint-20.tar`, "
+        "`.../exports/<export id>.tar`."
+    )
+
+
+class FileError(BaseModel):
+    line: int = Field(description="1-based line of the file (0: the file as a whole).")
+    message: str
+
+
+class FilePublic(BaseModel):
+    """An uploaded dataset file (`POST /files`)."""
+
+    id: str = Field(description="`file_<24 hex>`; name it in a spec as `dataset.file_id`.")
+    filename: str = Field(
+        description="The name it was uploaded under (shown only; the server chose the path)."
+    )
+    bytes: int
+    sha256: str = Field(description="Hex SHA-256 of the bytes, computed while they were received.")
+    status: FileStatus = Field(
+        description="`validating` until the worker has read it, then `ready` (a job may train on it) or "
+        "`invalid` (see `errors`)."
+    )
+    rows: int | None = Field(None, description="Rows (JSON objects), once validated.")
+    columns: list[str] = Field(default_factory=list, description="Fields the rows hold (first 100).")
+    formats: list[str] = Field(
+        default_factory=list,
+        description="Dataset formats every row holds: text, messages, prompt_completion, preference, "
+        "unpaired_preference.",
+    )
+    methods: list[str] = Field(default_factory=list, description="training.method values the formats suit.")
+    errors: list[FileError] = Field(
+        default_factory=list, description="The first problems found (at most 20), with their lines."
+    )
+    error_count: int = Field(0, description="All the problems found (errors lists the first 20).")
+    created_at: datetime
+
+
+class FileList(BaseModel):
+    data: list[FilePublic]
+    next_cursor: str | None

@@ -1,12 +1,13 @@
 """The Celery tasks, registered under the names in `ftq.queue`. Each is short and safe to run twice; the
-work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest` and the store's outbox."""
+work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest`, `worker.files` (validating
+an upload) and the store's outbox."""
 
 from __future__ import annotations
 
-from ftq.queue import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT
+from ftq.queue import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT, TASK_VALIDATE_FILE
 from ftq.store import outbox, repository
 from ftq.store.db import session_scope
-from worker import controller, locks
+from worker import controller, files, locks
 from worker.celery_app import celery_app
 from worker.ingest import ingest_all
 
@@ -39,5 +40,11 @@ def relay() -> None:
         if not mine:
             return
         outbox.relay()
+        files.sweep_partials()
         with session_scope() as session:
             repository.purge_expired_idempotency(session)
+
+
+@celery_app.task(name=TASK_VALIDATE_FILE)
+def validate_file(file_id: str) -> None:
+    files.validate(file_id)

@@ -15,11 +15,13 @@ Responses are the API's own models (`ftq.schemas`), failures typed exceptions (`
 from __future__ import annotations
 
 from ftq.client._async import AsyncClient, AsyncJobs
-from ftq.client._core import DEFAULT_URL, SpecInput
+from ftq.client._core import DEFAULT_URL, Downloaded, SpecInput
+from ftq.client._files import AsyncFiles, Files
 from ftq.client._sync import Client, Jobs
 from ftq.client.errors import (
     ApiError,
     BadRequest,
+    ChecksumMismatch,
     Conflict,
     ConnectionFailed,
     ConnectionLost,
@@ -40,6 +42,8 @@ from ftq.client.errors import (
     WaitTimeout,
 )
 from ftq.schemas import (
+    Artifact,
+    ArtifactList,
     Checkpoint,
     Health,
     JobList,
@@ -56,15 +60,21 @@ __all__ = [
     "DEFAULT_URL",
     "TERMINAL",
     "ApiError",
+    "Artifact",
+    "ArtifactList",
     "AsyncClient",
+    "AsyncFiles",
     "AsyncJobs",
     "BadRequest",
     "Checkpoint",
+    "ChecksumMismatch",
     "Client",
     "Conflict",
     "ConnectionFailed",
     "ConnectionLost",
+    "Downloaded",
     "FieldError",
+    "Files",
     "Forbidden",
     "FtqAPIError",
     "FtqClientError",

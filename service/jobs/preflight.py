@@ -22,20 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ftq import dataset_preflight as dataset_preflight_mod
 from ftq import estimate as est
 from ftq import limits, userfiles
-from ftq.datasets import detect_formats, methods_for
+from ftq.dataset_preflight import DatasetPreflight
+from ftq.datasets import detect_formats, format_problem
 from ftq.estimate import DiskEstimate, Estimate
 from ftq.settings import Settings
-from ftq.spec import (
-    LOSS_ON_FORMATS,
-    DatasetSpec,
-    JobSpec,
-    TrainingSpec,
-    auto_format,
-    format_columns,
-    looks_local,
-)
+from ftq.spec import DatasetSpec, JobSpec, TrainingSpec, looks_local
 from ftq.store.repository import JobRepository
 from service.errors import SpecError, spec_field_error
 from service.paths import PathRefused, refuse_ftq_state, resolve_local
@@ -81,6 +75,8 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
     resolved = spec.model_copy(deep=True)
     for section in ("model", "dataset"):
         part = getattr(resolved, section)
+        if part.name_or_path is None:  # dataset.file_id: an upload, resolved by the worker at launch
+            continue
         try:
             original = part.name_or_path
             twin = deadline.run(functools.partial(_local_twin, original, roots))
@@ -137,7 +133,7 @@ def _look_at_files(spec: JobSpec, settings: Settings) -> _Files:
     problem = est.local_model_problem(spec.model.name_or_path, max_config_bytes=cap)
     if problem:
         out.refusals.append({"loc": ["body", "model", "name_or_path"], "msg": problem, "type": "model_error"})
-    problem = local_dataset_problem(spec.dataset.name_or_path)
+    problem = local_dataset_problem(spec.dataset.name_or_path) if spec.dataset.name_or_path else None
     if problem:
         out.refusals.append(
             {"loc": ["body", "dataset", "name_or_path"], "msg": problem, "type": "dataset_error"}
@@ -205,10 +201,12 @@ def missing_dataset_field(
     trainer resolves `format: auto`; or when the format found cannot be masked as training.loss_on asks.
     `field` is the spec's path: the dataset field to rename, dataset.format when it was given, else
     training.method. None when the rows fit, or the file is not one this looks into (a folder, another
-    format, a hub id)."""
+    format, a hub id, an upload)."""
     training = training or TrainingSpec(max_steps=1)
+    if dataset.name_or_path is None or not looks_local(dataset.name_or_path):
+        return None
     path = Path(dataset.name_or_path)
-    if not looks_local(dataset.name_or_path) or path.suffix.lower() != ".jsonl":
+    if path.suffix.lower() != ".jsonl":
         return None
     try:
         head, _, size = userfiles.read_ends(path, _SNIFF_BYTES)
@@ -237,46 +235,8 @@ def missing_dataset_field(
         formats = found if formats is None else formats & found
     if not rows:
         return None
-    return format_problem(dataset, training, list(columns), rows, formats or set())
-
-
-def format_problem(
-    dataset: DatasetSpec, training: TrainingSpec, columns: list[str], rows: int, formats: set[str]
-) -> tuple[tuple[str, ...], str] | None:
-    """What `missing_dataset_field` says about rows with these columns (pure: no file is read)."""
-    method, fmt = str(training.method), str(dataset.format)
-    text_field, messages_field = dataset.text_field, dataset.messages_field
-    if fmt == "auto":
-        fmt = auto_format(method, columns, text_field, messages_field)
-    needed = format_columns(fmt, text_field, messages_field)
-    missing = [c for c in needed if c not in columns]
-    found = ", ".join(columns) or "none"
-    if missing:
-        if fmt in ("text", "messages") and str(dataset.format) in ("auto", fmt) and method == "sft":
-            setting = "messages_field" if fmt == "messages" else "text_field"
-            return ("dataset", setting), (
-                f"the first {rows} row(s) of {dataset.name_or_path} have no field {missing[0]!r} "
-                f"(fields found: {found}); set dataset.{setting} to one of them"
-            )
-        where = ("dataset", "format") if str(dataset.format) != "auto" else ("training", "method")
-        what = f"dataset.format {fmt}" if where[0] == "dataset" else f"training.method {method} ({fmt} data)"
-        suits = methods_for(formats)
-        hint = (
-            f"; these rows suit training.method {' or '.join(suits)}"
-            if suits and method not in suits
-            else f"; give rows with {', '.join(needed)}"
-        )
-        return where, (
-            f"{what} needs the column(s) {', '.join(missing)}, which the first {rows} row(s) of "
-            f"{dataset.name_or_path} lack (fields found: {found}){hint}"
-        )
-    loss_on = str(training.loss_on)
-    if loss_on != "all" and fmt not in LOSS_ON_FORMATS[loss_on]:
-        return ("training", "loss_on"), (
-            f"loss_on {loss_on} needs {' or '.join(LOSS_ON_FORMATS[loss_on])} data, and the rows of "
-            f"{dataset.name_or_path} are {fmt} (fields found: {found})"
-        )
-    return None
+    where = f"the first {rows} row(s) of {dataset.name_or_path}"
+    return format_problem(dataset, training, list(columns), formats or set(), where)
 
 
 def chat_template_problem(spec: JobSpec) -> str | None:
@@ -406,3 +366,30 @@ def _does_not_fit(estimate: Estimate) -> str:
     msg += f"; {estimate.fix}" if estimate.fix else ""
     msg += "".join(f". {alt}" for alt in estimate.alternatives)
     return msg + " (set allow_oversubscribe: true to launch anyway)"
+
+
+def dataset_preflight(
+    spec: JobSpec, settings: Settings, deadline: Deadline, upload: tuple[Path, int | None] | None
+) -> DatasetPreflight:
+    """`plan.dataset` (ftq.dataset_preflight): the training data's rows and tokens, read within the
+    request's deadline. `upload` is the (path, rows) of the file `dataset.file_id` names."""
+    if upload is not None:
+        path: Path | None = upload[0]
+        rows = upload[1]
+    else:
+        name = spec.dataset.name_or_path or ""
+        path = Path(name) if looks_local(name) and name.lower().endswith(".jsonl") else None
+        rows = None
+        if path is not None and local_dataset_problem(name) is not None:
+            path = None  # the refusal says why; nothing here to read
+    return deadline.run(
+        functools.partial(
+            dataset_preflight_mod.analyse,
+            spec,
+            path,
+            source=spec.dataset.source,
+            known_rows=rows,
+            sample_rows=settings.preflight_sample_rows,
+            tokens_per_second_per_device=settings.tokens_per_second_per_device,
+        )
+    )

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,3 +99,41 @@ def test_loss_on_assistant_with_a_tokenizer_without_a_chat_template_is_a_422(dep
     (err,) = r.json()["detail"]
     assert err["loc"] == ["body", "training", "loss_on"], err
     assert "no chat template" in err["msg"] and "{% generation %}" in err["msg"], err
+
+
+def upload(dep: Deployment, path: Path) -> dict[str, Any]:
+    """POST /files with the file as a raw JSON Lines body; the File once validated."""
+    r = dep.http.post(
+        "/files",
+        params={"filename": path.name},
+        content=path.read_bytes(),
+        headers={"Content-Type": "application/jsonl"},
+    )
+    assert r.status_code == 201, r.text
+    deadline = time.monotonic() + 60
+    f: dict[str, Any] = dep.get(f"/files/{r.json()['id']}")
+    while f["status"] == "validating":
+        assert time.monotonic() < deadline, f
+        time.sleep(0.2)
+        f = dep.get(f"/files/{f['id']}")
+    return f
+
+
+@pytest.mark.slow
+def test_a_dpo_job_on_an_uploaded_preference_file(dep: Deployment) -> None:
+    prefs = upload(dep, tiny_assets() / "preference" / "train.jsonl")
+    assert prefs["status"] == "ready" and prefs["formats"] == ["preference"], prefs
+    spec = dpo_spec("preference/train.jsonl", max_steps=3)
+    spec["dataset"] = {"file_id": prefs["id"]}
+    job_id = dep.post_job(spec)["id"]
+    job = dep.wait_terminal(job_id, timeout=600)
+    assert job["status"] == "succeeded", dep.report(job_id)
+    train = [p for p in dep.get(f"/jobs/{job_id}/metrics")["data"] if p["loss"] is not None]
+    assert len(train) == 3 and all("rewards/margins" in p["extra"] for p in train), train
+
+    text = upload(dep, tiny_assets() / "data" / "train.jsonl")
+    spec["dataset"] = {"file_id": text["id"]}
+    r = dep.http.post("/jobs", json=spec)
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "training", "method"] and "chosen, rejected" in err["msg"], err

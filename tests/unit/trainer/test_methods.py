@@ -67,7 +67,9 @@ def test_loss_on_completion_masks_the_prompt_in_the_collated_batch(tiny_dir: Pat
     spec = job(tiny_dir, str(tiny_dir / "prompt_completion" / "train.jsonl"), loss_on="completion")
     trainer = trainer_for(spec, tmp_path)
     tok = trainer.processing_class
-    source = [json.loads(line) for line in Path(spec.dataset.name_or_path).read_text().splitlines()[:2]]
+    source = [
+        json.loads(ln) for ln in (tiny_dir / "prompt_completion" / "train.jsonl").read_text().splitlines()[:2]
+    ]
     ds = trainer.train_dataset
     batch = collate(trainer, [ds[0], ds[1]])
     for i, row in enumerate(source):
