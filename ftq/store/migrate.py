@@ -1,4 +1,4 @@
-"""Schema management through Alembic only: `upgrade` to head on start, `downgrade` for tests."""
+"""Schema management through Alembic only: `upgrade` to the head(s) on start, `downgrade` for tests."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "heads") -> None:
+    # `heads`, not `head`: migrations written side by side (each with down_revision "0001") are branches
+    # until they are chained, and `head` refuses to choose between them.
     command.upgrade(alembic_config(url), revision)
 
 
