@@ -18,6 +18,7 @@ class ErrorCode(StrEnum):
     preempted = "preempted"
     node_failure = "node_failure"
     cancelled = "cancelled"
+    quota_exceeded = "quota_exceeded"
     unknown = "unknown"
 
 

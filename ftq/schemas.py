@@ -44,6 +44,35 @@ class JobError(BaseModel):
     exit_code: int | None = None
 
 
+class QueueInfo(BaseModel):
+    position: int | None = Field(
+        None, description="1 = starts next among this server's waiting local jobs; null on SLURM."
+    )
+    reason: str = Field(
+        description="Why it waits: no_free_devices (not enough free GPUs or CPU slots), reservation (it "
+        "would fit, but could delay the start reserved for a larger job ranked ahead; jobs whose "
+        "resources.max_seconds ends before that start may go ahead), quota (its owner holds their "
+        "concurrent quota); on SLURM, SLURM's pending reason (Priority, Resources, ...)."
+    )
+    estimated_start: datetime | None = Field(
+        None,
+        description="When it should start, from the running jobs' time limits or time estimates; null "
+        "when it cannot be told (quota).",
+    )
+
+
+class Usage(BaseModel):
+    devices: int = Field(description="GPUs (cuda) or CPU processes the run held.")
+    device_seconds: float = Field(description="devices x the run's wall time (launch to end; SLURM's own).")
+    gpu_hours: float = Field(description="device_seconds / 3600 for a cuda job; 0 for a cpu job.")
+
+
+class EstimateVsActual(BaseModel):
+    estimated_seconds: float | None = Field(description="The plan's time_estimate.seconds.")
+    actual_seconds: float = Field(description="The run's wall time, launch to end.")
+    ratio: float | None = Field(description="actual / estimated (> 1: the run took longer than estimated).")
+
+
 class JobPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -63,6 +92,25 @@ class JobPublic(BaseModel):
         description="Why a failed job failed; null while it runs, once it succeeded, and for a cancelled "
         "job (a cancel is what its owner asked for, not an error)."
     )
+    queue: QueueInfo | None = Field(
+        None, description="While the job waits (queued here, or pending in SLURM): where and why; else null."
+    )
+    usage: Usage | None = Field(None, description="What the run used, once it ended; null before.")
+    estimate_vs_actual: EstimateVsActual | None = Field(
+        None, description="The plan's time estimate beside the run's wall time, once it succeeded."
+    )
+
+
+class UsageRow(BaseModel):
+    owner: str
+    day: str | None = Field(description="UTC day (YYYY-MM-DD) the runs ended; null with group_by=owner.")
+    device_seconds: float = Field(description="Sum of the runs' devices x wall time.")
+    gpu_hours: float = Field(description="The cuda runs' device_seconds / 3600.")
+    jobs: int = Field(description="Runs that ended in the range (jobs that never started are not counted).")
+
+
+class UsagePage(BaseModel):
+    data: list[UsageRow]
 
 
 class JobList(BaseModel):

@@ -101,6 +101,16 @@ class Device(StrEnum):
     cpu = "cpu"
 
 
+class Priority(StrEnum):
+    low = "low"
+    normal = "normal"
+    high = "high"
+
+
+# Higher ranks first; the scheduler and the operator's cap (FTQ_MAX_PRIORITY) compare these.
+PRIORITY_RANK = {Priority.low: 0, Priority.normal: 1, Priority.high: 2}
+
+
 class DatasetFormat(StrEnum):
     auto = "auto"  # what the method takes, read from the columns (see `auto_format`)
     text = "text"
@@ -521,6 +531,15 @@ class ResourcesSpec(_Strict):
     device: Device = Device.cuda
     num_nodes: int = Field(1, ge=1, le=1024)
     processes_per_node: int = Field(1, ge=1, le=128)
+    max_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description="How long a local job may run: the worker stops it then (it fails with time_limit). "
+        "The scheduler plans with it: a job that says it ends soon may start in a gap that a larger job "
+        "waits for (backfill). Unset: the operator's cap (FTQ_MAX_TIME_LIMIT_HOURS). For SLURM use "
+        "slurm.time_limit.",
+    )
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)
 
     @property
@@ -529,6 +548,10 @@ class ResourcesSpec(_Strict):
 
     @model_validator(mode="after")
     def _requeue_needs_slurm(self) -> ResourcesSpec:
+        if self.max_seconds is not None and self.launcher != Launcher.local:
+            raise _field_error(
+                ("max_seconds",), "max_seconds is for local jobs; on SLURM use resources.slurm.time_limit"
+            )
         if self.slurm.requeue_on_timeout and self.launcher != Launcher.slurm:
             # A local job's time limit is the operator's cap (FTQ_MAX_TIME_LIMIT_HOURS): not to be renewed.
             raise _field_error(
@@ -551,6 +574,12 @@ class JobSpec(_Strict):
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     resume_from: ResumeFrom | None = None
+    priority: Priority = Field(
+        Priority.normal,
+        description="low | normal | high. Locally: higher first, then the owner using the fewest devices "
+        "(weighted by recent usage), then the oldest. On SLURM: low is a positive --nice, high the "
+        "operator's QOS (FTQ_SLURM_QOS_HIGH). The operator caps it per owner (FTQ_MAX_PRIORITY).",
+    )
     allow_oversubscribe: bool = Field(
         False, description="Launch even when the memory estimate says the job will not fit."
     )

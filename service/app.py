@@ -31,6 +31,7 @@ from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
 from service.observability import router as metrics_router
 from service.ui.router import router as ui_router
+from service.usage.router import router as usage_router
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ def create_app() -> FastAPI:
         return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
     app.include_router(jobs_router)
+    app.include_router(usage_router)
     app.include_router(artifacts_router)
     app.include_router(files_router)
 

@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
@@ -30,6 +31,7 @@ from ftq.schemas import (
     MetricsPage,
     PlanPublic,
     Point,
+    UsagePage,
 )
 
 
@@ -62,6 +64,17 @@ class Client:
     def health(self) -> Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
         return self._call("GET", "/healthz", Health)
+
+    def usage(
+        self, *, since: datetime | None = None, until: datetime | None = None, group_by: str = "owner"
+    ) -> UsagePage:
+        """GET /usage: device-seconds of runs that ended in [since, until), per owner or per owner and day."""
+        params: dict[str, Any] = {"group_by": group_by}
+        if since is not None:
+            params["from"] = since.isoformat()
+        if until is not None:
+            params["to"] = until.isoformat()
+        return self._call("GET", "/usage", UsagePage, params=params)
 
     def close(self) -> None:
         self._http.close()

@@ -1,4 +1,4 @@
-"""Schema management through Alembic only: `upgrade` to the head(s) on start, `downgrade` for tests."""
+"""Schema management through Alembic only: `upgrade` to head on start, `downgrade` for tests."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "heads") -> None:
-    # `heads`, not `head`: migrations written side by side (each with down_revision "0001") are branches
-    # until they are chained, and `head` refuses to choose between them.
+    # "heads": every branch's head, so migrations written side by side from one parent (each feature's
+    # own file) apply together until they are chained into one line.
     command.upgrade(alembic_config(url), revision)
 
 

@@ -89,11 +89,52 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     exit_code: Mapped[int | None] = mapped_column(Integer)
 
+    # Scheduling (worker/scheduling.py), copied out of the spec and plan at submit so that a scheduler
+    # tick reads narrow columns, not every queued job's JSON.
+    priority: Mapped[str | None] = mapped_column(String(8))
+    devices: Mapped[int | None] = mapped_column(Integer)  # GPUs of a cuda job, processes of a cpu job
+    limit_seconds: Mapped[float | None] = mapped_column(Float)  # resources.max_seconds or slurm time_limit
+    estimated_seconds: Mapped[float | None] = mapped_column(Float)  # plan.time_estimate.seconds
+    # Accounting: devices held x wall time of the run, set when it ends.
+    device_seconds: Mapped[float | None] = mapped_column(Float)
+    run_seconds: Mapped[float | None] = mapped_column(Float)
+
     __table_args__ = (
         Index("ix_jobs_owner_seq", "owner", "seq"),
         Index("ix_jobs_owner_status_seq", "owner", "status", "seq"),
         Index("ix_jobs_status", "status"),
+        Index("ix_jobs_finished_at", "finished_at"),
     )
+
+
+class JobQueue(Base):
+    """Why each queued job waits, written by the scheduler on every tick; the API only reads it. SLURM
+    jobs pending in SLURM's queue have SLURM's reason here (no position)."""
+
+    __tablename__ = "job_queue"
+
+    job_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(64), nullable=False)
+    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class OwnerUsage(Base):
+    """Each owner's usage, kept as runs end: decayed device-seconds (fair share), GPU-seconds of the
+    current quota period, and running totals (the /metrics counters). O(owners) rows to read per tick."""
+
+    __tablename__ = "owner_usage"
+
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    recent_device_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    recent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    period_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    period_gpu_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    total_device_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    total_gpu_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    total_jobs: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
 
 class MetricPoint(Base):

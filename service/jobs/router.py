@@ -225,7 +225,10 @@ async def list_jobs(
             page = rows[:limit]
             next_cursor = str(page[-1].seq) if len(rows) > limit else None
             runs_dir = get_settings().runs_dir
-            return _json(JobList(data=[jobs.to_public(j, runs_dir) for j in page], next_cursor=next_cursor))
+            repo = JobRepository(session, owner)
+            waiting = repo.queue_of([j.id for j in page if j.status not in TERMINAL])
+            data = [jobs.to_public(j, runs_dir, waiting.get(j.id)) for j in page]
+            return _json(JobList(data=data, next_cursor=next_cursor))
 
     return _json_response(await _read(body))
 
@@ -234,8 +237,10 @@ async def list_jobs(
 async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
     def body() -> bytes:
         with read_session() as session:
-            job = jobs.get_or_404(JobRepository(session, owner), job_id)
-            return _json(jobs.to_public(job, get_settings().runs_dir))
+            repo = JobRepository(session, owner)
+            job = jobs.get_or_404(repo, job_id)
+            queue = repo.queue_of([job.id]).get(job.id) if job.status not in TERMINAL else None
+            return _json(jobs.to_public(job, get_settings().runs_dir, queue))
 
     return _json_response(await _read(body))
 

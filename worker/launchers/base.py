@@ -57,6 +57,10 @@ class RunState:
     signal: int | None = None
     reason: str | None = None  # scheduler's word for the end: TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY...
     requeued: bool = False
+    pending_reason: str | None = None  # while pending: the scheduler's reason (SLURM's %r: Priority, ...)
+    expected_start: float | None = None  # while pending: the scheduler's expected start (unix time)
+    started_at: float | None = None  # the run's start and end by the scheduler's clock, where known
+    ended_at: float | None = None
 
 
 class Launcher(Protocol):

@@ -66,7 +66,13 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     const p = job.progress || {};
     const eta = job.status === "running" && p.eta_seconds != null ? ` · eta ${FTQ.duration(p.eta_seconds)}` : "";
     const epoch = p.epoch != null ? ` · epoch ${FTQ.num(p.epoch, 3)}` : "";
-    document.getElementById("progress-text").textContent = `${FTQ.progressText(job)}${epoch}${eta}`;
+    // A queued job says where it stands and why it waits (the scheduler's queue.reason).
+    const q = job.queue;
+    const waits = q
+      ? ` · waiting: ${q.reason}${q.position != null ? ` (#${q.position})` : ""}` +
+        (q.estimated_start ? ` · expected to start ${new Date(q.estimated_start).toLocaleString()}` : "")
+      : "";
+    document.getElementById("progress-text").textContent = `${FTQ.progressText(job)}${epoch}${eta}${waits}`;
 
     const spec = job.spec || {};
     const latest = job.latest_metrics || {};
@@ -83,6 +89,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       meta("external id", job.external_id || "–"),
       meta("created", FTQ.age(job.created_at), job.created_at),
       meta("ran for", FTQ.took(job)),
+      meta("usage", job.usage ? `${FTQ.num(job.usage.device_seconds, 4)} device-seconds` : "–"),
       meta("latest loss", FTQ.num(latest.loss)),
       meta("latest lr", FTQ.num(latest.learning_rate)),
     );

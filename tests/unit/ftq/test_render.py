@@ -619,3 +619,33 @@ def test_the_examples_cover_a_preference_method() -> None:
         yaml.safe_load(p.read_text())["training"].get("method", "sft") for p in EXAMPLES_DIR.glob("*.yaml")
     }
     assert {"sft", "dpo"} <= methods
+
+
+def test_priority_becomes_nice_and_qos_on_slurm() -> None:
+    """SLURM schedules; the job's priority only says how much it matters there: low is a positive --nice,
+    high the operator's QOS (none configured: as normal)."""
+
+    def header(priority: str, **over: Any) -> list[str]:
+        spec = example("falcon-180b-lora-zero3")
+        spec.priority = priority  # type: ignore[assignment]
+        plan = render_plan(spec, job_id="j", run_dir=Path("/runs/j"), settings=settings(**over))
+        assert plan.sbatch_script is not None
+        return [
+            line
+            for line in plan.sbatch_script.splitlines()
+            if line.startswith(("#SBATCH --nice", "#SBATCH --qos"))
+        ]
+
+    assert header("normal") == [] and header("high") == []
+    assert header("low") == ["#SBATCH --nice=100"]
+    assert header("high", slurm_qos_high="urgent", slurm_qos="standard") == ["#SBATCH --qos=urgent"]
+    assert header("normal", slurm_qos_high="urgent", slurm_qos="standard") == ["#SBATCH --qos=standard"]
+    assert header("low", slurm_nice_low=0, slurm_qos_low="scavenger") == ["#SBATCH --qos=scavenger"]
+    with pytest.raises(ValidationError):
+        settings(slurm_qos_high="x; rm -rf /")
+
+
+def test_every_plan_has_a_time_estimate() -> None:
+    for name in EXAMPLES:
+        plan = golden_plan(name)
+        assert plan.time_estimate is not None and plan.time_estimate.tokens and plan.time_estimate.assumptions
