@@ -1,4 +1,4 @@
-"""Client commands of `ftq`: submit, ls, status, logs, metrics, cancel, artifacts, download.
+"""Client commands of `ftq`: submit, ls, status, logs, metrics, samples, cancel, artifacts, download.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -665,6 +665,39 @@ def metrics(
         if values:
             first, last = fmt_loss(values[0]), fmt_loss(values[-1])
             out.print(f"{label:<5} {sparkline(values)}  {first} → {last}  ({len(values)} points)")
+
+
+@_command("samples")
+def samples(
+    job_id: JobIdArg,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new samples until the job ends.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each sample as one JSON line.")] = False,
+) -> None:
+    """Show the completions of the spec's eval.sample_prompts, step by step."""
+    with api() as client:
+        shown_step: int | None = None
+        count = 0
+        for sample in client.jobs.iter_samples(job_id, follow=follow, poll=POLL_SECONDS):
+            count += 1
+            if as_json:
+                sys.stdout.write(sample.model_dump_json() + "\n")
+                sys.stdout.flush()
+                continue
+            if sample.step != shown_step:
+                out.print(f"[bold]step {sample.step}[/]")
+                shown_step = sample.step
+            out.print(f"  [dim]\\[{sample.index}] {escape(sample.prompt)}[/]", soft_wrap=True)
+            out.print(f"      {escape(sample.completion) or '[dim](empty)[/]'}", soft_wrap=True)
+        if count == 0 and not as_json:
+            job = client.jobs.get(job_id)
+            if not job.spec.eval.sample_prompts:
+                out.print(f"{job_id} has no eval.sample_prompts in its spec: it writes no samples")
+            elif job.status in TERMINAL:
+                out.print(f"{job_id} ({fmt_status(job.status)}) wrote no samples")
+            else:
+                out.print(f"{job_id} ({fmt_status(job.status)}) has written no samples yet")
 
 
 @_command("cancel")

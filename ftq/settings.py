@@ -13,6 +13,7 @@ import re
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -99,6 +100,18 @@ class Settings(BaseSettings):
 
     # Secrets passed to launches via the environment (names of operator env vars, e.g. `HF_TOKEN`)
     pass_env: str = Field("HF_TOKEN,WANDB_API_KEY", description="Env vars handed to launches, never stored.")
+    # Experiment trackers (spec `integrations`): the where and the credentials are the operator's.
+    wandb_mode: Literal["online", "offline", "disabled", ""] = Field(
+        "",
+        description="WANDB_MODE of runs that log to W&B: `online`, `offline` (files in the run's `wandb/`, "
+        "nothing sent), `disabled`. Empty: W&B's default (online). The key is WANDB_API_KEY, handed to "
+        "runs through FTQ_PASS_ENV.",
+    )
+    mlflow_tracking_uri: str = Field(
+        "",
+        description="The MLflow tracking server runs with `integrations.mlflow` log to (MLFLOW_TRACKING_URI "
+        "in their environment). Empty: a spec that asks for MLflow is a 422.",
+    )
     # Run isolation (local launcher): who a run's processes are, so they cannot read the service's
     # environment, the store or another owner's run directory.
     run_as_user: str = Field(

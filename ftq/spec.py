@@ -560,6 +560,86 @@ class ResourcesSpec(_Strict):
         return self
 
 
+# Samples: a few prompts, each generated greedily at every evaluation and at the end. Bounded so that
+# sampling stays a small fraction of a run (every prompt is a full forward per new token on every rank
+# of a sharded model).
+MAX_SAMPLE_PROMPTS = 8
+MAX_SAMPLE_PROMPT_CHARS = 2000
+MAX_SAMPLE_NEW_TOKENS = 512
+
+SamplePrompt = Annotated[str, StringConstraints(min_length=1, max_length=MAX_SAMPLE_PROMPT_CHARS)]
+
+
+class EvalSpec(_Strict):
+    sample_prompts: list[SamplePrompt] = Field(
+        default_factory=list,
+        max_length=MAX_SAMPLE_PROMPTS,
+        description=(
+            f"Up to {MAX_SAMPLE_PROMPTS} prompts (each 1 to {MAX_SAMPLE_PROMPT_CHARS} characters). The "
+            "trainer completes each greedily at every evaluation (with an eval split), else every "
+            "training.eval_steps (or, unset, every save_steps) steps, and once at the end; the completions "
+            "are served by GET /jobs/{id}/samples. A chat dataset's prompts go through the chat template "
+            "as one user turn."
+        ),
+    )
+    sample_max_new_tokens: int = Field(
+        64, ge=1, le=MAX_SAMPLE_NEW_TOKENS, description="Tokens generated per prompt (greedy; stops at EOS)."
+    )
+
+    @field_validator("sample_prompts")
+    @classmethod
+    def _printable(cls, v: list[str]) -> list[str]:
+        for i, prompt in enumerate(v):
+            if "\x00" in prompt:
+                raise ValueError(f"prompt {i} contains a NUL character")
+            if not prompt.strip():
+                raise ValueError(f"prompt {i} is blank")
+        return v
+
+
+# W&B names: projects and entities are slugs; tags are short labels.
+TRACKER_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+TrackerName = Annotated[str, StringConstraints(pattern=TRACKER_NAME_RE)]
+TrackerTag = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/=+\-]{0,63}$")]
+MlflowExperiment = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9/][A-Za-z0-9_.\-/ ]{0,254}$")]
+
+
+class WandbSpec(_Strict):
+    project: TrackerName = Field(description="The W&B project the run is logged to.")
+    entity: TrackerName | None = Field(None, description="The W&B team or user; unset: the key's default.")
+    tags: list[TrackerTag] = Field(default_factory=list, max_length=32, description="Tags of the W&B run.")
+
+
+class MlflowSpec(_Strict):
+    experiment: MlflowExperiment = Field(
+        description="The MLflow experiment the run is logged to (made when it does not exist)."
+    )
+
+
+class IntegrationsSpec(_Strict):
+    wandb: WandbSpec | None = Field(
+        None,
+        description="Log to Weights & Biases. The key (WANDB_API_KEY in FTQ_PASS_ENV) and the mode "
+        "(FTQ_WANDB_MODE) are the operator's, never the spec's.",
+    )
+    mlflow: MlflowSpec | None = Field(
+        None, description="Log to the operator's MLflow tracking server (FTQ_MLFLOW_TRACKING_URI)."
+    )
+    tensorboard: bool = Field(False, description="Write TensorBoard event files to the run's `tensorboard/`.")
+
+    @property
+    def report_to(self) -> list[str]:
+        """transformers' `report_to` names of the trackers asked for."""
+        names = []
+        if self.wandb is not None:
+            names.append("wandb")
+        if self.mlflow is not None:
+            names.append("mlflow")
+        if self.tensorboard:
+            names.append("tensorboard")
+        return names
+
+
 class ResumeFrom(_Strict):
     job_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
     checkpoint: Literal["latest"] | Annotated[int, Field(ge=0)] = "latest"
@@ -574,6 +654,12 @@ class JobSpec(_Strict):
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     resume_from: ResumeFrom | None = None
+    eval: EvalSpec = Field(
+        default_factory=EvalSpec, description="Samples of the model's output during training."
+    )
+    integrations: IntegrationsSpec = Field(
+        default_factory=IntegrationsSpec, description="Experiment trackers the trainer reports to."
+    )
     priority: Priority = Field(
         Priority.normal,
         description="low | normal | high. Locally: higher first, then the owner using the fewest devices "

@@ -33,6 +33,7 @@ from typing import Any
 from ftq import runs
 from ftq.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec
 
+from . import trackers
 from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, load_splits, trl_rows
@@ -49,6 +50,7 @@ from .model import (
 )
 from .preempt import exit_if_stopped, stop_callback
 from .preempt import start as listen_for_stop
+from .samples import every_steps, samples_callback
 
 log = logging.getLogger("trainer")
 
@@ -87,7 +89,10 @@ def run(args: TrainerArgs) -> None:
     out.mkdir(parents=True, exist_ok=True)
     # The training arguments come first: creating them starts torch.distributed and registers
     # DeepSpeed's config, which from_pretrained needs for FSDP RAM-efficient loading and ZeRO-3 init.
-    config = training_config(spec, out, has_eval=splits.eval is not None, fmt=splits.format)
+    report_to = trackers.configure(spec.integrations, out)
+    config = training_config(
+        spec, out, has_eval=splits.eval is not None, fmt=splits.format, report_to=report_to
+    )
     state = PartialState()
     strategy = _strategy(state)
     # Read before engaging FSDP on CPU, which hides the flag from accelerate's later plugin parsing.
@@ -134,16 +139,30 @@ def run(args: TrainerArgs) -> None:
         splits.format,
     )
 
+    callbacks = [metrics_callback(out / runs.METRICS), stop_callback(stop)]
+    sampler = None
+    if spec.eval.sample_prompts and method == "reward":
+        log.warning("eval.sample_prompts: a reward model scores text and generates none; no samples")
+    elif spec.eval.sample_prompts:
+        # With an eval split: at each evaluation; without: on the eval_steps (else save_steps) cadence.
+        sampler = samples_callback(
+            out / runs.SAMPLES,
+            spec.eval.sample_prompts,
+            spec.eval.sample_max_new_tokens,
+            tokenizer=tokenizer,
+            chat=splits.format == "messages",
+            every_steps=None
+            if eval_ds is not None
+            else every_steps(spec.training.eval_steps, spec.training.save_steps),
+        )
+        callbacks.append(sampler)
+    if report_to:
+        callbacks.append(trackers.recorder_callback(spec.integrations, out))
     trainer = build_trainer(
-        spec,
-        model,
-        config,
-        train_ds,
-        eval_ds,
-        tokenizer,
-        peft_config,
-        callbacks=[metrics_callback(out / runs.METRICS), stop_callback(stop)],
+        spec, model, config, train_ds, eval_ds, tokenizer, peft_config, callbacks=callbacks
     )
+    if sampler is not None:
+        sampler.attach(trainer)
     if method in ("dpo", "kto"):
         log.info("reference model: %s", reference_note(trainer, strategy))
     # The metrics callback logs one line per logging step; transformers' printer would add its dict.
@@ -161,6 +180,7 @@ def run(args: TrainerArgs) -> None:
     if resume is not None:
         # Said once per run so the log shows where a continued run picked up (the service greps it).
         log.info("resuming from %s", resume)
+    trackers.start(spec.integrations, out, is_main=state.is_main_process)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
@@ -169,6 +189,9 @@ def run(args: TrainerArgs) -> None:
     eval_steps = spec.training.eval_steps
     if eval_ds is not None and (eval_steps is None or trainer.state.global_step % eval_steps != 0):
         trainer.evaluate()
+    if sampler is not None:
+        sampler.final()  # every rank, where the model is sharded; a no-op when the last eval sampled
+    trackers.finish(spec.integrations, is_main=state.is_main_process)  # after the final eval's report
 
     with peak_rss("final save"):
         save_final(trainer, out / runs.FINAL, tokenizer, strategy)
@@ -201,12 +224,15 @@ def configure_logging() -> None:
     )
 
 
-def training_config(spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text") -> Any:
-    """The job spec as the TRL config of its method (SFTConfig, DPOConfig, KTOConfig, RewardConfig)."""
+def training_config(
+    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+) -> Any:
+    """The job spec as the TRL config of its method (SFTConfig, DPOConfig, KTOConfig, RewardConfig);
+    `report_to`: the trackers (trainer.trackers.configure), none by default."""
     method = str(spec.training.method)
     if method == "sft":
-        return sft_config(spec, out, has_eval, fmt)
-    common = common_config_args(spec, out, has_eval)
+        return sft_config(spec, out, has_eval, fmt, report_to=report_to)
+    common = common_config_args(spec, out, has_eval, report_to=report_to)
     t = spec.training
     if method == "dpo":
         from trl import DPOConfig
@@ -250,7 +276,9 @@ def training_config(spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text")
     raise SpecError(f"training.method {method} is not one this trainer runs")
 
 
-def common_config_args(spec: JobSpec, out: Path, has_eval: bool, packing: bool = False) -> dict[str, Any]:
+def common_config_args(
+    spec: JobSpec, out: Path, has_eval: bool, packing: bool = False, report_to: list[str] | None = None
+) -> dict[str, Any]:
     """The TrainingArguments every method's config takes from the spec alike."""
     t = spec.training
     if spec.training.eval_steps is not None and not has_eval:
@@ -288,19 +316,22 @@ def common_config_args(spec: JobSpec, out: Path, has_eval: bool, packing: bool =
         # drop every document's EOS from tokens/s. Unpacked batches have a mask that "non_padding" reads.
         include_num_input_tokens_seen="all" if packing else "non_padding",
         ddp_find_unused_parameters=False,
-        report_to="none",
+        report_to=report_to or "none",
+        run_name=out.name,  # the job id: the trackers' run name
         disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
         log_level="warning",  # transformers' info level dumps the model config into train.log at every save
     )
 
 
-def sft_config(spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text") -> Any:
+def sft_config(
+    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+) -> Any:
     """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
     from trl import SFTConfig
 
     t = spec.training
     return SFTConfig(
-        **common_config_args(spec, out, has_eval, packing=t.packing),
+        **common_config_args(spec, out, has_eval, packing=t.packing, report_to=report_to),
         max_length=t.max_seq_len,
         packing=t.packing,
         packing_strategy="bfd",

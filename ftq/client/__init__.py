@@ -52,6 +52,8 @@ from ftq.schemas import (
     MetricsPage,
     PlanPublic,
     Point,
+    SamplePublic,
+    SamplesPage,
 )
 from ftq.spec import JobSpec
 from ftq.status import TERMINAL, JobStatus
@@ -91,6 +93,8 @@ __all__ = [
     "PlanPublic",
     "Point",
     "RateLimited",
+    "SamplePublic",
+    "SamplesPage",
     "ServerError",
     "ServerTimeout",
     "SpecFileError",

@@ -32,6 +32,8 @@ from ftq.schemas import (
     MetricsPage,
     PlanPublic,
     Point,
+    SamplePublic,
+    SamplesPage,
     UsagePage,
 )
 
@@ -278,6 +280,34 @@ class AsyncJobs:
             if page.complete:
                 return
             if len(page.data) < page_size:
+                if not follow:
+                    return
+                await anyio.sleep(poll)
+
+    # Samples
+
+    async def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> SamplesPage:
+        params = {"after_step": after_step, "limit": limit}
+        return await self._client._call("GET", _core.job_path(job_id, "samples"), SamplesPage, params=params)
+
+    async def iter_samples(
+        self,
+        job_id: str,
+        *,
+        after_step: int = -1,
+        follow: bool = False,
+        poll: float = 1.0,
+        page_size: int = 100,
+    ) -> AsyncIterator[SamplePublic]:
+        while True:
+            page = await self.samples(job_id, after_step=after_step, limit=page_size)
+            for sample in page.data:
+                yield sample
+            if page.data:
+                after_step = page.next_after_step
+            if page.complete:
+                return
+            if len({s.step for s in page.data}) < page_size:
                 if not follow:
                     return
                 await anyio.sleep(poll)

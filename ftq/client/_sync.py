@@ -31,6 +31,8 @@ from ftq.schemas import (
     MetricsPage,
     PlanPublic,
     Point,
+    SamplePublic,
+    SamplesPage,
     UsagePage,
 )
 
@@ -299,6 +301,37 @@ class Jobs:
             if page.complete:
                 return
             if len(page.data) < page_size:  # caught up with what is there now
+                if not follow:
+                    return
+                time.sleep(poll)
+
+    # Samples
+
+    def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> SamplesPage:
+        """One page of samples (completions of the spec's eval.sample_prompts): up to `limit` whole steps
+        after after_step; after_step=-1 starts at the first."""
+        params = {"after_step": after_step, "limit": limit}
+        return self._client._call("GET", _core.job_path(job_id, "samples"), SamplesPage, params=params)
+
+    def iter_samples(
+        self,
+        job_id: str,
+        *,
+        after_step: int = -1,
+        follow: bool = False,
+        poll: float = 1.0,
+        page_size: int = 100,
+    ) -> Iterator[SamplePublic]:
+        """Every sample after after_step, page by page; with follow, also those written later, until the
+        job has ended and all were read."""
+        while True:
+            page = self.samples(job_id, after_step=after_step, limit=page_size)
+            yield from page.data
+            if page.data:
+                after_step = page.next_after_step
+            if page.complete:
+                return
+            if len({s.step for s in page.data}) < page_size:  # caught up with what is there now
                 if not follow:
                     return
                 time.sleep(poll)

@@ -84,6 +84,8 @@ class Job(Base):
     progress_epoch: Mapped[float | None] = mapped_column(Float)
     eta_seconds: Mapped[float | None] = mapped_column(Float)
     latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # How far ingest has read the run's samples.jsonl (bytes), as metrics_offset for metrics.jsonl.
+    samples_offset: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
 
     error_code: Mapped[str | None] = mapped_column(String(32))
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -155,6 +157,23 @@ class MetricPoint(Base):
     time: Mapped[float | None] = mapped_column(Float)
     # The method's metrics beyond the fixed fields, {TRL's name: value} (`rewards/margins`, `accuracy`).
     extra: Mapped[dict[str, float] | None] = mapped_column(JSON(none_as_null=True))
+
+
+class Sample(Base):
+    """One completion of one of the spec's sample prompts at one step (from the run's samples.jsonl)."""
+
+    __tablename__ = "samples"
+
+    # (job_id, step, prompt_index) is the primary key: the index that serves `after_step` polls, and what
+    # makes ingest idempotent (a line read twice, or a resumed run sampling a step again, updates one row).
+    job_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt: Mapped[str] = mapped_column(Text, nullable=False)
+    completion: Mapped[str] = mapped_column(Text, nullable=False)
+    time: Mapped[float | None] = mapped_column(Float)
 
 
 class IdempotencyKey(Base):

@@ -38,7 +38,7 @@ from ftq.metrics import POINT_FIELDS
 from ftq.redact import redact
 from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
 from ftq.store.db import AsyncReadPool
-from ftq.store.models import Dispatch, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage
+from ftq.store.models import Dispatch, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage, Sample
 
 
 def utcnow() -> datetime:
@@ -215,6 +215,27 @@ class JobRepository:
         self.session.add(dispatch)
         self.session.flush()
         return dispatch
+
+    def samples_after(self, job_id: str, *, after_step: int, steps: int) -> tuple[Job, list[Sample]] | None:
+        """The job and its samples of up to `steps` steps after `after_step` (every prompt of a step
+        together), ordered by step and prompt; None when this owner cannot read the job."""
+        job = self.get(job_id)
+        if job is None:
+            return None
+        page_steps = (
+            select(Sample.step)
+            .where(Sample.job_id == job_id, Sample.step > after_step)
+            .group_by(Sample.step)
+            .order_by(Sample.step)
+            .limit(steps)
+            .subquery()
+        )
+        stmt = (
+            select(Sample)
+            .where(Sample.job_id == job_id, Sample.step.in_(select(page_steps.c.step)))
+            .order_by(Sample.step, Sample.prompt_index)
+        )
+        return job, list(self.session.scalars(stmt))
 
     # Idempotency keys -----------------------------------------------------------------------------
     def get_idempotency(self, key: str) -> IdempotencyKey | None:
@@ -704,3 +725,32 @@ def update_progress(
 def count_by_status(session: Session) -> dict[str, int]:
     rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
     return {str(s): int(n) for s, n in rows}
+
+
+def upsert_samples(session: Session, job_id: str, samples: Sequence[dict[str, Any]]) -> None:
+    """Insert samples, or replace the row of the same (step, prompt index): a line read twice, or a
+    resumed run that samples a step again, leaves one row holding the latest completion."""
+    if not samples:
+        return
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
+    for s in samples:
+        key = (int(s["step"]), int(s["index"]))
+        rows[key] = {
+            "job_id": job_id,
+            "step": key[0],
+            "prompt_index": key[1],
+            "prompt": s["prompt"],
+            "completion": s["completion"],
+            "time": s.get("time"),
+        }
+    dialect = session.get_bind().dialect.name
+    ins: Any = postgresql.insert(Sample) if dialect == "postgresql" else sqlite.insert(Sample)
+    stmt = ins.on_conflict_do_update(
+        index_elements=[Sample.job_id, Sample.step, Sample.prompt_index],
+        set_={f: getattr(ins.excluded, f) for f in ("prompt", "completion", "time")},
+    )
+    session.connection().execute(stmt, list(rows.values()))
+
+
+def update_samples_offset(session: Session, job_id: str, offset: int) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(samples_offset=offset))

@@ -41,7 +41,7 @@ from service.errors import (
     suggest_fields,
 )
 from service.files import service as file_service
-from service.jobs import checkpoints, phase, preflight
+from service.jobs import checkpoints, phase, preflight, trackers
 from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
 
@@ -91,6 +91,21 @@ def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
             "transformers supports natively, or ask the operator (FTQ_ALLOW_REMOTE_CODE)",
             "not_allowed",
         )
+    if spec.integrations.mlflow is not None and not settings.mlflow_tracking_uri:
+        # MLflow's default is a folder next to the process: the run would log where nobody looks.
+        raise spec_field_error(
+            ["integrations", "mlflow"],
+            "this server has no MLflow tracking server to log to; ask the operator to set "
+            "FTQ_MLFLOW_TRACKING_URI, or leave integrations.mlflow out",
+            "not_configured",
+        )
+    if spec.integrations.wandb is not None and not _wandb_usable(settings):
+        raise spec_field_error(
+            ["integrations", "wandb"],
+            "this server has no W&B key for runs (WANDB_API_KEY through FTQ_PASS_ENV) and does not log W&B "
+            "offline (FTQ_WANDB_MODE); ask the operator, or leave integrations.wandb out",
+            "not_configured",
+        )
     cap = settings.max_priority_for(owner)
     if PRIORITY_RANK[Priority(spec.priority)] > PRIORITY_RANK[Priority(cap)]:
         raise spec_field_error(
@@ -105,6 +120,15 @@ def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
     ]
     if errors:
         raise SpecError(errors)
+
+
+def _wandb_usable(settings: Settings) -> bool:
+    """Whether a W&B run can start: offline or disabled needs no key; online needs the operator's."""
+    import os
+
+    if settings.wandb_mode in ("offline", "disabled"):
+        return True
+    return "WANDB_API_KEY" in settings.pass_env_names and bool(os.environ.get("WANDB_API_KEY"))
 
 
 def _over_caps(spec: JobSpec, settings: Settings) -> list[tuple[list[str], str]]:
@@ -369,6 +393,7 @@ def to_public(job: Job, runs_dir: Path | None = None, queue: JobQueue | None = N
         ),
         latest_metrics=Point.model_validate(job.latest_metrics) if job.latest_metrics else None,
         error=error,
+        trackers=trackers.tracker_runs(job, spec, runs_dir),
         queue=_queue_info(job, queue),
         usage=_usage(job, spec),
         estimate_vs_actual=_estimate_vs_actual(job),

@@ -1,5 +1,5 @@
 /* ftq dashboard, `/ui/jobs/{id}`: live loss / eval-loss / LR / grad-norm / tokens-per-second charts,
-log tail, plan, checkpoints, artifacts (download links), cancel.
+samples by step, log tail, plan, checkpoints, artifacts (download links), cancel.
 
 Polling is incremental: metrics with after_step, the log with byte offsets; each stops once the
 API says it is complete. The one exception is the last metric point, asked for again each time,
@@ -24,6 +24,9 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     planShown: false,
     outputsFor: null, // the status the outputs card was last read for
     outputsAt: 0,
+    samples: [], // every sample read so far, by step then prompt index
+    samplesAfter: -1,
+    samplesComplete: false,
     artifactsFor: null, // the status the artifacts card was last read for
     artifactsAt: 0,
   };
@@ -47,6 +50,16 @@ because a step's eval_loss can be stored after its train loss (they share a row)
 
   function meta(label, value, title) {
     return h("div", {}, h("dt", {}, label), h("dd", { title: title || String(value) }, value));
+  }
+
+  // The tracker runs the job's `integrations` made (W&B, MLflow, TensorBoard): a link where there is a URL.
+  function trackerMeta(trackers) {
+    return Object.entries(trackers || {}).map(([name, run]) => {
+      const label = run.name || run.id || run.dir || name;
+      const safeUrl = run.url && /^https?:\/\//.test(run.url) ? run.url : null;
+      const value = safeUrl ? h("a", { href: safeUrl, target: "_blank", rel: "noopener noreferrer" }, label) : label;
+      return h("div", { dataset: { tracker: name } }, h("dt", {}, name), h("dd", { title: run.url || label }, value));
+    });
   }
 
   function showJob(job) {
@@ -92,6 +105,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       meta("usage", job.usage ? `${FTQ.num(job.usage.device_seconds, 4)} device-seconds` : "–"),
       meta("latest loss", FTQ.num(latest.loss)),
       meta("latest lr", FTQ.num(latest.learning_rate)),
+      ...trackerMeta(job.trackers),
     );
     const errorBox = document.getElementById("error-box");
     if (job.error) {
@@ -217,6 +231,38 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       h("td", {}, h("code", { title: c.path }, c.path)),
       h("td", {}, c.resumable ? "resumable" : h("span", { class: "muted" }, "not resumable"))));
     box.replaceChildren(h("table", { class: "outputs", id: "checkpoints" }, ...rows));
+  }
+
+  // Completions of the spec's eval.sample_prompts (GET /jobs/{id}/samples), polled like the metrics:
+  // only steps after the last one read, until the API says the job ended and all were read.
+  async function pollSamples(job) {
+    if (!((job.spec || {}).eval || {}).sample_prompts?.length) {
+      state.samplesComplete = true;
+      return;
+    }
+    let changed = false;
+    for (;;) {
+      const page = await FTQ.api(`/jobs/${enc}/samples?after_step=${state.samplesAfter}&limit=100`);
+      if (page.data.length) {
+        state.samples.push(...page.data);
+        state.samplesAfter = page.next_after_step;
+        changed = true;
+      }
+      if (page.complete) state.samplesComplete = true;
+      if (page.complete || new Set(page.data.map((s) => s.step)).size < 100) break;
+    }
+    const box = document.getElementById("samples");
+    if (!changed && box.childElementCount) return;
+    const rows = state.samples.map((s, i) => h("tr", { dataset: { step: s.step, index: s.index } },
+      h("td", { class: "num" }, i === 0 || state.samples[i - 1].step !== s.step ? `step ${s.step}` : ""),
+      h("td", { class: "prompt" }, s.prompt),
+      h("td", { class: "completion" }, s.completion)));
+    const body = rows.length
+      ? h("table", { class: "samples", id: "samples-table" },
+        h("tr", {}, h("th", {}, "step"), h("th", {}, "prompt"), h("th", {}, "completion")), ...rows)
+      : h("p", { class: "muted" }, state.samplesComplete ? "this run wrote no samples" : "no samples yet");
+    box.replaceChildren(body);
+    document.getElementById("samples-card").hidden = false;
   }
 
   // The run's artifacts (GET /jobs/{id}/artifacts): each file and each folder (as a .tar) as a link.
@@ -357,8 +403,10 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     await showOutputs(job);
     await showArtifacts(job);
     if (!state.metricsComplete) await pollMetrics();
+    if (!state.samplesComplete) await pollSamples(job);
     if (!state.logComplete) await pollLog();
-    const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete;
+    const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete
+      && state.samplesComplete;
     document.body.dataset.loaded = "true";
     FTQ.setRefreshState(done ? `${job.status}; no more updates` : `updated ${new Date().toLocaleTimeString()}`);
     return !done;

@@ -201,7 +201,7 @@ def test_owners_are_kept_apart(make_client: MakeClient, store_url: str, tiny_job
     assert client.post("/jobs", json=tiny_job).status_code == 401
     job = client.post("/jobs", json=tiny_job, headers=alice).json()
     assert job["owner"] == "alice"
-    for path in ["", "/plan", "/logs", "/metrics", "/checkpoints"]:
+    for path in ["", "/plan", "/logs", "/metrics", "/checkpoints", "/samples"]:
         assert client.get(f"/jobs/{job['id']}{path}", headers=bob).status_code == 404, path
         assert client.get(f"/jobs/{job['id']}{path}", headers=alice).status_code == 200, path
     assert client.post(f"/jobs/{job['id']}/cancel", headers=bob).status_code == 404
