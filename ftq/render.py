@@ -23,7 +23,7 @@ from ftq import runs
 from ftq.dataset_preflight import DatasetPreflight
 from ftq.estimate import Estimate
 from ftq.settings import Settings, slurm_env_lines
-from ftq.spec import JobSpec
+from ftq.spec import METHOD_TRAINERS, JobSpec
 from ftq.timecost import TimeEstimate, time_estimate
 
 ACCELERATE_LAUNCH = ["-m", "accelerate.commands.launch"]
@@ -50,6 +50,11 @@ class Plan(BaseModel):
         "each node's, set by SLURM and the script)."
     )
     sbatch_script: str | None
+    trainer: str = Field(
+        "trl.SFTTrainer",
+        description="The TRL trainer the job runs, from training.method: trl.SFTTrainer, trl.DPOTrainer, "
+        "trl.KTOTrainer or trl.RewardTrainer.",
+    )
     trainer_args: dict[str, Any]
     estimate: Estimate | None = None
     time_estimate: TimeEstimate | None = Field(
@@ -534,6 +539,7 @@ def render_plan(
         accelerate_config_yaml=config_yaml(cfg),
         command=command,
         sbatch_script=sbatch,
+        trainer=METHOD_TRAINERS[str(spec.training.method)],
         trainer_args={
             "spec": str(run_dir / runs.SPEC),
             "output_dir": str(run_dir),

@@ -11,11 +11,12 @@ import json
 import logging
 import math
 import os
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from ftq import logs, runs
-from ftq.metrics import POINT_FIELDS
+from ftq.metrics import EXTRA_NAME_RE, MAX_EXTRA, POINT_FIELDS
 from ftq.settings import get_settings
 from ftq.status import JobStatus
 from ftq.store import repository
@@ -25,6 +26,7 @@ from ftq.store.models import Job
 log = logging.getLogger(__name__)
 
 MAX_READ = 1024 * 1024
+_EXTRA_NAME = re.compile(EXTRA_NAME_RE)
 INGESTING = (JobStatus.running, JobStatus.cancelling)
 
 
@@ -34,6 +36,21 @@ def _number(value: Any) -> float | None:
     f = float(value)
     # NaN/inf cannot be sent as JSON; a diverged loss shows as null rather than breaking every read.
     return f if math.isfinite(f) else None
+
+
+def _extra(value: Any) -> dict[str, float] | None:
+    """The method metrics of a line: names as TRL writes them, finite numbers, at most MAX_EXTRA (the
+    run writes the file, so anything else in it is dropped)."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, float] = {}
+    for name, v in value.items():
+        number = _number(v)
+        if number is not None and isinstance(name, str) and _EXTRA_NAME.match(name):
+            out[name] = number
+            if len(out) >= MAX_EXTRA:
+                break
+    return out or None
 
 
 def parse_point(line: bytes) -> dict[str, Any] | None:
@@ -49,6 +66,9 @@ def parse_point(line: bytes) -> dict[str, Any] | None:
     point: dict[str, Any] = {"step": int(step)}
     for f in POINT_FIELDS:
         point[f] = _number(obj.get(f))
+    extra = _extra(obj.get("extra"))
+    if extra:
+        point["extra"] = extra
     if isinstance(obj.get("max_steps"), int) and not isinstance(obj.get("max_steps"), bool):
         point["max_steps"] = obj["max_steps"]
     return point

@@ -155,6 +155,8 @@ class MetricPoint(Base):
     eval_loss: Mapped[float | None] = mapped_column(Float)
     tokens_per_second: Mapped[float | None] = mapped_column(Float)
     time: Mapped[float | None] = mapped_column(Float)
+    # The method's metrics beyond the fixed fields, {TRL's name: value} (`rewards/margins`, `accuracy`).
+    extra: Mapped[dict[str, float] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class Sample(Base):

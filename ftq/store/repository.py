@@ -13,19 +13,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     CursorResult,
     Engine,
     Integer,
     Result,
     Select,
     bindparam,
+    case,
+    cast,
     delete,
     func,
+    literal,
     select,
     true,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, defer
 
@@ -45,7 +50,7 @@ def utcnow() -> datetime:
 # jobs row (as _readable() filters every other read) joined to the page of points, so a job without new
 # points still gives its status, and a job this owner cannot read gives no row at all.
 _POINTS_PAGE = (
-    select(MetricPoint.step, *(getattr(MetricPoint, f) for f in POINT_FIELDS))
+    select(MetricPoint.step, *(getattr(MetricPoint, f) for f in POINT_FIELDS), MetricPoint.extra)
     .where(MetricPoint.job_id == bindparam("job_id"), MetricPoint.step > bindparam("after_step"))
     .order_by(MetricPoint.step)
     .limit(bindparam("limit", type_=Integer))
@@ -82,8 +87,9 @@ class MetricsPoll:
         return {**self._constants, "owner": owner, "job_id": job_id, "after_step": after_step, "limit": limit}
 
     def rows(self, owner: str, job_id: str, after_step: int, limit: int) -> tuple[str, list[Any]] | None:
-        """The job's status and up to `limit` points after `after_step` (step first, then POINT_FIELDS),
-        or None when this owner cannot read the job."""
+        """The job's status and up to `limit` points after `after_step` (step first, then POINT_FIELDS,
+        then `extra`: a dict, or its JSON text where the driver leaves it as text), or None when this
+        owner cannot read the job."""
         named = self._named(owner, job_id, after_step, limit)
         params: Any = tuple(named[k] for k in self._positions) if self._positions else named
         dbapi_error = self._engine.dialect.loaded_dbapi.Error
@@ -666,17 +672,34 @@ def upsert_points(session: Session, job_id: str, points: Sequence[dict[str, Any]
         for f in POINT_FIELDS:
             if p.get(f) is not None:
                 row[f] = p[f]
-    rows = [{f: r.get(f) for f in ("job_id", "step", *POINT_FIELDS)} for r in merged.values()]
+        if p.get("extra"):
+            row["extra"] = {**row.get("extra", {}), **p["extra"]}
+    rows = [{f: r.get(f) for f in ("job_id", "step", *POINT_FIELDS, "extra")} for r in merged.values()]
     dialect = session.get_bind().dialect.name
     ins: Any = postgresql.insert(MetricPoint) if dialect == "postgresql" else sqlite.insert(MetricPoint)
     excluded = ins.excluded
     stmt = ins.on_conflict_do_update(
         index_elements=[MetricPoint.job_id, MetricPoint.step],
-        set_={f: func.coalesce(getattr(excluded, f), getattr(MetricPoint, f)) for f in POINT_FIELDS},
+        set_={
+            **{f: func.coalesce(getattr(excluded, f), getattr(MetricPoint, f)) for f in POINT_FIELDS},
+            "extra": _merged_extra(dialect, MetricPoint.extra, excluded.extra),
+        },
     )
     # executemany of one cached statement: a multi-row .values(rows) compiles a new statement for every
     # batch, with 9 parameters per row, and PostgreSQL refuses more than 65,535 (about 7,000 rows).
     session.connection().execute(stmt, rows)
+
+
+def _merged_extra(dialect: str, stored: Any, incoming: Any) -> Any:
+    """The stored `extra` with the incoming names added or replaced (a train and an eval line of one step
+    each bring their own); the stored one when nothing comes in."""
+    merged: Any
+    if dialect == "postgresql":
+        empty = cast(literal("{}"), JSONB)
+        merged = cast(func.coalesce(cast(stored, JSONB), empty).op("||")(cast(incoming, JSONB)), JSON)
+    else:
+        merged = func.json_patch(func.coalesce(stored, "{}"), incoming)
+    return case((incoming.is_(None), stored), else_=merged)
 
 
 def update_progress(

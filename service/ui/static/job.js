@@ -177,6 +177,40 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       yFormat: (v) => FTQ.num(v, 3),
       emptyText,
     });
+    drawMethodCharts(pts, emptyText);
+  }
+
+  // Point.extra: a chart per group of names (the part before "/", or the name itself), train and eval
+  // (`eval_` names, as markers) together: `rewards` holds rewards/chosen, rewards/margins, ...
+  const COLORS = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04", "#475569"];
+  function drawMethodCharts(pts, emptyText) {
+    const groups = new Map();
+    for (const p of pts) {
+      for (const name of Object.keys(p.extra || {})) {
+        const base = name.startsWith("eval_") ? name.slice(5) : name;
+        const group = base.split("/")[0];
+        if (!groups.has(group)) groups.set(group, new Set());
+        groups.get(group).add(name);
+      }
+    }
+    const section = document.getElementById("method-charts");
+    section.hidden = groups.size === 0;
+    for (const [group, names] of [...groups].sort()) {
+      const id = `chart-extra-${group.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+      let chart = document.getElementById(id);
+      if (!chart) {
+        chart = h("div", { id, class: "chart", "data-group": group });
+        section.append(h("figure", { class: "chart-card" }, h("figcaption", {}, group), chart));
+      }
+      const series = [...names].sort().map((name, i) => ({
+        name,
+        key: name,
+        color: COLORS[i % COLORS.length],
+        points: pts.filter((p) => p.extra && p.extra[name] != null).map((p) => [p.step, p.extra[name]]),
+        markers: name.startsWith("eval_"),
+      }));
+      Charts.render(chart, { series, yFormat: (v) => FTQ.num(v), emptyText });
+    }
   }
 
   // The run's outputs: its checkpoints (GET /jobs/{id}/checkpoints), each with its full path.

@@ -12,6 +12,7 @@ from tests.unit.service.test_api import (
     test_create_list_get_paginate,
     test_idempotency,
     test_logs_metrics_checkpoints_read_the_run_dir,
+    test_method_metrics_are_stored_merged_and_served_in_extra,
     test_owners_are_kept_apart,
 )
 from tests.unit.service.test_usage import test_queue_usage_and_estimate_vs_actual
@@ -23,6 +24,7 @@ __all__ = [
     "test_create_list_get_paginate",
     "test_idempotency",
     "test_logs_metrics_checkpoints_read_the_run_dir",
+    "test_method_metrics_are_stored_merged_and_served_in_extra",
     "test_owners_are_kept_apart",
     "test_queue_usage_and_estimate_vs_actual",
     "test_upgrade_to_head_then_downgrade_to_base",
