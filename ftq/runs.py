@@ -45,6 +45,8 @@ EXIT_STATUS = "exit_status"
 # atomically right after the start, and of the cancel it sent (when, to escalate later).
 LAUNCH_RECORD = "launch.json"
 CANCEL_RECORD = "cancel.json"
+# An uploaded dataset's copy for the run (dataset.file_id): train.jsonl, and eval.jsonl with an eval file.
+DATASET_DIR = "dataset"
 # Held (flock) by the worker for a whole launch of this run.
 RUN_LOCK = ".launch.lock"
 # The step of the checkpoint a time-limit requeue resumed from: the next one must get further.

@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from ftq import files
+from ftq import files, runs
 from ftq.files import FileStatus
 from ftq.settings import get_settings
 from ftq.store import files_repository
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 # The folder in a run directory that holds a job's uploaded train and eval files (as symlinks) when it
 # names both: the trainer reads a folder's `<split>.jsonl` files as its splits.
-DATASET_DIR = "dataset"
+DATASET_DIR = runs.DATASET_DIR
 
 
 def validate(file_id: str) -> None:
@@ -88,30 +89,38 @@ def _ready_path(owner: str, file_id: str, field: str) -> Path:
 
 
 def spec_for_run(spec: dict[str, Any], owner: str, run_dir: Path) -> dict[str, Any]:
-    """The spec the trainer reads: `dataset.file_id` (and `eval_file_id`) replaced by the server path
-    of the owner's file, or by a folder in the run directory holding `train.jsonl` and `eval.jsonl`
-    (links to both files) with `eval_split: eval`. A spec without file ids comes back as it is."""
+    """The spec the trainer reads: `dataset.file_id` (and `eval_file_id`) replaced by the run's own copy
+    of the owner's file, `dataset/train.jsonl` in the run directory, or by that folder (with
+    `eval.jsonl` beside it and `eval_split: eval`). A spec without file ids comes back as it is.
+
+    A copy in the run directory, not the path of the upload: a run as a run user (FTQ_RUN_AS_USER) may
+    read its run directory and nothing else of the data dir, where the owner's uploads are. The copy is
+    a hard link where the run directory is on the same file system (no bytes copied)."""
     dataset = spec.get("dataset") or {}
     file_id, eval_id = dataset.get("file_id"), dataset.get("eval_file_id")
     if not file_id:
         return spec
     out = copy.deepcopy(spec)
     ds = out["dataset"]
-    train = _ready_path(owner, file_id, "file_id")
+    sources = {"train": _ready_path(owner, file_id, "file_id")}
+    if eval_id:
+        sources["eval"] = _ready_path(owner, eval_id, "eval_file_id")
     ds.pop("file_id", None)
     ds.pop("eval_file_id", None)
-    if not eval_id:
-        ds["name_or_path"] = str(train)
-        return out
-    evaluation = _ready_path(owner, eval_id, "eval_file_id")
     folder = run_dir / DATASET_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
-    for name, target in (("train", train), ("eval", evaluation)):
+    for name, target in sources.items():
         link = folder / f"{name}{files.SUFFIX}"
         tmp = folder / f".{name}.tmp"
         tmp.unlink(missing_ok=True)
-        os.symlink(target, tmp)
+        try:
+            os.link(target, tmp)
+        except OSError:  # another file system (FTQ_RUNS_DIR on shared storage): a real copy
+            shutil.copyfile(target, tmp)
         tmp.replace(link)
+    if not eval_id:
+        ds["name_or_path"] = str(folder / f"train{files.SUFFIX}")
+        return out
     ds["name_or_path"] = str(folder)
     ds["train_split"] = "train"
     ds["eval_split"] = "eval"

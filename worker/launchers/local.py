@@ -213,6 +213,15 @@ def share_run_dir(run_dir: Path, user: RunUser) -> None:
         os.chown(checkpoints, -1, user.gid)
         # The group is the run user's own: the trainer saves and rotates its checkpoints here.
         os.chmod(checkpoints, 0o770)  # noqa: S103
+    # An uploaded dataset's copy (worker/files.py): the run reads it, and only reads it.
+    dataset = run_dir / runs.DATASET_DIR
+    if dataset.is_dir() and not dataset.is_symlink():
+        os.chown(dataset, -1, user.gid)
+        os.chmod(dataset, 0o750)  # noqa: S103  (the group is the run user's own)
+        for path in dataset.iterdir():
+            if path.is_file() and not path.is_symlink():
+                os.chown(path, -1, user.gid)
+                os.chmod(path, 0o640)
     for name in (*_RUN_READS, runs.TRAIN_LOG):
         path = run_dir / name
         if path.is_file() and not path.is_symlink():

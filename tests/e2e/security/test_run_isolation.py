@@ -55,6 +55,11 @@ victim)
   echo '{"step": 1, "epoch": 0.5, "loss": 4.2424}' > metrics.jsonl ;;
 sleeper)
   sleep 600 ;;
+uploaded)
+  # The run's copy of an uploaded dataset (dataset.file_id), as the trainer would open it.
+  data=$(sed -n 's/^    "name_or_path": "\(.*\)",*$/\1/p' "$spec" | head -n 1)  # dataset sorts before model
+  if head -c 24 "$data" > head.txt 2>&1; then echo "uploaded read: $(cat head.txt)"
+  else echo "uploaded DENIED: $(cat head.txt)"; fi ;;
 jam)
   # FIFOs where the worker reads this run's metrics and end (an open of either would never return),
   # and launch.sh killed so that it cannot replace them.
@@ -315,6 +320,25 @@ def test_a_run_as_its_run_user_reads_no_secret_no_store_and_no_other_run(
     }
     for path in (dep.data_dir / "ftq.db", dep.run_dir(victim), run, run / "spec.json", run / "train.log"):
         assert path.stat().st_mode & 0o007 == 0, f"{path} is {oct(path.stat().st_mode)}"
+
+
+@pytest.mark.slow
+def test_a_run_user_reads_the_uploaded_dataset_of_its_own_job(isolated: Deployment) -> None:
+    # Uploads live in the data dir, which a run user cannot enter: the job gets a copy in its run dir.
+    rows = b'{"text": "uploaded rows for alice"}\n' * 4
+    with isolated.client(OWNER_TOKENS["alice"]) as c:
+        r = c.post("/files", content=rows, headers={"Content-Type": "application/jsonl"})
+        assert r.status_code == 201, r.text
+        file_id = r.json()["id"]
+        wait_until("the upload validated", lambda: c.get(f"/files/{file_id}").json()["status"] == "ready")
+    spec = base_spec()
+    spec["name"] = "uploaded"
+    spec["dataset"] = {"file_id": file_id, "text_field": "text"}
+    alice = JobsApi(isolated.url, OWNER_TOKENS["alice"])
+    job_id = str(alice.post_job(spec)["id"])
+    assert alice.wait_terminal(job_id, timeout=120)["status"] == "succeeded", isolated.report(job_id)
+    log = _served_log(isolated, "alice", job_id)
+    assert 'uploaded read: {"text": "uploaded rows' in log, log
 
 
 @pytest.mark.slow

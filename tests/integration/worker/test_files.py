@@ -68,10 +68,11 @@ def test_validation_records_once_and_the_paths_reach_the_trainer(settings: Setti
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     alone = spec_for_run(_spec(train), "alice", run_dir)
-    assert alone["dataset"] == {
-        "name_or_path": str(files.file_path(settings.data_path, "alice", train)),
-        "text_field": "text",
-    }
+    copied = run_dir / "dataset" / "train.jsonl"
+    assert alone["dataset"] == {"name_or_path": str(copied), "text_field": "text"}
+    # The run's own copy (a hard link here): a run user reads its run dir, never the uploads folder.
+    upload = files.file_path(settings.data_path, "alice", train)
+    assert copied.read_bytes() == upload.read_bytes() and copied.stat().st_ino == upload.stat().st_ino
 
     both = spec_for_run(_spec(train, evaluation), "alice", run_dir)
     ds = both["dataset"]
