@@ -1,4 +1,4 @@
-"""Client commands of `ftq`: submit, ls, status, logs, metrics, cancel.
+"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, cancel.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -36,6 +36,7 @@ from ftq.client import (
     Client,
     ConnectionFailed,
     ConnectionLost,
+    Event,
     FtqAPIError,
     FtqClientError,
     InvalidURL,
@@ -253,6 +254,28 @@ def fmt_age(value: datetime | None) -> str:
     return fmt_duration((datetime.now(UTC) - when).total_seconds()) + " ago"
 
 
+def fmt_event(event: Event) -> str:
+    """One event as a line: `event 12 job.checkpoint step 20 path=checkpoints/checkpoint-20`."""
+    data = dict(event.data)
+    parts = [f"event {event.id}", event.type]
+    step = data.pop("step", None)
+    if step is not None:
+        parts.append(f"step {step}")
+    error = data.pop("error", None)
+    if isinstance(error, dict):
+        parts.append(f"{error.get('code')}: {error.get('message')}")
+    message = data.pop("message", None)
+    kind = data.pop("kind", None)
+    if kind:
+        parts.append(str(kind))
+    if message:
+        parts.append(str(message))
+    for key, value in data.items():
+        if value is not None and key not in ("prompt", "completion"):
+            parts.append(f"{key}={value}")
+    return "  ".join(parts)
+
+
 def fmt_status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
@@ -372,6 +395,7 @@ def follow_job(client: Client, job_id: str) -> int:
     offset = 0
     partial = ""
     last_status: str | None = None
+    after = 0
     columns = [
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -389,6 +413,14 @@ def follow_job(client: Client, job_id: str) -> int:
             if status != last_status:
                 bar.console.print(f"{job_id}: {fmt_status(status)}")
                 last_status = status
+            # The job's events since the last look (started, checkpoint, eval, warning...).
+            while True:
+                page = client.jobs.events(job_id, after=after)
+                for event in page.data:
+                    bar.console.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                after = page.next_after
+                if len(page.data) < 100:
+                    break
             complete = False
             # What the log holds now: the status and the bar are refreshed between reads.
             for chunk in client.jobs.log_chunks(job_id, offset=offset):
@@ -523,6 +555,34 @@ def logs(
             if chunk.text:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
+
+
+@_command("events")
+def events(
+    job_id: JobIdArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+) -> None:
+    """Print the job's events (queued, started, checkpoint, eval, warning, the end), oldest first."""
+    after = 0
+    with api() as client:
+        while True:
+            job = client.jobs.get(job_id) if follow else None
+            while True:
+                page = client.jobs.events(job_id, after=after, limit=1000)
+                for event in page.data:
+                    if as_json:
+                        sys.stdout.write(event.model_dump_json() + "\n")
+                    else:
+                        out.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                after = page.next_after
+                if len(page.data) < 1000:
+                    break
+            sys.stdout.flush()
+            # The status was read before the events: a terminal job's last event is in what was read.
+            if job is None or job.status in TERMINAL:
+                return
+            time.sleep(POLL_SECONDS)
 
 
 @_command("metrics")

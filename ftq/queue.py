@@ -24,6 +24,7 @@ TASK_CANCEL = "ftq.cancel"
 TASK_RECONCILE = "ftq.reconcile"
 TASK_INGEST = "ftq.ingest"
 TASK_RELAY = "ftq.relay"
+TASK_WEBHOOKS = "ftq.webhooks"
 
 # The outbox's dispatch kinds and the task each is sent as.
 TASK_FOR_DISPATCH = {"submit": TASK_SUBMIT, "cancel": TASK_CANCEL}

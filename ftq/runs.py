@@ -32,6 +32,12 @@ LAUNCH_RECORD = "launch.json"
 CANCEL_RECORD = "cancel.json"
 # Held (flock) by the worker for a whole launch of this run.
 RUN_LOCK = ".launch.lock"
+# What the trainer noticed about its own run (trainer/watch.py): one JSON object per line, `{"kind":
+# "nan_loss" | "loss_exploding" | "loss_spike" | "straggler", "step", "message", "time"}`; ingest turns
+# each line into a job.warning event. The same lines go to train.log as warnings, for people.
+WARNINGS = "warnings.jsonl"
+# Sample completions at eval steps, `{"step", "prompt", "completion"}` per line: each is a job.sample event.
+SAMPLES = "samples.jsonl"
 # The step of the checkpoint a time-limit requeue resumed from: the next one must get further.
 REQUEUE_RECORD = "requeue.json"
 # What one attempt's launch leaves that the next attempt must not read as its own.

@@ -23,12 +23,14 @@ from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
+from service.events.router import router as events_router
 from service.guard import RequestGuard
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
 from service.observability import router as metrics_router
 from service.ui.router import router as ui_router
+from service.webhooks.router import router as webhooks_router
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,8 @@ def create_app() -> FastAPI:
         return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
     app.include_router(jobs_router)
+    app.include_router(events_router)
+    app.include_router(webhooks_router)
 
     @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
     async def healthz() -> Health:

@@ -49,6 +49,7 @@ from .model import (
 )
 from .preempt import exit_if_stopped, stop_callback
 from .preempt import start as listen_for_stop
+from .watch import Watch, raise_if_diverged, watch_callback
 
 log = logging.getLogger("trainer")
 
@@ -128,6 +129,8 @@ def run(args: TrainerArgs) -> None:
         "LoRA" if peft_config else "full fine-tuning",
     )
 
+    metrics_writer = metrics_callback(out / runs.METRICS)
+    watch = Watch(spike_factor=spec.training.loss_spike_factor, stop_on_nan=spec.training.stop_on_nan)
     trainer = SFTTrainer(
         model=model,
         args=config,
@@ -135,7 +138,8 @@ def run(args: TrainerArgs) -> None:
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[metrics_callback(out / runs.METRICS), stop_callback(stop)],
+        # The watch after the metrics writer: it reads the throughput of the point just written.
+        callbacks=[metrics_writer, watch_callback(watch, out, metrics_writer), stop_callback(stop)],
     )
     # The metrics callback logs one line per logging step; transformers' printer would add its dict.
     from transformers.trainer_callback import PrinterCallback
@@ -154,6 +158,9 @@ def run(args: TrainerArgs) -> None:
         log.info("resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
+    if watch.diverged_at is not None:
+        _leave_process_group(trainer)
+        raise_if_diverged(watch, out)  # the loss became NaN: no final save; ends as `diverged`
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
 
     # The last step was not an eval step: evaluate once more, so the run ends with its final eval loss.
@@ -165,6 +172,10 @@ def run(args: TrainerArgs) -> None:
         save_final(trainer, out / runs.FINAL, tokenizer, strategy)
     log.info("saved %s", out / runs.FINAL)
 
+    _leave_process_group(trainer)
+
+
+def _leave_process_group(trainer: Any) -> None:
     # Leave the process group explicitly, all ranks together: left to interpreter shutdown, a rank's
     # communication threads can be torn down mid-flight ("terminate called without an active
     # exception", SIGABRT) and the run fails after it has saved everything.

@@ -3,10 +3,10 @@ work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest` and 
 
 from __future__ import annotations
 
-from ftq.queue import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT
+from ftq.queue import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT, TASK_WEBHOOKS
 from ftq.store import outbox, repository
 from ftq.store.db import session_scope
-from worker import controller, locks
+from worker import controller, locks, webhooks
 from worker.celery_app import celery_app
 from worker.ingest import ingest_all
 
@@ -41,3 +41,8 @@ def relay() -> None:
         outbox.relay()
         with session_scope() as session:
             repository.purge_expired_idempotency(session)
+
+
+@celery_app.task(name=TASK_WEBHOOKS)
+def send_webhooks() -> None:
+    webhooks.send_due()

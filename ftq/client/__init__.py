@@ -41,6 +41,8 @@ from ftq.client.errors import (
 )
 from ftq.schemas import (
     Checkpoint,
+    Event,
+    EventPage,
     Health,
     JobList,
     JobPublic,
@@ -64,6 +66,8 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "ConnectionLost",
+    "Event",
+    "EventPage",
     "FieldError",
     "Forbidden",
     "FtqAPIError",

@@ -17,6 +17,7 @@ from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
     Checkpoint,
     CheckpointList,
+    EventPage,
     Health,
     JobList,
     JobPublic,
@@ -51,6 +52,10 @@ class Client:
             transport=transport,
         )
         self.jobs = Jobs(self)
+
+    def events(self, *, after: int = 0, limit: int = 100) -> EventPage:
+        """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
+        return self._call("GET", "/events", EventPage, params={"after": after, "limit": limit})
 
     def health(self) -> Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
@@ -238,6 +243,13 @@ class Jobs:
             if chunk.complete:
                 return
             offset = chunk.next_offset
+
+    # Events
+
+    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> EventPage:
+        """One page of the job's events with id > after, oldest first; pass `next_after` on."""
+        params = {"after": after, "limit": limit}
+        return self._client._call("GET", _core.job_path(job_id, "events"), EventPage, params=params)
 
     # Metrics
 
