@@ -117,7 +117,8 @@ class Event(BaseModel):
         description="By type: queued `{position}`; started `{launcher, host, external_id, slurm_job_id, pid, "
         "num_nodes, processes_per_node, attempt}`; checkpoint `{step, path}`; eval `{step, metrics}`; "
         "sample `{step, prompt, completion}`; warning `{kind: nan_loss|loss_exploding|loss_spike|straggler, "
-        "step, message}`; retried `{attempt, reason}`; failed and cancelled `{error: {code, message, exit_code}}`."
+        "step, message}`; retried `{attempt, reason}`; failed and cancelled `{error: {code, message, "
+        "exit_code}}`."
     )
 
 
