@@ -267,7 +267,12 @@ def test_rotate_delete_and_enable(scenario: Scenario) -> None:
 def test_loopback_is_refused_without_the_operators_allowlist(auth_server: Deployment) -> None:
     # FTQ_ENV=test (not development) and no FTQ_WEBHOOK_ALLOWED_NETWORKS: loopback and private are refused.
     with auth_server.client(auth_server.token) as client:
-        for url in ("http://127.0.0.1:9/x", "http://localhost:9/x", "http://[::1]:9/x", "http://192.168.1.1/"):
+        for url in (
+            "http://127.0.0.1:9/x",
+            "http://localhost:9/x",
+            "http://[::1]:9/x",
+            "http://192.168.1.1/",
+        ):
             r = client.post("/webhooks", json={"url": url, "events": ["job.failed"]})
             assert r.status_code == 422, r.text
             assert r.json()["detail"][0]["loc"] == ["body", "url"]
