@@ -256,3 +256,45 @@ def test_a_loopback_receiver_is_refused_at_send_time_outside_development(
     with session_scope() as session:
         row = session.query(WebhookDelivery).one()
         assert row.status == "failed" and "loopback" in (row.last_error or "")
+
+
+def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -> None:
+    """Two webhooks of one owner: while the slow one's first request hangs, the other gets every event."""
+    release = threading.Event()
+    slow = Receiver()
+
+    class Hanging(slow.server.RequestHandlerClass):  # type: ignore[misc,name-defined]
+        def do_POST(self) -> None:
+            release.wait(20)
+            super().do_POST()
+
+    slow.server.RequestHandlerClass = Hanging
+    try:
+        add_webhook(slow.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
+        add_webhook(receiver.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
+        new_job("job_h")
+        run_to_success("job_h")
+        from worker import webhooks
+
+        sender = threading.Thread(target=webhooks.send_due, kwargs={"pass_seconds": 30})
+        sender.start()
+        for _ in range(200):
+            if len(receiver.received) == 4:
+                break
+            threading.Event().wait(0.05)
+        assert [json.loads(b)["type"] for _, b in receiver.received] == [
+            "job.queued",
+            "job.started",
+            "job.checkpoint",
+            "job.succeeded",
+        ]
+        assert slow.received == []  # still waiting on its first answer
+        release.set()
+        sender.join(30)
+        assert not sender.is_alive()
+        send_until_quiet()
+        # At least once: a request that hung past the timeout is sent again.
+        assert {h["webhook-id"] for h, _ in slow.received} == {h["webhook-id"] for h, _ in receiver.received}
+    finally:
+        release.set()
+        slow.close()
