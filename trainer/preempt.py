@@ -3,12 +3,14 @@
 How a signal gets here: SLURM sends `--signal=B:USR1@<grace>` to the batch script alone; job.sbatch
 passes it to srun, which forwards it to each node's `accelerate launch`; torch's elastic agent passes it
 on to its ranks (job.sbatch lists SIGUSR1 in PET_SIGNALS_TO_HANDLE and gives the agent the grace as its
-shutdown timeout). A cancel sends SIGTERM: locally to the run's process group and every rank, on SLURM
-to every step. A signal reaches the ranks at different moments, or only some of them, so no rank acts
+shutdown timeout). A cancel sends SIGTERM: locally to every rank (not to torch's agent, which ends by
+itself once its ranks have), on SLURM to every step. A signal reaches the ranks at different moments, or
+only some of them, so no rank acts
 on its own: at each step boundary the ranks agree (one all-reduce of a small integer) and all of them
 save the same checkpoint and stop after the same step. The trainer then exits with EXIT_CHECKPOINTED and
 one `ftq-error:` line naming the checkpoint, and the service queues it again (`time_limit` with
-`resources.slurm.requeue_on_timeout`) or ends it (a cancel).
+`resources.slurm.requeue_on_timeout`); after a cancel (the worker's `cancel.json` is in the run directory)
+every rank exits 0 with no `ftq-error:` line, and the worker ends the log with one line of its own.
 
 Before training starts there is nothing to save: SIGTERM then ends the process as it always did. A
 SIGUSR1 that comes during loading is remembered and acted on at the first step boundary.
@@ -130,16 +132,27 @@ def exit_if_stopped(stop: StopOnSignal, trainer: Any, out: Path) -> None:
         f"{USER_ERROR_PREFIX} {code.value}: stopped after step {stop.step} because {why}, with a "
         f"checkpoint at {ckpt.relative_to(out)}; {then}"
     )
+    # A cancel (the worker wrote its record before signalling) is what the user asked for: the ranks
+    # end with status 0, so the launcher (torch's agent, or accelerate's single-process launch) ends
+    # quietly instead of reporting failed ranks in a page of traceback; the worker knows it cancelled.
+    # Only the record's presence is looked at (the run user may not read it); SLURM's time limit and
+    # a preemption leave no record and keep EXIT_CHECKPOINTED, which their requeue relies on.
+    cancelled = stop.agreed == signal.SIGTERM and (out / runs.CANCEL_RECORD).exists()
     if trainer.accelerator.is_main_process:
-        log.warning("stopped after step %s with a checkpoint at %s", stop.step, ckpt)
+        log.warning(
+            "%s after step %s with a checkpoint at %s",
+            "cancelled" if cancelled else "stopped",
+            stop.step,
+            ckpt,
+        )
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         trainer.accelerator.wait_for_everyone()
         dist.destroy_process_group()
-    if trainer.accelerator.is_main_process:
+    if trainer.accelerator.is_main_process and not cancelled:
         print(line, file=sys.stderr, flush=True)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(EXIT_CHECKPOINTED)
+    os._exit(0 if cancelled else EXIT_CHECKPOINTED)

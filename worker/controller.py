@@ -471,7 +471,13 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
                 exit_code=state.exit_code,
             )
             _end_log_with_cancel(v.run_dir, job.progress_step)
-        elif state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
+        elif (
+            state.phase == RunPhase.exited
+            and state.exit_code == 0
+            and not state.reason
+            # Stopped by the worker for running too long: its ranks checkpoint and exit 0, as on a cancel.
+            and not (v.run_dir / TIME_LIMIT_RECORD).exists()
+        ):
             repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
         elif status in (JobStatus.starting, JobStatus.running):
             if (v.run_dir / TIME_LIMIT_RECORD).exists():

@@ -60,6 +60,7 @@ class ProcInfo:
     state: str
     pgid: int
     start_ticks: int
+    ppid: int = 0
 
 
 def read_stat(pid: int) -> ProcInfo | None:
@@ -71,7 +72,7 @@ def read_stat(pid: int) -> ProcInfo | None:
     # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
     rest = raw[raw.rfind(")") + 2 :].split()
     # rest[0] is field 3 (state); field N is rest[N - 3].
-    return ProcInfo(pid=pid, state=rest[0], pgid=int(rest[2]), start_ticks=int(rest[19]))
+    return ProcInfo(pid=pid, state=rest[0], pgid=int(rest[2]), start_ticks=int(rest[19]), ppid=int(rest[1]))
 
 
 def scan_proc() -> list[ProcInfo]:
@@ -227,6 +228,17 @@ def _write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
         os.fsync(f.fileno())
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def _create_own(path: Path, text: str) -> bool:
+    """Write a new record; False if one is already there (someone else got here first)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return True
 
 
 def _read_own(path: Path) -> str:
@@ -416,15 +428,24 @@ class LocalLauncher:
         return RunState(phase=RunPhase.lost, reason="no process and no exit status")
 
     def cancel(self, run: RunRef) -> None:
-        """SIGTERM to the whole group the first time; SIGKILL once the grace period has passed."""
+        """SIGTERM to the ranks the first time; SIGKILL to everything once the grace period has passed.
+
+        The ranks checkpoint at their next step and exit 0 (trainer/preempt.py), and the launcher above
+        them (torch's agent, or accelerate's single-process launch) then ends by itself. Signalled
+        too, the agent would stop its ranks on its own clock and end in a page of traceback in
+        train.log. The record is written first, with O_EXCL: the cancel task and a reconcile sweep
+        may both get here at once, and only one of them sends the signal; the trainer looks for it.
+        """
         record = run.run_dir / runs.CANCEL_RECORD
         try:
             sent = float(json.loads(_read_own(record))["term_sent"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except FileNotFoundError:
             sent = None
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # being written by the other caller this very moment
         if sent is None:
-            self._signal_group(run, signal.SIGTERM)
-            _write_atomic(record, json.dumps({"term_sent": time.time()}))
+            if _create_own(record, json.dumps({"term_sent": time.time()})):
+                self._signal_ranks(run, signal.SIGTERM)
             return
         if time.time() - sent >= self.settings.cancel_grace_seconds:
             self._signal_group(run, signal.SIGKILL)
@@ -432,6 +453,24 @@ class LocalLauncher:
     def kill_leftovers(self, run: RunRef) -> None:
         """After a run ended, SIGKILL what is left of it (stray ranks, dataloader or compile workers)."""
         self._signal_group(run, signal.SIGKILL)
+
+    def _signal_ranks(self, run: RunRef, sig: signal.Signals) -> None:
+        """Signal the processes doing the training, not the launch script nor the launcher under it.
+
+        With several processes torch's agent starts each rank in a session of its own (found by the
+        run's marker); with one, accelerate runs the trainer as a child in the run's group. Either way
+        the launch script (the group leader) and its direct child (the launcher) are left out.
+        """
+        procs = scan_proc()
+        if not run.pid or not group_members(run.pid, procs):
+            return
+        launchers = {p.pid for p in procs if p.ppid == run.pid} | {run.pid}
+        targets = [p.pid for p in procs if p.pgid == run.pid and p.pid not in launchers]
+        targets += [pid for pid in marked(run.job_id, procs, run_uid(run.run_dir)) if pid not in launchers]
+        log.info("sending %s to the ranks of job %s: %s", sig.name, run.job_id, sorted(set(targets)))
+        for pid in set(targets):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
     def _signal_group(self, run: RunRef, sig: signal.Signals) -> None:
         """Signal the run's process group and every process carrying its marker (ranks elsewhere)."""

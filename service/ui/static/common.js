@@ -166,10 +166,17 @@ const FTQ = (() => {
     return Math.min(1, p.step / p.max_steps);
   }
 
+  // Steps, and while a job is not training (queued, loading, saving, stopping) what it is doing instead,
+  // from the API's progress.message: "starting 2 processes" says more than "0 / 40".
   function progressText(job) {
     const p = job.progress || {};
-    if (p.step === null || p.step === undefined) return p.max_steps ? `0 / ${p.max_steps}` : "–";
-    return p.max_steps ? `${p.step} / ${p.max_steps}` : `step ${p.step}`;
+    const doing = !TERMINAL.includes(job.status) && p.message && p.phase !== "training" ? p.message : "";
+    if (p.step === null || p.step === undefined) {
+      if (doing) return doing;
+      return p.max_steps ? `0 / ${p.max_steps}` : "–";
+    }
+    const steps = p.max_steps ? `${p.step} / ${p.max_steps}` : `step ${p.step}`;
+    return doing ? `${steps} · ${doing}` : steps;
   }
 
   function setRefreshState(text) {

@@ -153,6 +153,34 @@ def test_cancel_button_stops_a_running_job(server: Deployment, page: Any) -> Non
     page.screenshot(path=str(ARTIFACTS / "dashboard-cancelled.png"), full_page=True)
 
 
+def test_progress_says_what_a_job_does_before_its_first_step_and_while_it_saves(
+    server: Deployment, page: Any
+) -> None:
+    # The list and the job page share this text; the API's phases come from service/jobs/phase.py.
+    page.goto(f"{server.url}/")
+    text = "job => FTQ.progressText(job)"
+    loading = {
+        "status": "running",
+        "progress": {"phase": "loading", "message": "loading the model", "step": None, "max_steps": 40},
+    }
+    saving = {
+        "status": "running",
+        "progress": {"phase": "saving", "message": "saving the final model", "step": 40, "max_steps": 40},
+    }
+    training = {
+        "status": "running",
+        "progress": {"phase": "training", "message": None, "step": 7, "max_steps": 40},
+    }
+    failed = {
+        "status": "failed",
+        "progress": {"phase": None, "message": "loading the model", "step": None, "max_steps": 40},
+    }
+    assert page.evaluate(text, loading) == "loading the model"
+    assert page.evaluate(text, saving) == "40 / 40 · saving the final model"
+    assert page.evaluate(text, training) == "7 / 40"
+    assert page.evaluate(text, failed) == "0 / 40"
+
+
 def test_token_from_the_url_is_kept_for_the_tab_and_401_is_explained(
     auth_server: Deployment, page: Any
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +25,22 @@ from worker.launchers.base import LaunchRequest, RunPhase, RunRef
 from worker.launchers.local import LocalLauncher, group_members, marked, read_stat
 
 STAND_IN = """#!/usr/bin/env bash
-# A stand-in launch.sh: a child in a session of its own (as torch's ranks are), then wait.
+# A stand-in launch.sh shaped like the real one: a launcher (as torch's agent is) whose child, the rank,
+# runs in a session of its own; the launcher notes a SIGTERM it gets, and ends when the rank does.
 set -u
-python3 -c "import os, signal, time; os.setsid(); {child}; time.sleep(300)" &
-trap '{on_term}' TERM
-while true; do sleep 0.1; done
+cat > rank.py <<'PY'
+import signal, sys, time
+{child}
+open('rank_ready', 'w').close()
+time.sleep(300)
+PY
+python3 -c "
+import signal, subprocess, sys
+signal.signal(signal.SIGTERM, lambda *_: open('launcher_got_sigterm', 'w').close())
+rc = subprocess.call([sys.executable, 'rank.py'], start_new_session=True)
+sys.exit(128 - rc if rc < 0 else rc)
+"
+printf '%s\\n' "$?" > exit_status
 """
 
 
@@ -82,25 +94,49 @@ def test_no_exit_status_and_no_process_is_lost(tmp_path: Path) -> None:
     assert launcher.poll([ref])["gone"].phase == RunPhase.lost
 
 
-def test_cancel_terms_the_group_and_ranks_in_other_sessions(tmp_path: Path) -> None:
+def test_cancel_terms_the_ranks_and_leaves_the_launcher_to_end_by_itself(tmp_path: Path) -> None:
+    # Signalled too, torch's agent would end in a page of traceback in train.log.
     launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=30))
-    req = _request(tmp_path, "job_term", STAND_IN.format(child="pass", on_term="exit 143"))
+    req = _request(tmp_path, "job_term", STAND_IN.format(child="pass"))
     handle = launcher.submit(req)
     ref = RunRef("job_term", req.run_dir, None, handle.pid, handle.pid_start_ticks)
-    assert _wait(lambda: len(marked("job_term")) >= 2)
+    assert _wait(lambda: (req.run_dir / "rank_ready").exists())
     launcher.cancel(ref)
     assert _wait(lambda: launcher.poll([ref])["job_term"].phase != RunPhase.running)
     assert marked("job_term") == [] and group_members(handle.pid) == []  # type: ignore[arg-type]
+    assert not (req.run_dir / "launcher_got_sigterm").exists()
+    assert (req.run_dir / "exit_status").read_text().strip() == "143"  # the rank's SIGTERM, passed up
+
+
+def test_a_cancel_from_two_callers_at_once_sends_one_sigterm(tmp_path: Path) -> None:
+    # The cancel task and a reconcile sweep can both act on one cancelling job in the same moment.
+    launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=30))
+    count = "signal.signal(signal.SIGTERM, lambda *_: open('terms', 'a').write('x'))"
+    req = _request(tmp_path, "job_twice", STAND_IN.format(child=count))
+    handle = launcher.submit(req)
+    ref = RunRef("job_twice", req.run_dir, None, handle.pid, handle.pid_start_ticks)
+    assert _wait(lambda: (req.run_dir / "rank_ready").exists())
+    callers = [threading.Thread(target=launcher.cancel, args=(ref,)) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    try:
+        assert _wait(lambda: (req.run_dir / "terms").exists())
+        time.sleep(0.5)
+        assert (req.run_dir / "terms").read_text() == "x"
+    finally:
+        launcher.kill_leftovers(ref)
 
 
 def test_cancel_escalates_to_sigkill_after_the_grace_period(tmp_path: Path) -> None:
     launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=1))
-    # This launch ignores SIGTERM, and so does its child in another session.
+    # This run's rank ignores SIGTERM.
     ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
-    req = _request(tmp_path, "job_stubborn", STAND_IN.format(child=ignore, on_term="true"))
+    req = _request(tmp_path, "job_stubborn", STAND_IN.format(child=ignore))
     handle = launcher.submit(req)
     ref = RunRef("job_stubborn", req.run_dir, None, handle.pid, handle.pid_start_ticks)
-    assert _wait(lambda: len(marked("job_stubborn")) >= 2)
+    assert _wait(lambda: (req.run_dir / "rank_ready").exists())
     launcher.cancel(ref)
     time.sleep(0.5)
     launcher.cancel(ref)  # within the grace period: nothing more yet
@@ -114,7 +150,7 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(tmp_path: Path) -> N
 
 def test_find_adopts_a_launch_whose_record_was_never_written(tmp_path: Path) -> None:
     launcher = LocalLauncher(Settings(data_dir=tmp_path))
-    req = _request(tmp_path, "job_orphan", STAND_IN.format(child="pass", on_term="exit 143"))
+    req = _request(tmp_path, "job_orphan", STAND_IN.format(child="pass"))
     handle = launcher.submit(req)
     (req.run_dir / "launch.json").unlink()  # as if the worker died right after the start
     found = launcher.find(req.run_dir)
@@ -125,9 +161,9 @@ def test_find_adopts_a_launch_whose_record_was_never_written(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_a_cancelled_training_run_saves_a_checkpoint_within_the_grace(tiny_dir: Path, tmp_path: Path) -> None:
-    """A real two-process run under the rendered launch.sh: the cancel's SIGTERM (to the group, and to
-    the ranks in their own sessions) makes the ranks checkpoint after their current step and exit, long
-    before the grace would have the launcher SIGKILL them."""
+    """A real two-process run under the rendered launch.sh: the cancel's SIGTERM to the ranks (in their
+    own sessions) makes them checkpoint after their current step and exit, long before the grace would
+    have the launcher SIGKILL them."""
     settings = Settings(data_dir=tmp_path, cancel_grace_seconds=120, python=sys.executable)
     launcher = LocalLauncher(settings)
     body = tiny_spec(tiny_dir, max_steps=100_000, processes=2)  # only the cancel ends it
@@ -158,4 +194,8 @@ def test_a_cancelled_training_run_saves_a_checkpoint_within_the_grace(tiny_dir: 
     assert [(c.step, c.resumable) for c in runs.list_checkpoints(run_dir)] == [(stopped_at, True)], log[
         -3000:
     ]
-    assert f"ftq-error: preempted: stopped after step {stopped_at} because" in log
+    # A cancel is what was asked for: no error line, and the launch ends 0 without torch's agent
+    # reporting failed ranks (it was never signalled).
+    assert "ftq-error" not in log and "Traceback" not in log, log[-3000:]
+    assert f"cancelled after step {stopped_at} with a checkpoint" in log
+    assert runs.read_exit_status(run_dir) == 0
