@@ -263,7 +263,7 @@ def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -
     release = threading.Event()
     slow = Receiver()
 
-    class Hanging(slow.server.RequestHandlerClass):  # type: ignore[misc,name-defined]
+    class Hanging(slow.server.RequestHandlerClass):  # type: ignore[name-defined]
         def do_POST(self) -> None:
             release.wait(20)
             super().do_POST()
