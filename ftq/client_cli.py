@@ -18,6 +18,7 @@ import functools
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -544,17 +545,63 @@ def status(
     out.print(table)
 
 
+class EventPrinter:
+    """Prints a job's new events on stderr from a thread of its own, while the log goes to stdout (so
+    `ftq logs ID --follow > train.log` still writes the log alone)."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client, self.job_id = client, job_id
+        self.after = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.print_new()  # what the job's end added
+
+    def print_new(self) -> None:
+        try:
+            while True:
+                page = self.client.jobs.events(self.job_id, after=self.after, limit=1000)
+                for event in page.data:
+                    err.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                self.after = page.next_after
+                if len(page.data) < 1000:
+                    return
+        except FtqClientError:
+            return  # the log is what was asked for: a missed poll is shown at the next
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            self.print_new()
+
+
 @_command("logs")
 def logs(
     job_id: JobIdArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    show_events: Annotated[
+        bool,
+        typer.Option("--events/--no-events", help="With --follow, also print the job's events on stderr."),
+    ] = True,
 ) -> None:
-    """Print the job's train.log."""
+    """Print the job's train.log; with --follow, its events too (on stderr)."""
     with api() as client:
-        for chunk in client.jobs.log_chunks(job_id, follow=follow, poll=POLL_SECONDS):
-            if chunk.text:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
+        printer = EventPrinter(client, job_id) if follow and show_events else None
+        if printer is not None:
+            printer.start()
+        try:
+            for chunk in client.jobs.log_chunks(job_id, follow=follow, poll=POLL_SECONDS):
+                if chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+        finally:
+            if printer is not None:
+                printer.stop()
 
 
 @_command("events")

@@ -171,6 +171,13 @@ def test_the_tiny_job_delivers_signed_events_in_order(scenario: Scenario) -> Non
     cli = run_ftq("events", scenario.alice_job, url=scenario.dep.url, token=ALICE)
     assert cli.returncode == 0, cli.stderr
     assert "job.checkpoint" in cli.stdout and "job.succeeded" in cli.stdout
+    # `ftq logs --follow`: the log on stdout, as it is; the events on stderr.
+    cli = run_ftq("logs", scenario.alice_job, "--follow", url=scenario.dep.url, token=ALICE)
+    assert cli.returncode == 0, cli.stderr
+    text = scenario.alice.get(f"/jobs/{scenario.alice_job}/logs", params={"limit": 1048576}).json()["text"]
+    assert cli.stdout == text
+    for e in events:
+        assert f"event {e['id']}  {e['type']}" in cli.stderr, cli.stderr
 
 
 def test_a_receiver_down_for_a_while_loses_nothing_and_keeps_order(scenario: Scenario) -> None:
