@@ -37,6 +37,25 @@ class EventType(StrEnum):
 
 EVENT_TYPES: tuple[str, ...] = tuple(t.value for t in EventType)
 
+# The job's status when an event of each type is written (what a webhook's `data.job.status` says).
+STATUS_AT = {
+    EventType.created: "queued",
+    EventType.queued: "queued",
+    EventType.retried: "queued",
+    EventType.succeeded: "succeeded",
+    EventType.failed: "failed",
+    EventType.cancelled: "cancelled",
+}
+
+
+def status_at(type_: str) -> str:
+    """`running` for what happens during a run (started, checkpoint, eval, sample, warning)."""
+    try:
+        return STATUS_AT.get(EventType(type_), "running")
+    except ValueError:
+        return "running"
+
+
 # Webhook secrets: `whsec_` and the base64 of this many random bytes (Standard Webhooks' form).
 SECRET_PREFIX = "whsec_"  # noqa: S105 (a prefix, not a secret)
 SECRET_BYTES = 24

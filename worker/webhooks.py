@@ -41,11 +41,13 @@ USER_AGENT = "ftq-webhooks/1"
 
 
 def payload(due: store.Due) -> bytes:
-    """The request body: `{"type", "timestamp", "data": {"event_id", "job_id", ...the event's data}}`."""
+    """The request body: `{"type", "timestamp", "data": {"event_id", "job_id", "job": {"id", "name",
+    "status"}, ...the event's data}}` (the status the job had when the event was written)."""
+    job = {"id": due.job_id, "name": due.job_name, "status": ev.status_at(due.event_type)}
     body = {
         "type": due.event_type,
         "timestamp": due.event_time.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-        "data": {"event_id": due.event_id, "job_id": due.job_id, **due.data},
+        "data": {**due.data, "event_id": due.event_id, "job_id": due.job_id, "job": job},
     }
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 

@@ -210,6 +210,7 @@ class Due:
     event_type: str
     event_time: datetime
     job_id: str
+    job_name: str
     data: dict[str, Any]
     attempts: int
     first_attempt_at: datetime | None
@@ -234,9 +235,10 @@ def due_for(session: Session, webhook_id: str, now: datetime, limit: int = 50) -
     job's events go out in order: N+1 waits until N succeeded or gave up)."""
     earlier = aliased(WebhookDelivery)
     stmt = (
-        select(WebhookDelivery, Webhook.url, Webhook.secret, JobEvent)
+        select(WebhookDelivery, Webhook.url, Webhook.secret, JobEvent, Job.name)
         .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
         .join(JobEvent, JobEvent.id == WebhookDelivery.event_id)
+        .join(Job, Job.id == JobEvent.job_id)
         .where(
             WebhookDelivery.webhook_id == webhook_id,
             WebhookDelivery.status == PENDING,
@@ -262,11 +264,12 @@ def due_for(session: Session, webhook_id: str, now: datetime, limit: int = 50) -
             event_type=ev.type,
             event_time=ev.time,
             job_id=ev.job_id,
+            job_name=name,
             data=dict(ev.data or {}),
             attempts=d.attempts,
             first_attempt_at=d.first_attempt_at,
         )
-        for d, url, secret, ev in session.execute(stmt).all()
+        for d, url, secret, ev, name in session.execute(stmt).all()
     ]
 
 

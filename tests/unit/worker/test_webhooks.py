@@ -178,6 +178,9 @@ def test_deliveries_are_signed_and_in_event_order(store: None, receiver: Receive
     for headers, body in receiver.received:
         assert verify(secret, headers, body)
         assert json.loads(body)["data"]["job_id"] == "job_c"
+    jobs = [b["data"]["job"] for _, b in got]
+    assert [j["status"] for j in jobs] == ["queued", "running", "running", "succeeded"]
+    assert all(j["id"] == "job_c" and j["name"] == "job_c" for j in jobs)
     ids = [int(h["webhook-id"].removeprefix("evt_")) for h, _ in got]
     assert ids == sorted(ids)
 
