@@ -186,6 +186,8 @@ def ingest_job(job_id: str) -> int:
 # again. Only a shortcut: the events' keys are what keeps a re-read from recording anything twice.
 _seen: dict[tuple[str, str], int] = {}
 SIDE_FILE_LIMIT = 4 * 1024 * 1024
+# The run writes these files: however many lines it writes, a job gets at most this many events of each.
+MAX_SIDE_EVENTS = 1000
 
 
 def run_events(session: Any, job: Job, run_dir: Any) -> dict[tuple[str, str], int]:
@@ -218,6 +220,8 @@ def run_events(session: Any, job: Job, run_dir: Any) -> dict[tuple[str, str], in
         (runs.SAMPLES, EventType.sample, "sample:"),
     ):
         for index, obj in _new_lines(job.id, run_dir / name, seen):
+            if index >= MAX_SIDE_EVENTS:
+                break
             data = _side_event_data(type_, obj)
             if data is not None:
                 events.record(session, job.id, type_, data, key=f"{prefix}{index}", owner=job.owner)
