@@ -156,6 +156,17 @@ class WebhookPublic(BaseModel):
     created_at: datetime
 
 
+class WebhookPayload(BaseModel):
+    """The body of each webhook delivery (a POST to the webhook's URL)."""
+
+    type: str = Field(description="The event's type, e.g. job.succeeded.")
+    timestamp: datetime = Field(description="When the event happened (UTC).")
+    data: dict[str, Any] = Field(
+        description="`event_id`, `job_id`, `job: {id, name, status}` (the status when the event happened) "
+        "and the event's own data (see Event.data)."
+    )
+
+
 class WebhookList(BaseModel):
     data: list[WebhookPublic]
 

@@ -30,6 +30,7 @@ from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
 from service.observability import router as metrics_router
 from service.ui.router import router as ui_router
+from service.webhooks.router import add_webhook_docs
 from service.webhooks.router import router as webhooks_router
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(events_router)
     app.include_router(webhooks_router)
+    add_webhook_docs(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
     async def healthz() -> Health:
@@ -182,7 +184,11 @@ def create_app() -> FastAPI:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(
-            title=app.title, version=app.version, description=app.description, routes=app.routes
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+            webhooks=app.webhooks.routes,
         )
         # The spec body is read by hand (JSON or YAML), so its schema is added explicitly.
         components = schema.setdefault("components", {}).setdefault("schemas", {})

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Response
 
 from ftq.store.events import WebhookRepository
 from service.deps import OwnerDep, SessionDep, SettingsDep
 from service.webhooks import service
-from service.webhooks.schemas import DeliveryPage, ErrorBody, WebhookCreate, WebhookList, WebhookPublic
+from service.webhooks.schemas import (
+    DeliveryPage,
+    ErrorBody,
+    WebhookCreate,
+    WebhookList,
+    WebhookPayload,
+    WebhookPublic,
+)
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 
@@ -99,3 +106,28 @@ def list_deliveries(
     limit: int = Query(100, ge=1, le=1000),
 ) -> DeliveryPage:
     return service.deliveries(repo, webhook_id, after=after, limit=limit)
+
+
+def add_webhook_docs(app: FastAPI) -> None:
+    """What ftq sends to a webhook's URL, in the OpenAPI document's `webhooks` section."""
+
+    @app.webhooks.post(
+        "job-event", summary="A job event, delivered to each webhook that subscribes to its type"
+    )
+    def job_event(
+        body: WebhookPayload,
+        webhook_id: Annotated[
+            str, Header(description="`evt_<event id>`: the same on every retry; deduplicate on it")
+        ],
+        webhook_timestamp: Annotated[str, Header(description="Unix seconds of this attempt")],
+        webhook_signature: Annotated[
+            str,
+            Header(
+                description='`v1,<base64 HMAC-SHA256 of "<webhook-id>.<webhook-timestamp>.<body>">`, keyed '
+                "with the base64-decoded part of the secret after `whsec_` (Standard Webhooks)"
+            ),
+        ],
+    ) -> None:
+        """Answer 2xx to acknowledge. Anything else, or no answer within FTQ_WEBHOOK_TIMEOUT_SECONDS, is
+        retried with exponential backoff and jitter for FTQ_WEBHOOK_RETRY_TOTAL_SECONDS; a job's events
+        come in order (the next waits until this one succeeded or gave up)."""

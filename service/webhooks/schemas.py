@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
-from ftq.schemas import Delivery, DeliveryPage, ErrorBody, WebhookCreate, WebhookList, WebhookPublic
+from ftq.schemas import (
+    Delivery,
+    DeliveryPage,
+    ErrorBody,
+    WebhookCreate,
+    WebhookList,
+    WebhookPayload,
+    WebhookPublic,
+)
 
-__all__ = ["Delivery", "DeliveryPage", "ErrorBody", "WebhookCreate", "WebhookList", "WebhookPublic"]
+__all__ = [
+    "Delivery",
+    "DeliveryPage",
+    "ErrorBody",
+    "WebhookCreate",
+    "WebhookList",
+    "WebhookPayload",
+    "WebhookPublic",
+]
