@@ -59,6 +59,12 @@ BENCHES = [
         1800,
     ),
     Bench("ingest", ["-m", "bench.ingest_bench"], ["-m", "bench.ingest_bench", "--lines", "20000"], 900),
+    Bench(
+        "artifacts",
+        ["-m", "bench.artifacts_tar"],
+        ["-m", "bench.artifacts_tar", "--gb", "0.5"],
+        600,
+    ),
     Bench("load", ["-m", "bench.load_bench"], ["-m", "bench.load_bench", "--seconds", "15"], 900),
     Bench(
         "dispatch",

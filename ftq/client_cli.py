@@ -1,4 +1,4 @@
-"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, cancel.
+"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, cancel, artifacts, download.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -30,10 +30,20 @@ import typer
 from pydantic import TypeAdapter
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from ftq.client import (
+    ChecksumMismatch,
     Client,
     ConnectionFailed,
     ConnectionLost,
@@ -132,6 +142,8 @@ def describe_failure(exc: FtqClientError) -> tuple[str, int]:
     """The one line and the exit code for an SDK error."""
     if isinstance(exc, SpecFileError):
         return str(exc), EXIT_INPUT
+    if isinstance(exc, ChecksumMismatch):
+        return f"{exc}; the partial file was removed, run the download again", EXIT_REFUSED
     if isinstance(exc, InvalidURL):
         # An FTQ_PORT that is not a port names itself; anything else came from FTQ_URL.
         if exc.url.startswith("FTQ_PORT="):
@@ -682,3 +694,74 @@ def cancel(job_id: JobIdArg) -> None:
     with api() as client:
         job = client.jobs.cancel(job_id)
     out.print(f"{job.id}: {fmt_status(job.status)}")
+
+
+@_command("artifacts")
+def artifacts(
+    job_id: JobIdArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the list as JSON.")] = False,
+) -> None:
+    """List the files of a job's run you can download (final/, checkpoints, exports, logs)."""
+    with api() as client:
+        listed = client.jobs.artifacts(job_id)
+    if as_json:
+        out.print_json(data=[a.model_dump(mode="json") for a in listed])
+        return
+    if not listed:
+        out.print(f"{job_id} has no artifacts yet")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("PATH", overflow="fold")
+    table.add_column("KIND", no_wrap=True)
+    table.add_column("SIZE", no_wrap=True, justify="right")
+    table.add_column("SHA256", no_wrap=True)
+    for a in listed:
+        table.add_row(escape(a.path), a.kind, fmt_bytes(a.size), a.sha256[:16] if a.sha256 else "(hashing)")
+    out.print(table)
+    out.print(f"download: ftq download {job_id} final  |  ftq download {job_id} PATH --out DIR")
+
+
+@_command("download")
+def download(
+    job_id: JobIdArg,
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="An artifact file, or a folder (final, checkpoints/checkpoint-20, exports/ID) fetched "
+            "file by file into DIR/<folder name>/."
+        ),
+    ] = "final",
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Folder to write into.")] = Path("."),
+) -> None:
+    """Download a job's artifact or folder, resuming an interrupted download, checking each sha256."""
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    ]
+    # The bar starts with the first bytes, so a refusal (404, 401) stays one line on stderr.
+    bar = Progress(*columns, console=err, transient=False)
+    task: TaskID | None = None
+
+    def progress(n: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(f"{job_id}/{path}", total=total)
+        bar.update(task, advance=n)
+
+    with api() as client:
+        try:
+            files = client.jobs.download(job_id, path, out_dir, progress=progress)
+        finally:
+            if task is not None:
+                bar.stop()
+    for f in files:
+        resumed = f" (resumed at {fmt_bytes(f.resumed_from)})" if f.resumed_from else ""
+        check = (
+            "sha256 ok" if f.verified else "[yellow]sha256 not yet computed by the server: not verified[/]"
+        )
+        out.print(f"{escape(str(f.path))}  {fmt_bytes(f.artifact.size)}  {check}{resumed}")

@@ -22,6 +22,12 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint-"  # checkpoints/checkpoint-<step>/, as transformers' Trainer names them
 FINAL = "final"
+# exports/<export id>/: what an export of the run wrote (merged weights, the adapter, a model card).
+EXPORTS = "exports"
+# The eval-time generations (samples during training), one JSON object a line.
+SAMPLES = "samples.jsonl"
+# The model card written into final/ and each export.
+MODEL_CARD = "README.md"
 # Written by launch.sh / job.sbatch when the launch ends: the exit status as text, e.g. "0" or "137".
 # How the service learns the end of a run it did not start itself (a restarted worker, or SLURM
 # without accounting, where finished jobs leave squeue).
@@ -72,17 +78,20 @@ class NotRegularFile(OSError):
         self.mode = mode
 
 
-def open_regular(path: Path | str, *, follow_symlinks: bool = False) -> tuple[int, int]:
+def open_regular(
+    path: Path | str, *, follow_symlinks: bool = False, dir_fd: int | None = None
+) -> tuple[int, int]:
     """(fd, size) of a regular file, opened read-only without blocking; the caller closes fd.
 
     How ftq opens a file someone else chose (a run's output, a spec's path): a FIFO opens at once and is
     refused instead of blocking forever, and unless `follow_symlinks` a symlink (to a file only the
     service may read) fails with ELOOP. What is read is what fstat checked. OSError otherwise.
+    With `dir_fd`, `path` is a name inside that open folder (openat).
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     if not follow_symlinks:
         flags |= os.O_NOFOLLOW
-    fd = os.open(path, flags)
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -209,3 +218,200 @@ def is_resumable(path: Path) -> bool:
     if "latest" in entries and not any(n.startswith("global_step") for n in names):
         return False  # DeepSpeed's pointer to partitions that are missing or incomplete
     return has_scheduler and has_rng and has_optimizer and has_model
+
+
+# Artifacts: what a user may take out of a run -------------------------------------------------------------
+#
+# The folders and files of a run a user downloads: final/, each checkpoint, each export, and the run's
+# logs. Everything else in the run directory (spec.json, launch.sh, job.sbatch, launch.json, exit_status,
+# locks, the accelerate config) is the service's own and is never served. Every path is walked and opened
+# one component at a time with O_NOFOLLOW (openat on the folder above): a symlink anywhere, planted by the
+# run or swapped in between a check and an open, is never followed, so nothing outside the run is reached.
+
+ARTIFACT_FOLDERS = (FINAL, CHECKPOINTS, EXPORTS)
+ARTIFACT_FILES = (TRAIN_LOG, METRICS, SAMPLES)
+# Files whose text may carry the operator's secrets (a trainer that prints its environment): served masked.
+MASKED_FILES = (TRAIN_LOG,)
+# What a listing walks at most: a run writing millions of files must not stall the API.
+MAX_ARTIFACTS = 20_000
+MAX_ARTIFACT_DEPTH = 16
+
+ARTIFACT_KINDS = ("adapter", "model", "tokenizer", "checkpoint", "export", "log", "card", "other")
+_TOKENIZER_FILES = frozenset(
+    {
+        "special_tokens_map.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "added_tokens.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+    }
+)
+_MODEL_FILES = frozenset({"config.json", "generation_config.json", *WEIGHT_FILES})
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    path: str  # relative to the run directory, `/`-separated
+    size: int
+    mtime_ns: int
+    inode: int
+    kind: str
+
+
+def artifact_parts(path: str) -> list[str] | None:
+    """The components of a user-given artifact path when it names something under an artifact folder
+    (or one of the artifact files); None for anything else: absolute, `..`, `.`, empty parts, a NUL,
+    a backslash, a checkpoint folder that is not `checkpoint-<step>`, the run's own files."""
+    if not path or path.startswith("/") or "\x00" in path or "\\" in path or len(path) > 4096:
+        return None
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    if len(parts) == 1:
+        return parts if parts[0] in ARTIFACT_FILES or parts[0] in ARTIFACT_FOLDERS else None
+    if parts[0] not in ARTIFACT_FOLDERS:
+        return None
+    if parts[0] == CHECKPOINTS and checkpoint_step(Path(parts[1])) is None:
+        return None
+    return parts
+
+
+def artifact_kind(path: str) -> str:
+    """adapter, model, tokenizer, checkpoint, export, log, card or other, for a path artifact_parts
+    accepts (relative to the run directory)."""
+    parts = path.split("/")
+    name = parts[-1]
+    top = parts[0]
+    if len(parts) == 1:
+        return "log"
+    if top == CHECKPOINTS:
+        return "checkpoint"
+    if top == EXPORTS:
+        return "card" if len(parts) == 3 and name == MODEL_CARD else "export"
+    if len(parts) == 2 and name == MODEL_CARD:
+        return "card"
+    if name.startswith("adapter_"):
+        return "adapter"
+    if name.startswith("tokenizer") or name in _TOKENIZER_FILES:
+        return "tokenizer"
+    if name in _MODEL_FILES or (name.startswith("model") and name.endswith(".safetensors")):
+        return "model"
+    if name.startswith("pytorch_model") or name.endswith(".safetensors"):
+        return "model"
+    return "other"
+
+
+def open_artifact_dir(run_dir: Path, parts: list[str]) -> int:
+    """An fd of the folder run_dir/parts..., each component opened with O_NOFOLLOW under the one
+    before: OSError (ELOOP, ENOTDIR, ENOENT) when any of them is a symlink, not a folder, or missing."""
+    fd = os.open(run_dir, _DIR_FLAGS)
+    try:
+        for part in parts:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_artifact(run_dir: Path, path: str) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of the artifact file at `path` (relative to run_dir), opened as open_regular does
+    and through open_artifact_dir; FileNotFoundError for a path that is no artifact."""
+    parts = artifact_parts(path)
+    if parts is None or (len(parts) == 1 and parts[0] in ARTIFACT_FOLDERS):
+        raise FileNotFoundError(path)
+    dir_fd = open_artifact_dir(run_dir, parts[:-1])
+    try:
+        fd, _ = open_regular(parts[-1], dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    return fd, os.fstat(fd)
+
+
+def is_artifact_folder(run_dir: Path, path: str) -> bool:
+    """Whether `path` names a folder under the artifacts (final, checkpoints/checkpoint-20, exports/<id>,
+    or one inside them), reached without a symlink."""
+    parts = artifact_parts(path)
+    if parts is None or (len(parts) == 1 and parts[0] not in ARTIFACT_FOLDERS):
+        return False
+    try:
+        os.close(open_artifact_dir(run_dir, parts))
+    except OSError:
+        return False
+    return True
+
+
+def list_artifacts(run_dir: Path, under: str | None = None) -> list[ArtifactFile]:
+    """The regular files a user may download, sorted by path: under `under` (a folder artifact_parts
+    accepts) or everywhere (final/, checkpoints/checkpoint-<step>/, exports/, the logs). Symlinks and
+    anything but regular files and folders are left out; so is what lies past MAX_ARTIFACT_DEPTH or
+    MAX_ARTIFACTS."""
+    out: list[ArtifactFile] = []
+    if under is not None:
+        parts = artifact_parts(under)
+        if parts is None:
+            return []
+        roots = [parts]
+    else:
+        roots = [[name] for name in (*ARTIFACT_FOLDERS, *ARTIFACT_FILES)]
+    for root in roots:
+        if len(root) == 1 and root[0] in ARTIFACT_FILES:
+            _add_file(run_dir, root[0], out)
+            continue
+        try:
+            fd = open_artifact_dir(run_dir, root)
+        except OSError:
+            continue
+        try:
+            _walk(fd, root, out)
+        finally:
+            os.close(fd)
+    return sorted(out, key=lambda a: a.path)
+
+
+def _add_file(run_dir: Path, name: str, out: list[ArtifactFile]) -> None:
+    try:
+        info = os.stat(run_dir / name, follow_symlinks=False)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode):
+        out.append(ArtifactFile(name, info.st_size, info.st_mtime_ns, info.st_ino, "log"))
+
+
+def _walk(fd: int, parts: list[str], out: list[ArtifactFile]) -> None:
+    if len(parts) > MAX_ARTIFACT_DEPTH:
+        return
+    try:
+        names = sorted(os.listdir(fd))
+    except OSError:
+        return
+    for name in names:
+        if len(out) >= MAX_ARTIFACTS:
+            return
+        child = [*parts, name]
+        # A checkpoints/ entry that is not checkpoint-<step> (a temp folder mid-save) is not an artifact.
+        if artifact_parts("/".join(child)) is None:
+            continue
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            path = "/".join(child)
+            out.append(ArtifactFile(path, info.st_size, info.st_mtime_ns, info.st_ino, artifact_kind(path)))
+        elif stat.S_ISDIR(info.st_mode):
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                _walk(sub, child, out)
+            finally:
+                os.close(sub)

@@ -4,7 +4,7 @@ client SDK (`ftq.client`) parses them, so both sides share one definition."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -195,3 +195,35 @@ class Delivery(BaseModel):
 class DeliveryPage(BaseModel):
     data: list[Delivery]
     next_after: int
+
+
+ArtifactKind = Literal["adapter", "model", "tokenizer", "checkpoint", "export", "log", "card", "other"]
+
+
+class Artifact(BaseModel):
+    path: str = Field(
+        description="Relative to the run directory, e.g. `final/adapter_model.safetensors`, "
+        "`checkpoints/checkpoint-20/optimizer.pt`, `exports/<export id>/model.safetensors`, `train.log`; "
+        "download it from `GET /jobs/{id}/artifacts/{path}`."
+    )
+    size: int = Field(description="Bytes.")
+    kind: ArtifactKind = Field(
+        description="adapter (final/adapter_*), model (final/ weights and config), tokenizer (final/ "
+        "tokenizer files), checkpoint (anything under checkpoints/), export (anything under exports/), "
+        "log (train.log, metrics.jsonl, samples.jsonl), card (the model card README.md of final/ or an "
+        "export), other (anything else in final/, e.g. training_args.bin)."
+    )
+    sha256: str | None = Field(
+        description="Hex SHA-256 of the bytes a download returns. Computed once per version of the file "
+        "(size, mtime, inode) and cached; null while a large file is still being hashed in the "
+        "background (list again shortly). train.log is served with the operator's secrets masked "
+        "(each byte of one replaced by `*`, so its size is unchanged): its sha256 is of the masked bytes."
+    )
+
+
+class ArtifactList(BaseModel):
+    data: list[Artifact] = Field(
+        description="Every file of the run a user may download, sorted by path. A folder downloads as "
+        "one tar: `GET /jobs/{id}/artifacts/final.tar`, `.../checkpoints/checkpoint-20.tar`, "
+        "`.../exports/<export id>.tar`."
+    )

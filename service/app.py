@@ -22,6 +22,7 @@ from ftq import __version__, logs
 from ftq.settings import get_settings
 from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
+from service.artifacts.router import router as artifacts_router
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
 from service.events.router import router as events_router
 from service.guard import RequestGuard
@@ -157,6 +158,7 @@ def create_app() -> FastAPI:
     app.include_router(events_router)
     app.include_router(webhooks_router)
     add_webhook_docs(app)
+    app.include_router(artifacts_router)
 
     @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
     async def healthz() -> Health:

@@ -15,11 +15,12 @@ Responses are the API's own models (`ftq.schemas`), failures typed exceptions (`
 from __future__ import annotations
 
 from ftq.client._async import AsyncClient, AsyncJobs
-from ftq.client._core import DEFAULT_URL, SpecInput
+from ftq.client._core import DEFAULT_URL, Downloaded, SpecInput
 from ftq.client._sync import Client, Jobs
 from ftq.client.errors import (
     ApiError,
     BadRequest,
+    ChecksumMismatch,
     Conflict,
     ConnectionFailed,
     ConnectionLost,
@@ -40,6 +41,8 @@ from ftq.client.errors import (
     WaitTimeout,
 )
 from ftq.schemas import (
+    Artifact,
+    ArtifactList,
     Checkpoint,
     Event,
     EventPage,
@@ -58,14 +61,18 @@ __all__ = [
     "DEFAULT_URL",
     "TERMINAL",
     "ApiError",
+    "Artifact",
+    "ArtifactList",
     "AsyncClient",
     "AsyncJobs",
     "BadRequest",
     "Checkpoint",
+    "ChecksumMismatch",
     "Client",
     "Conflict",
     "ConnectionFailed",
     "ConnectionLost",
+    "Downloaded",
     "Event",
     "EventPage",
     "FieldError",

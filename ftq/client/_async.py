@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import builtins
+import hashlib
+import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -16,6 +19,8 @@ from ftq.client import _core
 from ftq.client._core import M, SpecInput, StatusFilter
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
+    Artifact,
+    ArtifactList,
     Checkpoint,
     CheckpointList,
     EventPage,
@@ -98,10 +103,12 @@ class AsyncClient:
         return _core.parse_model(await self._send(method, path, **kwargs), model, self.url)
 
     @asynccontextmanager
-    async def _stream(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[httpx.Response]:
+    async def _stream(
+        self, path: str, params: Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[httpx.Response]:
         try:
             async with self._http.stream(
-                "GET", path, params=dict(params), headers={"Accept": "text/event-stream"}
+                "GET", path, params=dict(params), headers=dict(headers or {"Accept": "text/event-stream"})
             ) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
@@ -284,3 +291,75 @@ class AsyncJobs:
             if deadline is not None and now >= deadline:
                 raise WaitTimeout(job, timeout or 0.0)
             await anyio.sleep(poll if deadline is None else max(0.0, min(poll, deadline - now)))
+
+    # Artifacts
+
+    async def artifacts(self, job_id: str) -> builtins.list[Artifact]:
+        return (await self._client._call("GET", _core.job_path(job_id, "artifacts"), ArtifactList)).data
+
+    async def download(
+        self,
+        job_id: str,
+        path: str = "final",
+        out: str | os.PathLike[str] = ".",
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        verify: bool = True,
+    ) -> builtins.list[_core.Downloaded]:
+        """See `ftq.client.Jobs.download`."""
+        listed = await self.artifacts(job_id)
+        plan = _core.plan_download(listed, path, Path(out))
+        if not plan:
+            raise _core.no_artifact(job_id, path)
+        total = sum(a.size for a, _ in plan)
+
+        def report(n: int) -> None:
+            if progress:
+                progress(n, total)
+
+        fetched: builtins.list[tuple[Artifact, Path, str | None, int]] = []
+        for artifact, dest in plan:
+            if await anyio.to_thread.run_sync(_core.already_there, dest, artifact):
+                report(artifact.size)
+                fetched.append((artifact, dest, None, 0))
+                continue
+            digest, resumed = await self._fetch(job_id, artifact, dest, report)
+            fetched.append((artifact, dest, digest, resumed))
+        deadline = time.monotonic() + _core.SHA_WAIT_SECONDS
+        listed_now = {a.path: a for a, *_ in fetched}
+        while verify and any(listed_now[a.path].sha256 is None for a, _, d, _ in fetched if d is not None):
+            if time.monotonic() > deadline:
+                break
+            await anyio.sleep(1.0)
+            listed_now.update({a.path: a for a in await self.artifacts(job_id) if a.path in listed_now})
+        return [
+            _core.settle_file(listed_now[a.path], dest, digest, resumed, verify)
+            for a, dest, digest, resumed in fetched
+        ]
+
+    async def _fetch(
+        self, job_id: str, artifact: Artifact, dest: Path, report: Callable[[int], None]
+    ) -> tuple[str, int]:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part, etag_file = _core.part_files(dest)
+        headers, have = _core.resume_headers(part, etag_file)
+        if have > artifact.size:
+            headers, have = {}, 0
+        if have == artifact.size:
+            digest, have = await anyio.to_thread.run_sync(_core.hash_prefix, part)
+            report(have)
+            return str(digest.hexdigest()), have
+        async with self._client._stream(_core.artifact_path(job_id, artifact.path), {}, headers) as resp:
+            if resp.status_code == 206:
+                digest, have = await anyio.to_thread.run_sync(_core.hash_prefix, part)
+                mode = "ab"
+                report(have)
+            else:
+                digest, have, mode = hashlib.sha256(), 0, "wb"
+            etag_file.write_text(resp.headers.get("etag", ""))
+            with part.open(mode) as f:
+                async for chunk in resp.aiter_bytes(_core.DOWNLOAD_CHUNK):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    report(len(chunk))
+        return str(digest.hexdigest()), have

@@ -4,6 +4,7 @@ Keeping it here means `Client` and `AsyncClient` cannot drift apart in how they 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,7 @@ import yaml
 from ftq import __version__
 from ftq.client.errors import (
     BadRequest,
+    ChecksumMismatch,
     Conflict,
     ConnectionFailed,
     ConnectionLost,
@@ -37,7 +39,7 @@ from ftq.client.errors import (
     UnexpectedResponse,
     ValidationError,
 )
-from ftq.schemas import LogChunk
+from ftq.schemas import Artifact, LogChunk
 from ftq.spec import JobSpec
 from ftq.status import TERMINAL, JobStatus
 from ftq.yaml_errors import describe as describe_yaml_error
@@ -337,3 +339,105 @@ def log_event(event: str, data: str, offset: int) -> LogChunk | None:
 
 def is_terminal(status: JobStatus | str) -> bool:
     return status in TERMINAL
+
+
+# Downloads -----------------------------------------------------------------------------------------------
+
+DOWNLOAD_CHUNK = 1024**2
+# How long a download waits for the server to finish hashing a big file before it reports the file
+# as not verified (the server hashes each file once, in the background, after it is first listed).
+SHA_WAIT_SECONDS = 300.0
+
+
+class Downloaded(pydantic.BaseModel):
+    """One file a download wrote: where, what the server lists for it, and whether its sha256 was
+    checked (False only when the server had not hashed it within SHA_WAIT_SECONDS)."""
+
+    path: Path
+    artifact: Artifact
+    verified: bool
+    resumed_from: int = 0
+
+
+def artifact_path(job_id: str, path: str) -> str:
+    """/jobs/<id>/artifacts/<path>, each part of the path quoted."""
+    return job_path(job_id, "artifacts", *(quote(p, safe="") for p in path.strip("/").split("/")))
+
+
+def plan_download(artifacts: list[Artifact], path: str, out: Path) -> list[tuple[Artifact, Path]]:
+    """What a download of `path` fetches and where each file goes: a file to out/<its name>; a folder
+    (`final`, `checkpoints/checkpoint-20`, `exports/<id>`) file by file to out/<folder name>/..., the
+    layout its .tar has. Empty when `path` is neither."""
+    path = path.strip("/")
+    for a in artifacts:
+        if a.path == path:
+            return [(a, out / path.rsplit("/", 1)[-1])]
+    base = path.rsplit("/", 1)[-1]
+    plan = []
+    for a in artifacts:
+        if a.path.startswith(path + "/"):
+            rest = a.path[len(path) + 1 :].split("/")
+            # The server never lists such a path; a hostile server must not make us write outside `out`.
+            if any(p in ("", ".", "..") or "\\" in p for p in rest) or base in ("", ".", ".."):
+                raise UnexpectedResponse("server", 200, f"an artifact path that escapes its folder: {a.path}")
+            plan.append((a, out.joinpath(base, *rest)))
+    return plan
+
+
+def no_artifact(job_id: str, path: str) -> NotFound:
+    """What the server answers for a path it does not list (the SDK says it without a request)."""
+    detail = f"job {job_id} has no artifact {path}"
+    return NotFound(404, "not_found", detail, body={"detail": detail, "code": "not_found"})
+
+
+def part_files(dest: Path) -> tuple[Path, Path]:
+    """The partial file of a download and the ETag of the version it holds (for If-Range)."""
+    return dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.etag")
+
+
+def hash_prefix(part: Path) -> tuple[Any, int]:
+    """(sha256 object, bytes) of what an interrupted download left in `part`."""
+    digest = hashlib.sha256()
+    size = 0
+    with part.open("rb") as f:
+        while chunk := f.read(DOWNLOAD_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest, size
+
+
+def already_there(dest: Path, artifact: Artifact) -> bool:
+    """Whether dest is this artifact already (same size and, when listed, same sha256)."""
+    if not dest.is_file() or dest.stat().st_size != artifact.size or artifact.sha256 is None:
+        return False
+    digest, _ = hash_prefix(dest)
+    return bool(digest.hexdigest() == artifact.sha256)
+
+
+def resume_headers(part: Path, etag_file: Path) -> tuple[dict[str, str], int]:
+    """The Range/If-Range headers that continue an interrupted download, and where it continues from.
+    Without a recorded ETag the partial file cannot be trusted to be this version: start over."""
+    try:
+        have = part.stat().st_size
+        etag = etag_file.read_text().strip()
+    except OSError:
+        return {}, 0
+    if not have or not etag:
+        return {}, 0
+    return {"Range": f"bytes={have}-", "If-Range": etag}, have
+
+
+def settle_file(artifact: Artifact, dest: Path, digest: str | None, resumed: int, verify: bool) -> Downloaded:
+    """Move a fetched .part into place once it matches the listed sha256 (digest None: dest was
+    already this file). A mismatch removes the .part (a retry starts over) and raises."""
+    part, etag_file = part_files(dest)
+    if digest is None:
+        return Downloaded(path=dest, artifact=artifact, verified=True)
+    checked = verify and artifact.sha256 is not None
+    if checked and digest != artifact.sha256:
+        part.unlink(missing_ok=True)
+        etag_file.unlink(missing_ok=True)
+        raise ChecksumMismatch(artifact.path, str(artifact.sha256), digest)
+    part.replace(dest)
+    etag_file.unlink(missing_ok=True)
+    return Downloaded(path=dest, artifact=artifact, verified=checked, resumed_from=resumed)

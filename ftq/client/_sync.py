@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import builtins
+import hashlib
+import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -15,6 +18,8 @@ from ftq.client import _core
 from ftq.client._core import M, SpecInput, StatusFilter
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
+    Artifact,
+    ArtifactList,
     Checkpoint,
     CheckpointList,
     EventPage,
@@ -102,10 +107,12 @@ class Client:
         return _core.parse_model(self._send(method, path, **kwargs), model, self.url)
 
     @contextmanager
-    def _stream(self, path: str, params: Mapping[str, Any]) -> Iterator[httpx.Response]:
+    def _stream(
+        self, path: str, params: Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> Iterator[httpx.Response]:
         try:
             with self._http.stream(
-                "GET", path, params=dict(params), headers={"Accept": "text/event-stream"}
+                "GET", path, params=dict(params), headers=dict(headers or {"Accept": "text/event-stream"})
             ) as resp:
                 if resp.status_code >= 400:
                     resp.read()
@@ -303,3 +310,86 @@ class Jobs:
             if deadline is not None and now >= deadline:
                 raise WaitTimeout(job, timeout or 0.0)
             time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - now)))
+
+    # Artifacts
+
+    def artifacts(self, job_id: str) -> builtins.list[Artifact]:
+        """Every file of the run a user may download (final/, checkpoints, exports, logs), with size,
+        kind and sha256 (None while the server is still hashing a big file)."""
+        return self._client._call("GET", _core.job_path(job_id, "artifacts"), ArtifactList).data
+
+    def download(
+        self,
+        job_id: str,
+        path: str = "final",
+        out: str | os.PathLike[str] = ".",
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        verify: bool = True,
+    ) -> builtins.list[_core.Downloaded]:
+        """Download an artifact file, or a folder file by file (`final`, `checkpoints/checkpoint-20`,
+        `exports/<id>`), into `out`: a file as out/<name>, a folder as out/<folder name>/... (the layout
+        of its .tar). Each file is written to `<name>.part` and moved into place once its sha256 matches
+        the list (ChecksumMismatch otherwise); an interrupted download continues from its .part file
+        (Range + If-Range: only if the server still has the same version of the file). `progress` is
+        called with (bytes just written, total bytes of the download)."""
+        listed = self.artifacts(job_id)
+        plan = _core.plan_download(listed, path, Path(out))
+        if not plan:
+            raise _core.no_artifact(job_id, path)
+        total = sum(a.size for a, _ in plan)
+        report = (lambda n: progress(n, total)) if progress else (lambda n: None)
+        fetched: builtins.list[tuple[Artifact, Path, str | None, int]] = []
+        for artifact, dest in plan:
+            if _core.already_there(dest, artifact):
+                report(artifact.size)
+                fetched.append((artifact, dest, None, 0))
+                continue
+            digest, resumed = self._fetch(job_id, artifact, dest, report)
+            fetched.append((artifact, dest, digest, resumed))
+        return self._settle(job_id, fetched, verify)
+
+    def _fetch(
+        self, job_id: str, artifact: Artifact, dest: Path, report: Callable[[int], None]
+    ) -> tuple[str, int]:
+        """Fetch one file into its .part file; (sha256 of the whole file, bytes it resumed from)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part, etag_file = _core.part_files(dest)
+        headers, have = _core.resume_headers(part, etag_file)
+        if have > artifact.size:
+            headers, have = {}, 0
+        if have == artifact.size:  # interrupted after the last byte: the sha256 check says if it is whole
+            digest, have = _core.hash_prefix(part)
+            report(have)
+            return digest.hexdigest(), have
+        with self._client._stream(_core.artifact_path(job_id, artifact.path), {}, headers) as resp:
+            if resp.status_code == 206:
+                digest, have = _core.hash_prefix(part)
+                mode = "ab"
+                report(have)
+            else:
+                digest, have, mode = hashlib.sha256(), 0, "wb"
+            etag_file.write_text(resp.headers.get("etag", ""))
+            with part.open(mode) as f:
+                for chunk in resp.iter_bytes(_core.DOWNLOAD_CHUNK):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    report(len(chunk))
+        return digest.hexdigest(), have
+
+    def _settle(
+        self, job_id: str, fetched: builtins.list[tuple[Artifact, Path, str | None, int]], verify: bool
+    ) -> builtins.list[_core.Downloaded]:
+        """Check each fetched file against the listed sha256 (waiting for the server to hash what it
+        had not yet) and move it into place."""
+        deadline = time.monotonic() + _core.SHA_WAIT_SECONDS
+        listed = {a.path: a for a, *_ in fetched}
+        while verify and any(listed[a.path].sha256 is None for a, _, d, _ in fetched if d is not None):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+            listed.update({a.path: a for a in self.artifacts(job_id) if a.path in listed})
+        return [
+            _core.settle_file(listed[a.path], dest, digest, resumed, verify)
+            for a, dest, digest, resumed in fetched
+        ]

@@ -17,6 +17,7 @@ from ftq.schemas import JobPublic
 __all__ = [
     "ApiError",
     "BadRequest",
+    "ChecksumMismatch",
     "Conflict",
     "ConnectionFailed",
     "ConnectionLost",
@@ -227,3 +228,14 @@ class WaitTimeout(FtqClientError, TimeoutError):
         self.job = job
         self.job_id = job.id
         self.timeout = timeout
+
+
+class ChecksumMismatch(FtqClientError):
+    """A download whose bytes do not hash to the sha256 the server lists (or do not have its size); the
+    file was not moved into place (the `.part` file is removed, so a retry starts over)."""
+
+    def __init__(self, path: str, expected: str, got: str) -> None:
+        super().__init__(f"{path}: sha256 {got} does not match the listed {expected}")
+        self.path = path
+        self.expected = expected
+        self.got = got

@@ -1,5 +1,5 @@
 /* ftq dashboard, `/ui/jobs/{id}`: live loss / eval-loss / LR / grad-norm / tokens-per-second charts,
-log tail, plan, checkpoints, cancel.
+log tail, plan, checkpoints, artifacts (download links), cancel.
 
 Polling is incremental: metrics with after_step, the log with byte offsets; each stops once the
 API says it is complete. The one exception is the last metric point, asked for again each time,
@@ -26,6 +26,8 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     outputsAt: 0,
     eventsAfter: 0, // the cursor of GET /jobs/{id}/events
     eventsDone: false,
+    artifactsFor: null, // the status the artifacts card was last read for
+    artifactsAt: 0,
   };
   const OUTPUTS_MS = 10000; // how often a running job's checkpoints are read again
 
@@ -218,6 +220,86 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     state.eventsDone = FTQ.TERMINAL.includes(job.status);
   }
 
+  // The run's artifacts (GET /jobs/{id}/artifacts): each file and each folder (as a .tar) as a link.
+  // Without a token the links are plain downloads; with one (auth on), a click fetches the file with
+  // the token and saves it (a link cannot carry a bearer token): fine for adapters and logs, while
+  // multi-GB files are better fetched with `ftq download`, which resumes and checks sha256.
+  function artifactUrl(path) {
+    return `/jobs/${enc}/artifacts/${path.split("/").map(encodeURIComponent).join("/")}`;
+  }
+
+  async function saveWithToken(ev) {
+    const token = sessionStorage.getItem("ftq.token");
+    if (!token) return; // the browser follows the link itself
+    ev.preventDefault();
+    const link = ev.currentTarget;
+    try {
+      const resp = await fetch(link.href, { headers: { Authorization: `Bearer ${token}` } });
+      if (!resp.ok) throw new Error(`the server answered ${resp.status}`);
+      const url = URL.createObjectURL(await resp.blob());
+      const a = h("a", { href: url, download: link.getAttribute("download") || "" });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+    } catch (e) {
+      FTQ.banner("error", [h("strong", {}, "Download failed: "), e.message || String(e)]);
+    }
+  }
+
+  function downloadLink(path, label) {
+    const a = h("a", { href: artifactUrl(path), download: path.split("/").pop(), class: "artifact" }, label);
+    a.addEventListener("click", saveWithToken);
+    return a;
+  }
+
+  function folderOf(path) {
+    const parts = path.split("/");
+    if (parts[0] === "final" && parts.length > 1) return "final";
+    if ((parts[0] === "checkpoints" || parts[0] === "exports") && parts.length > 2) return parts.slice(0, 2).join("/");
+    return null;
+  }
+
+  function size(b) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (b >= 1024 && i < units.length - 1) { b /= 1024; i += 1; }
+    return `${i ? b.toFixed(1) : b} ${units[i]}`;
+  }
+
+  async function showArtifacts(job) {
+    const running = !FTQ.TERMINAL.includes(job.status);
+    if (state.artifactsFor === job.status && (!running || Date.now() - state.artifactsAt < OUTPUTS_MS)) return;
+    const list = await FTQ.api(`/jobs/${enc}/artifacts`);
+    state.artifactsFor = job.status;
+    state.artifactsAt = Date.now();
+    const box = document.getElementById("artifacts");
+    if (!list.data.length) {
+      box.replaceChildren(h("p", { class: "muted" }, running ? "nothing to download yet" : "this run left nothing to download"));
+      return;
+    }
+    const folders = new Map();
+    for (const a of list.data) {
+      const folder = folderOf(a.path);
+      if (folder) folders.set(folder, (folders.get(folder) || 0) + a.size);
+    }
+    // The model first, then exports, then checkpoints (oldest first).
+    const rank = (f) => (f === "final" ? 0 : f.startsWith("exports/") ? 1 : 2);
+    const step = (f) => Number((/checkpoint-(\d+)$/.exec(f) || [0, 0])[1]);
+    const ordered = [...folders.entries()].sort((a, b) =>
+      rank(a[0]) - rank(b[0]) || step(a[0]) - step(b[0]) || a[0].localeCompare(b[0]));
+    const folderLinks = ordered.map(([folder, bytes]) => h("li", {},
+      downloadLink(`${folder}.tar`, `${folder}.tar`), " ", h("span", { class: "muted" }, size(bytes))));
+    const rows = list.data.map((a) => h("tr", { dataset: { path: a.path, kind: a.kind } },
+      h("td", {}, downloadLink(a.path, a.path)),
+      h("td", {}, a.kind),
+      h("td", { class: "num" }, size(a.size)),
+      h("td", {}, a.sha256 ? h("code", { title: a.sha256 }, a.sha256.slice(0, 12)) : h("span", { class: "muted" }, "hashing…"))));
+    box.replaceChildren(
+      h("ul", { class: "folders", id: "artifact-folders" }, ...folderLinks),
+      h("table", { class: "outputs", id: "artifact-files" }, ...rows));
+  }
+
   async function pollLog() {
     const log = document.getElementById("log");
     for (;;) {
@@ -275,6 +357,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     if (!state.planShown) await showPlan();
     await showOutputs(job);
     if (!state.eventsDone) await pollEvents(job);
+    await showArtifacts(job);
     if (!state.metricsComplete) await pollMetrics();
     if (!state.logComplete) await pollLog();
     const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete && state.eventsDone;

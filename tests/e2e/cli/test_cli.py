@@ -214,6 +214,8 @@ def test_unknown_job_is_a_clean_404(server: Deployment) -> None:
         ("logs", "job_0000000000000000"),
         ("metrics", "job_0000000000000000"),
         ("cancel", "job_0000000000000000"),
+        ("artifacts", "job_0000000000000000"),
+        ("download", "job_0000000000000000"),
     ):
         result = run_ftq(*args, url=server.url)
         assert result.returncode == 1, args

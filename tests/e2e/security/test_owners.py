@@ -26,6 +26,9 @@ JOB_ROUTES = [
     ("GET", "/jobs/{id}/logs/stream"),
     ("GET", "/jobs/{id}/metrics"),
     ("GET", "/jobs/{id}/checkpoints"),
+    ("GET", "/jobs/{id}/artifacts"),
+    ("GET", "/jobs/{id}/artifacts/train.log"),
+    ("GET", "/jobs/{id}/artifacts/checkpoints/checkpoint-1.tar"),
     ("POST", "/jobs/{id}/cancel"),
 ]
 ALL_ROUTES = [("GET", "/jobs"), ("POST", "/jobs"), ("POST", "/jobs?dry_run=true"), *JOB_ROUTES]

@@ -105,6 +105,26 @@ def test_log_stream_is_redacted(server: Deployment) -> None:
     assert "step 298 loss 1.298 ✓" in data
 
 
+def test_train_log_as_an_artifact_is_masked_and_keeps_its_size(server: Deployment) -> None:
+    text = _log_text().encode()
+    job_id = _job_with_log(server, text.decode())
+    masked = text.replace(HF.encode(), b"*" * len(HF)).replace(WANDB.encode(), b"*" * len(WANDB))
+    with server.client(TOKEN) as c:
+        listed = {a["path"]: a for a in c.get(f"/jobs/{job_id}/artifacts").json()["data"]}
+        body = c.get(f"/jobs/{job_id}/artifacts/train.log").content
+        assert body == masked
+        assert listed["train.log"]["size"] == len(text)
+        assert listed["train.log"]["sha256"] == hashlib.sha256(masked).hexdigest()
+        # A range that starts or ends inside a secret is masked too.
+        first = text.index(HF.encode())
+        for offset in range(first - 2, first + len(HF)):
+            r = c.get(
+                f"/jobs/{job_id}/artifacts/train.log", headers={"Range": f"bytes={offset}-{offset + 4}"}
+            )
+            assert r.status_code == 206 and r.content == masked[offset : offset + 5], offset
+            assert not _leaks(r.text)
+
+
 UNKNOWN_FIELDS = [
     ("hf_token",),
     ("token",),

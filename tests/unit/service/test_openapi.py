@@ -29,6 +29,8 @@ def test_openapi_declares_both_spec_body_types_and_every_route(make_client: Make
         "/jobs/{job_id}/logs/stream",
         "/jobs/{job_id}/metrics",
         "/jobs/{job_id}/checkpoints",
+        "/jobs/{job_id}/artifacts",
+        "/jobs/{job_id}/artifacts/{path}",
         "/healthz",
         "/readyz",
     ]:

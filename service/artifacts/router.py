@@ -1,0 +1,193 @@
+"""HTTP routes for a job's artifacts: parse, call the service, shape the response."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from ftq.settings import Settings, get_settings
+from ftq.store.db import read_session
+from ftq.store.models import Job
+from ftq.store.repository import JobRepository
+from service.artifacts import service as artifacts
+from service.artifacts.schemas import ArtifactList, ErrorBody
+from service.deps import current_owner
+from service.jobs.router import JobLogRoute
+from service.jobs.service import get_or_404
+
+router = APIRouter(prefix="/jobs", tags=["artifacts"], route_class=JobLogRoute)
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job_0123456789abcdef")]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
+    404: {"model": ErrorBody, "description": "No such job for this owner, or no such artifact"},
+}
+
+# What a downloaded file may never do in a browser: run as a page of this origin (the dashboard's token
+# is in its session storage). Every artifact is an attachment of an opaque type.
+_DOWNLOAD_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+    "Cache-Control": "private, no-cache",
+}
+
+
+async def _job(request: Request, job_id: str) -> Job:
+    owner = current_owner(request, get_settings())
+
+    def load() -> Job:
+        with read_session() as session:
+            job = get_or_404(JobRepository(session, owner), job_id)
+            session.expunge(job)
+            return job
+
+    return await anyio.to_thread.run_sync(load)
+
+
+class _ClosingStream(StreamingResponse):
+    """A stream that runs `close` however it ends: all sent, the client gone (Starlette cancels the
+    body then, and an unfinished generator would keep its file open until collected), an error."""
+
+    def __init__(self, content: AsyncIterator[bytes], close: Callable[[], None], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._close = close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._close()
+
+
+@router.get(
+    "/{job_id}/artifacts",
+    response_model=ArtifactList,
+    responses=_ERRORS,
+    summary="Files of the run a user may download",
+    description="Every file of `final/`, each checkpoint, each export, and the run's logs (`train.log`, "
+    "`metrics.jsonl`, `samples.jsonl`) with its size, kind and sha256. The run's own records (spec, "
+    "launch script, exit status, locks) are not artifacts. Symlinks are never listed or followed.",
+)
+async def list_artifacts(request: Request, job_id: JobId) -> ArtifactList:
+    job = await _job(request, job_id)
+    settings = get_settings()
+    return await anyio.to_thread.run_sync(artifacts.list_artifacts, job, settings)
+
+
+@router.get(
+    "/{job_id}/artifacts/{path:path}",
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {"application/octet-stream": {}, "application/x-tar": {}},
+            "description": "The file's bytes (`ETag`, `Last-Modified`, `Accept-Ranges: bytes`), or, for a "
+            "path ending in `.tar` that names a folder (`final.tar`, `checkpoints/checkpoint-20.tar`, "
+            "`exports/<export id>.tar`), the folder as a tar (streamed, no Range) holding its files "
+            "under the folder's name",
+        },
+        206: {
+            "description": "One `Range: bytes=a-b` of the file (`Content-Range`); several ranges are "
+            "answered with the whole file (200)"
+        },
+        304: {"description": "`If-None-Match` holds the file's ETag"},
+        416: {"description": "The range starts past the end (`Content-Range: bytes */<size>`)"},
+    },
+    response_class=StreamingResponse,
+    summary="Download one artifact, or a folder as a tar",
+    description="Paths are those of `GET /jobs/{id}/artifacts`. `..`, absolute paths, symlinks and the "
+    "run's own records are a 404. `If-Range` (an ETag or the Last-Modified date) makes a Range apply only "
+    "to the version of the file the client has. train.log comes with the operator's secrets masked "
+    "(same size).",
+)
+async def get_artifact(
+    request: Request,
+    job_id: JobId,
+    path: Annotated[
+        str,
+        Path(
+            description="An artifact's path from the list (`final/adapter_model.safetensors`), or a "
+            "folder's path plus `.tar` (`final.tar`, `checkpoints/checkpoint-20.tar`, `exports/<id>.tar`)"
+        ),
+    ],
+    range_: Annotated[
+        str | None,
+        Header(alias="Range", description="One range: `bytes=a-b`, `bytes=a-` or `bytes=-n` (the last n)"),
+    ] = None,
+    if_none_match: Annotated[
+        str | None, Header(alias="If-None-Match", description="ETags the client has: a match is a 304")
+    ] = None,
+    if_range: Annotated[
+        str | None,
+        Header(
+            alias="If-Range",
+            description="The ETag (or Last-Modified date) of the version the client holds part of: the "
+            "Range applies only if the file is still that version, else the whole file comes (200)",
+        ),
+    ] = None,
+) -> Response:
+    job = await _job(request, job_id)
+    settings = get_settings()
+    opened = await anyio.to_thread.run_sync(artifacts.open_file, job, path, settings)
+    if opened is None:
+        return await _tar(job, path, settings)
+    try:
+        headers = {
+            **_DOWNLOAD_HEADERS,
+            "ETag": opened.etag,
+            "Last-Modified": opened.last_modified,
+            "Accept-Ranges": "bytes",
+            "Content-Disposition": artifacts.content_disposition(opened.name),
+        }
+        if artifacts.etag_matches(if_none_match, opened.etag):
+            artifacts.close_file(opened)
+            return Response(status_code=304, headers={k: headers[k] for k in ("ETag", "Last-Modified")})
+        span = None
+        if artifacts.if_range_holds(if_range, opened.etag, opened.last_modified):
+            try:
+                span = artifacts.parse_range(range_, opened.size)
+            except artifacts.Unsatisfiable:
+                artifacts.close_file(opened)
+                return Response(
+                    status_code=416, headers={**headers, "Content-Range": f"bytes */{opened.size}"}
+                )
+        start, end = span if span is not None else (0, opened.size - 1)
+        headers["Content-Length"] = str(end + 1 - start)
+        status = 200
+        if span is not None:
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{opened.size}"
+        return _ClosingStream(
+            artifacts.file_chunks(opened, start, end),
+            lambda: artifacts.close_file(opened),
+            status_code=status,
+            media_type="application/octet-stream",
+            headers=headers,
+        )
+    except BaseException:
+        artifacts.close_file(opened)
+        raise
+
+
+async def _tar(job: Job, path: str, settings: Settings) -> Response:
+    folder = artifacts.tar_folder_of(path)
+    plan = None
+    if folder is not None:
+        plan = await anyio.to_thread.run_sync(artifacts.plan_tar, job, folder, settings)
+    if plan is None:
+        raise artifacts.not_found(job.id, path)
+    return StreamingResponse(
+        artifacts.tar_chunks(job.id, plan, settings),
+        media_type="application/x-tar",
+        headers={
+            **_DOWNLOAD_HEADERS,
+            "Content-Length": str(plan.size),
+            "Accept-Ranges": "none",
+            "Content-Disposition": artifacts.content_disposition(plan.name),
+        },
+    )
