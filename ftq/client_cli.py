@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
-from typing import Annotated, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from pydantic import TypeAdapter
@@ -329,17 +329,30 @@ def submit(
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Retries with this key return the same job.")
     ] = None,
+    upload: Annotated[
+        bool,
+        typer.Option(
+            "--upload",
+            help="Upload the local .jsonl files the spec names (dataset.name_or_path, and an eval file) "
+            "and submit the spec with their file ids instead.",
+        ),
+    ] = False,
 ) -> None:
     """Submit a job spec. With --follow, exit 0 when the job succeeds and 1 when it fails or is cancelled."""
     with api() as client:
+        spec: Any = file
+        if upload:
+            from ftq.files_cli import upload_spec_files
+
+            spec = upload_spec_files(client, file)
         if dry_run:
-            plan = client.jobs.create(file, idempotency_key=idempotency_key, dry_run=True)
+            plan = client.jobs.create(spec, idempotency_key=idempotency_key, dry_run=True)
             print_plan(plan)
             if plan.warnings:
                 # Scripts that gate a submit on the dry run see what submit would refuse.
                 raise typer.Exit(EXIT_REFUSED)
             return
-        job = client.jobs.create(file, idempotency_key=idempotency_key)
+        job = client.jobs.create(spec, idempotency_key=idempotency_key)
         out.print(f"submitted {job.id} ({escape(job.name)}): {fmt_status(job.status)}")
         if follow:
             try:
@@ -353,6 +366,11 @@ def submit(
 
 def print_plan(plan: PlanPublic) -> None:
     _print_rendered(plan)
+    if plan.dataset is not None:
+        from ftq.files_cli import print_dataset
+
+        out.rule("dataset")
+        print_dataset(plan.dataset)
     if plan.warnings:
         out.rule("[red]submit would refuse this job[/]")
         for warning in plan.warnings:
@@ -533,7 +551,7 @@ def status(
         ("owner", escape(job.owner)),
         ("status", fmt_status(job.status)),
         ("model", escape(job.spec.model.name_or_path)),
-        ("dataset", escape(str(job.spec.dataset.name_or_path or "-"))),
+        ("dataset", escape(job.spec.dataset.source or "-")),
         ("launcher", job.launcher + external),
         ("created", f"{fmt_time(job.created_at)} ({fmt_age(job.created_at)})"),
         ("started", fmt_time(job.started_at)),

@@ -25,6 +25,8 @@ TASK_RECONCILE = "ftq.reconcile"
 TASK_INGEST = "ftq.ingest"
 TASK_RELAY = "ftq.relay"
 TASK_WEBHOOKS = "ftq.webhooks"
+# Validate an uploaded file (POST /files): validating -> ready | invalid.
+TASK_VALIDATE_FILE = "ftq.validate_file"
 
 # The outbox's dispatch kinds and the task each is sent as.
 TASK_FOR_DISPATCH = {"submit": TASK_SUBMIT, "cancel": TASK_CANCEL}
@@ -112,7 +114,7 @@ def producer() -> Celery:
     return make_celery()
 
 
-def send(task: str, job_id: str) -> None:
-    """Send one task by name. retry=False: with the broker down this fails fast, and the outbox's
-    relay sends it later."""
-    producer().send_task(task, args=[job_id], retry=False)
+def send(task: str, object_id: str) -> None:
+    """Send one task by name with its one argument (a job or file id). retry=False: with the broker down
+    this fails fast, and the outbox's relay sends it later."""
+    producer().send_task(task, args=[object_id], retry=False)

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from ftq import runs
+from ftq.dataset_preflight import DatasetPreflight
 from ftq.estimate import Estimate
 from ftq.settings import Settings, slurm_env_lines
 from ftq.spec import JobSpec
@@ -50,6 +51,12 @@ class Plan(BaseModel):
     sbatch_script: str | None
     trainer_args: dict[str, Any]
     estimate: Estimate | None = None
+    dataset: DatasetPreflight | None = Field(
+        None,
+        description="The dataset preflight: rows, tokens per sample with the job's tokenizer, truncation at "
+        "max_seq_len, total tokens, steps per epoch and the time they imply (null for a plan rendered "
+        "without it).",
+    )
     launch_script: str
     warnings: list[str] = Field(
         default_factory=list,

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftq.errors import ErrorCode
+from ftq.files import FileStatus
 from ftq.metrics import Point
 from ftq.render import Plan
 from ftq.spec import JobSpec
@@ -227,3 +228,41 @@ class ArtifactList(BaseModel):
         "one tar: `GET /jobs/{id}/artifacts/final.tar`, `.../checkpoints/checkpoint-20.tar`, "
         "`.../exports/<export id>.tar`."
     )
+
+
+class FileError(BaseModel):
+    line: int = Field(description="1-based line of the file (0: the file as a whole).")
+    message: str
+
+
+class FilePublic(BaseModel):
+    """An uploaded dataset file (`POST /files`)."""
+
+    id: str = Field(description="`file_<24 hex>`; name it in a spec as `dataset.file_id`.")
+    filename: str = Field(
+        description="The name it was uploaded under (shown only; the server chose the path)."
+    )
+    bytes: int
+    sha256: str = Field(description="Hex SHA-256 of the bytes, computed while they were received.")
+    status: FileStatus = Field(
+        description="`validating` until the worker has read it, then `ready` (a job may train on it) or "
+        "`invalid` (see `errors`)."
+    )
+    rows: int | None = Field(None, description="Rows (JSON objects), once validated.")
+    columns: list[str] = Field(default_factory=list, description="Fields the rows hold (first 100).")
+    formats: list[str] = Field(
+        default_factory=list,
+        description="Dataset formats every row holds: text, messages, prompt_completion, preference, "
+        "unpaired_preference.",
+    )
+    methods: list[str] = Field(default_factory=list, description="training.method values the formats suit.")
+    errors: list[FileError] = Field(
+        default_factory=list, description="The first problems found (at most 20), with their lines."
+    )
+    error_count: int = Field(0, description="All the problems found (errors lists the first 20).")
+    created_at: datetime
+
+
+class FileList(BaseModel):
+    data: list[FilePublic]
+    next_cursor: str | None

@@ -125,6 +125,31 @@ class Settings(BaseSettings):
     preflight_timeout_seconds: float = Field(
         10.0, gt=0, description="Time for the checks of a spec's local files at POST; longer is a 422."
     )
+    max_file_bytes: int = Field(
+        2 * 1024**3,
+        ge=1024,
+        description="Largest file `POST /files` takes, in bytes; a larger upload is stopped and refused "
+        "(413).",
+    )
+    file_quota_bytes: int = Field(
+        20 * 1024**3,
+        ge=1024,
+        description="Bytes of uploaded files one owner may keep; an upload past it is stopped and refused "
+        "(429).",
+    )
+    preflight_sample_rows: int = Field(
+        2000,
+        ge=1,
+        le=1_000_000,
+        description="Rows of a .jsonl dataset the dataset preflight tokenizes; a longer file is extrapolated "
+        "from them (`plan.dataset.sampled`).",
+    )
+    tokens_per_second_per_device: float = Field(
+        0.0,
+        ge=0,
+        description="Training throughput of one device (GPU, or CPU process) on this hardware, for the "
+        "dataset preflight's time estimate; 0: unknown (the estimate says so).",
+    )
     max_config_bytes: int = Field(
         1_048_576, ge=1024, description="Largest model config.json preflight reads; larger is a 422."
     )

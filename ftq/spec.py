@@ -128,11 +128,26 @@ class ModelSpec(_Strict):
         return _check_hub_id_or_path(v)
 
 
+FileId = Annotated[str, StringConstraints(pattern=r"^file_[0-9a-f]{24}$")]
+
+
 class DatasetSpec(_Strict):
-    name_or_path: PathOrHubId = Field(
+    name_or_path: PathOrHubId | None = Field(
+        None,
         description=(
-            "Hub id, a local dataset dir (save_to_disk or data files), or a .jsonl/.json/.parquet file."
+            "Hub id, a local dataset dir (save_to_disk or data files), or a .jsonl/.json/.parquet file. "
+            "Give this or `file_id`, not both."
         ),
+    )
+    file_id: FileId | None = Field(
+        None,
+        description="An uploaded file (`POST /files`, status `ready`) to train on, instead of "
+        "`name_or_path`.",
+    )
+    eval_file_id: FileId | None = Field(
+        None,
+        description="An uploaded file to evaluate on (with `file_id`); it becomes the `eval` split, so "
+        "leave `eval_split` unset or `eval`.",
     )
     format: DatasetFormat = DatasetFormat.auto
     text_field: Ident = "text"
@@ -142,8 +157,31 @@ class DatasetSpec(_Strict):
 
     @field_validator("name_or_path")
     @classmethod
-    def _hub_id_or_path(cls, v: str) -> str:
-        return _check_hub_id_or_path(v)
+    def _hub_id_or_path(cls, v: str | None) -> str | None:
+        return None if v is None else _check_hub_id_or_path(v)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if self.name_or_path is None and self.file_id is None:
+            raise _field_error(("file_id",), "give dataset.name_or_path or dataset.file_id")
+        if self.name_or_path is not None and self.file_id is not None:
+            raise _field_error(("file_id",), "give dataset.name_or_path or dataset.file_id, not both")
+        if self.eval_file_id is not None:
+            if self.file_id is None:
+                raise _field_error(
+                    ("eval_file_id",), "eval_file_id needs dataset.file_id (an uploaded training file)"
+                )
+            if self.eval_split not in (None, "eval"):
+                raise _field_error(
+                    ("eval_split",), "eval_file_id is the eval split (`eval`); leave eval_split unset"
+                )
+            self.eval_split = "eval"
+        return self
+
+    @property
+    def source(self) -> str:
+        """What the data is, in words: the file id or the hub id or path."""
+        return self.file_id or self.name_or_path or ""
 
 
 def _check_hub_id_or_path(v: str) -> str:

@@ -25,6 +25,7 @@ from ftq.store.db import get_engine, open_async_read_pool
 from service.artifacts.router import router as artifacts_router
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
 from service.events.router import router as events_router
+from service.files.router import router as files_router
 from service.guard import RequestGuard
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
@@ -37,17 +38,23 @@ from service.webhooks.router import router as webhooks_router
 log = logging.getLogger(__name__)
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+# Routes that stream their bodies to disk under caps of their own (see BodySizeLimit).
+STREAMED_UPLOADS = frozenset({("POST", "/files"), ("POST", "/files/")})
 
 
 class BodySizeLimit:
-    """Refuse bodies over FTQ_MAX_BODY_BYTES before they are read into memory (413)."""
+    """Refuse bodies over FTQ_MAX_BODY_BYTES before they are read into memory (413).
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    `streamed` routes (method, path) read their bodies as streams and enforce caps of their own while
+    they do (`POST /files`: FTQ_MAX_FILE_BYTES and the owner's quota), so this cap does not apply there."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, streamed: frozenset[tuple[str, str]] = frozenset()):
         self.app = app
         self.max_bytes = max_bytes
+        self.streamed = streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope.get("method"), scope.get("path")) in self.streamed:
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", []):
@@ -159,6 +166,7 @@ def create_app() -> FastAPI:
     app.include_router(webhooks_router)
     add_webhook_docs(app)
     app.include_router(artifacts_router)
+    app.include_router(files_router)
 
     @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
     async def healthz() -> Health:
@@ -202,7 +210,7 @@ def create_app() -> FastAPI:
         return schema
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, streamed=STREAMED_UPLOADS)
     # Added last, so it runs first: header limits, the Host and the origin before anything is read.
     app.add_middleware(RequestGuard, settings=settings)
     return app

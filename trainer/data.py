@@ -45,6 +45,11 @@ class Splits:
 
 def load_splits(spec: DatasetSpec, seed: int) -> tuple[DatasetDict, Splits]:
     """Load the dataset and pick train and eval splits, still in their source columns."""
+    if spec.name_or_path is None:
+        # dataset.file_id: the worker writes the upload's path into the run's spec.json.
+        raise DatasetError(
+            f"dataset.file_id {spec.file_id} was not resolved to a path; submit the job through ftq"
+        )
     dsd = load_raw(spec.name_or_path)
     if spec.train_split not in dsd:
         raise DatasetError(

@@ -32,6 +32,7 @@ from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Job
 from worker import failures, ingest, locks, recovery, scheduling
+from worker.files import FileUnavailable, spec_for_run
 from worker.launchers import make_launcher
 from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
 
@@ -148,8 +149,10 @@ def write_run_dir(job: Job, run_dir: Path, plan: Plan) -> None:
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     run_dir.chmod(0o700)
     (run_dir / runs.CHECKPOINTS).mkdir(mode=0o700, exist_ok=True)
+    # Uploaded files (dataset.file_id) become the server's paths of the owner's files here, at launch.
+    spec = spec_for_run(job.spec, job.owner, run_dir)
     files = {
-        runs.SPEC: json.dumps(job.spec, indent=2, sort_keys=True) + "\n",
+        runs.SPEC: json.dumps(spec, indent=2, sort_keys=True) + "\n",
         runs.ACCELERATE_CONFIG: plan.accelerate_config_yaml,
         runs.LAUNCH_SCRIPT: plan.launch_script,
     }
@@ -212,6 +215,15 @@ def launch(job_id: str) -> None:
                     owner=job.owner,
                 )
                 handle = launcher.submit(req)
+            except FileUnavailable as exc:
+                repository.mark_finished(
+                    session,
+                    job_id,
+                    JobStatus.failed,
+                    error_code=ErrorCode.dataset_error,
+                    error_message=str(exc),
+                )
+                return
             except Exception as exc:
                 log.exception("launch of %s failed", job_id)
                 repository.mark_finished(

@@ -1,12 +1,21 @@
 """The Celery tasks, registered under the names in `ftq.queue`. Each is short and safe to run twice; the
-work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest` and the store's outbox."""
+work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest`, `worker.files` (validating
+an upload) and the store's outbox."""
 
 from __future__ import annotations
 
-from ftq.queue import TASK_CANCEL, TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_SUBMIT, TASK_WEBHOOKS
+from ftq.queue import (
+    TASK_CANCEL,
+    TASK_INGEST,
+    TASK_RECONCILE,
+    TASK_RELAY,
+    TASK_SUBMIT,
+    TASK_VALIDATE_FILE,
+    TASK_WEBHOOKS,
+)
 from ftq.store import outbox, repository
 from ftq.store.db import session_scope
-from worker import controller, locks, webhooks
+from worker import controller, files, locks, webhooks
 from worker.celery_app import celery_app
 from worker.ingest import ingest_all
 
@@ -39,6 +48,7 @@ def relay() -> None:
         if not mine:
             return
         outbox.relay()
+        files.sweep_partials()
         with session_scope() as session:
             repository.purge_expired_idempotency(session)
 
@@ -46,3 +56,8 @@ def relay() -> None:
 @celery_app.task(name=TASK_WEBHOOKS)
 def send_webhooks() -> None:
     webhooks.send_due()
+
+
+@celery_app.task(name=TASK_VALIDATE_FILE)
+def validate_file(file_id: str) -> None:
+    files.validate(file_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ftq.client._async import AsyncClient, AsyncJobs
 from ftq.client._core import DEFAULT_URL, Downloaded, SpecInput
+from ftq.client._files import AsyncFiles, Files
 from ftq.client._sync import Client, Jobs
 from ftq.client.errors import (
     ApiError,
@@ -64,6 +65,7 @@ __all__ = [
     "Artifact",
     "ArtifactList",
     "AsyncClient",
+    "AsyncFiles",
     "AsyncJobs",
     "BadRequest",
     "Checkpoint",
@@ -76,6 +78,7 @@ __all__ = [
     "Event",
     "EventPage",
     "FieldError",
+    "Files",
     "Forbidden",
     "FtqAPIError",
     "FtqClientError",

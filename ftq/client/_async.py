@@ -17,6 +17,7 @@ import httpx
 
 from ftq.client import _core
 from ftq.client._core import M, SpecInput, StatusFilter
+from ftq.client._files import AsyncFiles
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
     Artifact,
@@ -57,6 +58,7 @@ class AsyncClient:
             transport=transport,
         )
         self.jobs = AsyncJobs(self)
+        self.files = AsyncFiles(self)
 
     async def health(self) -> Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
@@ -87,7 +89,7 @@ class AsyncClient:
         path: str,
         *,
         params: Mapping[str, Any] | None = None,
-        content: bytes | None = None,
+        content: bytes | AsyncIterator[bytes] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         query = {k: v for k, v in (params or {}).items() if v is not None}

@@ -6,7 +6,7 @@ import builtins
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -16,6 +16,7 @@ import httpx
 
 from ftq.client import _core
 from ftq.client._core import M, SpecInput, StatusFilter
+from ftq.client._files import Files
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 from ftq.schemas import (
     Artifact,
@@ -57,6 +58,7 @@ class Client:
             transport=transport,
         )
         self.jobs = Jobs(self)
+        self.files = Files(self)
 
     def events(self, *, after: int = 0, limit: int = 100) -> EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
@@ -91,7 +93,7 @@ class Client:
         path: str,
         *,
         params: Mapping[str, Any] | None = None,
-        content: bytes | None = None,
+        content: bytes | Iterable[bytes] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -105,6 +107,18 @@ class Client:
 
     def _call(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
         return _core.parse_model(self._send(method, path, **kwargs), model, self.url)
+
+    @contextmanager
+    def _stream_get(self, path: str) -> Iterator[httpx.Response]:
+        """A GET whose body is read as it comes (a file's content)."""
+        try:
+            with self._http.stream("GET", path) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _core.error_from_response(resp)
+                yield resp
+        except httpx.HTTPError as exc:
+            raise _core.transport_error(exc, self.url, path) from exc
 
     @contextmanager
     def _stream(

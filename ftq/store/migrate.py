@@ -18,7 +18,9 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "heads") -> None:
+    # "heads": every branch of the history, so migrations written side by side from one parent (each
+    # feature's `0002_*` on `0001`) all apply until they are chained into one line.
     command.upgrade(alembic_config(url), revision)
 
 

@@ -214,3 +214,34 @@ class WebhookDelivery(Base):
         Index("ix_webhook_deliveries_order", "webhook_id", "job_id", "event_id"),
         Index("ix_webhook_deliveries_webhook_id_id", "webhook_id", "id"),
     )
+
+
+class UploadedFile(Base):
+    """A dataset file uploaded through `POST /files`; its bytes are at `ftq.files.file_path`.
+
+    The row is also its own outbox entry: `validation_sent_at` is null until the validation task went to
+    the broker, so the relay sends what the API could not (as `dispatches` do for jobs)."""
+
+    __tablename__ = "files"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    filename: Mapped[str] = mapped_column(String(255), nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    rows: Mapped[int | None] = mapped_column(BigInteger)
+    columns: Mapped[list[str] | None] = mapped_column(JSON)
+    formats: Mapped[list[str] | None] = mapped_column(JSON)
+    methods: Mapped[list[str] | None] = mapped_column(JSON)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    error_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    validated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    validation_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        Index("ix_files_owner_seq", "owner", "seq"),
+        Index("ix_files_status_sent", "status", "validation_sent_at"),
+    )

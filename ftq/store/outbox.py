@@ -1,5 +1,8 @@
 """Sending dispatch records to the broker. Called after the API commits, and by the worker's relay for
-whatever was not sent (broker down, API died between commit and send)."""
+whatever was not sent (broker down, API died between commit and send).
+
+Uploaded files are their own outbox entries: a file row committed `validating` with no
+`validation_sent_at` is a validation not sent yet (`send_file_validation`, and the relay)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import logging
 from datetime import timedelta
 
 from ftq import logs, queue
-from ftq.store import repository
+from ftq.store import files_repository, repository
 from ftq.store.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -37,8 +40,39 @@ def send_for_job(job_id: str) -> int:
     return sent
 
 
+def send_file_validation(file_id: str) -> bool:
+    """Send the validation of an uploaded file now; False when the broker did not take it (the relay
+    sends it later)."""
+    try:
+        queue.send(queue.TASK_VALIDATE_FILE, file_id)
+    except Exception as exc:
+        log.warning("validation of file %s not sent yet: %s", file_id, exc)
+        return False
+    with session_scope() as session:
+        files_repository.mark_validation_sent(session, file_id)
+    return True
+
+
+# A validation sent this long ago whose file is still `validating` went down with its worker.
+VALIDATION_RESEND_AFTER = timedelta(minutes=10)
+
+
+def relay_file_validations(older_than: timedelta = timedelta(seconds=2)) -> int:
+    with session_scope() as session:
+        pending = files_repository.validations_to_send(
+            session, older_than=older_than, resend_after=VALIDATION_RESEND_AFTER
+        )
+    sent = 0
+    for file_id in pending:
+        if not send_file_validation(file_id):
+            break
+        sent += 1
+    return sent
+
+
 def relay(older_than: timedelta = timedelta(seconds=2)) -> int:
-    """Send every dispatch still unsent after `older_than` (the API normally sends at once)."""
+    """Send every dispatch still unsent after `older_than` (the API normally sends at once), and the
+    validations of uploaded files likewise."""
     with session_scope() as session:
         pending = [
             (d.id, d.job_id, d.kind) for d in repository.unsent_dispatches(session, older_than=older_than)
@@ -53,4 +87,4 @@ def relay(older_than: timedelta = timedelta(seconds=2)) -> int:
         with session_scope() as session:
             repository.mark_dispatch_sent(session, dispatch_id)
         sent += 1
-    return sent
+    return sent + relay_file_validations(older_than)

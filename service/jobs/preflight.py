@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ftq import dataset_preflight as dataset_preflight_mod
 from ftq import estimate as est
 from ftq import limits, userfiles
+from ftq.dataset_preflight import DatasetPreflight
 from ftq.estimate import DiskEstimate, Estimate
 from ftq.settings import Settings
 from ftq.spec import DatasetSpec, JobSpec, looks_local
@@ -72,6 +74,8 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
     resolved = spec.model_copy(deep=True)
     for section in ("model", "dataset"):
         part = getattr(resolved, section)
+        if part.name_or_path is None:  # dataset.file_id: an upload, resolved by the worker at launch
+            continue
         try:
             original = part.name_or_path
             twin = deadline.run(functools.partial(_local_twin, original, roots))
@@ -128,7 +132,7 @@ def _look_at_files(spec: JobSpec, settings: Settings) -> _Files:
     problem = est.local_model_problem(spec.model.name_or_path, max_config_bytes=cap)
     if problem:
         out.refusals.append({"loc": ["body", "model", "name_or_path"], "msg": problem, "type": "model_error"})
-    problem = local_dataset_problem(spec.dataset.name_or_path)
+    problem = local_dataset_problem(spec.dataset.name_or_path) if spec.dataset.name_or_path else None
     if problem:
         out.refusals.append(
             {"loc": ["body", "dataset", "name_or_path"], "msg": problem, "type": "dataset_error"}
@@ -190,8 +194,10 @@ def missing_dataset_field(dataset: DatasetSpec) -> tuple[str, str] | None:
     """(setting, why) when the first rows of a local .jsonl file lack the field the trainer would read
     (dataset.text_field, or dataset.messages_field for chat data), as the trainer picks it; None when
     they have it or the file is not one this looks into (a folder, another format, a hub id)."""
+    if dataset.name_or_path is None or not looks_local(dataset.name_or_path):
+        return None
     path = Path(dataset.name_or_path)
-    if not looks_local(dataset.name_or_path) or path.suffix.lower() != ".jsonl":
+    if path.suffix.lower() != ".jsonl":
         return None
     try:
         head, _, size = userfiles.read_ends(path, _SNIFF_BYTES)
@@ -338,3 +344,30 @@ def _does_not_fit(estimate: Estimate) -> str:
     msg += f"; {estimate.fix}" if estimate.fix else ""
     msg += "".join(f". {alt}" for alt in estimate.alternatives)
     return msg + " (set allow_oversubscribe: true to launch anyway)"
+
+
+def dataset_preflight(
+    spec: JobSpec, settings: Settings, deadline: Deadline, upload: tuple[Path, int | None] | None
+) -> DatasetPreflight:
+    """`plan.dataset` (ftq.dataset_preflight): the training data's rows and tokens, read within the
+    request's deadline. `upload` is the (path, rows) of the file `dataset.file_id` names."""
+    if upload is not None:
+        path: Path | None = upload[0]
+        rows = upload[1]
+    else:
+        name = spec.dataset.name_or_path or ""
+        path = Path(name) if looks_local(name) and name.lower().endswith(".jsonl") else None
+        rows = None
+        if path is not None and local_dataset_problem(name) is not None:
+            path = None  # the refusal says why; nothing here to read
+    return deadline.run(
+        functools.partial(
+            dataset_preflight_mod.analyse,
+            spec,
+            path,
+            source=spec.dataset.source,
+            known_rows=rows,
+            sample_rows=settings.preflight_sample_rows,
+            tokens_per_second_per_device=settings.tokens_per_second_per_device,
+        )
+    )

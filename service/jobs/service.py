@@ -17,7 +17,8 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ftq import limits, runs
+from ftq import files, limits, runs
+from ftq.dataset_preflight import DatasetPreflight
 from ftq.errors import ErrorCode
 from ftq.estimate import Estimate
 from ftq.metrics import Point
@@ -27,6 +28,7 @@ from ftq.settings import Settings
 from ftq.spec import JobSpec, SpecFieldError
 from ftq.status import JobStatus
 from ftq.store import repository
+from ftq.store.files_repository import FileRepository
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository, utcnow
 from service.errors import (
@@ -37,6 +39,7 @@ from service.errors import (
     spec_field_error,
     suggest_fields,
 )
+from service.files import service as file_service
 from service.jobs import checkpoints, phase, preflight
 from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
@@ -138,18 +141,27 @@ def _over_caps(spec: JobSpec, settings: Settings) -> list[tuple[list[str], str]]
 
 def _planned(
     spec: JobSpec, repo: JobRepository, settings: Settings
-) -> tuple[JobSpec, Estimate, list[dict[str, Any]], str | None]:
-    """The policy, the paths and the preflight of a spec: (resolved spec, estimate, refusals, resume)."""
+) -> tuple[JobSpec, Estimate, list[dict[str, Any]], str | None, DatasetPreflight]:
+    """The policy, the paths and the preflight of a spec: (resolved spec, estimate, refusals, resume,
+    dataset preflight)."""
     check_policy(spec, settings, repo.owner)
     deadline = preflight.Deadline(settings.preflight_timeout_seconds)
     spec = preflight.resolve_paths(spec, settings, repo, deadline)
+    # Uploaded files: the owner's and ready, or a 422 naming dataset.file_id (the same for a file that
+    # is another owner's as for one that does not exist).
+    uploads = file_service.files_of_spec(spec, FileRepository(repo.session, repo.owner))
     resume = checkpoints.resume_checkpoint(spec, repo, settings)
     estimate, refusals = preflight.preflight(spec, settings, repo.owner, deadline)
-    return spec, estimate, refusals, resume
+    train = uploads.get("file_id")
+    upload = (
+        (files.file_path(settings.data_path, repo.owner, train.id), train.rows) if train is not None else None
+    )
+    data = preflight.dataset_preflight(spec, settings, deadline, upload)
+    return spec, estimate, refusals, resume, data
 
 
 def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str) -> tuple[JobSpec, Plan]:
-    spec, estimate, refusals, resume = _planned(parse_spec(body), repo, settings)
+    spec, estimate, refusals, resume, data = _planned(parse_spec(body), repo, settings)
     if refusals:
         raise SpecError(refusals)
     plan = render_plan(
@@ -160,12 +172,13 @@ def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str)
         estimate=estimate,
         resume_from_checkpoint=resume,
     )
+    plan.dataset = data
     return spec, plan
 
 
 def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
     # A dry run always answers with the plan, fits or not, so the user can see why.
-    spec, estimate, refusals, resume = _planned(parse_spec(body), repo, settings)
+    spec, estimate, refusals, resume, data = _planned(parse_spec(body), repo, settings)
     plan = render_plan(
         spec,
         job_id="dry-run",
@@ -174,6 +187,7 @@ def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
         estimate=estimate,
         resume_from_checkpoint=resume,
     )
+    plan.dataset = data
     # Not a green plan for a job that submit would refuse: the same reasons, on the plan.
     plan.warnings = [".".join(str(p) for p in r["loc"][1:]) + f": {r['msg']}" for r in refusals]
     return plan

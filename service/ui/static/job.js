@@ -79,7 +79,8 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       meta("owner", job.owner),
       // Paths are shown by their last parts; the full path is the hover text.
       meta("model", FTQ.shortPath((spec.model || {}).name_or_path), (spec.model || {}).name_or_path),
-      meta("dataset", FTQ.shortPath((spec.dataset || {}).name_or_path), (spec.dataset || {}).name_or_path),
+      meta("dataset", FTQ.shortPath((spec.dataset || {}).name_or_path || (spec.dataset || {}).file_id),
+        (spec.dataset || {}).name_or_path || (spec.dataset || {}).file_id),
       meta("launch", `${res.launcher} · ${res.device} · ${res.num_nodes}×${res.processes_per_node} · ${dist.strategy}`),
       meta("external id", job.external_id || "–"),
       meta("created", FTQ.age(job.created_at), job.created_at),

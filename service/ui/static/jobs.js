@@ -83,7 +83,7 @@ compared on one train-loss chart (their ids kept in ?compare=, so the view can b
     pick.addEventListener("change", () => toggle(job.id, pick.checked));
     const spec = job.spec || {};
     const model = (spec.model || {}).name_or_path;
-    const data = (spec.dataset || {}).name_or_path;
+    const data = (spec.dataset || {}).name_or_path || (spec.dataset || {}).file_id;
     return h("tr", { dataset: { jobId: job.id, status: job.status } },
       h("td", { class: "pick-cell" }, pick),
       h("td", {}, link),

@@ -1,0 +1,131 @@
+"""Every SQL statement about uploaded files (the `files` table).
+
+`FileRepository(session, owner)` is what the API uses: every read goes through `_readable()`, the one
+place the owner filter is applied. The module-level functions are the system's own (the validation
+task, the relay, the worker resolving a job's files); the validation's status change is a
+compare-and-set from `validating`, so a task delivered twice changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Select, delete, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from ftq.files import FileStatus, Validation
+from ftq.status import ACTIVE
+from ftq.store.models import Job, UploadedFile
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class FileRepository:
+    def __init__(self, session: Session, owner: str):
+        self.session = session
+        self.owner = owner
+
+    def _readable(self) -> Select[Any]:
+        return select(UploadedFile).where(UploadedFile.owner == self.owner)
+
+    def get(self, file_id: str) -> UploadedFile | None:
+        return self.session.scalars(self._readable().where(UploadedFile.id == file_id)).first()
+
+    def list_page(self, *, limit: int, before_seq: int | None) -> list[UploadedFile]:
+        stmt = self._readable()
+        if before_seq is not None:
+            stmt = stmt.where(UploadedFile.seq < before_seq)
+        return list(self.session.scalars(stmt.order_by(UploadedFile.seq.desc()).limit(limit)))
+
+    def bytes_used(self) -> int:
+        """What this owner's files hold, for the quota."""
+        stmt = select(func.coalesce(func.sum(UploadedFile.bytes), 0)).where(UploadedFile.owner == self.owner)
+        return int(self.session.scalar(stmt) or 0)
+
+    def add(self, row: UploadedFile) -> None:
+        if row.owner != self.owner:
+            raise ValueError("a file is added for the repository's owner only")
+        self.session.add(row)
+        self.session.flush()
+
+    def active_jobs_using(self, file_id: str) -> list[str]:
+        """Ids of this owner's queued, starting, running or cancelling jobs whose spec names the file.
+
+        The specs are read in Python: an owner has at most FTQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs, and
+        a JSON path query is written differently for each store."""
+        stmt = select(Job.id, Job.spec).where(
+            Job.owner == self.owner, Job.status.in_([s.value for s in ACTIVE])
+        )
+        using = []
+        for job_id, spec in self.session.execute(stmt):
+            dataset = (spec or {}).get("dataset") or {}
+            if file_id in (dataset.get("file_id"), dataset.get("eval_file_id")):
+                using.append(str(job_id))
+        return using
+
+    def delete(self, file_id: str) -> bool:
+        stmt = delete(UploadedFile).where(UploadedFile.owner == self.owner, UploadedFile.id == file_id)
+        return bool(self.session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+# System operations ---------------------------------------------------------------------------------------
+
+
+def get_file(session: Session, file_id: str) -> UploadedFile | None:
+    return session.scalars(select(UploadedFile).where(UploadedFile.id == file_id)).first()
+
+
+def get_owned_file(session: Session, owner: str, file_id: str) -> UploadedFile | None:
+    """The worker's lookup of a job's file: the job's owner's, or none."""
+    return FileRepository(session, owner).get(file_id)
+
+
+def finish_validation(session: Session, file_id: str, result: Validation) -> bool:
+    """validating -> ready | invalid with what the validation found (compare-and-set)."""
+    stmt = (
+        update(UploadedFile)
+        .where(UploadedFile.id == file_id, UploadedFile.status == FileStatus.validating)
+        .values(
+            status=FileStatus.ready if result.ok else FileStatus.invalid,
+            rows=result.rows,
+            columns=result.columns,
+            formats=result.formats,
+            methods=result.methods,
+            errors=result.errors,
+            error_count=result.error_count,
+            validated_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def mark_validation_sent(session: Session, file_id: str) -> None:
+    session.execute(
+        update(UploadedFile).where(UploadedFile.id == file_id).values(validation_sent_at=utcnow())
+    )
+
+
+def validations_to_send(
+    session: Session, *, older_than: timedelta, resend_after: timedelta, limit: int = 100
+) -> Sequence[str]:
+    """Files still `validating` whose task was never sent (after `older_than`: the API sends at once),
+    or was sent longer than `resend_after` ago (its worker died with it: validating is safe twice)."""
+    now = utcnow()
+    stmt = (
+        select(UploadedFile.id)
+        .where(
+            UploadedFile.status == FileStatus.validating,
+            or_(
+                UploadedFile.validation_sent_at.is_(None) & (UploadedFile.created_at <= now - older_than),
+                UploadedFile.validation_sent_at <= now - resend_after,
+            ),
+        )
+        .order_by(UploadedFile.seq)
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))

@@ -1,0 +1,48 @@
+"""files: uploaded dataset files (POST /files)
+
+Revision ID: 0002_files
+Revises: 0001
+Create Date: 2026-12-01 13:40:00
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002_files"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "files",
+        sa.Column("seq", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("id", sa.String(length=40), nullable=False),
+        sa.Column("owner", sa.String(length=128), nullable=False),
+        sa.Column("filename", sa.String(length=255), nullable=False),
+        sa.Column("bytes", sa.BigInteger(), nullable=False),
+        sa.Column("sha256", sa.String(length=64), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("rows", sa.BigInteger(), nullable=True),
+        sa.Column("columns", sa.JSON(), nullable=True),
+        sa.Column("formats", sa.JSON(), nullable=True),
+        sa.Column("methods", sa.JSON(), nullable=True),
+        sa.Column("errors", sa.JSON(), nullable=True),
+        sa.Column("error_count", sa.Integer(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("validated_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("validation_sent_at", sa.DateTime(timezone=True), nullable=True),
+        sa.PrimaryKeyConstraint("seq"),
+        sa.UniqueConstraint("id"),
+    )
+    with op.batch_alter_table("files", schema=None) as batch_op:
+        batch_op.create_index("ix_files_owner_seq", ["owner", "seq"], unique=False)
+        batch_op.create_index("ix_files_status_sent", ["status", "validation_sent_at"], unique=False)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("files", schema=None) as batch_op:
+        batch_op.drop_index("ix_files_status_sent")
+        batch_op.drop_index("ix_files_owner_seq")
+    op.drop_table("files")

@@ -1,0 +1,1 @@
+"""Uploaded dataset files: `POST /files` (streamed to disk), listing, reading, deleting."""

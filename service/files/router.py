@@ -1,0 +1,254 @@
+"""HTTP routes for uploaded files: parse, call the service, shape the response."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, BackgroundTasks, Depends, Path, Query, Request, Response
+from fastapi.responses import FileResponse
+from starlette.requests import ClientDisconnect
+
+from ftq import files
+from ftq.settings import get_settings
+from ftq.store import outbox
+from ftq.store.db import new_session, read_session
+from ftq.store.files_repository import FileRepository
+from service.deps import current_owner
+from service.errors import (
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    SpecError,
+    TooManyRequests,
+    UnsupportedMediaType,
+)
+from service.files import service as file_service
+from service.files import upload
+from service.files.schemas import ErrorBody, FileList, FilePublic
+
+router = APIRouter(prefix="/files", tags=["files"])
+
+_MAX_CURSOR = 2**63 - 1
+# Multipart framing (boundaries, part headers) a body may carry beyond the file's own bytes.
+_MULTIPART_SLACK = 64 * 1024
+
+FileId = Annotated[
+    str, Path(min_length=1, max_length=64, description="File id, e.g. file_0123456789abcdef01234567")
+]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
+    404: {"model": ErrorBody, "description": "No such file for this owner"},
+}
+
+
+async def _owner(request: Request) -> str:
+    return current_owner(request, get_settings())
+
+
+OwnerDep = Annotated[str, Depends(_owner)]
+
+
+def _in_thread_session(fn: Any) -> Any:
+    def run() -> Any:
+        session = new_session()
+        try:
+            return fn(session)
+        finally:
+            session.close()
+
+    return run
+
+
+_UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The dataset as JSON Lines: a multipart form with the file in field `file`, or the "
+        "file itself as the body with Content-Type application/jsonl. Streamed to disk; larger than "
+        "FTQ_MAX_FILE_BYTES is a 413, past the owner's FTQ_FILE_QUOTA_BYTES a 429.",
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "string", "format": "binary"}},
+                    "required": ["file"],
+                }
+            },
+            "application/jsonl": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=FilePublic,
+    openapi_extra=_UPLOAD_BODY,
+    responses={
+        400: {"model": ErrorBody, "description": "The multipart body does not parse"},
+        403: {"model": ErrorBody, "description": "Auth off: a cross-origin or cross-site request"},
+        413: {"model": ErrorBody, "description": "The file is larger than FTQ_MAX_FILE_BYTES"},
+        415: {"model": ErrorBody, "description": "Neither multipart/form-data nor application/jsonl"},
+        429: {"model": ErrorBody, "description": "The upload would pass the owner's FTQ_FILE_QUOTA_BYTES"},
+        401: _ERRORS[401],
+    },
+    summary="Upload a dataset file (JSON Lines); it is validated by the worker",
+)
+async def upload_file(
+    request: Request,
+    response: Response,
+    background: BackgroundTasks,
+    owner: OwnerDep,
+    filename: str | None = Query(
+        None, max_length=1024, description="The name to show for it (default: the multipart filename)."
+    ),
+) -> FilePublic:
+    settings = get_settings()
+    content_type = request.headers.get("content-type", "")
+    ctype = content_type.split(";")[0].strip().lower()
+    if ctype != "multipart/form-data" and ctype not in upload.RAW_TYPES:
+        raise UnsupportedMediaType(
+            f"content type {ctype or 'none'} is not an upload; send multipart/form-data with the file in "
+            "field `file` (curl -F file=@data.jsonl) or the file as application/jsonl "
+            "(curl -H 'Content-Type: application/jsonl' --data-binary @data.jsonl)"
+        )
+
+    def used(session: Any) -> int:
+        return FileRepository(session, owner).bytes_used()
+
+    limits = upload.Limits(
+        settings.max_file_bytes,
+        settings.file_quota_bytes,
+        await anyio.to_thread.run_sync(_in_thread_session(used)),
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():
+        # Refused before a byte is read when the body says it is too large.
+        body_bytes = int(declared)
+        framing = _MULTIPART_SLACK if ctype == "multipart/form-data" else 0
+        if body_bytes > settings.max_file_bytes + framing:
+            raise PayloadTooLarge(
+                f"the file is over the {settings.max_file_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)"
+            )
+        if ctype != "multipart/form-data":
+            limits.check(body_bytes)
+
+    file_id = files.new_file_id()
+    part = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
+    try:
+        got = await upload.receive(request.stream(), content_type, part, limits)
+    except (PayloadTooLarge, TooManyRequests) as exc:
+        # Stop reading: the client is told at once, and the connection is not kept for the rest.
+        exc.headers = {**exc.headers, "Connection": "close"}
+        raise
+    except ClientDisconnect:
+        # The client went away mid-upload: its partial file is gone (upload.receive); nobody to answer.
+        raise BadRequest("the upload was cut short") from None
+    name = files.display_name(filename or got.filename or "upload.jsonl")
+
+    def store(session: Any) -> FilePublic:
+        row = file_service.record(
+            session,
+            FileRepository(session, owner),
+            settings,
+            file_id=file_id,
+            part=part,
+            filename=name,
+            size=got.size,
+            sha256=got.sha256,
+        )
+        return file_service.to_public(row)
+
+    public: FilePublic = await anyio.to_thread.run_sync(_in_thread_session(store))
+    background.add_task(outbox.send_file_validation, file_id)
+    response.headers["Location"] = f"/files/{file_id}"
+    return public
+
+
+@router.get(
+    "",
+    response_model=FileList,
+    responses={
+        401: _ERRORS[401],
+        400: {"model": ErrorBody, "description": "A cursor this server did not give"},
+    },
+    summary="List your files",
+)
+async def list_files(
+    owner: OwnerDep,
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, max_length=32, description="next_cursor of the previous page"),
+) -> FileList:
+    before = None
+    if cursor:
+        if not cursor.isdigit():
+            raise BadRequest("cursor is not one this server gave out")
+        if not cursor.isascii() or int(cursor) > _MAX_CURSOR:
+            raise SpecError(
+                [{"loc": ["query", "cursor"], "msg": "cursor is out of range", "type": "value_error"}]
+            )
+        before = int(cursor)
+
+    def page() -> FileList:
+        with read_session() as session:
+            rows = FileRepository(session, owner).list_page(limit=limit + 1, before_seq=before)
+            shown = rows[:limit]
+            return FileList(
+                data=[file_service.to_public(r) for r in shown],
+                next_cursor=str(shown[-1].seq) if len(rows) > limit else None,
+            )
+
+    result: FileList = await anyio.to_thread.run_sync(page)
+    return result
+
+
+@router.get(
+    "/{file_id}", response_model=FilePublic, responses=_ERRORS, summary="Get a file's status and validation"
+)
+async def get_file(file_id: FileId, owner: OwnerDep) -> FilePublic:
+    def one() -> FilePublic:
+        with read_session() as session:
+            return file_service.to_public(file_service.get_or_404(FileRepository(session, owner), file_id))
+
+    result: FilePublic = await anyio.to_thread.run_sync(one)
+    return result
+
+
+@router.get(
+    "/{file_id}/content",
+    responses={**_ERRORS, 200: {"content": {"application/jsonl": {}}, "description": "The file's bytes"}},
+    response_class=FileResponse,
+    summary="Download a file's bytes (streamed)",
+)
+async def get_content(file_id: FileId, owner: OwnerDep) -> FileResponse:
+    settings = get_settings()
+
+    def find() -> tuple[str, str]:
+        with read_session() as session:
+            row = file_service.get_or_404(FileRepository(session, owner), file_id)
+            return row.id, row.filename
+
+    found_id, name = await anyio.to_thread.run_sync(find)
+    path = files.file_path(settings.data_path, owner, found_id)
+    exists = await anyio.to_thread.run_sync(path.is_file)
+    if not exists:
+        raise NotFound(f"file {file_id} not found")
+    return FileResponse(path, media_type="application/jsonl", filename=name)
+
+
+@router.delete(
+    "/{file_id}",
+    status_code=204,
+    responses={**_ERRORS, 409: {"model": ErrorBody, "description": "A queued or running job uses it"}},
+    summary="Delete a file and its bytes",
+)
+async def delete_file(file_id: FileId, owner: OwnerDep) -> Response:
+    settings = get_settings()
+
+    def remove(session: Any) -> None:
+        file_service.delete(session, FileRepository(session, owner), settings, file_id)
+
+    await anyio.to_thread.run_sync(_in_thread_session(remove))
+    return Response(status_code=204)

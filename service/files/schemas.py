@@ -1,0 +1,7 @@
+"""The files API's models: the contract's models live in the core (`ftq.schemas`), shared with the SDK."""
+
+from __future__ import annotations
+
+from ftq.schemas import ErrorBody, FileError, FileList, FilePublic
+
+__all__ = ["ErrorBody", "FileError", "FileList", "FilePublic"]

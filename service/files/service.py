@@ -1,0 +1,175 @@
+"""The files API's rules: where an upload goes, its row, reading and deleting, and what a job spec's
+`dataset.file_id` must be at submit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ftq import files
+from ftq.files import FileStatus
+from ftq.schemas import FileError, FilePublic
+from ftq.settings import Settings
+from ftq.spec import JobSpec
+from ftq.store.files_repository import FileRepository, utcnow
+from ftq.store.models import UploadedFile
+from service.errors import Conflict, NotFound, SpecError, TooManyRequests
+
+
+def to_public(row: UploadedFile) -> FilePublic:
+    return FilePublic(
+        id=row.id,
+        filename=row.filename,
+        bytes=row.bytes,
+        sha256=row.sha256,
+        status=FileStatus(row.status),
+        rows=row.rows,
+        columns=list(row.columns or []),
+        formats=list(row.formats or []),
+        methods=list(row.methods or []),
+        errors=[FileError.model_validate(e) for e in (row.errors or [])],
+        error_count=row.error_count or 0,
+        created_at=row.created_at,
+    )
+
+
+def get_or_404(repo: FileRepository, file_id: str) -> UploadedFile:
+    row = repo.get(file_id) if files.is_file_id(file_id) else None
+    if row is None:
+        raise NotFound(f"file {file_id} not found")
+    return row
+
+
+def new_upload_path(settings: Settings, owner: str, file_id: str) -> Path:
+    """A fresh temporary path in the owner's folder for the bytes of `file_id` while they arrive."""
+    folder = files.owner_dir(settings.data_path, owner)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder / f".{file_id}.part"
+
+
+def record(
+    session: Session,
+    repo: FileRepository,
+    settings: Settings,
+    *,
+    file_id: str,
+    part: Path,
+    filename: str,
+    size: int,
+    sha256: str,
+) -> UploadedFile:
+    """The received bytes become the file `file_id` (status validating), within the owner's quota as it
+    is now (another upload may have finished meanwhile)."""
+    used = repo.bytes_used()
+    if used + size > settings.file_quota_bytes:
+        part.unlink(missing_ok=True)
+        raise TooManyRequests(
+            f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
+            f"(FTQ_FILE_QUOTA_BYTES; {used} in use); delete files you no longer need",
+            retry_after=60,
+        )
+    final = files.file_path(settings.data_path, repo.owner, file_id)
+    row = UploadedFile(
+        id=file_id,
+        owner=repo.owner,
+        filename=filename,
+        bytes=size,
+        sha256=sha256,
+        status=FileStatus.validating,
+        error_count=0,
+        created_at=utcnow(),
+    )
+    try:
+        os.replace(part, final)
+        repo.add(row)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        final.unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
+        raise
+    return row
+
+
+def delete(session: Session, repo: FileRepository, settings: Settings, file_id: str) -> None:
+    row = get_or_404(repo, file_id)
+    using = repo.active_jobs_using(row.id)
+    if using:
+        raise Conflict(
+            f"file {file_id} is used by job(s) {', '.join(using[:5])} that are queued or running; "
+            "cancel them or wait for them to end"
+        )
+    repo.delete(row.id)
+    session.commit()
+    files.file_path(settings.data_path, repo.owner, row.id).unlink(missing_ok=True)
+
+
+# At submit ------------------------------------------------------------------------------------------------
+
+_FIELDS = ("file_id", "eval_file_id")
+
+
+def files_of_spec(spec: JobSpec, repo: FileRepository) -> dict[str, UploadedFile]:
+    """The owner's ready files a spec names (by field), or a 422 naming the field: a file that is not
+    this owner's reads exactly as one that does not exist."""
+    found: dict[str, UploadedFile] = {}
+    errors: list[dict[str, Any]] = []
+    for name in _FIELDS:
+        file_id = getattr(spec.dataset, name)
+        if file_id is None:
+            continue
+        row = repo.get(file_id)
+        if row is None:
+            errors.append(_error(name, f"no file {file_id} among your files (GET /files)", "not_found"))
+        elif row.status != FileStatus.ready:
+            why = (
+                "it is still being validated; wait until it is ready (ftq files show)"
+                if row.status == FileStatus.validating
+                else f"it has {row.error_count} problem(s), the first on line "
+                f"{(row.errors or [{'line': 0}])[0]['line']}; fix the file and upload it again"
+            )
+            errors.append(_error(name, f"file {file_id} is {row.status}, not ready: {why}", "file_not_ready"))
+        else:
+            found[name] = row
+    if errors:
+        raise SpecError(errors)
+    train = found.get("file_id")
+    if train is not None:
+        problem = format_problem(spec, train)
+        if problem is not None:
+            field, msg = problem
+            raise SpecError([_error(field, msg, "dataset_error", section_field=True)])
+    return found
+
+
+def format_problem(spec: JobSpec, row: UploadedFile) -> tuple[str, str] | None:
+    """(dataset field, why) when the file's recorded formats and columns do not hold what the spec
+    trains on (dataset.format, its text or messages field)."""
+    ds = spec.dataset
+    formats = set(row.formats or [])
+    columns = set(row.columns or [])
+    fmt = str(ds.format)
+    if fmt not in ("auto", "text", "messages"):
+        if fmt not in formats:
+            return "format", (
+                f"dataset.format is {fmt} but file {row.id} holds {', '.join(sorted(formats)) or 'no format'}"
+            )
+        return None
+    if fmt == "auto":
+        fmt = "messages" if ds.messages_field in columns else "text"
+    setting, needed = (
+        ("messages_field", ds.messages_field) if fmt == "messages" else ("text_field", ds.text_field)
+    )
+    if needed in columns:
+        return None
+    return setting, (
+        f"file {row.id} has no field {needed!r} (fields: {', '.join(sorted(columns)) or 'none'}, formats: "
+        f"{', '.join(sorted(formats)) or 'none'}); set dataset.{setting} to one of them"
+    )
+
+
+def _error(field: str, msg: str, type_: str, section_field: bool = False) -> dict[str, Any]:
+    return {"loc": ["body", "dataset", field], "msg": msg, "type": type_}

@@ -1,0 +1,218 @@
+"""Receiving an upload in bounded memory: the body is read as a stream, written to a file the server
+names as it arrives (hashed on the way), and stopped the moment it passes the size cap or the owner's
+quota, with the partial file removed.
+
+Two bodies are taken: `multipart/form-data` (the file in field `file`; other fields are read past), parsed
+incrementally by python-multipart's push parser, and a raw JSON Lines body (`application/jsonl`).
+Writes leave the event loop in batches of about a megabyte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from service.errors import BadRequest, FtqError, PayloadTooLarge, SpecError, TooManyRequests
+
+RAW_TYPES = ("application/jsonl", "application/x-ndjson", "application/jsonlines", "application/json-lines")
+# Bytes gathered before one write in a worker thread.
+_BATCH = 1024 * 1024
+
+
+class Limits:
+    """The size cap and what is left of the owner's quota; `check(total)` raises past either."""
+
+    def __init__(self, max_bytes: int, quota_bytes: int, used_bytes: int):
+        self.max_bytes = max_bytes
+        self.quota_bytes = quota_bytes
+        self.used_bytes = used_bytes
+
+    def check(self, total: int) -> None:
+        if total > self.max_bytes:
+            raise PayloadTooLarge(
+                f"the file is over the {self.max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES); "
+                "split it, or ask the operator"
+            )
+        if self.used_bytes + total > self.quota_bytes:
+            raise TooManyRequests(
+                f"this upload would take your files past the {self.quota_bytes} bytes you may keep "
+                f"(FTQ_FILE_QUOTA_BYTES; {self.used_bytes} in use); delete files you no longer need "
+                "(DELETE /files/{id})",
+                retry_after=60,
+            )
+
+
+class _Sink:
+    """The file being written: owner-only, created new, hashed as written."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            self.hash.update(chunk)
+            view = memoryview(chunk)
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+            self.size += len(chunk)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Received:
+    def __init__(self, size: int, sha256: str, filename: str | None):
+        self.size = size
+        self.sha256 = sha256
+        self.filename = filename
+
+
+def _boundary(content_type: str) -> bytes:
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.strip().partition("=")
+        if key.strip().lower() == "boundary" and value.strip():
+            return value.strip().strip('"').encode("latin-1")
+    raise BadRequest("multipart/form-data without a boundary")
+
+
+def _disposition(value: bytes) -> dict[str, str]:
+    """The parameters of a Content-Disposition header (`form-data; name="file"; filename="a.jsonl"`)."""
+    from python_multipart.multipart import parse_options_header
+
+    _, params = parse_options_header(value)
+    return {k.decode("latin-1").lower(): v.decode("utf-8", "replace") for k, v in params.items()}
+
+
+async def receive(stream: AsyncIterator[bytes], content_type: str, path: Path, limits: Limits) -> Received:
+    """Write the upload's file bytes to `path` (new); on any failure the partial file is removed."""
+    ctype = content_type.split(";")[0].strip().lower()
+    sink = await anyio.to_thread.run_sync(_Sink, path)
+    try:
+        if ctype == "multipart/form-data":
+            filename = await _receive_multipart(stream, _boundary(content_type), sink, limits)
+        else:
+            filename = None
+            await _receive_raw(stream, sink, limits)
+        await anyio.to_thread.run_sync(os.fsync, sink.fd)
+        return Received(sink.size, sink.hash.hexdigest(), filename)
+    except BaseException:
+        sink.close()
+        path.unlink(missing_ok=True)
+        raise
+    finally:
+        sink.close()
+
+
+async def _flush(sink: _Sink, pending: list[bytes]) -> None:
+    if pending:
+        batch = pending.copy()
+        pending.clear()
+        await anyio.to_thread.run_sync(sink.write, batch)
+
+
+async def _receive_raw(stream: AsyncIterator[bytes], sink: _Sink, limits: Limits) -> None:
+    total, pending, held = 0, [], 0
+    async for chunk in stream:
+        if not chunk:
+            continue
+        total += len(chunk)
+        limits.check(total)
+        pending.append(chunk)
+        held += len(chunk)
+        if held >= _BATCH:
+            await _flush(sink, pending)
+            held = 0
+    await _flush(sink, pending)
+
+
+async def _receive_multipart(
+    stream: AsyncIterator[bytes], boundary: bytes, sink: _Sink, limits: Limits
+) -> str | None:
+    from python_multipart.multipart import MultipartParser
+
+    state: dict[str, Any] = {"headers": {}, "field": b"", "value": b"", "in_file": False, "found": False}
+    pending: list[bytes] = []
+    total = 0
+    problem: list[FtqError] = []
+
+    def on_part_begin() -> None:
+        state["headers"] = {}
+        state["in_file"] = False
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        state["field"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        state["value"] += data[start:end]
+
+    def on_header_end() -> None:
+        if len(state["headers"]) < 16 and len(state["value"]) < 4096:
+            state["headers"][state["field"].decode("latin-1").lower()] = state["value"]
+        state["field"], state["value"] = b"", b""
+
+    def on_headers_finished() -> None:
+        params = _disposition(state["headers"].get("content-disposition", b""))
+        if params.get("name") == "file" and not state["found"]:
+            state["in_file"] = True
+            state["found"] = True
+            state["filename"] = params.get("filename")
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        nonlocal total
+        if not state["in_file"] or problem:
+            return
+        total += end - start
+        try:
+            limits.check(total)
+        except FtqError as exc:
+            problem.append(exc)
+            return
+        pending.append(bytes(data[start:end]))
+
+    def on_part_end() -> None:
+        state["in_file"] = False
+
+    callbacks: dict[str, Callable[..., None]] = {
+        "on_part_begin": on_part_begin,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_headers_finished": on_headers_finished,
+        "on_part_data": on_part_data,
+        "on_part_end": on_part_end,
+    }
+    parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+    held = 0
+    async for chunk in stream:
+        if not chunk:
+            continue
+        try:
+            parser.write(chunk)
+        except Exception as exc:  # python-multipart's MultipartParseError and friends
+            raise BadRequest(f"the multipart body does not parse: {exc}") from None
+        if problem:
+            raise problem[0]
+        held = sum(len(p) for p in pending)
+        if held >= _BATCH:
+            await _flush(sink, pending)
+    try:
+        parser.finalize()
+    except Exception as exc:
+        raise BadRequest(f"the multipart body does not parse: {exc}") from None
+    await _flush(sink, pending)
+    if not state["found"]:
+        raise SpecError(
+            [{"loc": ["body", "file"], "msg": "the multipart body has no field `file`", "type": "missing"}]
+        )
+    return state.get("filename")

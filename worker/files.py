@@ -1,0 +1,118 @@
+"""Uploaded files on the worker's side: validating one after its upload, and turning the file ids a
+job's spec names into the paths its trainer reads."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ftq import files
+from ftq.files import FileStatus
+from ftq.settings import get_settings
+from ftq.store import files_repository
+from ftq.store.db import session_scope
+
+log = logging.getLogger(__name__)
+
+# The folder in a run directory that holds a job's uploaded train and eval files (as symlinks) when it
+# names both: the trainer reads a folder's `<split>.jsonl` files as its splits.
+DATASET_DIR = "dataset"
+
+
+def validate(file_id: str) -> None:
+    """The `ftq.validate_file` task: read the file line by line and record what it holds. A file that is
+    no longer `validating` (validated already, or deleted) is left alone."""
+    settings = get_settings()
+    with session_scope() as session:
+        row = files_repository.get_file(session, file_id)
+        if row is None or row.status != FileStatus.validating:
+            return
+        path = files.file_path(settings.data_path, row.owner, row.id)
+    try:
+        result = files.validate_jsonl(path)
+    except FileNotFoundError:
+        log.info("file %s was deleted before its validation", file_id)
+        return
+    except OSError as exc:
+        result = files.Validation()
+        result.add_error(0, f"the file could not be read: {exc.strerror}")
+    with session_scope() as session:
+        files_repository.finish_validation(session, file_id, result)
+    log.info(
+        "file %s validated: %d rows, formats %s, %d error(s)",
+        file_id,
+        result.rows,
+        ",".join(result.formats) or "none",
+        result.error_count,
+    )
+
+
+_last_sweep = 0.0
+SWEEP_EVERY_SECONDS = 3600.0
+
+
+def sweep_partials() -> int:
+    """Now and then (at most hourly per worker), the partial uploads a killed API process left."""
+    global _last_sweep
+    now = time.monotonic()
+    if _last_sweep and now - _last_sweep < SWEEP_EVERY_SECONDS:
+        return 0
+    _last_sweep = now
+    removed = files.remove_stale_parts(get_settings().data_path)
+    if removed:
+        log.info("removed %d partial upload(s) left by an API process that stopped mid-upload", removed)
+    return removed
+
+
+class FileUnavailable(Exception):
+    """A file a job names is gone or not ready: the job fails with dataset_error, saying which."""
+
+
+def _ready_path(owner: str, file_id: str, field: str) -> Path:
+    settings = get_settings()
+    with session_scope() as session:
+        row = files_repository.get_owned_file(session, owner, file_id)
+        status = None if row is None else row.status
+    if status is None:
+        raise FileUnavailable(f"dataset.{field}: file {file_id} was deleted after the job was submitted")
+    if status != FileStatus.ready:
+        raise FileUnavailable(f"dataset.{field}: file {file_id} is {status}, not ready")
+    path = files.file_path(settings.data_path, owner, file_id)
+    if not path.is_file():
+        raise FileUnavailable(f"dataset.{field}: the bytes of file {file_id} are missing")
+    return path
+
+
+def spec_for_run(spec: dict[str, Any], owner: str, run_dir: Path) -> dict[str, Any]:
+    """The spec the trainer reads: `dataset.file_id` (and `eval_file_id`) replaced by the server path
+    of the owner's file, or by a folder in the run directory holding `train.jsonl` and `eval.jsonl`
+    (links to both files) with `eval_split: eval`. A spec without file ids comes back as it is."""
+    dataset = spec.get("dataset") or {}
+    file_id, eval_id = dataset.get("file_id"), dataset.get("eval_file_id")
+    if not file_id:
+        return spec
+    out = copy.deepcopy(spec)
+    ds = out["dataset"]
+    train = _ready_path(owner, file_id, "file_id")
+    ds.pop("file_id", None)
+    ds.pop("eval_file_id", None)
+    if not eval_id:
+        ds["name_or_path"] = str(train)
+        return out
+    evaluation = _ready_path(owner, eval_id, "eval_file_id")
+    folder = run_dir / DATASET_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for name, target in (("train", train), ("eval", evaluation)):
+        link = folder / f"{name}{files.SUFFIX}"
+        tmp = folder / f".{name}.tmp"
+        tmp.unlink(missing_ok=True)
+        os.symlink(target, tmp)
+        tmp.replace(link)
+    ds["name_or_path"] = str(folder)
+    ds["train_split"] = "train"
+    ds["eval_split"] = "eval"
+    return out
