@@ -3,6 +3,8 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_CONSTRAINTS := constraints-mlflow.txt
 STAMP := $(VENV)/.ftq-installed
 TORCH_CPU := torch==2.13.0
 CONSTRAINTS := constraints.txt
@@ -25,6 +27,15 @@ help: ## list the targets
 # Every dependency but torch is pinned by constraints.txt (`make lock` refreshes it).
 install: $(STAMP) examples/tiny/model/config.json ## create .venv and install ftq (quick when nothing changed)
 
+# A real MLflow tracking server for the tracker tests (so `make test` builds it, not `make install`:
+# someone running `make up` needs no server of their own), in a venv of its own: the full `mlflow` package
+# (the server) wants pyarrow<26, which datasets' pin in constraints.txt rules out. ftq's own venv has
+# the client (mlflow-skinny, extra `trackers`). Pinned by constraints-mlflow.txt.
+$(MLFLOW_VENV)/bin/mlflow: $(MLFLOW_CONSTRAINTS)
+	@test -x $(MLFLOW_VENV)/bin/python || $(PY) -m venv $(MLFLOW_VENV) || python3 -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install -q -c $(MLFLOW_CONSTRAINTS) mlflow
+	@touch $@
+
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q -U pip wheel
@@ -36,7 +47,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	fi
 	@# setuptools' editable build prints a 10-line note about package-named folders (ftq, service, ...
 	@# are meant to be imported from the checkout): not for a person installing, so filtered by message.
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,trackers,dev]"
 	@touch $(STAMP)
 
 # Re-resolve pyproject.toml's dependencies at their newest allowed versions in a throwaway venv (on the
@@ -47,7 +58,7 @@ lock: ## re-pin constraints.txt at the newest allowed versions
 	$(PY) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/pip install -q -U pip wheel
 	$(LOCK_VENV)/bin/pip install -q $(TORCH_CPU)
-	$(LOCK_VENV)/bin/pip install -q -e ".[train,dev]"
+	$(LOCK_VENV)/bin/pip install -q -e ".[train,trackers,dev]"
 	{ echo "# Pins for \`make install\` (pip install -c constraints.txt): written by \`make lock\`, do not edit."; \
 	  echo "# torch is left out on purpose: make install puts in the CPU build ($(TORCH_CPU)) or a CUDA one first."; \
 	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|nvidia-[a-z0-9-]+|triton)=='; \
@@ -78,7 +89,7 @@ openapi-check: install ## fail if openapi/openapi.json is stale
 		|| (echo "openapi/openapi.json is stale: run 'make openapi'" && exit 1)
 
 # Everything: lint, types, the OpenAPI document, then tests/unit, tests/integration and tests/e2e.
-test: install lint typecheck openapi-check ## everything: lint, types, OpenAPI, the whole test suite
+test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check ## everything: lint, types, OpenAPI, the whole test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The unit tests alone (in process: no subprocess, server or training), in well under two minutes.

@@ -32,7 +32,7 @@ import httpx
 from bench import OUT, REPO, log, note, result
 from bench.seed import analyze, api_server, copy_jobs, copy_points, explain, job_ids
 from bench.wrk import have_wrk, interleaved, measured, sequential_latency, wrk_run
-from tests.harness import free_port, postgres, wait_until
+from tests.harness import Deployment, free_port, postgres, wait_until
 
 CONNECTIONS = 64
 
@@ -115,6 +115,41 @@ def bench_poll_vs_health(url: str, seconds: float, n_jobs: int, n_points: int) -
     )
     poll["half_p99_ms"] = half["p99_ms"]
     return poll
+
+
+def bench_api_workers(url: str, seconds: float, n_jobs: int, n_points: int) -> None:
+    """`ftq api --workers 2` against `--workers 1` on the same store and load: what the second API process
+    adds on this machine (2 cores: the second process competes with wrk and PostgreSQL for them)."""
+    ids = job_ids(n_jobs, "w")
+    copy_jobs(url, [(i, "running") for i in ids])
+    copy_points(url, ids, n_points)
+    analyze(url)
+    paths = poll_paths(ids, n_points)
+    rates: dict[int, dict[str, float]] = {}
+    for workers in (1, 2):
+        OUT.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix=f"api-workers{workers}-", dir=OUT))
+        dep = Deployment(
+            root, mode="api", store="postgres", database_url=url, server_args=("--workers", str(workers))
+        )
+        with dep as server:
+            wrk_run(server.url, paths[:200], connections=CONNECTIONS, seconds=2)
+            # Throughput and latency only: the server's CPU per request would count the parent process,
+            # not the uvicorn workers that serve.
+            rates[workers] = wrk_run(server.url, paths, connections=CONNECTIONS, seconds=seconds)
+        log(f"--workers {workers}: {rates[workers]}")
+        result(
+            f"metrics_poll_api_workers_{workers}",
+            rates[workers]["req_s"],
+            "req/s",
+            p99_ms=f"{rates[workers]['p99_ms']:.1f}",
+        )
+    ratio = rates[2]["req_s"] / max(rates[1]["req_s"], 1e-9)
+    result("metrics_poll_second_api_process", ratio, "x", baseline="metrics_poll_api_workers_1")
+    note(
+        f"`ftq api --workers 2` serves {ratio:.2f}x the metrics polls of one process on "
+        f"{os.cpu_count()} cores (wrk and PostgreSQL share them)"
+    )
 
 
 # MLflow --------------------------------------------------------------------------------------------------
@@ -326,12 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--points", type=int, default=2000)
     ap.add_argument("--no-mlflow", action="store_true")
-    ap.add_argument("--only", choices=["poll", "mlflow", "history", "status"], action="append")
+    ap.add_argument("--only", choices=["poll", "mlflow", "history", "status", "workers"], action="append")
     args = ap.parse_args(argv)
     if not have_wrk():
         print("poll_bench needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
-    only = set(args.only or ["poll", "mlflow", "history", "status"])
+    only = set(args.only or ["poll", "mlflow", "history", "status", "workers"])
     note(
         "ftq side: one `ftq api` process (uvicorn, one worker: what `ftq api` runs) on PostgreSQL; load from "
         f"wrk, {CONNECTIONS} connections, 1 thread, {args.seconds:.0f} s per figure"
@@ -342,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             poll = bench_poll_vs_health(url, args.seconds, args.jobs, args.points)
         if "history" in only:
             bench_history(url, args.seconds)
+        if "workers" in only:
+            bench_api_workers(url, args.seconds, min(args.jobs, 200), min(args.points, 200))
     if "status" in only:
         bench_status(args.seconds)
     if "mlflow" in only and not args.no_mlflow:

@@ -73,6 +73,12 @@ BENCHES = [
         1800,
     ),
     Bench(
+        "scheduler",
+        ["-m", "bench.scheduler_scale"],
+        ["-m", "bench.scheduler_scale", "--queued", "2000", "--running", "200", "--dispatch", "40"],
+        3600,
+    ),
+    Bench(
         "trainer",
         ["-m", "bench.trainer_bench"],
         ["-m", "bench.trainer_bench", "--steps", "8", "--rounds", "1"],

@@ -1,4 +1,4 @@
-"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, cancel, artifacts, download.
+"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, samples, cancel, artifacts, download.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -388,6 +388,7 @@ def _print_rendered(plan: PlanPublic) -> None:
     elif plan.launch_script:
         out.rule("launch script (launch.sh)")
         out.print(escape(plan.launch_script.rstrip()), soft_wrap=True)
+    _print_time_estimate(plan)
     out.rule("memory estimate")
     estimate = plan.estimate
     if estimate is None or estimate.per_device_bytes is None:
@@ -419,6 +420,20 @@ def _print_rendered(plan: PlanPublic) -> None:
         out.print(f"fix: {escape(estimate.fix)}")
     for alternative in estimate.alternatives:
         out.print(escape(alternative))
+
+
+def _print_time_estimate(plan: PlanPublic) -> None:
+    te = plan.time_estimate
+    if te is None:
+        return
+    out.rule("time estimate")
+    if te.seconds is None:
+        out.print("no time estimate (see the assumptions)")
+    else:
+        cost = f", cost {te.cost:g}" if te.cost is not None else ""
+        out.print(f"{fmt_duration(te.seconds)} on {te.devices} device(s), {te.tokens} tokens{cost}")
+    for line in te.assumptions:
+        out.print(f"  {escape(line)}", soft_wrap=True)
 
 
 def follow_job(client: Client, job_id: str) -> int:
@@ -563,6 +578,28 @@ def status(
         ("eval loss", fmt_loss(latest.eval_loss)),
         ("learning rate", fmt_sci(latest.learning_rate)),
     ]
+    if job.queue is not None:
+        q = job.queue
+        where = f"#{q.position} " if q.position is not None else ""
+        when = f", expected to start {fmt_time(q.estimated_start)}" if q.estimated_start else ""
+        rows.append(("queue", f"{where}waiting: {escape(q.reason)}{when}"))
+    if job.usage is not None:
+        u = job.usage
+        rows.append(
+            (
+                "usage",
+                f"{u.devices} device(s) x {fmt_duration(u.device_seconds / max(u.devices, 1))}"
+                f" = {u.device_seconds:.0f} device-seconds ({u.gpu_hours:.3f} GPU hours)",
+            )
+        )
+    if job.estimate_vs_actual is not None and job.estimate_vs_actual.estimated_seconds:
+        e = job.estimate_vs_actual
+        rows.append(
+            (
+                "estimate",
+                f"{fmt_duration(e.estimated_seconds)} estimated, {fmt_duration(e.actual_seconds)} taken",
+            )
+        )
     error = job.error
     if error:
         exit_code = f" (exit code {error.exit_code})" if error.exit_code is not None else ""
@@ -608,6 +645,37 @@ class EventPrinter:
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
             self.print_new()
+
+
+@_command("usage")
+def usage(
+    since: Annotated[
+        datetime | None, typer.Option("--from", help="Runs that ended at or after this UTC time.")
+    ] = None,
+    until: Annotated[
+        datetime | None, typer.Option("--to", help="Runs that ended before this UTC time.")
+    ] = None,
+    by_day: Annotated[bool, typer.Option("--by-day", help="One row per owner and day.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+) -> None:
+    """Device-seconds and GPU hours your runs used (GET /usage)."""
+    since = since.replace(tzinfo=UTC) if since is not None and since.tzinfo is None else since
+    until = until.replace(tzinfo=UTC) if until is not None and until.tzinfo is None else until
+    with api() as client:
+        page = client.usage(since=since, until=until, group_by="day" if by_day else "owner")
+    if as_json:
+        out.print_json(data=page.model_dump(mode="json"))
+        return
+    table = Table("owner", "day", "runs", "device-seconds", "GPU hours")
+    for row in page.data:
+        table.add_row(
+            escape(row.owner),
+            row.day or "-",
+            str(row.jobs),
+            f"{row.device_seconds:.0f}",
+            f"{row.gpu_hours:.3f}",
+        )
+    out.print(table)
 
 
 @_command("logs")
@@ -704,6 +772,39 @@ def metrics(
         if values:
             first, last = fmt_loss(values[0]), fmt_loss(values[-1])
             out.print(f"{label:<5} {sparkline(values)}  {first} → {last}  ({len(values)} points)")
+
+
+@_command("samples")
+def samples(
+    job_id: JobIdArg,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new samples until the job ends.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each sample as one JSON line.")] = False,
+) -> None:
+    """Show the completions of the spec's eval.sample_prompts, step by step."""
+    with api() as client:
+        shown_step: int | None = None
+        count = 0
+        for sample in client.jobs.iter_samples(job_id, follow=follow, poll=POLL_SECONDS):
+            count += 1
+            if as_json:
+                sys.stdout.write(sample.model_dump_json() + "\n")
+                sys.stdout.flush()
+                continue
+            if sample.step != shown_step:
+                out.print(f"[bold]step {sample.step}[/]")
+                shown_step = sample.step
+            out.print(f"  [dim]\\[{sample.index}] {escape(sample.prompt)}[/]", soft_wrap=True)
+            out.print(f"      {escape(sample.completion) or '[dim](empty)[/]'}", soft_wrap=True)
+        if count == 0 and not as_json:
+            job = client.jobs.get(job_id)
+            if not job.spec.eval.sample_prompts:
+                out.print(f"{job_id} has no eval.sample_prompts in its spec: it writes no samples")
+            elif job.status in TERMINAL:
+                out.print(f"{job_id} ({fmt_status(job.status)}) wrote no samples")
+            else:
+                out.print(f"{job_id} ({fmt_status(job.status)}) has written no samples yet")
 
 
 @_command("cancel")

@@ -144,7 +144,9 @@ class _Tokenizer:
         if isinstance(source, str):
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[_generation_markers()]
+            )
             env.globals["raise_exception"] = _raise
             self.template = env.from_string(source)
         self.special = {
@@ -160,6 +162,26 @@ class _Tokenizer:
         if self.template is None:
             return None
         return str(self.template.render(messages=messages, add_generation_prompt=False, **self.special))
+
+
+def _generation_markers() -> Any:
+    """`{% generation %}...{% endgeneration %}` (what marks assistant turns for loss_on: assistant, as
+    transformers reads it) rendered as its body: the text is the same with or without the markers."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationMarkers(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body", []), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    return GenerationMarkers
 
 
 def _raise(message: str) -> None:

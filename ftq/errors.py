@@ -19,6 +19,7 @@ class ErrorCode(StrEnum):
     node_failure = "node_failure"
     cancelled = "cancelled"
     diverged = "diverged"  # the loss became NaN or infinite (training.stop_on_nan)
+    quota_exceeded = "quota_exceeded"
     unknown = "unknown"
 
 

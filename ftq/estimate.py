@@ -309,9 +309,11 @@ def _compute_bytes(spec: JobSpec) -> int:
 
 
 def _activation_bytes(spec: JobSpec, arch: Arch) -> dict[str, int]:
-    """Bytes of activations kept for the backward pass, per device."""
+    """Bytes of activations kept for the backward pass, per device. DPO and reward models run each
+    pair's chosen and rejected sequences in one batch: twice the sequences of the batch size."""
     tr = spec.training
-    tokens = tr.max_seq_len * tr.per_device_train_batch_size
+    pairs = 2 if tr.method in ("dpo", "reward") else 1
+    tokens = tr.max_seq_len * tr.per_device_train_batch_size * pairs
     scale = _compute_bytes(spec) / 2  # the per-token figures below are for 16-bit activations
     h, q_dim, kv_dim = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     # Attention: qkv input, q, k, v, attention output (the o_proj input).
@@ -471,6 +473,7 @@ def estimate_memory(
 
     breakdown = {
         "params": int(params),
+        **({"reference_model": ref} if (ref := _reference_bytes(spec, total, cb, world)) else {}),
         "grads": int(grads),
         "optimizer": int(optimizer),
         **({"largest_layer": largest_layer} if zero3 else {}),
@@ -499,6 +502,27 @@ def estimate_memory(
         world_size=world,
         note=arch.note or None,
     )
+
+
+def _reference_bytes(spec: JobSpec, total: int, cb: int, world: int) -> int:
+    """The frozen reference model of full fine-tuning DPO/KTO, per device: weights only (no gradients,
+    no optimizer state), in the policy's load dtype, which TRL gives it. ZeRO-3 partitions it like the
+    policy (TRL's prepare_deepspeed), FSDP shards it (prepare_fsdp); DDP and ZeRO-1/2 hold a whole copy
+    on every device. None with LoRA (the base with the adapter disabled is the reference) or with
+    precomputed reference log-probabilities (the reference is gone before training starts)."""
+    tr = spec.training
+    if tr.method not in ("dpo", "kto") or spec.lora is not None:
+        return 0
+    params = tr.method_parameters()
+    if params is not None and getattr(params, "precompute_ref_log_probs", False):
+        return 0
+    dist = spec.distributed
+    strategy = str(dist.strategy)
+    if strategy == "deepspeed" and dist.deepspeed.zero_stage == 3:
+        return 0 if dist.deepspeed.offload_params != "none" else total * cb // world
+    if strategy == "fsdp":
+        return 0 if dist.fsdp.offload_params else total * 4 // world
+    return total * _load_bytes(spec)
 
 
 def _adapters(spec: JobSpec, arch: Arch) -> int:
@@ -539,6 +563,10 @@ def _host_breakdown(
         loading = total * load
     else:
         loading = total * load * procs
+    if not zero3 and _reference_bytes(spec, total, 4, 1):
+        # Full fine-tuning DPO/KTO: TRL reads the reference's weights on every rank before the launch
+        # shards it (ZeRO-3 init partitions it while it loads).
+        loading += total * load * procs
     offload = fsdp_offload
     if strategy == "deepspeed" and dist.deepspeed.zero_stage > 0:
         ds = dist.deepspeed

@@ -23,7 +23,8 @@ from ftq import runs
 from ftq.dataset_preflight import DatasetPreflight
 from ftq.estimate import Estimate
 from ftq.settings import Settings, slurm_env_lines
-from ftq.spec import JobSpec
+from ftq.spec import METHOD_TRAINERS, JobSpec
+from ftq.timecost import TimeEstimate, time_estimate
 
 ACCELERATE_LAUNCH = ["-m", "accelerate.commands.launch"]
 TRAINER_MODULE = "trainer"
@@ -49,8 +50,18 @@ class Plan(BaseModel):
         "each node's, set by SLURM and the script)."
     )
     sbatch_script: str | None
+    trainer: str = Field(
+        "trl.SFTTrainer",
+        description="The TRL trainer the job runs, from training.method: trl.SFTTrainer, trl.DPOTrainer, "
+        "trl.KTOTrainer or trl.RewardTrainer.",
+    )
     trainer_args: dict[str, Any]
     estimate: Estimate | None = None
+    time_estimate: TimeEstimate | None = Field(
+        None,
+        description="How long the training should take and what it costs, with every assumption stated "
+        "(ftq/timecost.py); in every plan rendered (null only in plans stored before it existed).",
+    )
     dataset: DatasetPreflight | None = Field(
         None,
         description="The dataset preflight: rows, tokens per sample with the job's tokenizer, truncation at "
@@ -310,6 +321,21 @@ def _extra_sbatch_args(text: str) -> list[str]:
     return out
 
 
+def _priority_args(spec: JobSpec, settings: Settings) -> list[str]:
+    """The job's priority in SLURM's terms (SLURM schedules; ftq only says how much the job matters):
+    low is a positive --nice (FTQ_SLURM_NICE_LOW), high the operator's QOS (FTQ_SLURM_QOS_HIGH)."""
+    out = []
+    if spec.priority == "low" and settings.slurm_nice_low:
+        out.append(f"--nice={settings.slurm_nice_low}")
+    qos = {
+        "high": settings.slurm_qos_high or settings.slurm_qos,
+        "low": settings.slurm_qos_low or settings.slurm_qos,
+    }.get(spec.priority, settings.slurm_qos)
+    if qos:
+        out.append(f"--qos={_sbatch_value(qos)}")
+    return out
+
+
 def sbatch_script(
     spec: JobSpec,
     *,
@@ -347,6 +373,7 @@ def sbatch_script(
         header.append(f"--partition={_sbatch_value(partition)}")
     if account:
         header.append(f"--account={_sbatch_value(account)}")
+    header += _priority_args(spec, settings)
     header += [
         f"--chdir={_sbatch_value(str(run_dir))}",
         f"--output={_sbatch_path(run_dir / runs.TRAIN_LOG)}",
@@ -483,6 +510,7 @@ def render_plan(
     estimate: Estimate | None = None,
     main_process_port: int | None = None,
     resume_from_checkpoint: str | None = None,
+    dataset_tokens: int | None = None,
 ) -> Plan:
     """The whole plan for one job. Dry runs and real runs call this with the same inputs."""
     run_dir = Path(run_dir)
@@ -511,11 +539,18 @@ def render_plan(
         accelerate_config_yaml=config_yaml(cfg),
         command=command,
         sbatch_script=sbatch,
+        trainer=METHOD_TRAINERS[str(spec.training.method)],
         trainer_args={
             "spec": str(run_dir / runs.SPEC),
             "output_dir": str(run_dir),
             "resume_from_checkpoint": resume_from_checkpoint,
         },
         estimate=estimate,
+        time_estimate=time_estimate(
+            spec,
+            settings,
+            parameters=estimate.num_parameters if estimate is not None else None,
+            dataset_tokens=dataset_tokens,
+        ),
         launch_script=launch_script(run_dir, argv),
     )

@@ -19,6 +19,11 @@ LAUNCH_SCRIPT = "launch.sh"
 SBATCH_SCRIPT = "job.sbatch"
 TRAIN_LOG = "train.log"
 METRICS = "metrics.jsonl"
+# One JSON object per line: {step, index, prompt, completion, time}, one line per sample prompt each time
+# the trainer samples (spec `eval.sample_prompts`); main process only, flushed as written.
+SAMPLES = "samples.jsonl"
+# What the experiment trackers (spec `integrations`) made of the run: their run names, ids and URLs.
+TRACKERS = "trackers.json"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint-"  # checkpoints/checkpoint-<step>/, as transformers' Trainer names them
 FINAL = "final"

@@ -44,6 +44,49 @@ class JobError(BaseModel):
     exit_code: int | None = None
 
 
+class TrackerRun(BaseModel):
+    name: str | None = Field(None, description="The tracker's name for the run (the job id).")
+    id: str | None = Field(None, description="The tracker's id of the run (W&B run id, MLflow run_id).")
+    url: str | None = Field(
+        None, description="Where to see the run; null where there is none (W&B offline, TensorBoard)."
+    )
+    project: str | None = Field(None, description="W&B: the project.")
+    experiment: str | None = Field(None, description="MLflow: the experiment.")
+    mode: str | None = Field(None, description="W&B: online, offline or disabled (the operator's setting).")
+    dir: str | None = Field(
+        None, description="Files the tracker wrote in the run directory (W&B's run folder, TensorBoard's)."
+    )
+
+
+class QueueInfo(BaseModel):
+    position: int | None = Field(
+        None, description="1 = starts next among this server's waiting local jobs; null on SLURM."
+    )
+    reason: str = Field(
+        description="Why it waits: no_free_devices (not enough free GPUs or CPU slots), reservation (it "
+        "would fit, but could delay the start reserved for a larger job ranked ahead; jobs whose "
+        "resources.max_seconds ends before that start may go ahead), quota (its owner holds their "
+        "concurrent quota); on SLURM, SLURM's pending reason (Priority, Resources, ...)."
+    )
+    estimated_start: datetime | None = Field(
+        None,
+        description="When it should start, from the running jobs' time limits or time estimates; null "
+        "when it cannot be told (quota).",
+    )
+
+
+class Usage(BaseModel):
+    devices: int = Field(description="GPUs (cuda) or CPU processes the run held.")
+    device_seconds: float = Field(description="devices x the run's wall time (launch to end; SLURM's own).")
+    gpu_hours: float = Field(description="device_seconds / 3600 for a cuda job; 0 for a cpu job.")
+
+
+class EstimateVsActual(BaseModel):
+    estimated_seconds: float | None = Field(description="The plan's time_estimate.seconds.")
+    actual_seconds: float = Field(description="The run's wall time, launch to end.")
+    ratio: float | None = Field(description="actual / estimated (> 1: the run took longer than estimated).")
+
+
 class JobPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -63,6 +106,30 @@ class JobPublic(BaseModel):
         description="Why a failed job failed; null while it runs, once it succeeded, and for a cancelled "
         "job (a cancel is what its owner asked for, not an error)."
     )
+    trackers: dict[str, TrackerRun] | None = Field(
+        None,
+        description="The runs the spec's `integrations` made, by tracker (`wandb`, `mlflow`, `tensorboard`), "
+        "once training has started; null for a job without trackers or before its trainer started them.",
+    )
+    queue: QueueInfo | None = Field(
+        None, description="While the job waits (queued here, or pending in SLURM): where and why; else null."
+    )
+    usage: Usage | None = Field(None, description="What the run used, once it ended; null before.")
+    estimate_vs_actual: EstimateVsActual | None = Field(
+        None, description="The plan's time estimate beside the run's wall time, once it succeeded."
+    )
+
+
+class UsageRow(BaseModel):
+    owner: str
+    day: str | None = Field(description="UTC day (YYYY-MM-DD) the runs ended; null with group_by=owner.")
+    device_seconds: float = Field(description="Sum of the runs' devices x wall time.")
+    gpu_hours: float = Field(description="The cuda runs' device_seconds / 3600.")
+    jobs: int = Field(description="Runs that ended in the range (jobs that never started are not counted).")
+
+
+class UsagePage(BaseModel):
+    data: list[UsageRow]
 
 
 class JobList(BaseModel):
@@ -81,6 +148,25 @@ class MetricsPage(BaseModel):
     data: list[Point]
     next_after_step: int
     complete: bool
+
+
+class SamplePublic(BaseModel):
+    step: int = Field(description="The training step the model had reached when it generated this.")
+    index: int = Field(description="The prompt's position in the spec's eval.sample_prompts.")
+    prompt: str
+    completion: str = Field(description="The greedy completion (new text only), cut at EOS.")
+    time: float | None = Field(None, description="When it was written (Unix seconds, the trainer's clock).")
+
+
+class SamplesPage(BaseModel):
+    data: list[SamplePublic] = Field(
+        description="Samples of whole steps after after_step (every prompt of a step on the same page), "
+        "by step, then prompt index."
+    )
+    next_after_step: int = Field(description="The after_step of the next page (the last step here).")
+    complete: bool = Field(
+        description="True once the job has ended and this page holds the last of its samples."
+    )
 
 
 class Checkpoint(BaseModel):

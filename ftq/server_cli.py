@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -190,7 +190,7 @@ class WorkerSupervisor:
             proc.wait()
 
 
-def _serve(host: str, port: int, log_level: str) -> None:
+def _serve(host: str, port: int, log_level: str, workers: int = 1) -> None:
     import uvicorn
 
     from ftq.http_protocol import bounded_http_protocol
@@ -199,7 +199,11 @@ def _serve(host: str, port: int, log_level: str) -> None:
     # uvicorn's own records go through the same root handler as the app's (log_config=None).
     logs.configure(log_level)
     # The request head is bounded while it is read (FTQ_MAX_HEADER_BYTES, FTQ_MAX_HEADER_COUNT).
-    protocol = bounded_http_protocol(settings.max_header_bytes, settings.max_header_count)
+    protocol: Any = bounded_http_protocol(settings.max_header_bytes, settings.max_header_count)
+    if workers > 1:
+        # Worker processes get the protocol by import string (a class cannot be pickled to them); each
+        # builds the same one from the same FTQ_ settings.
+        protocol = "ftq.http_protocol:FromSettings"
     uvicorn.run(
         "service.app:create_app",
         factory=True,
@@ -210,6 +214,7 @@ def _serve(host: str, port: int, log_level: str) -> None:
         access_log=False,
         http=protocol or "h11",
         h11_max_incomplete_event_size=settings.max_header_bytes,
+        workers=workers,
     )
 
 
@@ -221,7 +226,20 @@ def migrate() -> None:
 
 
 @server_app.command("api")
-def api(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None) -> None:
+def api(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    log_level: LogLevelOpt = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            help="API processes sharing the port (uvicorn workers); each has its own store pool.",
+        ),
+    ] = 1,
+) -> None:
     """Serve the HTTP API (and the dashboard)."""
 
     settings = get_settings()
@@ -230,7 +248,7 @@ def api(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = Non
     level = _log_level(log_level)
     _check_listen(host)
     _migrate()
-    _serve(host, port, level)
+    _serve(host, port, level, workers)
 
 
 @server_app.command("worker")

@@ -13,6 +13,7 @@ import re
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -99,6 +100,18 @@ class Settings(BaseSettings):
 
     # Secrets passed to launches via the environment (names of operator env vars, e.g. `HF_TOKEN`)
     pass_env: str = Field("HF_TOKEN,WANDB_API_KEY", description="Env vars handed to launches, never stored.")
+    # Experiment trackers (spec `integrations`): the where and the credentials are the operator's.
+    wandb_mode: Literal["online", "offline", "disabled", ""] = Field(
+        "",
+        description="WANDB_MODE of runs that log to W&B: `online`, `offline` (files in the run's `wandb/`, "
+        "nothing sent), `disabled`. Empty: W&B's default (online). The key is WANDB_API_KEY, handed to "
+        "runs through FTQ_PASS_ENV.",
+    )
+    mlflow_tracking_uri: str = Field(
+        "",
+        description="The MLflow tracking server runs with `integrations.mlflow` log to (MLFLOW_TRACKING_URI "
+        "in their environment). Empty: a spec that asks for MLflow is a 422.",
+    )
     # Run isolation (local launcher): who a run's processes are, so they cannot read the service's
     # environment, the store or another owner's run directory.
     run_as_user: str = Field(
@@ -198,6 +211,66 @@ class Settings(BaseSettings):
         "from its newest checkpoint; 0: never.",
     )
 
+    # Scheduling of local jobs (worker/scheduling.py), quotas and accounting
+    max_priority: str = Field(
+        "",
+        description="The highest `priority` each owner may ask for: `alice:high,bob:normal,*:low` (`*`: "
+        "every owner not named). Empty, or an owner matched by neither: high. Above the cap is a 422 "
+        "naming `priority`.",
+    )
+    fair_share_half_life_hours: float = Field(
+        24.0,
+        gt=0,
+        description="Among jobs of equal priority the owner using the fewest devices goes first, plus "
+        "their recent usage: device-seconds of finished runs, halved every this many hours.",
+    )
+    quota_gpus: str = Field(
+        "", description="GPUs an owner's local jobs may hold at once: `alice:4,*:2`; empty: no quota."
+    )
+    quota_cpu_slots: str = Field(
+        "", description="CPU slots an owner's local jobs may hold at once: `alice:2,*:1`; empty: no quota."
+    )
+    quota_gpu_hours: str = Field(
+        "",
+        description="GPU hours an owner's cuda jobs may use per period (FTQ_QUOTA_PERIOD_HOURS): "
+        "`alice:100,*:20`; empty: no quota. A queued job of an owner past it fails with quota_exceeded.",
+    )
+    quota_period_hours: float = Field(
+        720.0, gt=0, description="The period FTQ_QUOTA_GPU_HOURS counts over (fixed windows from the epoch)."
+    )
+    slurm_nice_low: int = Field(
+        100, ge=0, le=2147483645, description="--nice of a SLURM job with priority low (0: none)."
+    )
+    slurm_qos: str = Field("", description="--qos of every SLURM job of priority normal (empty: none).")
+    slurm_qos_high: str = Field(
+        "",
+        description="--qos of SLURM jobs with priority high; empty: high is the same as normal on SLURM "
+        "(raising a job's priority there needs a QOS the site grants).",
+    )
+    slurm_qos_low: str = Field(
+        "", description="--qos of SLURM jobs with priority low (empty: FTQ_SLURM_QOS)."
+    )
+
+    # Time and cost estimate of every plan (ftq/timecost.py)
+    gpu_type: str = Field("A100", description="What the GPUs are: a key of FTQ_GPU_PEAK_TFLOPS.")
+    gpu_peak_tflops: str = Field(
+        "H200:989,H100:989,A100:312,L40S:362,A10G:125,L4:121,V100:125,T4:65",
+        description="Dense bf16/fp16 peak TFLOP/s per GPU by type (`name:tflops,...`).",
+    )
+    cpu_peak_gflops: float = Field(
+        50.0, gt=0, description="Peak GFLOP/s of one CPU training process (one CPU slot)."
+    )
+    assumed_mfu: float = Field(
+        0.35,
+        gt=0,
+        le=1,
+        description="The share of peak FLOP/s a training run achieves (model FLOPs utilisation) that the "
+        "time estimate assumes; calibrate it from the jobs' estimate_vs_actual.",
+    )
+    price_per_device_hour: float | None = Field(
+        None, ge=0, description="Price of one device (GPU, or CPU slot) hour; set: every plan shows a cost."
+    )
+
     # Periodic work
     reconcile_interval_seconds: float = Field(2.0, gt=0)
     ingest_interval_seconds: float = Field(1.0, gt=0)
@@ -260,6 +333,32 @@ class Settings(BaseSettings):
             if not _USER_NAME.match((user if sep else owner).strip()):
                 raise ValueError(f"FTQ_RUN_AS_USER: {item.strip()!r} does not name a user")
         return value
+
+    @field_validator("max_priority")
+    @classmethod
+    def _max_priority(cls, v: str) -> str:
+        for name, level in owner_map(v).items():
+            if level not in ("low", "normal", "high"):
+                raise ValueError(f"FTQ_MAX_PRIORITY: {name}:{level}: the level is low, normal or high")
+        return v
+
+    @field_validator("quota_gpus", "quota_cpu_slots", "quota_gpu_hours", "gpu_peak_tflops")
+    @classmethod
+    def _numbers(cls, v: str) -> str:
+        for name, value in owner_map(v).items():
+            try:
+                if float(value) < 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{name}:{value}: not a non-negative number") from None
+        return v
+
+    @field_validator("slurm_qos", "slurm_qos_high", "slurm_qos_low")
+    @classmethod
+    def _qos(cls, v: str) -> str:
+        if v and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$", v):
+            raise ValueError(f"not a QOS name: {v!r}")
+        return v
 
     @field_validator("slurm_mem")
     @classmethod
@@ -350,6 +449,27 @@ class Settings(BaseSettings):
             roots = [self.data_path, EXAMPLES_DIR]
         return [p.expanduser().resolve() for p in roots]
 
+    def max_priority_for(self, owner: str) -> str:
+        """The highest priority this owner may ask for (FTQ_MAX_PRIORITY)."""
+        caps = owner_map(self.max_priority)
+        return caps.get(owner) or caps.get("*") or "high"
+
+    def quota_for(self, pool: str, owner: str) -> int | None:
+        """Devices of `pool` (gpus | cpu_slots) this owner may hold at once; None: no quota."""
+        text = self.quota_gpus if pool == "gpus" else self.quota_cpu_slots
+        caps = owner_map(text)
+        value = caps.get(owner) or caps.get("*")
+        return int(value) if value else None
+
+    def gpu_hours_quota_for(self, owner: str) -> float | None:
+        caps = owner_map(self.quota_gpu_hours)
+        value = caps.get(owner) or caps.get("*")
+        return float(value) if value else None
+
+    @property
+    def peak_tflops_by_gpu(self) -> dict[str, float]:
+        return {k.upper(): float(v) for k, v in owner_map(self.gpu_peak_tflops).items()}
+
     def remote_code_allowed(self, owner: str) -> bool:
         """Whether this owner's jobs may set `model.trust_remote_code` (FTQ_ALLOW_REMOTE_CODE)."""
         return _owners_allowed(self.allow_remote_code, owner)
@@ -421,6 +541,16 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         return [os.environ[n] for n in self.pass_env_names if os.environ.get(n)]
+
+
+def owner_map(value: str) -> dict[str, str]:
+    """`name:value,name:value` (FTQ_MAX_PRIORITY, FTQ_QUOTA_*) as a dict; blanks ignored."""
+    out: dict[str, str] = {}
+    for item in value.split(","):
+        name, sep, v = item.strip().rpartition(":")
+        if sep and name.strip() and v.strip():
+            out[name.strip()] = v.strip()
+    return out
 
 
 def _owners_allowed(value: str, owner: str) -> bool:

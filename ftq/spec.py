@@ -101,10 +101,88 @@ class Device(StrEnum):
     cpu = "cpu"
 
 
+class Priority(StrEnum):
+    low = "low"
+    normal = "normal"
+    high = "high"
+
+
+# Higher ranks first; the scheduler and the operator's cap (FTQ_MAX_PRIORITY) compare these.
+PRIORITY_RANK = {Priority.low: 0, Priority.normal: 1, Priority.high: 2}
+
+
 class DatasetFormat(StrEnum):
-    auto = "auto"  # `messages` column when the dataset has one, else `text_field`
+    auto = "auto"  # what the method takes, read from the columns (see `auto_format`)
     text = "text"
     messages = "messages"
+    prompt_completion = "prompt_completion"
+    preference = "preference"
+    unpaired_preference = "unpaired_preference"
+
+
+class Method(StrEnum):
+    sft = "sft"
+    dpo = "dpo"
+    kto = "kto"
+    reward = "reward"
+
+
+class LossOn(StrEnum):
+    all = "all"
+    completion = "completion"
+    assistant = "assistant"
+
+
+# The one table of data formats: the columns each needs (TRL's names; `text` and `messages` are renamed
+# by dataset.text_field / dataset.messages_field), and which formats each method trains on. The spec's
+# validation, the submit-time check of a local .jsonl file and the trainer all read it.
+FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "text": ("text",),
+    "messages": ("messages",),
+    "prompt_completion": ("prompt", "completion"),
+    # `prompt` may be left out when chosen/rejected are conversations sharing their first turns (TRL
+    # takes the shared turns as the prompt).
+    "preference": ("chosen", "rejected"),
+    "unpaired_preference": ("prompt", "completion", "label"),
+}
+METHOD_FORMATS: dict[str, tuple[str, ...]] = {
+    "sft": ("text", "messages", "prompt_completion"),
+    "dpo": ("preference",),
+    "kto": ("unpaired_preference",),
+    "reward": ("preference",),
+}
+# Which loss_on each SFT format can mask for (`all` always).
+LOSS_ON_FORMATS: dict[str, tuple[str, ...]] = {
+    "completion": ("prompt_completion",),
+    "assistant": ("messages",),
+}
+# The TRL trainer each method runs (shown in the plan).
+METHOD_TRAINERS: dict[str, str] = {
+    "sft": "trl.SFTTrainer",
+    "dpo": "trl.DPOTrainer",
+    "kto": "trl.KTOTrainer",
+    "reward": "trl.RewardTrainer",
+}
+
+
+def format_columns(fmt: str, text_field: str = "text", messages_field: str = "messages") -> tuple[str, ...]:
+    """The columns a format needs, with the spec's own names for text and messages."""
+    rename = {"text": text_field, "messages": messages_field}
+    return tuple(rename.get(c, c) for c in FORMAT_COLUMNS[fmt])
+
+
+def auto_format(
+    method: str, columns: set[str] | list[str], text_field: str = "text", messages_field: str = "messages"
+) -> str:
+    """`dataset.format: auto` for a method, from the dataset's columns: the first of the method's formats
+    whose columns are all there (for SFT: messages, then text, then prompt/completion); the method's first
+    format when none is (the caller then names the missing columns)."""
+    present = set(columns)
+    order = {"sft": ("messages", "text", "prompt_completion")}.get(method, METHOD_FORMATS[method])
+    for fmt in order:
+        if set(format_columns(fmt, text_field, messages_field)) <= present:
+            return fmt
+    return "text" if method == "sft" else METHOD_FORMATS[method][0]
 
 
 class ModelSpec(_Strict):
@@ -196,7 +274,127 @@ def _check_hub_id_or_path(v: str) -> str:
     return v
 
 
+class DpoLossType(StrEnum):
+    sigmoid = "sigmoid"
+    hinge = "hinge"
+    ipo = "ipo"
+    exo_pair = "exo_pair"
+    nca_pair = "nca_pair"
+    robust = "robust"
+    bco_pair = "bco_pair"
+    sppo_hard = "sppo_hard"
+    aot = "aot"
+    aot_unpaired = "aot_unpaired"
+    apo_zero = "apo_zero"
+    apo_down = "apo_down"
+    discopop = "discopop"
+    sft = "sft"
+    sigmoid_norm = "sigmoid_norm"
+
+
+class DpoSpec(_Strict):
+    """TRL's DPOConfig fields a job may set (the rest come from `training`)."""
+
+    beta: float = Field(
+        0.1, gt=0, le=100, description="How far the policy may move from the reference; higher stays closer."
+    )
+    loss_type: DpoLossType | list[DpoLossType] = Field(
+        DpoLossType.sigmoid,
+        description="TRL's DPO loss, or a list of them combined with `loss_weights` (e.g. MPO).",
+    )
+    loss_weights: list[Annotated[float, Field(ge=0, le=1000)]] | None = Field(
+        None, description="One weight per loss_type when several are given (default 1.0 each)."
+    )
+    label_smoothing: float = Field(
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="Robust DPO: the probability a preference label is flipped; EXO: epsilon.",
+    )
+    ld_alpha: float | None = Field(
+        None, ge=0, le=1, description="LD-DPO weighting of the tokens beyond the shorter response's length."
+    )
+    use_weighting: bool = Field(False, description="WPO weighting of the pairs.")
+    precompute_ref_log_probs: bool = Field(
+        False,
+        description="Compute the reference's log-probabilities once before training, so that full "
+        "fine-tuning does not keep a reference model in memory while it trains.",
+    )
+    sync_ref_model: bool = Field(
+        False,
+        description="TR-DPO: mix the policy into the reference every ref_model_sync_steps (not with LoRA).",
+    )
+    ref_model_mixup_alpha: float = Field(0.6, ge=0, le=1)
+    ref_model_sync_steps: int = Field(512, ge=1, le=100_000_000)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DpoSpec:
+        kinds = self.loss_type if isinstance(self.loss_type, list) else [self.loss_type]
+        if not kinds:
+            raise _field_error(("loss_type",), "name at least one loss type")
+        if self.loss_weights is not None and len(self.loss_weights) != len(kinds):
+            raise _field_error(
+                ("loss_weights",),
+                f"give one weight per loss_type ({len(kinds)}), not {len(self.loss_weights)}",
+            )
+        if self.sync_ref_model and self.precompute_ref_log_probs:
+            raise _field_error(
+                ("sync_ref_model",),
+                "sync_ref_model changes the reference, so its log-probs cannot be precomputed",
+            )
+        return self
+
+
+class KtoLossType(StrEnum):
+    kto = "kto"
+    apo_zero_unpaired = "apo_zero_unpaired"
+
+
+class KtoSpec(_Strict):
+    """TRL's KTOConfig fields a job may set."""
+
+    beta: float = Field(0.1, gt=0, le=100, description="How far the policy may move from the reference.")
+    loss_type: KtoLossType = KtoLossType.kto
+    desirable_weight: float = Field(
+        1.0, gt=0, le=1000, description="Weight of the desirable (label true) examples' losses."
+    )
+    undesirable_weight: float = Field(
+        1.0, gt=0, le=1000, description="Weight of the undesirable (label false) examples' losses."
+    )
+    precompute_ref_log_probs: bool = False
+
+
+class RewardSpec(_Strict):
+    """TRL's RewardConfig fields a job may set."""
+
+    center_rewards_coefficient: float | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Pushes the reward model's outputs towards zero mean (1e-2 is the paper's value).",
+    )
+
+
+METHOD_PARAMETERS: dict[str, type[_Strict]] = {"dpo": DpoSpec, "kto": KtoSpec, "reward": RewardSpec}
+
+
 class TrainingSpec(_Strict):
+    method: Method = Field(
+        Method.sft,
+        description="sft (supervised), dpo (preference pairs), kto (unpaired preferences), reward (a reward "
+        "model: a sequence classification head scoring chosen above rejected).",
+    )
+    loss_on: LossOn = Field(
+        LossOn.all,
+        description="Which tokens carry the SFT loss: all; completion (prompt_completion data: the "
+        "completion only); assistant (messages data: the assistant turns only; the chat template must "
+        "mark them with {% generation %}). Preference methods always score the completions.",
+    )
+    dpo: DpoSpec | None = Field(None, description="DPO parameters (training.method: dpo only).")
+    kto: KtoSpec | None = Field(None, description="KTO parameters (training.method: kto only).")
+    reward: RewardSpec | None = Field(
+        None, description="Reward model parameters (training.method: reward only)."
+    )
     max_seq_len: int = Field(2048, ge=8, le=1_048_576)
     max_steps: int | None = Field(None, ge=1, le=100_000_000)
     num_train_epochs: float | None = Field(None, gt=0, le=10_000)
@@ -237,7 +435,45 @@ class TrainingSpec(_Strict):
             raise ValueError("set one of max_steps or num_train_epochs")
         if self.max_steps is not None and self.num_train_epochs is not None:
             raise ValueError("set max_steps or num_train_epochs, not both")
+        for block in METHOD_PARAMETERS:
+            if getattr(self, block) is not None and self.method != block:
+                raise _field_error(
+                    (block,), f"training.{block} is for method {block}, and training.method is {self.method}"
+                )
+        if self.method != Method.sft and self.loss_on != LossOn.all:
+            raise _field_error(
+                ("loss_on",),
+                f"loss_on is for method sft; {self.method} always scores the completions "
+                "(leave loss_on: all)",
+            )
+        if (
+            self.method == Method.kto
+            and self.per_device_train_batch_size < 2
+            and self.kto_loss != "apo_zero_unpaired"
+        ):
+            # KTO's KL term pairs each example with another completion of the same batch.
+            raise _field_error(
+                ("per_device_train_batch_size",),
+                "KTO (loss_type kto) needs per_device_train_batch_size of at least 2: its KL estimate "
+                "pairs each example with another completion of the same batch",
+            )
+        if self.method != Method.sft and self.packing:
+            raise _field_error(("packing",), f"packing is for method sft, not {self.method}")
         return self
+
+    @property
+    def kto_loss(self) -> str:
+        return str(self.kto.loss_type) if self.kto is not None else "kto"
+
+    def method_parameters(self) -> DpoSpec | KtoSpec | RewardSpec | None:
+        """The method's own block, with its defaults when the spec left it out (None for sft)."""
+        if self.method == Method.dpo:
+            return self.dpo or DpoSpec()
+        if self.method == Method.kto:
+            return self.kto or KtoSpec()
+        if self.method == Method.reward:
+            return self.reward or RewardSpec()
+        return None
 
 
 class LoraSpec(_Strict):
@@ -309,6 +545,15 @@ class ResourcesSpec(_Strict):
     device: Device = Device.cuda
     num_nodes: int = Field(1, ge=1, le=1024)
     processes_per_node: int = Field(1, ge=1, le=128)
+    max_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description="How long a local job may run: the worker stops it then (it fails with time_limit). "
+        "The scheduler plans with it: a job that says it ends soon may start in a gap that a larger job "
+        "waits for (backfill). Unset: the operator's cap (FTQ_MAX_TIME_LIMIT_HOURS). For SLURM use "
+        "slurm.time_limit.",
+    )
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)
 
     @property
@@ -317,12 +562,96 @@ class ResourcesSpec(_Strict):
 
     @model_validator(mode="after")
     def _requeue_needs_slurm(self) -> ResourcesSpec:
+        if self.max_seconds is not None and self.launcher != Launcher.local:
+            raise _field_error(
+                ("max_seconds",), "max_seconds is for local jobs; on SLURM use resources.slurm.time_limit"
+            )
         if self.slurm.requeue_on_timeout and self.launcher != Launcher.slurm:
             # A local job's time limit is the operator's cap (FTQ_MAX_TIME_LIMIT_HOURS): not to be renewed.
             raise _field_error(
                 ("slurm", "requeue_on_timeout"), "requeue_on_timeout needs resources.launcher: slurm"
             )
         return self
+
+
+# Samples: a few prompts, each generated greedily at every evaluation and at the end. Bounded so that
+# sampling stays a small fraction of a run (every prompt is a full forward per new token on every rank
+# of a sharded model).
+MAX_SAMPLE_PROMPTS = 8
+MAX_SAMPLE_PROMPT_CHARS = 2000
+MAX_SAMPLE_NEW_TOKENS = 512
+
+SamplePrompt = Annotated[str, StringConstraints(min_length=1, max_length=MAX_SAMPLE_PROMPT_CHARS)]
+
+
+class EvalSpec(_Strict):
+    sample_prompts: list[SamplePrompt] = Field(
+        default_factory=list,
+        max_length=MAX_SAMPLE_PROMPTS,
+        description=(
+            f"Up to {MAX_SAMPLE_PROMPTS} prompts (each 1 to {MAX_SAMPLE_PROMPT_CHARS} characters). The "
+            "trainer completes each greedily at every evaluation (with an eval split), else every "
+            "training.eval_steps (or, unset, every save_steps) steps, and once at the end; the completions "
+            "are served by GET /jobs/{id}/samples. A chat dataset's prompts go through the chat template "
+            "as one user turn."
+        ),
+    )
+    sample_max_new_tokens: int = Field(
+        64, ge=1, le=MAX_SAMPLE_NEW_TOKENS, description="Tokens generated per prompt (greedy; stops at EOS)."
+    )
+
+    @field_validator("sample_prompts")
+    @classmethod
+    def _printable(cls, v: list[str]) -> list[str]:
+        for i, prompt in enumerate(v):
+            if "\x00" in prompt:
+                raise ValueError(f"prompt {i} contains a NUL character")
+            if not prompt.strip():
+                raise ValueError(f"prompt {i} is blank")
+        return v
+
+
+# W&B names: projects and entities are slugs; tags are short labels.
+TRACKER_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+TrackerName = Annotated[str, StringConstraints(pattern=TRACKER_NAME_RE)]
+TrackerTag = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/=+\-]{0,63}$")]
+MlflowExperiment = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9/][A-Za-z0-9_.\-/ ]{0,254}$")]
+
+
+class WandbSpec(_Strict):
+    project: TrackerName = Field(description="The W&B project the run is logged to.")
+    entity: TrackerName | None = Field(None, description="The W&B team or user; unset: the key's default.")
+    tags: list[TrackerTag] = Field(default_factory=list, max_length=32, description="Tags of the W&B run.")
+
+
+class MlflowSpec(_Strict):
+    experiment: MlflowExperiment = Field(
+        description="The MLflow experiment the run is logged to (made when it does not exist)."
+    )
+
+
+class IntegrationsSpec(_Strict):
+    wandb: WandbSpec | None = Field(
+        None,
+        description="Log to Weights & Biases. The key (WANDB_API_KEY in FTQ_PASS_ENV) and the mode "
+        "(FTQ_WANDB_MODE) are the operator's, never the spec's.",
+    )
+    mlflow: MlflowSpec | None = Field(
+        None, description="Log to the operator's MLflow tracking server (FTQ_MLFLOW_TRACKING_URI)."
+    )
+    tensorboard: bool = Field(False, description="Write TensorBoard event files to the run's `tensorboard/`.")
+
+    @property
+    def report_to(self) -> list[str]:
+        """transformers' `report_to` names of the trackers asked for."""
+        names = []
+        if self.wandb is not None:
+            names.append("wandb")
+        if self.mlflow is not None:
+            names.append("mlflow")
+        if self.tensorboard:
+            names.append("tensorboard")
+        return names
 
 
 class ResumeFrom(_Strict):
@@ -339,6 +668,18 @@ class JobSpec(_Strict):
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     resume_from: ResumeFrom | None = None
+    eval: EvalSpec = Field(
+        default_factory=EvalSpec, description="Samples of the model's output during training."
+    )
+    integrations: IntegrationsSpec = Field(
+        default_factory=IntegrationsSpec, description="Experiment trackers the trainer reports to."
+    )
+    priority: Priority = Field(
+        Priority.normal,
+        description="low | normal | high. Locally: higher first, then the owner using the fewest devices "
+        "(weighted by recent usage), then the oldest. On SLURM: low is a positive --nice, high the "
+        "operator's QOS (FTQ_SLURM_QOS_HIGH). The operator caps it per owner (FTQ_MAX_PRIORITY).",
+    )
     allow_oversubscribe: bool = Field(
         False, description="Launch even when the memory estimate says the job will not fit."
     )
@@ -383,6 +724,25 @@ class JobSpec(_Strict):
                 ("distributed", "fsdp", "activation_checkpointing"),
                 "FSDP activation_checkpointing and training.gradient_checkpointing cannot both be on "
                 "(transformers refuses the pair); keep one",
+            )
+        method, fmt = str(tr.method), str(self.dataset.format)
+        if fmt != "auto" and fmt not in METHOD_FORMATS[method]:
+            raise _field_error(
+                ("dataset", "format"),
+                f"training.method {method} trains on {' or '.join(METHOD_FORMATS[method])} data, not {fmt}",
+            )
+        if tr.loss_on != LossOn.all:
+            needs = LOSS_ON_FORMATS[str(tr.loss_on)]
+            if fmt != "auto" and fmt not in needs:
+                raise _field_error(
+                    ("training", "loss_on"),
+                    f"loss_on {tr.loss_on} needs dataset.format {' or '.join(needs)}, not {fmt}",
+                )
+        if tr.dpo is not None and tr.dpo.sync_ref_model and self.lora is not None:
+            raise _field_error(
+                ("training", "dpo", "sync_ref_model"),
+                "sync_ref_model needs full fine-tuning: with LoRA the reference is the base model with the "
+                "adapter disabled, and there is no separate reference to update",
             )
         if dist.strategy == Strategy.deepspeed and res.device == Device.cpu:
             for field in ("offload_optimizer", "offload_params"):

@@ -32,6 +32,7 @@ from service.jobs.router import router as jobs_router
 from service.jobs.schemas import Health
 from service.observability import router as metrics_router
 from service.ui.router import router as ui_router
+from service.usage.router import router as usage_router
 from service.webhooks.router import add_webhook_docs
 from service.webhooks.router import router as webhooks_router
 
@@ -165,6 +166,7 @@ def create_app() -> FastAPI:
     app.include_router(events_router)
     app.include_router(webhooks_router)
     add_webhook_docs(app)
+    app.include_router(usage_router)
     app.include_router(artifacts_router)
     app.include_router(files_router)
 

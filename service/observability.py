@@ -10,6 +10,10 @@ it is the same whichever API replica answers and survives restarts:
 - `ftq_oldest_queued_seconds`: how long the oldest queued job has waited.
 - `ftq_ingest_lag_seconds`: now minus the newest point's time, for each running job (histogram; no
   job labels, so the series count stays fixed and no job id leaks through an unauthenticated scrape).
+- `ftq_device_seconds_total{owner}`, `ftq_gpu_seconds_total{owner}`, `ftq_runs_accounted_total{owner}`:
+  counters of what ended runs used (devices x wall time; the owner_usage table, one row per owner).
+- `ftq_queue_waiting{reason}`: queued jobs by why they wait (no_free_devices, reservation, quota, or
+  SLURM's pending reason).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from datetime import datetime, timedelta
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -33,7 +37,7 @@ from ftq.settings import get_settings
 from ftq.status import JobStatus
 from ftq.store.db import new_session
 from ftq.store.models import Dispatch, Job, MetricPoint
-from ftq.store.repository import count_by_status, utcnow
+from ftq.store.repository import count_by_status, queue_reasons, usage_totals, utcnow
 from service.errors import Unauthorized
 
 log = logging.getLogger(__name__)
@@ -125,6 +129,11 @@ class StoreCollector(Collector):
             unsent, oldest_unsent = unsent_dispatches(session)
             queued_since = oldest_queued(session)
             lags = ingest_lags(session, time.time())
+            totals = [
+                (u.owner, u.total_device_seconds, u.total_gpu_seconds, u.total_jobs)
+                for u in usage_totals(session)
+            ]
+            waiting = queue_reasons(session)
 
         jobs = GaugeMetricFamily("ftq_jobs", "Jobs in the store, by status.", labels=["status"])
         for status in JobStatus:
@@ -166,6 +175,26 @@ class StoreCollector(Collector):
             "The largest ingest lag over running jobs (0 when none).",
             value=max(lags, default=0.0),
         )
+        device_s = CounterMetricFamily(
+            "ftq_device_seconds", "Devices x wall time of ended runs, by owner.", labels=["owner"]
+        )
+        gpu_s = CounterMetricFamily(
+            "ftq_gpu_seconds", "GPUs x wall time of ended cuda runs, by owner.", labels=["owner"]
+        )
+        runs_n = CounterMetricFamily(
+            "ftq_runs_accounted", "Ended runs accounted, by owner.", labels=["owner"]
+        )
+        for owner, dev, gpu, n in totals:
+            device_s.add_metric([owner], dev)
+            gpu_s.add_metric([owner], gpu)
+            runs_n.add_metric([owner], n)
+        yield device_s
+        yield gpu_s
+        yield runs_n
+        waiting_g = GaugeMetricFamily("ftq_queue_waiting", "Queued jobs by why they wait.", labels=["reason"])
+        for reason, n in sorted(waiting.items()):
+            waiting_g.add_metric([reason], n)
+        yield waiting_g
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -2,10 +2,12 @@
 
 Each line is a JSON object with the contract's Point fields (step, epoch, loss, learning_rate,
 grad_norm, eval_loss, tokens_per_second, time), null where that step did not log a field, plus
-`max_steps` so the service can show progress and an ETA, and `tokens_seen` (the input tokens trained on
-so far, all ranks; the service does not read it). Only the main process writes, and each line is
-flushed at once, so the worker's ingest can tail the file while training runs. The main process also
-logs the point to train.log as one line a person reads (step, loss, lr, grad norm, tokens/s, eta).
+`max_steps` so the service can show progress and an ETA, `extra` (the method's metrics under TRL's
+names, such as `rewards/margins` for DPO or `accuracy` for a reward model; absent when there are
+none), and `tokens_seen` (the input tokens trained on so far, all ranks; the service does not read
+it). Only the main process writes, and each line is flushed at once, so the worker's ingest can tail
+the file while training runs. The main process also logs the point to train.log as one line a person
+reads (step, loss, lr, grad norm, tokens/s, eta, and a preference method's margin and accuracy).
 
 tokens_per_second is the tokens of the steps since the last logged point over the training time they
 took: evaluation and checkpoint writing pause the clock and the token count together, so a save or an
@@ -99,6 +101,9 @@ class MetricsWriter:
             )
         if is_eval:
             point["eval_loss"] = _num(logs.get("eval_loss"))
+        extra = method_metrics(logs)
+        if extra:
+            point["extra"] = extra
         point["max_steps"] = state.max_steps
         point["tokens_seen"] = int(state.num_input_tokens_seen)
         self.last_point = point
@@ -121,6 +126,14 @@ class MetricsWriter:
         ):
             if point.get(key) is not None:
                 parts.append(f"{label} {fmt.format(point[key])}")
+        extra = point.get("extra") or {}
+        for key, label in (
+            ("rewards/margins", "margin"),
+            ("rewards/accuracies", "reward acc"),
+            ("accuracy", "acc"),
+        ):
+            if key in extra:
+                parts.append(f"{label} {extra[key]:.4f}")
         if point.get("tokens_per_second") is not None:
             parts.append(f"{point['tokens_per_second']:,.0f} tokens/s")
         eta = self._eta(int(point["step"]), max_steps, now)
@@ -144,6 +157,42 @@ class MetricsWriter:
         rate = (tokens - self._last_tokens) / (now - self._last_time)
         self._last_time, self._last_tokens = now, tokens
         return round(rate, 2)
+
+
+# What a log holds besides a Point's own fields that is no training metric: Trainer's bookkeeping.
+NOT_METRICS = frozenset(
+    {
+        "epoch",
+        "step",
+        "total_flos",
+        "num_input_tokens_seen",
+        "train_runtime",
+        "train_samples_per_second",
+        "train_tokens_per_second",
+        "eval_tokens_per_second",
+        "train_steps_per_second",
+        "train_loss",
+        "eval_runtime",
+        "eval_samples_per_second",
+        "eval_steps_per_second",
+    }
+)
+MAX_EXTRA = 64  # the most method metrics one point keeps (TRL logs about 15)
+
+
+def method_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """The method's own metrics in a log, under TRL's names (`rewards/margins`, `rewards/accuracies`,
+    `accuracy`, `kl`, `mean_token_accuracy`; evaluation's with `eval_` in front): every finite number
+    that is not one of the Point's fields or Trainer's bookkeeping."""
+    fixed = set(POINT_FIELDS) | {"eval_loss"}
+    extra: dict[str, float] = {}
+    for key, value in logs.items():
+        if key in fixed or key in NOT_METRICS or isinstance(value, bool) or len(extra) >= MAX_EXTRA:
+            continue
+        number = _num(value) if isinstance(value, int | float) else None
+        if number is not None:
+            extra[key] = number
+    return extra
 
 
 def checkpointing_in_use(model: Any) -> str | None:

@@ -1,11 +1,13 @@
 """Datasets: load from the hub, a local folder or one file, pick the splits, hand them to TRL.
 
-What reaches TRL is a dataset with one column: `text` (from `dataset.text_field`), to which TRL appends
-EOS and which the tokenizer encodes with its special tokens (BOS), or `messages` (from
-`dataset.messages_field`), which TRL tokenizes once with the chat template and nothing added: the
-template alone decides BOS and EOS, exactly as `apply_chat_template` does at inference. Rendering chat
-to text here and letting TRL tokenize that again would add a second BOS on Llama templates and an extra
-EOS on templates that end with a newline.
+Which columns a job reads follows its method and data format (ftq.spec.METHOD_FORMATS, FORMAT_COLUMNS):
+prompt/completion, preference (prompt/chosen/rejected) and unpaired preference (prompt/completion/label)
+rows reach TRL with those columns only. For text and chat, what reaches TRL is a dataset with one
+column: `text` (from `dataset.text_field`), to which TRL appends EOS and which the tokenizer encodes
+with its special tokens (BOS), or `messages` (from `dataset.messages_field`), which TRL tokenizes once
+with the chat template and nothing added: the template alone decides BOS and EOS, exactly as
+`apply_chat_template` does at inference. Rendering chat to text here and letting TRL tokenize that again
+would add a second BOS on Llama templates and an extra EOS on templates that end with a newline.
 
 Eval split rule (documented choice): when `eval_split` is set but the loaded dataset has only one split
 (a single .jsonl/.json/.parquet file always loads as one split), a deterministic hold-out is cut from
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftq.spec import DatasetSpec, looks_local
+from ftq.spec import FORMAT_COLUMNS, METHOD_FORMATS, DatasetSpec, auto_format, format_columns, looks_local
 
 from . import hub
 from .errors import DatasetError
@@ -39,11 +41,11 @@ _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "
 class Splits:
     train: Dataset
     eval: Dataset | None
-    format: str  # "text" or "messages": what the rows held before rendering
+    format: str  # the data format (ftq.spec.FORMAT_COLUMNS) the rows were read as
     eval_note: str  # where the eval rows came from, for the log
 
 
-def load_splits(spec: DatasetSpec, seed: int) -> tuple[DatasetDict, Splits]:
+def load_splits(spec: DatasetSpec, seed: int, method: str = "sft") -> tuple[DatasetDict, Splits]:
     """Load the dataset and pick train and eval splits, still in their source columns."""
     if spec.name_or_path is None:
         # dataset.file_id: the worker writes the upload's path into the run's spec.json.
@@ -59,7 +61,7 @@ def load_splits(spec: DatasetSpec, seed: int) -> tuple[DatasetDict, Splits]:
     train = dsd[spec.train_split]
     if len(train) == 0:
         raise DatasetError(f"split {spec.train_split!r} of dataset {spec.name_or_path} is empty")
-    fmt = detect_format(spec, list(train.column_names))
+    fmt = detect_format(spec, list(train.column_names), method)
 
     eval_ds, note = None, "no eval split"
     if spec.eval_split is not None:
@@ -152,24 +154,36 @@ def _as_dict(loaded: Any) -> DatasetDict:
     return loaded
 
 
-def detect_format(spec: DatasetSpec, columns: list[str]) -> str:
-    """`messages` or `text`, checking that the column the format needs is there."""
+def detect_format(spec: DatasetSpec, columns: list[str], method: str = "sft") -> str:
+    """The data format the job trains on (ftq.spec's table), checking that its columns are there."""
     fmt = str(spec.format)
     if fmt == "auto":
-        fmt = "messages" if spec.messages_field in columns else "text"
-    needed = spec.messages_field if fmt == "messages" else spec.text_field
-    if needed not in columns:
+        fmt = auto_format(method, columns, spec.text_field, spec.messages_field)
+    if fmt not in METHOD_FORMATS[method]:
+        raise DatasetError(
+            f"training.method {method} trains on {' or '.join(METHOD_FORMATS[method])} data, not {fmt}; "
+            "set dataset.format"
+        )
+    missing = [c for c in format_columns(fmt, spec.text_field, spec.messages_field) if c not in columns]
+    if not missing:
+        return fmt
+    if fmt in ("text", "messages"):
         what = "messages" if fmt == "messages" else "text"
         setting = "dataset.messages_field" if fmt == "messages" else "dataset.text_field"
         raise DatasetError(
-            f"dataset {spec.name_or_path} has no {what} column {needed!r} (columns: {', '.join(columns)}); "
-            f"set {setting} (article flag --dataset_text_field) to one of them"
+            f"dataset {spec.name_or_path} has no {what} column {missing[0]!r} "
+            f"(columns: {', '.join(columns)}); set {setting} (article flag --dataset_text_field) "
+            "to one of them"
         )
-    return fmt
+    raise DatasetError(
+        f"dataset {spec.name_or_path} has no column(s) {', '.join(missing)} (columns: {', '.join(columns)}), "
+        f"which {fmt} data for training.method {method} needs"
+    )
 
 
 def trl_rows(ds: Dataset, spec: DatasetSpec, fmt: str, tokenizer: Any) -> Dataset:
-    """The rows as TRL takes them: one `text` column, or one `messages` column for chat data."""
+    """The rows as TRL takes them: only the format's columns, under TRL's names (`text` or `messages` for
+    SFT; prompt/completion; prompt/chosen/rejected; prompt/completion/label), without empty rows."""
     if fmt == "messages":
         if not getattr(tokenizer, "chat_template", None):
             raise DatasetError(
@@ -179,10 +193,39 @@ def trl_rows(ds: Dataset, spec: DatasetSpec, fmt: str, tokenizer: Any) -> Datase
         # Other columns stay behind: TRL would read `prompt`/`completion` or `tools` as instructions.
         out = _only_column(ds, spec.messages_field, MESSAGES_COLUMN)
         return out.filter(lambda row: isinstance(row[MESSAGES_COLUMN], list) and bool(row[MESSAGES_COLUMN]))
+    if fmt == "text":
+        out = _only_column(ds, spec.text_field, TEXT_COLUMN)
+        # Rows with no text would be empty sequences: TRL cannot train on them.
+        return out.filter(lambda row: isinstance(row[TEXT_COLUMN], str) and row[TEXT_COLUMN] != "")
 
-    out = _only_column(ds, spec.text_field, TEXT_COLUMN)
-    # Rows with no text would be empty sequences: TRL cannot train on them.
-    return out.filter(lambda row: isinstance(row[TEXT_COLUMN], str) and row[TEXT_COLUMN] != "")
+    keep = list(FORMAT_COLUMNS[fmt])
+    if fmt == "preference" and "prompt" in ds.column_names:
+        keep.insert(0, "prompt")
+    drop = [c for c in ds.column_names if c not in keep]
+    out = ds.remove_columns(drop) if drop else ds
+    conversational = [c for c in keep if c != "label" and _is_conversation(out[0][c])]
+    if conversational and not getattr(tokenizer, "chat_template", None):
+        raise DatasetError(
+            f"dataset {spec.name_or_path} holds conversations in {', '.join(conversational)} but the "
+            "tokenizer has no chat template; use a chat model's tokenizer or text columns"
+        )
+    if fmt == "unpaired_preference":
+        labels = {type(v).__name__ for v in out["label"][:1000]}
+        if labels - {"bool"}:
+            raise DatasetError(
+                f"dataset {spec.name_or_path}: column label must be true (desirable) or false (undesirable), "
+                f"found {', '.join(sorted(labels))}"
+            )
+    texts = [c for c in keep if c != "label"]
+    return out.filter(lambda row: all(_non_empty(row[c]) for c in texts))
+
+
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
+
+
+def _non_empty(value: Any) -> bool:
+    return (isinstance(value, str) and value != "") or (isinstance(value, list) and bool(value))
 
 
 def _only_column(ds: Dataset, field: str, name: str) -> Dataset:

@@ -112,18 +112,23 @@ def load_model(
     Buffers stay real: non-persistent ones such as rotary `inv_freq` are in no checkpoint and not
     broadcast, so they are computed here exactly as rank 0's from_pretrained computes them.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     m = spec.model
+    # A reward model scores a whole sequence: the base model with a one-output classification head
+    # (new, randomly initialised: loading a causal LM's checkpoint into it leaves the LM head unused).
+    reward = spec.training.method == "reward"
+    auto: Any = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
+    head: dict[str, Any] = {"num_labels": 1} if reward else {}
     try:
         if placeholders is not None:
             from accelerate import init_empty_weights
 
             config = AutoConfig.from_pretrained(
-                m.name_or_path, revision=m.revision, trust_remote_code=m.trust_remote_code
+                m.name_or_path, revision=m.revision, trust_remote_code=m.trust_remote_code, **head
             )
             with init_empty_weights(include_buffers=False):
-                model = AutoModelForCausalLM.from_config(
+                model = auto.from_config(
                     config,
                     trust_remote_code=m.trust_remote_code,
                     dtype=dtype,
@@ -134,8 +139,9 @@ def load_model(
             # Tying inside init_empty_weights (or to_empty) leaves two parameters instead of one shared.
             model.tie_weights()
         else:
-            model = AutoModelForCausalLM.from_pretrained(
+            model = auto.from_pretrained(
                 m.name_or_path,
+                **head,
                 revision=m.revision,
                 trust_remote_code=m.trust_remote_code,
                 dtype=dtype,
@@ -173,7 +179,8 @@ def check_target_modules(model: Any, lora: LoraSpec) -> None:
         )
 
 
-def lora_config(lora: LoraSpec) -> Any:
+def lora_config(lora: LoraSpec, task_type: str = "CAUSAL_LM") -> Any:
+    """PEFT's LoraConfig; `SEQ_CLS` (a reward model) also trains and saves the new score head."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -182,7 +189,7 @@ def lora_config(lora: LoraSpec) -> Any:
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
 
 

@@ -12,6 +12,12 @@ Writes:
     OUT/data/no_text_field.jsonl  the train rows with the text under `body` (a failure case)
     OUT/chat/train.jsonl       `messages`: user/assistant turns built from the same patterns
     OUT/chat/eval.jsonl
+    OUT/preference/{train,eval}.jsonl  `prompt`/`chosen`/`rejected` text: count on (chosen) or not (rejected);
+                               a DPO run's reward margin grows on it within a few steps
+    OUT/preference_chat/train.jsonl    the same as conversations
+    OUT/unpaired/train.jsonl   `prompt`/`completion`/`label` (KTO): half right (true), half wrong (false)
+    OUT/prompt_completion/train.jsonl  `prompt`/`completion`: loss_on completion trains on the answer only
+    OUT/model-plain-template/  the model with a chat template without {% generation %} markers
 
 Everything derives from `--seed`, so two builds give the same files.
 """
@@ -46,7 +52,17 @@ SIZES: dict[str, dict[str, int]] = {
     },
 }
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Assistant turns are wrapped in {% generation %} markers (what `loss_on: assistant` masks by): the
+# rendered text is the same as without them, and the turn's </s> is inside, so the model learns to stop.
+# (transformers renders with trim_blocks: a newline right after a block tag would vanish, hence '\n'.)
 CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}</s>{% endgeneration %}"
+    "{% else %}{{ message['content'] }}</s>{% endif %}{{ '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# The same without the markers: a template that cannot say which tokens are the assistant's.
+PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
@@ -114,6 +130,61 @@ def chat(rng: random.Random) -> list[dict[str, str]]:
     return messages
 
 
+def count_task(rng: random.Random) -> tuple[str, str, str]:
+    """(prompt, right answer, wrong answer): counting up from a number, against a shuffled count."""
+    start = rng.randrange(len(NUMBERS) - 4)
+    count = rng.randint(3, min(6, len(NUMBERS) - start))
+    right = NUMBERS[start : start + count]
+    wrong = [rng.choice(NUMBERS) for _ in right]
+    while wrong == right:
+        wrong = [rng.choice(NUMBERS) for _ in right]
+    # The answers start with a space, so the prompt ends where a token does (TRL tokenizes the prompt
+    # and prompt + answer, and warns when the prompt's last token merges with the answer's first).
+    return f"count from {NUMBERS[start]}.", " " + " ".join(right) + ".", " " + " ".join(wrong) + "."
+
+
+def preference_rows(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """prompt/chosen/rejected text: the chosen answer counts right, the rejected one does not."""
+    rows = []
+    for _ in range(n):
+        prompt, right, wrong = count_task(rng)
+        rows.append({"prompt": prompt, "chosen": right, "rejected": wrong})
+    return rows
+
+
+def preference_chat_rows(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """The same preferences as conversations: a user turn, then one assistant turn each."""
+    rows = []
+    for _ in range(n):
+        prompt, right, wrong = count_task(rng)
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": prompt}],
+                "chosen": [{"role": "assistant", "content": right.strip()}],
+                "rejected": [{"role": "assistant", "content": wrong.strip()}],
+            }
+        )
+    return rows
+
+
+def unpaired_rows(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """prompt/completion/label for KTO: half right answers (true), half wrong ones (false)."""
+    rows = []
+    for i in range(n):
+        prompt, right, wrong = count_task(rng)
+        good = i % 2 == 0
+        rows.append({"prompt": prompt, "completion": right if good else wrong, "label": good})
+    return rows
+
+
+def prompt_completion_rows(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    rows = []
+    for _ in range(n):
+        prompt, right, _ = count_task(rng)
+        rows.append({"prompt": prompt, "completion": right})
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
@@ -177,6 +248,15 @@ def build(out: Path, size: str = "tiny", seed: int = 0, train_rows: int = 2000, 
     write_jsonl(out / "chat" / "train.jsonl", chat_train)
     write_jsonl(out / "chat" / "eval.jsonl", chat_eval)
 
+    # Their own random stream: the text and chat rows above (and so the tokenizer and model) stay as
+    # they were before these sets existed.
+    prefs = random.Random(seed + 1)  # noqa: S311
+    write_jsonl(out / "preference" / "train.jsonl", preference_rows(prefs, 256))
+    write_jsonl(out / "preference" / "eval.jsonl", preference_rows(prefs, 32))
+    write_jsonl(out / "preference_chat" / "train.jsonl", preference_chat_rows(prefs, 256))
+    write_jsonl(out / "unpaired" / "train.jsonl", unpaired_rows(prefs, 256))
+    write_jsonl(out / "prompt_completion" / "train.jsonl", prompt_completion_rows(prefs, 256))
+
     corpus = [r["text"] for r in train] + [m["content"] for row in chat_train for m in row["messages"]]
     tokenizer = build_tokenizer(corpus, SIZES[size]["vocab_size"])
     model = build_model(tokenizer, size, seed)
@@ -186,6 +266,15 @@ def build(out: Path, size: str = "tiny", seed: int = 0, train_rows: int = 2000, 
         shutil.rmtree(model_dir)
     model.save_pretrained(str(model_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(model_dir))
+
+    # A chat model whose template cannot mark assistant turns (loss_on: assistant refuses it).
+    plain = out / "model-plain-template"
+    if plain.exists():
+        shutil.rmtree(plain)
+    tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+    model.save_pretrained(str(plain), safe_serialization=True)
+    tokenizer.save_pretrained(str(plain))
+    tokenizer.chat_template = CHAT_TEMPLATE
 
     no_weights = out / "model-no-weights"
     if no_weights.exists():

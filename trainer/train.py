@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from ftq import runs
-from ftq.spec import Device, JobSpec
+from ftq.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec
 
+from . import trackers
 from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, load_splits, trl_rows
-from .errors import FtqError, report_and_exit
+from .errors import FtqError, ModelError, SpecError, report_and_exit
 from .memory import peak_rss
 from .model import (
     check_model_path,
@@ -49,6 +50,7 @@ from .model import (
 )
 from .preempt import exit_if_stopped, stop_callback
 from .preempt import start as listen_for_stop
+from .samples import every_steps, samples_callback
 from .watch import Watch, raise_if_diverged, watch_callback
 
 log = logging.getLogger("trainer")
@@ -70,7 +72,9 @@ def run(args: TrainerArgs) -> None:
 
     # Inputs a user can get wrong are checked before torch is even imported: a typo fails in seconds.
     check_model_path(spec.model)
-    _, splits = load_splits(spec.dataset, seed=spec.training.seed)
+    method = str(spec.training.method)
+    _, splits = load_splits(spec.dataset, seed=spec.training.seed, method=method)
+    check_loss_on(spec, splits.format)
 
     import torch
 
@@ -78,7 +82,6 @@ def run(args: TrainerArgs) -> None:
         # What DeepSpeed's detection picks anyway, said up front: else every rank warns in train.log.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from accelerate import PartialState
-    from trl import SFTTrainer
 
     if args.from_article_flags and not torch.cuda.is_available():
         spec.resources.device = Device.cpu  # the articles' flags leave the device to the machine
@@ -87,7 +90,10 @@ def run(args: TrainerArgs) -> None:
     out.mkdir(parents=True, exist_ok=True)
     # The training arguments come first: creating them starts torch.distributed and registers
     # DeepSpeed's config, which from_pretrained needs for FSDP RAM-efficient loading and ZeRO-3 init.
-    config = sft_config(spec, out, has_eval=splits.eval is not None)
+    report_to = trackers.configure(spec.integrations, out)
+    config = training_config(
+        spec, out, has_eval=splits.eval is not None, fmt=splits.format, report_to=report_to
+    )
     state = PartialState()
     strategy = _strategy(state)
     # Read before engaging FSDP on CPU, which hides the flag from accelerate's later plugin parsing.
@@ -104,6 +110,8 @@ def run(args: TrainerArgs) -> None:
     )
 
     tokenizer = load_tokenizer(spec.model)
+    if spec.training.loss_on == "assistant":
+        check_assistant_template(tokenizer, spec.model.name_or_path)
     with config.main_process_first(desc="prepare dataset"):
         train_ds = trl_rows(splits.train, spec.dataset, splits.format, tokenizer)
         eval_ds = trl_rows(splits.eval, spec.dataset, splits.format, tokenizer) if splits.eval else None
@@ -120,27 +128,47 @@ def run(args: TrainerArgs) -> None:
     peft_config = None
     if spec.lora is not None:
         check_target_modules(model, spec.lora)
-        peft_config = lora_config(spec.lora)
+        peft_config = lora_config(spec.lora, task_type="SEQ_CLS" if method == "reward" else "CAUSAL_LM")
     log.info(
-        "model %s: attention %s, dtype %s, %s",
+        "model %s: attention %s, dtype %s, %s; method %s (%s) on %s data",
         spec.model.name_or_path,
         attn,
         model.dtype,
         "LoRA" if peft_config else "full fine-tuning",
+        method,
+        METHOD_TRAINERS[method],
+        splits.format,
     )
 
     metrics_writer = metrics_callback(out / runs.METRICS)
     watch = Watch(spike_factor=spec.training.loss_spike_factor, stop_on_nan=spec.training.stop_on_nan)
-    trainer = SFTTrainer(
-        model=model,
-        args=config,
-        train_dataset=train_ds,
-        eval_dataset=eval_ds,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        # The watch after the metrics writer: it reads the throughput of the point just written.
-        callbacks=[metrics_writer, watch_callback(watch, out, metrics_writer), stop_callback(stop)],
+    # The watch after the metrics writer: it reads the throughput of the point just written.
+    callbacks = [metrics_writer, watch_callback(watch, out, metrics_writer), stop_callback(stop)]
+    sampler = None
+    if spec.eval.sample_prompts and method == "reward":
+        log.warning("eval.sample_prompts: a reward model scores text and generates none; no samples")
+    elif spec.eval.sample_prompts:
+        # With an eval split: at each evaluation; without: on the eval_steps (else save_steps) cadence.
+        sampler = samples_callback(
+            out / runs.SAMPLES,
+            spec.eval.sample_prompts,
+            spec.eval.sample_max_new_tokens,
+            tokenizer=tokenizer,
+            chat=splits.format == "messages",
+            every_steps=None
+            if eval_ds is not None
+            else every_steps(spec.training.eval_steps, spec.training.save_steps),
+        )
+        callbacks.append(sampler)
+    if report_to:
+        callbacks.append(trackers.recorder_callback(spec.integrations, out))
+    trainer = build_trainer(
+        spec, model, config, train_ds, eval_ds, tokenizer, peft_config, callbacks=callbacks
     )
+    if sampler is not None:
+        sampler.attach(trainer)
+    if method in ("dpo", "kto"):
+        log.info("reference model: %s", reference_note(trainer, strategy))
     # The metrics callback logs one line per logging step; transformers' printer would add its dict.
     from transformers.trainer_callback import PrinterCallback
 
@@ -156,6 +184,7 @@ def run(args: TrainerArgs) -> None:
     if resume is not None:
         # Said once per run so the log shows where a continued run picked up (the service greps it).
         log.info("resuming from %s", resume)
+    trackers.start(spec.integrations, out, is_main=state.is_main_process)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
     if watch.diverged_at is not None:
@@ -167,6 +196,9 @@ def run(args: TrainerArgs) -> None:
     eval_steps = spec.training.eval_steps
     if eval_ds is not None and (eval_steps is None or trainer.state.global_step % eval_steps != 0):
         trainer.evaluate()
+    if sampler is not None:
+        sampler.final()  # every rank, where the model is sharded; a no-op when the last eval sampled
+    trackers.finish(spec.integrations, is_main=state.is_main_process)  # after the final eval's report
 
     with peak_rss("final save"):
         save_final(trainer, out / runs.FINAL, tokenizer, strategy)
@@ -203,10 +235,62 @@ def configure_logging() -> None:
     )
 
 
-def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
-    """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
-    from trl import SFTConfig
+def training_config(
+    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+) -> Any:
+    """The job spec as the TRL config of its method (SFTConfig, DPOConfig, KTOConfig, RewardConfig);
+    `report_to`: the trackers (trainer.trackers.configure), none by default."""
+    method = str(spec.training.method)
+    if method == "sft":
+        return sft_config(spec, out, has_eval, fmt, report_to=report_to)
+    common = common_config_args(spec, out, has_eval, report_to=report_to)
+    t = spec.training
+    if method == "dpo":
+        from trl import DPOConfig
 
+        dpo: Any = t.method_parameters()
+        loss_types = dpo.loss_type if isinstance(dpo.loss_type, list) else [dpo.loss_type]
+        return DPOConfig(
+            **common,
+            max_length=t.max_seq_len,
+            beta=dpo.beta,
+            loss_type=[str(x) for x in loss_types],
+            loss_weights=dpo.loss_weights,
+            label_smoothing=dpo.label_smoothing,
+            ld_alpha=dpo.ld_alpha,
+            use_weighting=dpo.use_weighting,
+            precompute_ref_log_probs=dpo.precompute_ref_log_probs,
+            sync_ref_model=dpo.sync_ref_model,
+            ref_model_mixup_alpha=dpo.ref_model_mixup_alpha,
+            ref_model_sync_steps=dpo.ref_model_sync_steps,
+        )
+    if method == "kto":
+        from trl import KTOConfig
+
+        kto: Any = t.method_parameters()
+        return KTOConfig(
+            **common,
+            max_length=t.max_seq_len,
+            beta=kto.beta,
+            loss_type=str(kto.loss_type),
+            desirable_weight=kto.desirable_weight,
+            undesirable_weight=kto.undesirable_weight,
+            precompute_ref_log_probs=kto.precompute_ref_log_probs,
+        )
+    if method == "reward":
+        from trl import RewardConfig
+
+        reward: Any = t.method_parameters()
+        return RewardConfig(
+            **common, max_length=t.max_seq_len, center_rewards_coefficient=reward.center_rewards_coefficient
+        )
+    raise SpecError(f"training.method {method} is not one this trainer runs")
+
+
+def common_config_args(
+    spec: JobSpec, out: Path, has_eval: bool, packing: bool = False, report_to: list[str] | None = None
+) -> dict[str, Any]:
+    """The TrainingArguments every method's config takes from the spec alike."""
     t = spec.training
     if spec.training.eval_steps is not None and not has_eval:
         log.warning("training.eval_steps is set but dataset.eval_split is not: no evaluation will run")
@@ -214,7 +298,7 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
     checkpointing = checkpointing_args(
         t.gradient_checkpointing, reentrant=spec.lora is not None and _zero3_from_env()
     )
-    return SFTConfig(
+    return dict(
         output_dir=str(out / runs.CHECKPOINTS),
         max_steps=t.max_steps if t.max_steps is not None else -1,
         num_train_epochs=t.num_train_epochs if t.num_train_epochs is not None else 1.0,
@@ -238,19 +322,121 @@ def sft_config(spec: JobSpec, out: Path, has_eval: bool) -> Any:
         use_cpu=spec.resources.device == "cpu",
         seed=t.seed,
         **checkpointing,
+        # Packing here is BFD, which TRL runs padding-free: one flattened row, no padding and no attention
+        # mask, so "non_padding" would count ids != pad, and with pad == EOS (Llama ships no pad token)
+        # drop every document's EOS from tokens/s. Unpacked batches have a mask that "non_padding" reads.
+        include_num_input_tokens_seen="all" if packing else "non_padding",
+        ddp_find_unused_parameters=False,
+        report_to=report_to or "none",
+        run_name=out.name,  # the job id: the trackers' run name
+        disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
+        log_level="warning",  # transformers' info level dumps the model config into train.log at every save
+    )
+
+
+def sft_config(
+    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+) -> Any:
+    """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
+    from trl import SFTConfig
+
+    t = spec.training
+    return SFTConfig(
+        **common_config_args(spec, out, has_eval, packing=t.packing, report_to=report_to),
         max_length=t.max_seq_len,
         packing=t.packing,
         packing_strategy="bfd",
         dataset_text_field=TEXT_COLUMN,
-        # Packing here is BFD, which TRL runs padding-free: one flattened row, no padding and no attention
-        # mask, so "non_padding" would count ids != pad, and with pad == EOS (Llama ships no pad token)
-        # drop every document's EOS from tokens/s. Unpacked batches have a mask that "non_padding" reads.
-        include_num_input_tokens_seen="all" if t.packing else "non_padding",
-        ddp_find_unused_parameters=False,
-        report_to="none",
-        disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
-        log_level="warning",  # transformers' info level dumps the model config into train.log at every save
+        # Which tokens carry the loss is the spec's choice, never TRL's default for the data (TRL would
+        # mask prompts of prompt/completion data unasked): `all` trains on every token.
+        completion_only_loss=t.loss_on == "completion" and fmt == "prompt_completion",
+        assistant_only_loss=t.loss_on == "assistant",
     )
+
+
+def check_loss_on(spec: JobSpec, fmt: str) -> None:
+    """training.loss_on must be one the data's format can mask (the spec checks it when the format is
+    given; with `format: auto` only the columns decide)."""
+    loss_on = str(spec.training.loss_on)
+    if loss_on != "all" and fmt not in LOSS_ON_FORMATS[loss_on]:
+        raise SpecError(
+            f"training.loss_on {loss_on} needs {' or '.join(LOSS_ON_FORMATS[loss_on])} data; "
+            f"dataset {spec.dataset.name_or_path} is {fmt} data"
+        )
+
+
+def check_assistant_template(tokenizer: Any, model_name: str) -> None:
+    """`loss_on: assistant` needs a chat template that marks the assistant turns ({% generation %}), or one
+    TRL knows how to rewrite with the markers; otherwise no token could be told apart, and training on all
+    of them instead would silently be another job than the one asked for."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = getattr(tokenizer, "chat_template", None)
+    fix = (
+        "give the model a chat template whose assistant turns are wrapped in {% generation %}..."
+        "{% endgeneration %} (tokenizer_config.json chat_template, or chat_template.jinja), or set "
+        "training.loss_on: all"
+    )
+    if not template:
+        raise ModelError(f"loss_on assistant: the tokenizer of {model_name} has no chat template; {fix}")
+    if has_generation_markers(template):
+        return
+    try:
+        patched = get_training_chat_template(tokenizer)
+    except (ValueError, NotImplementedError, KeyError):
+        patched = None
+    if patched is None:
+        raise ModelError(
+            f"loss_on assistant: the chat template of {model_name} does not mark the assistant turns "
+            f"({{% generation %}}), and it is not one TRL can rewrite with the markers; {fix}"
+        )
+    log.info("loss_on assistant: the chat template has no generation markers; TRL's training copy adds them")
+
+
+def build_trainer(
+    spec: JobSpec,
+    model: Any,
+    config: Any,
+    train_ds: Any,
+    eval_ds: Any,
+    tokenizer: Any,
+    peft_config: Any,
+    callbacks: list[Any],
+) -> Any:
+    """The TRL trainer of the job's method, on the model this process loaded.
+
+    DPO and KTO with LoRA pass no reference model: TRL then scores the reference with the adapter
+    disabled, so no second copy is loaded. Full fine-tuning leaves ref_model None too, and TRL loads the
+    reference from the same path with the policy's dtype, then prepares it as the launch prepares models
+    (ZeRO-3: partitioned like the policy; FSDP: sharded by prepare_fsdp; DDP: a replica per process), in
+    evaluation mode: weights only, no gradients or optimizer state.
+    """
+    from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
+
+    kinds = {"sft": SFTTrainer, "dpo": DPOTrainer, "kto": KTOTrainer, "reward": RewardTrainer}
+    cls = kinds[str(spec.training.method)]
+    trainer = cls(
+        model=model,
+        args=config,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=callbacks,
+    )
+    return trainer
+
+
+def reference_note(trainer: Any, strategy: str) -> str:
+    """What serves as the reference of a DPO or KTO run (train.log)."""
+    if getattr(trainer, "ref_model", None) is None:
+        if getattr(trainer.args, "precompute_ref_log_probs", False):
+            return "log-probabilities precomputed before training (none kept in memory)"
+        return "the base model with the LoRA adapter disabled (no second copy loaded)"
+    how = {"fsdp": "sharded by FSDP", "deepspeed": "prepared by DeepSpeed"}.get(
+        strategy, "one copy per process"
+    )
+    return f"a second copy of the model, {how}, in evaluation mode (weights only)"
 
 
 def checkpointing_args(enabled: bool, reentrant: bool) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from ftq import limits, logs, runs
 from ftq.errors import ErrorCode
@@ -83,6 +86,7 @@ class JobView:
     updated_at: datetime
     run_dir: Path
     started_at: datetime | None = None
+    limit_seconds: float | None = None  # resources.max_seconds of a local job (SLURM enforces its own)
 
     @property
     def launched(self) -> bool:
@@ -92,7 +96,7 @@ class JobView:
         return RunRef(self.id, self.run_dir, self.external_id, self.pid, self.pid_start_ticks)
 
 
-def _view(job: Job) -> JobView:
+def _view(job: Job, runs_dir: Path | None = None) -> JobView:
     return JobView(
         id=job.id,
         status=job.status,
@@ -101,8 +105,9 @@ def _view(job: Job) -> JobView:
         pid=job.pid,
         pid_start_ticks=job.pid_start_ticks,
         updated_at=job.updated_at,
-        run_dir=runs.run_dir(get_settings().runs_dir, job.id),
+        run_dir=runs.run_dir(runs_dir or get_settings().runs_dir, job.id),
         started_at=job.started_at,
+        limit_seconds=job.limit_seconds if job.launcher == "local" else None,
     )
 
 
@@ -115,28 +120,103 @@ def _age(ts: datetime) -> float:
 
 
 def schedule() -> list[str]:
-    """Claim resources for queued jobs, oldest first; returns the ids now `starting` to launch."""
+    """One scheduler tick: claim resources for the queued jobs `worker.scheduling.decide` starts, fail the
+    ones it refuses, and write every other queued job's position, reason and estimated start for the API.
+    Returns the ids now `starting` to launch."""
     settings = get_settings()
     claimed: list[str] = []
     with session_scope() as session, locks.scheduler_lock(session):
-        queued = repository.jobs_in(session, [JobStatus.queued])
-        if not queued:
+        now = datetime.now(UTC)
+        queued_rows = repository.queued_for_scheduling(session)
+        if not queued_rows:
+            repository.save_queue(session, {})
+            session.commit()
             return claimed
-        held = repository.held_resources(session)
-        for d in scheduling.decide([(j.id, j.spec) for j in queued], held, settings):
+        queued = _queued_jobs(session, queued_rows)
+        running = [
+            scheduling.RunningJob(
+                id=r.id,
+                owner=r.owner,
+                resources=r.resources,
+                started_at=r.started_at.timestamp() if r.started_at else None,
+                limit_seconds=r.limit_seconds,
+                estimate_seconds=r.estimated_seconds,
+                eta_seconds=r.eta_seconds,
+            )
+            for r in repository.holding_devices(session)
+        ]
+        outcome = scheduling.decide(
+            queued, running, settings, now=now.timestamp(), usage=_usage(session, running, now)
+        )
+        for d in outcome.decisions:
             if d.impossible is not None:
                 repository.mark_finished(
-                    session,
-                    d.job_id,
-                    JobStatus.failed,
-                    error_code=ErrorCode.launch_error,
-                    error_message=d.impossible,
+                    session, d.job_id, JobStatus.failed, error_code=d.error_code, error_message=d.impossible
                 )
             elif repository.mark_starting(session, d.job_id, resources=d.resources):
                 claimed.append(d.job_id)
+        repository.save_queue(
+            session,
+            {
+                w.job_id: (
+                    w.position,
+                    w.reason,
+                    datetime.fromtimestamp(round(w.estimated_start), UTC) if w.estimated_start else None,
+                )
+                for w in outcome.waiting
+            },
+        )
         # Commit inside the lock: the next claimant must see these resources as held.
         session.commit()
     return claimed
+
+
+def _queued_jobs(session: Session, rows: list[Any]) -> list[scheduling.QueuedJob]:
+    # Rows stored before the scheduling columns existed: read from their specs.
+    old = repository.specs_of(session, [r.id for r in rows if r.devices is None])
+    out = []
+    for r in rows:
+        if r.id in old:
+            out.append(scheduling.QueuedJob.from_spec(r.id, r.owner, old[r.id], seq=r.seq))
+            continue
+        pool = None
+        if r.launcher == "local":
+            pool = scheduling.GPUS if r.device == "cuda" else scheduling.CPU_SLOTS
+        out.append(
+            scheduling.QueuedJob(
+                id=r.id,
+                owner=r.owner,
+                need=scheduling.Need(pool, r.devices if pool else 0),
+                priority=r.priority or "normal",
+                seq=r.seq,
+                limit_seconds=r.limit_seconds,
+                estimate_seconds=r.estimated_seconds,
+            )
+        )
+    return out
+
+
+def _usage(session: Session, running: list[scheduling.RunningJob], now: datetime) -> scheduling.Usage:
+    """Owners' decayed usage and their GPU-seconds this quota period (ended runs, plus what the running
+    GPU jobs have used so far)."""
+    settings = get_settings()
+    half_life = settings.fair_share_half_life_hours * 3600
+    period = settings.quota_period_hours * 3600
+    current = repository.period_start(now, period)
+    recent: dict[str, float] = {}
+    period_gpu: dict[str, float] = {}
+    for row in repository.owner_usage(session):
+        recent[row.owner] = repository.recent_usage(row, now, half_life)
+        if row.period_start == current:
+            period_gpu[row.owner] = row.period_gpu_seconds
+    for r in running:
+        if r.pool == scheduling.GPUS and r.started_at is not None:
+            period_gpu[r.owner] = period_gpu.get(r.owner, 0.0) + r.count * max(
+                0.0, now.timestamp() - r.started_at
+            )
+    return scheduling.Usage(
+        recent_device_seconds=recent, period_gpu_seconds=period_gpu, period_ends=current.timestamp() + period
+    )
 
 
 # Launch ---------------------------------------------------------------------------------------------------
@@ -322,7 +402,8 @@ def reconcile() -> bool:
         if not mine:
             return False
         with session_scope() as session:
-            views = [_view(j) for j in repository.jobs_in(session, LAUNCHED)]
+            runs_dir = get_settings().runs_dir  # resolved once, not once per job
+            views = [_view(j, runs_dir) for j in repository.jobs_in(session, LAUNCHED, lean=True)]
         by_launcher: dict[str, list[JobView]] = {}
         for v in views:
             by_launcher.setdefault(v.launcher, []).append(v)
@@ -362,12 +443,10 @@ def _reconcile_one(v: JobView, launcher: Launcher, state: RunState | None) -> No
             _mark_running(v)
         elif v.status == JobStatus.cancelling:
             launcher.cancel(v.ref())
-        elif (
-            v.launcher == "local"
-            and v.started_at is not None
-            and _age(v.started_at) > limits.max_seconds(get_settings())
-        ):
+        elif v.launcher == "local" and v.started_at is not None and _age(v.started_at) > _local_limit(v):
             _stop_over_time(v, launcher)
+        if v.launcher != "local":
+            _note_pending(v, state)
         return
     finish(v, launcher, state)
 
@@ -378,21 +457,54 @@ def _reconcile_one(v: JobView, launcher: Launcher, state: RunState | None) -> No
 TIME_LIMIT_RECORD = "time_limit.json"
 
 
+def _local_limit(v: JobView) -> float:
+    """How long a local run may go: its own resources.max_seconds, within the operator's cap."""
+    cap = limits.max_seconds(get_settings())
+    return min(v.limit_seconds, cap) if v.limit_seconds else cap
+
+
 def _stop_over_time(v: JobView, launcher: Launcher) -> None:
     record = v.run_dir / TIME_LIMIT_RECORD
     if not record.exists():
-        log.warning("job %s ran longer than FTQ_MAX_TIME_LIMIT_HOURS; stopping it", v.id)
-        record.write_text(json.dumps({"stopped_at": time.time()}))
+        log.warning("job %s ran longer than its time limit (%.0f s); stopping it", v.id, _local_limit(v))
+        record.write_text(json.dumps({"stopped_at": time.time(), "limit_seconds": _local_limit(v)}))
     launcher.cancel(v.ref())
 
 
-def _time_limit_failure() -> failures.Failure:
+def _time_limit_failure(v: JobView) -> failures.Failure:
     hours = get_settings().max_time_limit_hours
+    if v.limit_seconds and v.limit_seconds < hours * 3600:
+        return failures.Failure(
+            ErrorCode.time_limit,
+            f"the job ran longer than its resources.max_seconds ({v.limit_seconds:g} s) and was stopped; "
+            "give it more time, or resume it from its last checkpoint with resume_from",
+        )
     return failures.Failure(
         ErrorCode.time_limit,
         f"the job ran longer than this server's limit of {hours:g} h (FTQ_MAX_TIME_LIMIT_HOURS) and was "
         "stopped; resume it from its last checkpoint with resume_from",
     )
+
+
+_noted_pending: set[str] = set()
+
+
+def _note_pending(v: JobView, state: RunState) -> None:
+    """While SLURM holds the job pending, its reason (Priority, Resources, QOSMaxJobsPerUserLimit...) is the
+    job's queue.reason; once it runs, no queue (the row goes; the job's end drops it in any case)."""
+    if state.phase == RunPhase.pending and state.pending_reason:
+        start = state.expected_start
+        with session_scope() as session:
+            repository.save_queue(
+                session,
+                {v.id: (None, state.pending_reason, datetime.fromtimestamp(start, UTC) if start else None)},
+                local=False,
+            )
+        _noted_pending.add(v.id)
+    elif v.id in _noted_pending:
+        with session_scope() as session:
+            repository.drop_queue_rows(session, [v.id])
+        _noted_pending.discard(v.id)
 
 
 def _settle_unlaunched(v: JobView, launcher: Launcher) -> None:
@@ -468,6 +580,11 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
     # Ingest first, so a terminal job's metrics are complete the moment clients see it terminal.
     ingest.ingest_job(v.id)
     launcher.kill_leftovers(v.ref())
+    # The run's own start and end where the scheduler knows them (SLURM), else launch and now.
+    times: dict[str, Any] = {
+        "run_started": datetime.fromtimestamp(state.started_at, UTC) if state.started_at else None,
+        "run_ended": datetime.fromtimestamp(state.ended_at, UTC) if state.ended_at else None,
+    }
     with session_scope() as session:
         job = repository.get_job(session, v.id)
         if job is None:
@@ -481,6 +598,7 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
                 error_code=ErrorCode.cancelled,
                 error_message="cancelled on request",
                 exit_code=state.exit_code,
+                **times,
             )
             _end_log_with_cancel(v.run_dir, job.progress_step)
         elif (
@@ -490,10 +608,10 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
             # Stopped by the worker for running too long: its ranks checkpoint and exit 0, as on a cancel.
             and not (v.run_dir / TIME_LIMIT_RECORD).exists()
         ):
-            repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
+            repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0, **times)
         elif status in (JobStatus.starting, JobStatus.running):
             if (v.run_dir / TIME_LIMIT_RECORD).exists():
-                failure = _time_limit_failure()
+                failure = _time_limit_failure(v)
             else:
                 failure = recovery.why_it_failed(v.run_dir, state)
                 if recovery.retry(session, job, v.run_dir, failure):
@@ -505,5 +623,6 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
                 error_code=failure.code,
                 error_message=failure.message,
                 exit_code=state.exit_code,
+                **times,
             )
     log.info("job %s ended: %s", v.id, state)

@@ -1,8 +1,8 @@
-"""Tail each active run's metrics.jsonl into the store.
+"""Tail each active run's metrics.jsonl and samples.jsonl into the store.
 
 Reading starts at the job's stored byte offset and takes only complete lines: a line the trainer is
-still writing waits for the next pass. Points are upserted by (job, step), so a pass that runs twice
-(two schedulers, a retried task) stores the same thing.
+still writing waits for the next pass. Points are upserted by (job, step) and samples by (job, step,
+prompt index), so a pass that runs twice (two schedulers, a retried task) stores the same thing.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import json
 import logging
 import math
 import os
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from ftq import logs, runs
 from ftq.events import EventType
-from ftq.metrics import POINT_FIELDS
+from ftq.metrics import EXTRA_NAME_RE, MAX_EXTRA, POINT_FIELDS
 from ftq.settings import get_settings
 from ftq.status import JobStatus
 from ftq.store import events, repository
@@ -26,6 +27,7 @@ from ftq.store.models import Job
 log = logging.getLogger(__name__)
 
 MAX_READ = 1024 * 1024
+_EXTRA_NAME = re.compile(EXTRA_NAME_RE)
 INGESTING = (JobStatus.running, JobStatus.cancelling)
 
 
@@ -35,6 +37,21 @@ def _number(value: Any) -> float | None:
     f = float(value)
     # NaN/inf cannot be sent as JSON; a diverged loss shows as null rather than breaking every read.
     return f if math.isfinite(f) else None
+
+
+def _extra(value: Any) -> dict[str, float] | None:
+    """The method metrics of a line: names as TRL writes them, finite numbers, at most MAX_EXTRA (the
+    run writes the file, so anything else in it is dropped)."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, float] = {}
+    for name, v in value.items():
+        number = _number(v)
+        if number is not None and isinstance(name, str) and _EXTRA_NAME.match(name):
+            out[name] = number
+            if len(out) >= MAX_EXTRA:
+                break
+    return out or None
 
 
 def parse_point(line: bytes) -> dict[str, Any] | None:
@@ -50,6 +67,9 @@ def parse_point(line: bytes) -> dict[str, Any] | None:
     point: dict[str, Any] = {"step": int(step)}
     for f in POINT_FIELDS:
         point[f] = _number(obj.get(f))
+    extra = _extra(obj.get("extra"))
+    if extra:
+        point["extra"] = extra
     if isinstance(obj.get("max_steps"), int) and not isinstance(obj.get("max_steps"), bool):
         point["max_steps"] = obj["max_steps"]
     return point
@@ -116,15 +136,73 @@ def _eta(job: Job, step: int, max_steps: int | None, points: list[dict[str, Any]
     return round((max_steps - step) / rate, 1)
 
 
+# What the run wrote is the run's to choose: anything longer than these is cut, not stored whole.
+SAMPLE_TEXT_LIMIT = 16384
+MAX_SAMPLE_INDEX = 1024
+
+
+def _whole(value: Any) -> int | None:
+    """A non-negative int (not a bool, not a float), else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def parse_sample(line: bytes) -> dict[str, Any] | None:
+    """A samples.jsonl line as {step, index, prompt, completion, time}, or None when it is not one."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step, index = _whole(obj.get("step")), _whole(obj.get("index"))
+    if step is None or index is None or index >= MAX_SAMPLE_INDEX or step > 2**31 - 1:
+        return None
+    prompt, completion = obj.get("prompt"), obj.get("completion")
+    if not isinstance(prompt, str) or not isinstance(completion, str):
+        return None
+    return {
+        "step": step,
+        "index": index,
+        # NUL cannot be stored in a PostgreSQL text column.
+        "prompt": prompt[:SAMPLE_TEXT_LIMIT].replace("\x00", ""),
+        "completion": completion[:SAMPLE_TEXT_LIMIT].replace("\x00", ""),
+        "time": _number(obj.get("time")),
+    }
+
+
+def ingest_samples(session: Any, job: Job, runs_dir: Any) -> int:
+    """The job's new samples.jsonl lines into the store, each batch committed with its offset."""
+    path = runs.run_dir(runs_dir, job.id) / runs.SAMPLES
+    offset = job.samples_offset or 0
+    total = 0
+    while True:
+        lines, new_offset = read_new_lines(path, offset)
+        if new_offset == offset:
+            return total
+        nonblank = [ln for ln in lines if ln.strip()]
+        samples = [s for s in (parse_sample(ln) for ln in nonblank) if s is not None]
+        if len(samples) < len(nonblank):
+            log.warning("job %s: skipped malformed samples lines before byte %s", job.id, new_offset)
+        repository.upsert_samples(session, job.id, samples)
+        repository.update_samples_offset(session, job.id, new_offset)
+        session.commit()
+        total += len(samples)
+        offset = new_offset
+
+
 @logs.about_job
 def ingest_job(job_id: str) -> int:
-    """One pass over one job's new metric lines; returns how many points were stored."""
+    """One pass over one job's new metric and sample lines; returns how many points were stored."""
     settings = get_settings()
     total = 0
     with session_scope() as session:
         job = repository.get_job(session, job_id)
         if job is None:
             return 0
+        ingest_samples(session, job, settings.runs_dir)
+        session.refresh(job)
         path = runs.run_dir(settings.runs_dir, job.id) / runs.METRICS
         offset = job.metrics_offset or 0
         while True:

@@ -54,6 +54,8 @@ from ftq.schemas import (
     MetricsPage,
     PlanPublic,
     Point,
+    SamplePublic,
+    SamplesPage,
 )
 from ftq.spec import JobSpec
 from ftq.status import TERMINAL, JobStatus
@@ -95,6 +97,8 @@ __all__ = [
     "PlanPublic",
     "Point",
     "RateLimited",
+    "SamplePublic",
+    "SamplesPage",
     "ServerError",
     "ServerTimeout",
     "SpecFileError",

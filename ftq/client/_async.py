@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
@@ -32,6 +33,9 @@ from ftq.schemas import (
     MetricsPage,
     PlanPublic,
     Point,
+    SamplePublic,
+    SamplesPage,
+    UsagePage,
 )
 
 
@@ -63,6 +67,17 @@ class AsyncClient:
     async def health(self) -> Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
         return await self._call("GET", "/healthz", Health)
+
+    async def usage(
+        self, *, since: datetime | None = None, until: datetime | None = None, group_by: str = "owner"
+    ) -> UsagePage:
+        """GET /usage: device-seconds of runs that ended in [since, until), per owner or per owner and day."""
+        params: dict[str, Any] = {"group_by": group_by}
+        if since is not None:
+            params["from"] = since.isoformat()
+        if until is not None:
+            params["to"] = until.isoformat()
+        return await self._call("GET", "/usage", UsagePage, params=params)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -270,6 +285,34 @@ class AsyncJobs:
             if page.complete:
                 return
             if len(page.data) < page_size:
+                if not follow:
+                    return
+                await anyio.sleep(poll)
+
+    # Samples
+
+    async def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> SamplesPage:
+        params = {"after_step": after_step, "limit": limit}
+        return await self._client._call("GET", _core.job_path(job_id, "samples"), SamplesPage, params=params)
+
+    async def iter_samples(
+        self,
+        job_id: str,
+        *,
+        after_step: int = -1,
+        follow: bool = False,
+        poll: float = 1.0,
+        page_size: int = 100,
+    ) -> AsyncIterator[SamplePublic]:
+        while True:
+            page = await self.samples(job_id, after_step=after_step, limit=page_size)
+            for sample in page.data:
+                yield sample
+            if page.data:
+                after_step = page.next_after_step
+            if page.complete:
+                return
+            if len({s.step for s in page.data}) < page_size:
                 if not follow:
                     return
                 await anyio.sleep(poll)

@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, overload
@@ -31,6 +32,9 @@ from ftq.schemas import (
     MetricsPage,
     PlanPublic,
     Point,
+    SamplePublic,
+    SamplesPage,
+    UsagePage,
 )
 
 
@@ -67,6 +71,17 @@ class Client:
     def health(self) -> Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
         return self._call("GET", "/healthz", Health)
+
+    def usage(
+        self, *, since: datetime | None = None, until: datetime | None = None, group_by: str = "owner"
+    ) -> UsagePage:
+        """GET /usage: device-seconds of runs that ended in [since, until), per owner or per owner and day."""
+        params: dict[str, Any] = {"group_by": group_by}
+        if since is not None:
+            params["from"] = since.isoformat()
+        if until is not None:
+            params["to"] = until.isoformat()
+        return self._call("GET", "/usage", UsagePage, params=params)
 
     def close(self) -> None:
         self._http.close()
@@ -298,6 +313,37 @@ class Jobs:
             if page.complete:
                 return
             if len(page.data) < page_size:  # caught up with what is there now
+                if not follow:
+                    return
+                time.sleep(poll)
+
+    # Samples
+
+    def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> SamplesPage:
+        """One page of samples (completions of the spec's eval.sample_prompts): up to `limit` whole steps
+        after after_step; after_step=-1 starts at the first."""
+        params = {"after_step": after_step, "limit": limit}
+        return self._client._call("GET", _core.job_path(job_id, "samples"), SamplesPage, params=params)
+
+    def iter_samples(
+        self,
+        job_id: str,
+        *,
+        after_step: int = -1,
+        follow: bool = False,
+        poll: float = 1.0,
+        page_size: int = 100,
+    ) -> Iterator[SamplePublic]:
+        """Every sample after after_step, page by page; with follow, also those written later, until the
+        job has ended and all were read."""
+        while True:
+            page = self.samples(job_id, after_step=after_step, limit=page_size)
+            yield from page.data
+            if page.data:
+                after_step = page.next_after_step
+            if page.complete:
+                return
+            if len({s.step for s in page.data}) < page_size:  # caught up with what is there now
                 if not follow:
                     return
                 time.sleep(poll)

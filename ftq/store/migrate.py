@@ -19,8 +19,8 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "heads") -> None:
-    # "heads": every branch of the history, so migrations written side by side from one parent (each
-    # feature's `0002_*` on `0001`) all apply until they are chained into one line.
+    # "heads": every branch's head, so migrations written side by side from one parent (each feature's
+    # own file) apply together until they are chained into one line.
     command.upgrade(alembic_config(url), revision)
 
 

@@ -86,16 +86,59 @@ class Job(Base):
     progress_epoch: Mapped[float | None] = mapped_column(Float)
     eta_seconds: Mapped[float | None] = mapped_column(Float)
     latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # How far ingest has read the run's samples.jsonl (bytes), as metrics_offset for metrics.jsonl.
+    samples_offset: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
 
     error_code: Mapped[str | None] = mapped_column(String(32))
     error_message: Mapped[str | None] = mapped_column(Text)
     exit_code: Mapped[int | None] = mapped_column(Integer)
 
+    # Scheduling (worker/scheduling.py), copied out of the spec and plan at submit so that a scheduler
+    # tick reads narrow columns, not every queued job's JSON.
+    priority: Mapped[str | None] = mapped_column(String(8))
+    devices: Mapped[int | None] = mapped_column(Integer)  # GPUs of a cuda job, processes of a cpu job
+    limit_seconds: Mapped[float | None] = mapped_column(Float)  # resources.max_seconds or slurm time_limit
+    estimated_seconds: Mapped[float | None] = mapped_column(Float)  # plan.time_estimate.seconds
+    # Accounting: devices held x wall time of the run, set when it ends.
+    device_seconds: Mapped[float | None] = mapped_column(Float)
+    run_seconds: Mapped[float | None] = mapped_column(Float)
+
     __table_args__ = (
         Index("ix_jobs_owner_seq", "owner", "seq"),
         Index("ix_jobs_owner_status_seq", "owner", "status", "seq"),
         Index("ix_jobs_status", "status"),
+        Index("ix_jobs_finished_at", "finished_at"),
     )
+
+
+class JobQueue(Base):
+    """Why each queued job waits, written by the scheduler on every tick; the API only reads it. SLURM
+    jobs pending in SLURM's queue have SLURM's reason here (no position)."""
+
+    __tablename__ = "job_queue"
+
+    job_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(64), nullable=False)
+    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class OwnerUsage(Base):
+    """Each owner's usage, kept as runs end: decayed device-seconds (fair share), GPU-seconds of the
+    current quota period, and running totals (the /metrics counters). O(owners) rows to read per tick."""
+
+    __tablename__ = "owner_usage"
+
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    recent_device_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    recent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    period_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    period_gpu_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    total_device_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    total_gpu_seconds: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    total_jobs: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
 
 class MetricPoint(Base):
@@ -113,6 +156,25 @@ class MetricPoint(Base):
     grad_norm: Mapped[float | None] = mapped_column(Float)
     eval_loss: Mapped[float | None] = mapped_column(Float)
     tokens_per_second: Mapped[float | None] = mapped_column(Float)
+    time: Mapped[float | None] = mapped_column(Float)
+    # The method's metrics beyond the fixed fields, {TRL's name: value} (`rewards/margins`, `accuracy`).
+    extra: Mapped[dict[str, float] | None] = mapped_column(JSON(none_as_null=True))
+
+
+class Sample(Base):
+    """One completion of one of the spec's sample prompts at one step (from the run's samples.jsonl)."""
+
+    __tablename__ = "samples"
+
+    # (job_id, step, prompt_index) is the primary key: the index that serves `after_step` polls, and what
+    # makes ingest idempotent (a line read twice, or a resumed run sampling a step again, updates one row).
+    job_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt: Mapped[str] = mapped_column(Text, nullable=False)
+    completion: Mapped[str] = mapped_column(Text, nullable=False)
     time: Mapped[float | None] = mapped_column(Float)
 
 

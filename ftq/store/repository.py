@@ -13,19 +13,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     CursorResult,
     Engine,
     Integer,
     Result,
     Select,
     bindparam,
+    case,
+    cast,
     delete,
     func,
+    literal,
     select,
     true,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, defer
 
@@ -35,7 +40,7 @@ from ftq.redact import redact
 from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
 from ftq.store import events
 from ftq.store.db import AsyncReadPool
-from ftq.store.models import Dispatch, IdempotencyKey, Job, MetricPoint
+from ftq.store.models import Dispatch, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage, Sample
 
 
 def utcnow() -> datetime:
@@ -47,7 +52,7 @@ def utcnow() -> datetime:
 # jobs row (as _readable() filters every other read) joined to the page of points, so a job without new
 # points still gives its status, and a job this owner cannot read gives no row at all.
 _POINTS_PAGE = (
-    select(MetricPoint.step, *(getattr(MetricPoint, f) for f in POINT_FIELDS))
+    select(MetricPoint.step, *(getattr(MetricPoint, f) for f in POINT_FIELDS), MetricPoint.extra)
     .where(MetricPoint.job_id == bindparam("job_id"), MetricPoint.step > bindparam("after_step"))
     .order_by(MetricPoint.step)
     .limit(bindparam("limit", type_=Integer))
@@ -84,8 +89,9 @@ class MetricsPoll:
         return {**self._constants, "owner": owner, "job_id": job_id, "after_step": after_step, "limit": limit}
 
     def rows(self, owner: str, job_id: str, after_step: int, limit: int) -> tuple[str, list[Any]] | None:
-        """The job's status and up to `limit` points after `after_step` (step first, then POINT_FIELDS),
-        or None when this owner cannot read the job."""
+        """The job's status and up to `limit` points after `after_step` (step first, then POINT_FIELDS,
+        then `extra`: a dict, or its JSON text where the driver leaves it as text), or None when this
+        owner cannot read the job."""
         named = self._named(owner, job_id, after_step, limit)
         params: Any = tuple(named[k] for k in self._positions) if self._positions else named
         dbapi_error = self._engine.dialect.loaded_dbapi.Error
@@ -173,6 +179,36 @@ class JobRepository:
         )
         return int(self.session.scalar(stmt) or 0)
 
+    def queue_of(self, job_ids: Sequence[str]) -> dict[str, JobQueue]:
+        """Why these jobs (this owner's) wait, as the scheduler last wrote it."""
+        if not job_ids:
+            return {}
+        stmt = (
+            select(JobQueue)
+            .join(Job, Job.id == JobQueue.job_id)
+            .where(Job.owner == self.owner, JobQueue.job_id.in_(list(job_ids)))
+        )
+        return {row.job_id: row for row in self.session.scalars(stmt)}
+
+    def usage_rows(
+        self, since: datetime | None, until: datetime | None
+    ) -> list[tuple[str, datetime, float, str]]:
+        """(owner, finished_at, device_seconds, device) of this owner's runs that ended in [since, until)."""
+        stmt = (
+            self._readable()
+            .with_only_columns(Job.owner, Job.finished_at, Job.device_seconds, Job.device)
+            .where(Job.device_seconds.is_not(None), Job.finished_at.is_not(None))
+        )
+        if since is not None:
+            stmt = stmt.where(Job.finished_at >= since)
+        if until is not None:
+            stmt = stmt.where(Job.finished_at < until)
+        return [
+            (o, f, float(d), dev)
+            for o, f, d, dev in self.session.execute(stmt)
+            if f is not None and d is not None
+        ]
+
     def add_with_dispatch(self, job: Job) -> Dispatch:
         """The job, its dispatch record and its first events (created, queued) in the caller's
         transaction: none exists without the others."""
@@ -184,6 +220,27 @@ class JobRepository:
         events.record(self.session, job.id, EventType.created, {"name": job.name}, owner=job.owner)
         _transition_event(self.session, job.id, JobStatus.queued, {})
         return dispatch
+
+    def samples_after(self, job_id: str, *, after_step: int, steps: int) -> tuple[Job, list[Sample]] | None:
+        """The job and its samples of up to `steps` steps after `after_step` (every prompt of a step
+        together), ordered by step and prompt; None when this owner cannot read the job."""
+        job = self.get(job_id)
+        if job is None:
+            return None
+        page_steps = (
+            select(Sample.step)
+            .where(Sample.job_id == job_id, Sample.step > after_step)
+            .group_by(Sample.step)
+            .order_by(Sample.step)
+            .limit(steps)
+            .subquery()
+        )
+        stmt = (
+            select(Sample)
+            .where(Sample.job_id == job_id, Sample.step.in_(select(page_steps.c.step)))
+            .order_by(Sample.step, Sample.prompt_index)
+        )
+        return job, list(self.session.scalars(stmt))
 
     # Idempotency keys -----------------------------------------------------------------------------
     def get_idempotency(self, key: str) -> IdempotencyKey | None:
@@ -359,12 +416,15 @@ def mark_finished(
     error_code: str | None = None,
     error_message: str | None = None,
     exit_code: int | None = None,
+    run_started: datetime | None = None,
+    run_ended: datetime | None = None,
 ) -> bool:
     """-> succeeded | failed | cancelled, from every state that may end so (ftq.status.TRANSITIONS: a
-    queued job fails or is cancelled, never succeeds); releases held resources."""
+    queued job fails or is cancelled, never succeeds); releases held resources and accounts the run
+    (`account_run`; `run_started`/`run_ended`: the scheduler's own times of the run, where known)."""
     if status not in TERMINAL:
         raise ValueError(f"mark_finished needs a terminal status, not {status}")
-    return _cas(
+    moved = _cas(
         session,
         job_id,
         sources_of(status),
@@ -376,6 +436,10 @@ def mark_finished(
         exit_code=exit_code,
         resources=None,
     )
+    if moved:
+        session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
+        account_run(session, job_id, run_started=run_started, run_ended=run_ended)
+    return moved
 
 
 def request_cancel(session: Session, job_id: str) -> str | None:
@@ -405,8 +469,19 @@ def request_cancel(session: Session, job_id: str) -> str | None:
     return None
 
 
-def jobs_in(session: Session, statuses: Iterable[str], *, launcher: str | None = None) -> list[Job]:
+def jobs_in(
+    session: Session, statuses: Iterable[str], *, launcher: str | None = None, lean: bool = False
+) -> list[Job]:
+    """Jobs in these statuses, oldest first. `lean`: without the spec, plan and latest metrics (the
+    sweep over every running job reads none of them; each is a JSON document to parse)."""
     stmt = select(Job).where(Job.status.in_(list(statuses)))
+    if lean:
+        stmt = stmt.options(
+            defer(Job.spec, raiseload=True),
+            defer(Job.plan, raiseload=True),
+            defer(Job.latest_metrics, raiseload=True),
+            defer(Job.resources, raiseload=True),
+        )
     if launcher:
         stmt = stmt.where(Job.launcher == launcher)
     return list(session.scalars(stmt.order_by(Job.seq)))
@@ -418,6 +493,200 @@ def held_resources(session: Session) -> list[dict[str, Any]]:
         Job.resources.is_not(None),
     )
     return [r for r in session.scalars(stmt) if r]
+
+
+# Scheduling and accounting ------------------------------------------------------------------------------
+
+
+def queued_for_scheduling(session: Session) -> list[Any]:
+    """Every queued job, narrow: (id, owner, seq, priority, devices, limit_seconds, estimated_seconds,
+    launcher, device); `spec_of` fills in rows stored before these columns existed."""
+    stmt = select(
+        Job.id,
+        Job.owner,
+        Job.seq,
+        Job.priority,
+        Job.devices,
+        Job.limit_seconds,
+        Job.estimated_seconds,
+        Job.launcher,
+        Job.device,
+    ).where(Job.status == JobStatus.queued)
+    return list(session.execute(stmt.order_by(Job.seq)))
+
+
+def specs_of(session: Session, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    if not job_ids:
+        return {}
+    rows = session.execute(select(Job.id, Job.spec).where(Job.id.in_(list(job_ids))))
+    return {job_id: spec for job_id, spec in rows}
+
+
+def holding_devices(session: Session) -> list[Any]:
+    """Jobs holding local devices: (id, owner, resources, started_at, limit_seconds, estimated_seconds,
+    eta_seconds, device, devices)."""
+    stmt = select(
+        Job.id,
+        Job.owner,
+        Job.resources,
+        Job.started_at,
+        Job.limit_seconds,
+        Job.estimated_seconds,
+        Job.eta_seconds,
+        Job.device,
+        Job.devices,
+    ).where(Job.status.in_(list(LAUNCHED)), Job.resources.is_not(None))
+    return [r for r in session.execute(stmt) if r.resources]
+
+
+def owner_usage(session: Session) -> list[OwnerUsage]:
+    return list(session.scalars(select(OwnerUsage)))
+
+
+def _decayed(value: float, since: datetime, now: datetime, half_life_seconds: float) -> float:
+    age = max(0.0, (now - since).total_seconds())
+    return float(value * 0.5 ** (age / half_life_seconds))
+
+
+def recent_usage(row: OwnerUsage, now: datetime, half_life_seconds: float) -> float:
+    """An owner's decayed device-seconds as of `now`."""
+    return _decayed(row.recent_device_seconds, row.recent_at, now, half_life_seconds)
+
+
+def period_start(now: datetime, period_seconds: float) -> datetime:
+    """The start of the quota period `now` is in: fixed windows counted from the Unix epoch."""
+    start = (now.timestamp() // period_seconds) * period_seconds
+    return datetime.fromtimestamp(start, UTC)
+
+
+def account_run(
+    session: Session, job_id: str, *, run_started: datetime | None = None, run_ended: datetime | None = None
+) -> float | None:
+    """Devices held x wall time of an ended run, on the job (`device_seconds`, `run_seconds`) and in its
+    owner's usage. A job that never started is not accounted. Returns the device-seconds."""
+    from ftq.settings import get_settings  # the store module is imported by migrations: settings late
+
+    row = session.execute(
+        select(Job.owner, Job.started_at, Job.finished_at, Job.devices, Job.device, Job.spec).where(
+            Job.id == job_id
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    start = run_started or row.started_at
+    end = run_ended or row.finished_at
+    if start is None or end is None:
+        return None
+    devices = row.devices
+    if devices is None:
+        res = row.spec.get("resources") or {}
+        devices = int(res.get("processes_per_node", 1)) * int(res.get("num_nodes", 1))
+    seconds = max(0.0, (end - start).total_seconds())
+    used = float(devices * seconds)
+    session.execute(update(Job).where(Job.id == job_id).values(device_seconds=used, run_seconds=seconds))
+    settings = get_settings()
+    _add_usage(
+        session,
+        row.owner,
+        device_seconds=used,
+        gpu_seconds=used if row.device == "cuda" else 0.0,
+        now=utcnow(),
+        half_life_seconds=settings.fair_share_half_life_hours * 3600,
+        period_seconds=settings.quota_period_hours * 3600,
+    )
+    return used
+
+
+def _add_usage(
+    session: Session,
+    owner: str,
+    *,
+    device_seconds: float,
+    gpu_seconds: float,
+    now: datetime,
+    half_life_seconds: float,
+    period_seconds: float,
+) -> None:
+    dialect = session.get_bind().dialect.name
+    ins: Any = postgresql.insert(OwnerUsage) if dialect == "postgresql" else sqlite.insert(OwnerUsage)
+    session.execute(
+        ins.values(
+            owner=owner,
+            recent_device_seconds=0.0,
+            recent_at=now,
+            period_start=period_start(now, period_seconds),
+            period_gpu_seconds=0.0,
+            total_device_seconds=0.0,
+            total_gpu_seconds=0.0,
+            total_jobs=0,
+        ).on_conflict_do_nothing(index_elements=[OwnerUsage.owner])
+    )
+    row = session.scalars(select(OwnerUsage).where(OwnerUsage.owner == owner).with_for_update()).one()
+    current = period_start(now, period_seconds)
+    period_used = row.period_gpu_seconds if row.period_start == current else 0.0
+    session.execute(
+        update(OwnerUsage)
+        .where(OwnerUsage.owner == owner)
+        .values(
+            recent_device_seconds=recent_usage(row, now, half_life_seconds) + device_seconds,
+            recent_at=now,
+            period_start=current,
+            period_gpu_seconds=period_used + gpu_seconds,
+            total_device_seconds=OwnerUsage.total_device_seconds + device_seconds,
+            total_gpu_seconds=OwnerUsage.total_gpu_seconds + gpu_seconds,
+            total_jobs=OwnerUsage.total_jobs + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def save_queue(
+    session: Session, rows: dict[str, tuple[int | None, str, datetime | None]], *, local: bool = True
+) -> int:
+    """Replace the scheduler's queue rows with `rows` (job id -> position, reason, estimated start),
+    writing only what changed. `local`: rows with a position (local jobs, every one not in `rows` is
+    dropped); otherwise SLURM's pending reasons for these jobs (others untouched). Returns rows written."""
+    existing = {
+        r.job_id: (r.position, r.reason, r.estimated_start)
+        for r in session.execute(
+            select(JobQueue.job_id, JobQueue.position, JobQueue.reason, JobQueue.estimated_start).where(
+                JobQueue.position.is_not(None) if local else JobQueue.job_id.in_(list(rows))
+            )
+        )
+    }
+    if local:
+        gone = [j for j in existing if j not in rows]
+        for i in range(0, len(gone), 1000):
+            session.execute(delete(JobQueue).where(JobQueue.job_id.in_(gone[i : i + 1000])))
+    changed = [
+        {"job_id": j, "position": p, "reason": r, "estimated_start": e}
+        for j, (p, r, e) in rows.items()
+        if existing.get(j) != (p, r, e)
+    ]
+    if changed:
+        dialect = session.get_bind().dialect.name
+        ins: Any = postgresql.insert(JobQueue) if dialect == "postgresql" else sqlite.insert(JobQueue)
+        stmt = ins.on_conflict_do_update(
+            index_elements=[JobQueue.job_id],
+            set_={c: getattr(ins.excluded, c) for c in ("position", "reason", "estimated_start")},
+        )
+        session.connection().execute(stmt, changed)
+    return len(changed)
+
+
+def drop_queue_rows(session: Session, job_ids: Sequence[str]) -> None:
+    if job_ids:
+        session.execute(delete(JobQueue).where(JobQueue.job_id.in_(list(job_ids))))
+
+
+def usage_totals(session: Session) -> list[OwnerUsage]:
+    """Every owner's running totals (the /metrics counters)."""
+    return list(session.scalars(select(OwnerUsage).order_by(OwnerUsage.owner)))
+
+
+def queue_reasons(session: Session) -> dict[str, int]:
+    rows = session.execute(select(JobQueue.reason, func.count()).group_by(JobQueue.reason)).all()
+    return {str(r): int(n) for r, n in rows}
 
 
 # Dispatch outbox ---------------------------------------------------------------------------------------
@@ -472,17 +741,34 @@ def upsert_points(session: Session, job_id: str, points: Sequence[dict[str, Any]
         for f in POINT_FIELDS:
             if p.get(f) is not None:
                 row[f] = p[f]
-    rows = [{f: r.get(f) for f in ("job_id", "step", *POINT_FIELDS)} for r in merged.values()]
+        if p.get("extra"):
+            row["extra"] = {**row.get("extra", {}), **p["extra"]}
+    rows = [{f: r.get(f) for f in ("job_id", "step", *POINT_FIELDS, "extra")} for r in merged.values()]
     dialect = session.get_bind().dialect.name
     ins: Any = postgresql.insert(MetricPoint) if dialect == "postgresql" else sqlite.insert(MetricPoint)
     excluded = ins.excluded
     stmt = ins.on_conflict_do_update(
         index_elements=[MetricPoint.job_id, MetricPoint.step],
-        set_={f: func.coalesce(getattr(excluded, f), getattr(MetricPoint, f)) for f in POINT_FIELDS},
+        set_={
+            **{f: func.coalesce(getattr(excluded, f), getattr(MetricPoint, f)) for f in POINT_FIELDS},
+            "extra": _merged_extra(dialect, MetricPoint.extra, excluded.extra),
+        },
     )
     # executemany of one cached statement: a multi-row .values(rows) compiles a new statement for every
     # batch, with 9 parameters per row, and PostgreSQL refuses more than 65,535 (about 7,000 rows).
     session.connection().execute(stmt, rows)
+
+
+def _merged_extra(dialect: str, stored: Any, incoming: Any) -> Any:
+    """The stored `extra` with the incoming names added or replaced (a train and an eval line of one step
+    each bring their own); the stored one when nothing comes in."""
+    merged: Any
+    if dialect == "postgresql":
+        empty = cast(literal("{}"), JSONB)
+        merged = cast(func.coalesce(cast(stored, JSONB), empty).op("||")(cast(incoming, JSONB)), JSON)
+    else:
+        merged = func.json_patch(func.coalesce(stored, "{}"), incoming)
+    return case((incoming.is_(None), stored), else_=merged)
 
 
 def update_progress(
@@ -513,3 +799,32 @@ def update_progress(
 def count_by_status(session: Session) -> dict[str, int]:
     rows = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
     return {str(s): int(n) for s, n in rows}
+
+
+def upsert_samples(session: Session, job_id: str, samples: Sequence[dict[str, Any]]) -> None:
+    """Insert samples, or replace the row of the same (step, prompt index): a line read twice, or a
+    resumed run that samples a step again, leaves one row holding the latest completion."""
+    if not samples:
+        return
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
+    for s in samples:
+        key = (int(s["step"]), int(s["index"]))
+        rows[key] = {
+            "job_id": job_id,
+            "step": key[0],
+            "prompt_index": key[1],
+            "prompt": s["prompt"],
+            "completion": s["completion"],
+            "time": s.get("time"),
+        }
+    dialect = session.get_bind().dialect.name
+    ins: Any = postgresql.insert(Sample) if dialect == "postgresql" else sqlite.insert(Sample)
+    stmt = ins.on_conflict_do_update(
+        index_elements=[Sample.job_id, Sample.step, Sample.prompt_index],
+        set_={f: getattr(ins.excluded, f) for f in ("prompt", "completion", "time")},
+    )
+    session.connection().execute(stmt, list(rows.values()))
+
+
+def update_samples_offset(session: Session, job_id: str, offset: int) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(samples_offset=offset))

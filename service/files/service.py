@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ftq import files
+from ftq import datasets, files
 from ftq.files import FileStatus
 from ftq.schemas import FileError, FilePublic
 from ftq.settings import Settings
@@ -138,7 +138,25 @@ def files_of_spec(spec: JobSpec, repo: FileRepository) -> dict[str, UploadedFile
         raise SpecError(errors)
     train = found.get("file_id")
     if train is not None:
-        problem = format_problem(spec, train)
+        # The method's columns (preference, unpaired preference, ...) and what loss_on can mask: the
+        # same rule as for a local file (ftq.datasets.format_problem).
+        method_problem = datasets.format_problem(
+            spec.dataset,
+            spec.training,
+            list(train.columns or []),
+            set(train.formats or []),
+            f"the rows of file {train.id}",
+        )
+        if method_problem is not None:
+            loc, msg = method_problem
+            raise SpecError([{"loc": ["body", *loc], "msg": msg, "type": "dataset_error"}])
+        # Then that every row holds the format (the columns alone do not say it); `auto` with a preference
+        # method is the method's format, which the check above has settled.
+        problem = (
+            format_problem(spec, train)
+            if str(spec.dataset.format) != "auto" or spec.training.method == "sft"
+            else None
+        )
         if problem is not None:
             field, msg = problem
             raise SpecError([_error(field, msg, "dataset_error", section_field=True)])

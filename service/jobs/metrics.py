@@ -3,6 +3,7 @@ from rows without model validation (see `ftq.store.repository.MetricsPoll`)."""
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Any
 
@@ -15,7 +16,7 @@ from ftq.store.db import AsyncReadPool, get_engine
 from ftq.store.repository import MetricsPoll
 from service.errors import NotFound
 
-_POINT_KEYS = ("step", *POINT_FIELDS)
+_POINT_KEYS = ("step", *POINT_FIELDS, "extra")
 
 
 @lru_cache(maxsize=4)
@@ -45,6 +46,9 @@ def _metrics_page_body(
         raise NotFound(f"job {job_id} not found")
     status, rows = found
     data = [dict(zip(_POINT_KEYS, r, strict=True)) for r in rows]
+    for point in data:
+        if isinstance(point["extra"], str):  # SQLite's driver leaves JSON as its text
+            point["extra"] = json.loads(point["extra"])
     next_after = rows[-1][0] if rows else after_step
     terminal = JobStatus(status) in TERMINAL
     complete = terminal and len(rows) < limit

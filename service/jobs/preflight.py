@@ -26,9 +26,10 @@ from ftq import dataset_preflight as dataset_preflight_mod
 from ftq import estimate as est
 from ftq import limits, userfiles
 from ftq.dataset_preflight import DatasetPreflight
+from ftq.datasets import detect_formats, format_problem
 from ftq.estimate import DiskEstimate, Estimate
 from ftq.settings import Settings
-from ftq.spec import DatasetSpec, JobSpec, looks_local
+from ftq.spec import DatasetSpec, JobSpec, TrainingSpec, looks_local
 from ftq.store.repository import JobRepository
 from service.errors import SpecError, spec_field_error
 from service.paths import PathRefused, refuse_ftq_state, resolve_local
@@ -137,9 +138,11 @@ def _look_at_files(spec: JobSpec, settings: Settings) -> _Files:
         out.refusals.append(
             {"loc": ["body", "dataset", "name_or_path"], "msg": problem, "type": "dataset_error"}
         )
-    elif missing := missing_dataset_field(spec.dataset):
-        setting, msg = missing
-        out.refusals.append({"loc": ["body", "dataset", setting], "msg": msg, "type": "dataset_error"})
+    elif missing := missing_dataset_field(spec.dataset, spec.training):
+        loc, msg = missing
+        out.refusals.append({"loc": ["body", *loc], "msg": msg, "type": "dataset_error"})
+    if problem := chat_template_problem(spec):
+        out.refusals.append({"loc": ["body", "training", "loss_on"], "msg": problem, "type": "model_error"})
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     out.disk_free = shutil.disk_usage(settings.runs_dir).free
     return out
@@ -190,10 +193,16 @@ _SNIFF_BYTES = 64 * 1024
 _SNIFF_ROWS = 50
 
 
-def missing_dataset_field(dataset: DatasetSpec) -> tuple[str, str] | None:
-    """(setting, why) when the first rows of a local .jsonl file lack the field the trainer would read
-    (dataset.text_field, or dataset.messages_field for chat data), as the trainer picks it; None when
-    they have it or the file is not one this looks into (a folder, another format, a hub id)."""
+def missing_dataset_field(
+    dataset: DatasetSpec, training: TrainingSpec | None = None
+) -> tuple[tuple[str, ...], str] | None:
+    """(field, why) when the first rows of a local .jsonl file lack a column the job's method and format
+    need (ftq.spec.FORMAT_COLUMNS, with dataset.text_field / messages_field for text and chat), as the
+    trainer resolves `format: auto`; or when the format found cannot be masked as training.loss_on asks.
+    `field` is the spec's path: the dataset field to rename, dataset.format when it was given, else
+    training.method. None when the rows fit, or the file is not one this looks into (a folder, another
+    format, a hub id, an upload)."""
+    training = training or TrainingSpec(max_steps=1)
     if dataset.name_or_path is None or not looks_local(dataset.name_or_path):
         return None
     path = Path(dataset.name_or_path)
@@ -207,6 +216,7 @@ def missing_dataset_field(dataset: DatasetSpec) -> tuple[str, str] | None:
     if size > len(head):
         lines = lines[:-1]  # the last line read may be cut short
     columns: dict[str, None] = {}
+    formats: set[str] | None = None  # the formats every row read can be
     rows = 0
     for line in lines:
         if rows >= _SNIFF_ROWS:
@@ -221,22 +231,34 @@ def missing_dataset_field(dataset: DatasetSpec) -> tuple[str, str] | None:
             break
         rows += 1
         columns.update(dict.fromkeys(row))
+        found = detect_formats(row)
+        formats = found if formats is None else formats & found
     if not rows:
         return None
-    fmt = str(dataset.format)
-    if fmt == "auto":
-        fmt = "messages" if dataset.messages_field in columns else "text"
-    setting, needed = (
-        ("messages_field", dataset.messages_field)
-        if fmt == "messages"
-        else ("text_field", dataset.text_field)
-    )
-    if needed in columns:
+    where = f"the first {rows} row(s) of {dataset.name_or_path}"
+    return format_problem(dataset, training, list(columns), formats or set(), where)
+
+
+def chat_template_problem(spec: JobSpec) -> str | None:
+    """Why `loss_on: assistant` cannot work with a local model's tokenizer: it has no chat template to
+    mark assistant turns with. (A template without `{% generation %}` markers may still be one TRL knows
+    how to patch: the trainer decides, and fails with a model_error naming the fix when it cannot.)"""
+    if str(spec.training.loss_on) != "assistant" or not looks_local(spec.model.name_or_path):
         return None
-    found = ", ".join(columns) or "none"
-    return setting, (
-        f"the first {rows} row(s) of {dataset.name_or_path} have no field {needed!r} "
-        f"(fields found: {found}); set dataset.{setting} to one of them"
+    folder = Path(spec.model.name_or_path)
+    if not folder.is_dir() or (folder / "chat_template.jinja").is_file():
+        return None
+    try:
+        config = json.loads(userfiles.read_ends(folder / "tokenizer_config.json", 4 * 1024 * 1024)[0])
+    except (userfiles.NotReadable, ValueError):
+        return None  # the trainer reads the tokenizer and says what is wrong with it
+    if isinstance(config, dict) and config.get("chat_template"):
+        return None
+    return (
+        f"loss_on assistant masks everything but the assistant turns, which the chat template marks; the "
+        f"tokenizer of {spec.model.name_or_path} has no chat template. Add one whose assistant turns are "
+        "wrapped in {% generation %}...{% endgeneration %} (tokenizer_config.json chat_template, or "
+        "chat_template.jinja), or use loss_on: all"
     )
 
 

@@ -28,7 +28,7 @@ from ftq.store.repository import JobRepository
 from service.body import media_type, read_spec_body
 from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
 from service.errors import BadRequest, NotFound, SpecError, TooManyRequests, spec_field_error
-from service.jobs import checkpoints, logs, metrics
+from service.jobs import checkpoints, logs, metrics, samples
 from service.jobs import service as jobs
 from service.jobs.poll_cache import PollCache
 from service.jobs.schemas import (
@@ -41,6 +41,7 @@ from service.jobs.schemas import (
     LogChunk,
     MetricsPage,
     PlanPublic,
+    SamplesPage,
 )
 
 T = TypeVar("T")
@@ -225,7 +226,10 @@ async def list_jobs(
             page = rows[:limit]
             next_cursor = str(page[-1].seq) if len(rows) > limit else None
             runs_dir = get_settings().runs_dir
-            return _json(JobList(data=[jobs.to_public(j, runs_dir) for j in page], next_cursor=next_cursor))
+            repo = JobRepository(session, owner)
+            waiting = repo.queue_of([j.id for j in page if j.status not in TERMINAL])
+            data = [jobs.to_public(j, runs_dir, waiting.get(j.id)) for j in page]
+            return _json(JobList(data=data, next_cursor=next_cursor))
 
     return _json_response(await _read(body))
 
@@ -234,8 +238,10 @@ async def list_jobs(
 async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
     def body() -> bytes:
         with read_session() as session:
-            job = jobs.get_or_404(JobRepository(session, owner), job_id)
-            return _json(jobs.to_public(job, get_settings().runs_dir))
+            repo = JobRepository(session, owner)
+            job = jobs.get_or_404(repo, job_id)
+            queue = repo.queue_of([job.id]).get(job.id) if job.status not in TERMINAL else None
+            return _json(jobs.to_public(job, get_settings().runs_dir, queue))
 
     return _json_response(await _read(body))
 
@@ -441,3 +447,31 @@ async def get_metrics(
 def get_checkpoints(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> CheckpointList:
     job = jobs.get_or_404(repo, job_id)
     return CheckpointList(data=checkpoints.list_checkpoints(job, settings))
+
+
+@router.get(
+    "/{job_id}/samples",
+    response_model=SamplesPage,
+    responses=_ERRORS,
+    summary="Completions of the sample prompts, by step",
+)
+async def get_samples(
+    job_id: JobId,
+    owner: OwnerInline,
+    after_step: int = Query(-1, ge=-1, le=2**31 - 1, description="Only samples of steps after this one."),
+    limit: int = Query(
+        100, ge=1, le=1000, description="At most this many steps (each with all its prompts)."
+    ),
+) -> Response:
+    """The greedy completions of the spec's `eval.sample_prompts` that the trainer wrote to samples.jsonl:
+    at every evaluation (with an eval split), else every `eval_steps` (or `save_steps`) steps, and at the
+    end. Poll with `after_step` set to the previous page's `next_after_step`."""
+
+    def body() -> bytes:
+        with read_session() as session:
+            page = samples.samples_page(
+                JobRepository(session, owner), job_id, after_step=after_step, steps=limit
+            )
+            return _json(page)
+
+    return _json_response(await _read(body))

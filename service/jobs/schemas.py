@@ -16,6 +16,8 @@ from ftq.schemas import (
     PlanPublic,
     Point,
     Progress,
+    SamplePublic,
+    SamplesPage,
 )
 from ftq.status import TERMINAL, JobStatus
 
@@ -34,4 +36,6 @@ __all__ = [
     "PlanPublic",
     "Point",
     "Progress",
+    "SamplePublic",
+    "SamplesPage",
 ]

@@ -24,12 +24,13 @@ from ftq.estimate import Estimate
 from ftq.metrics import Point
 from ftq.redact import redact
 from ftq.render import Plan, render_plan
+from ftq.schemas import EstimateVsActual, QueueInfo, Usage
 from ftq.settings import Settings
-from ftq.spec import JobSpec, SpecFieldError
-from ftq.status import JobStatus
+from ftq.spec import PRIORITY_RANK, JobSpec, Priority, SpecFieldError
+from ftq.status import TERMINAL, JobStatus
 from ftq.store import repository
 from ftq.store.files_repository import FileRepository
-from ftq.store.models import Job
+from ftq.store.models import Job, JobQueue
 from ftq.store.repository import JobRepository, utcnow
 from service.errors import (
     Conflict,
@@ -40,7 +41,7 @@ from service.errors import (
     suggest_fields,
 )
 from service.files import service as file_service
-from service.jobs import checkpoints, phase, preflight
+from service.jobs import checkpoints, phase, preflight, trackers
 from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
 
@@ -90,12 +91,44 @@ def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
             "transformers supports natively, or ask the operator (FTQ_ALLOW_REMOTE_CODE)",
             "not_allowed",
         )
+    if spec.integrations.mlflow is not None and not settings.mlflow_tracking_uri:
+        # MLflow's default is a folder next to the process: the run would log where nobody looks.
+        raise spec_field_error(
+            ["integrations", "mlflow"],
+            "this server has no MLflow tracking server to log to; ask the operator to set "
+            "FTQ_MLFLOW_TRACKING_URI, or leave integrations.mlflow out",
+            "not_configured",
+        )
+    if spec.integrations.wandb is not None and not _wandb_usable(settings):
+        raise spec_field_error(
+            ["integrations", "wandb"],
+            "this server has no W&B key for runs (WANDB_API_KEY through FTQ_PASS_ENV) and does not log W&B "
+            "offline (FTQ_WANDB_MODE); ask the operator, or leave integrations.wandb out",
+            "not_configured",
+        )
+    cap = settings.max_priority_for(owner)
+    if PRIORITY_RANK[Priority(spec.priority)] > PRIORITY_RANK[Priority(cap)]:
+        raise spec_field_error(
+            ["priority"],
+            f"{owner} may ask for priority {cap} at most on this server (FTQ_MAX_PRIORITY); "
+            f"use priority: {cap}",
+            "operator_cap",
+        )
     errors = [
         {"loc": ["body", "resources", *loc], "msg": msg, "type": "operator_cap"}
         for loc, msg in _over_caps(spec, settings)
     ]
     if errors:
         raise SpecError(errors)
+
+
+def _wandb_usable(settings: Settings) -> bool:
+    """Whether a W&B run can start: offline or disabled needs no key; online needs the operator's."""
+    import os
+
+    if settings.wandb_mode in ("offline", "disabled"):
+        return True
+    return "WANDB_API_KEY" in settings.pass_env_names and bool(os.environ.get("WANDB_API_KEY"))
 
 
 def _over_caps(spec: JobSpec, settings: Settings) -> list[tuple[list[str], str]]:
@@ -171,6 +204,7 @@ def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str)
         settings=settings,
         estimate=estimate,
         resume_from_checkpoint=resume,
+        dataset_tokens=data.train_tokens_per_epoch if data is not None else None,
     )
     plan.dataset = data
     return spec, plan
@@ -186,6 +220,7 @@ def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
         settings=settings,
         estimate=estimate,
         resume_from_checkpoint=resume,
+        dataset_tokens=data.train_tokens_per_epoch if data is not None else None,
     )
     plan.dataset = data
     # Not a green plan for a job that submit would refuse: the same reasons, on the plan.
@@ -228,6 +263,10 @@ def create_job(
         attempt=0,
         metrics_offset=0,
         progress_max_steps=spec.training.max_steps,
+        priority=spec.priority,
+        devices=spec.resources.world_size,
+        limit_seconds=_limit_seconds(spec),
+        estimated_seconds=plan.time_estimate.seconds if plan.time_estimate else None,
     )
     try:
         repo.add_with_dispatch(job)
@@ -244,6 +283,14 @@ def create_job(
             session.commit()
         raise
     return job, False
+
+
+def _limit_seconds(spec: JobSpec) -> float | None:
+    """The job's own time limit: resources.max_seconds locally, slurm.time_limit on SLURM."""
+    res = spec.resources
+    if res.launcher == "local":
+        return float(res.max_seconds) if res.max_seconds else None
+    return float(limits.slurm_time_seconds(res.slurm.time_limit)) if res.slurm.time_limit else None
 
 
 def _claim_idempotency(
@@ -314,8 +361,9 @@ class _SpecCache:
 _spec_cache = _SpecCache()
 
 
-def to_public(job: Job, runs_dir: Path | None = None) -> JobPublic:
-    """The API's Job; with `runs_dir`, a job before its first step says what it is doing (from its log)."""
+def to_public(job: Job, runs_dir: Path | None = None, queue: JobQueue | None = None) -> JobPublic:
+    """The API's Job; with `runs_dir`, a job before its first step says what it is doing (from its log);
+    `queue`: the scheduler's row for it (`JobRepository.queue_of`)."""
     error = None
     # A cancel is what the user asked for, not a failure: no error (nor the exit code of the killed run).
     if job.error_code and job.status != JobStatus.cancelled:
@@ -345,6 +393,41 @@ def to_public(job: Job, runs_dir: Path | None = None) -> JobPublic:
         ),
         latest_metrics=Point.model_validate(job.latest_metrics) if job.latest_metrics else None,
         error=error,
+        trackers=trackers.tracker_runs(job, spec, runs_dir),
+        queue=_queue_info(job, queue),
+        usage=_usage(job, spec),
+        estimate_vs_actual=_estimate_vs_actual(job),
+    )
+
+
+def _queue_info(job: Job, row: JobQueue | None) -> QueueInfo | None:
+    if row is None or job.status in TERMINAL:
+        return None
+    # A local job's row is the scheduler's until the job starts (the next tick drops it); SLURM's pending
+    # reason stays while SLURM holds the job.
+    if row.position is not None and job.status != JobStatus.queued:
+        return None
+    return QueueInfo(position=row.position, reason=row.reason, estimated_start=row.estimated_start)
+
+
+def _usage(job: Job, spec: JobSpec) -> Usage | None:
+    if job.device_seconds is None:
+        return None
+    return Usage(
+        devices=job.devices or spec.resources.world_size,
+        device_seconds=round(job.device_seconds, 3),
+        gpu_hours=round(job.device_seconds / 3600, 6) if job.device == "cuda" else 0.0,
+    )
+
+
+def _estimate_vs_actual(job: Job) -> EstimateVsActual | None:
+    if job.status != JobStatus.succeeded or job.run_seconds is None:
+        return None
+    est = job.estimated_seconds
+    return EstimateVsActual(
+        estimated_seconds=est,
+        actual_seconds=round(job.run_seconds, 3),
+        ratio=round(job.run_seconds / est, 4) if est else None,
     )
 
 

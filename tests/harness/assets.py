@@ -31,6 +31,11 @@ _TINY_FILES = (
     "data/eval.jsonl",
     "data/no_text_field.jsonl",
     "chat/train.jsonl",
+    "preference/train.jsonl",
+    "preference_chat/train.jsonl",
+    "unpaired/train.jsonl",
+    "prompt_completion/train.jsonl",
+    "model-plain-template/config.json",
 )
 
 

@@ -85,6 +85,7 @@ class Deployment:
         host: str | None = "127.0.0.1",
         port: int | None = None,
         ready_timeout: float = 120,
+        server_args: tuple[str, ...] = (),
     ):
         self.root = root
         self.mode: Mode = mode
@@ -99,6 +100,7 @@ class Deployment:
         self.database_url = database_url
         self.redis: PrivateRedis | None = None
         self.ready_timeout = ready_timeout
+        self.server_args = tuple(server_args)  # more arguments of `ftq up` / `ftq api` (`--workers 2`)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._settings = dict(settings or {})
         self._extra_env = dict(env or {})
@@ -204,6 +206,7 @@ class Deployment:
             argv += ["--port", str(self.port)]
         if self.host is not None:
             argv += ["--host", self.host]
+        argv += self.server_args
         self.spawn(self.server_name, *argv)
         self.wait_ready()
 

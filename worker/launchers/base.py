@@ -57,6 +57,10 @@ class RunState:
     signal: int | None = None
     reason: str | None = None  # scheduler's word for the end: TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY...
     requeued: bool = False
+    pending_reason: str | None = None  # while pending: the scheduler's reason (SLURM's %r: Priority, ...)
+    expected_start: float | None = None  # while pending: the scheduler's expected start (unix time)
+    started_at: float | None = None  # the run's start and end by the scheduler's clock, where known
+    ended_at: float | None = None
 
 
 class Launcher(Protocol):
@@ -123,6 +127,18 @@ def launch_environment(settings: Settings, source: Mapping[str, str] | None = No
     return env
 
 
+def tracker_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
+    """Where the spec's trackers log, from the operator's settings (never from the spec): WANDB_MODE for a
+    W&B run (its key comes through FTQ_PASS_ENV), MLFLOW_TRACKING_URI for an MLflow one."""
+    env: dict[str, str] = {}
+    trackers = spec.integrations
+    if trackers.wandb is not None and settings.wandb_mode:
+        env["WANDB_MODE"] = settings.wandb_mode
+    if trackers.mlflow is not None and settings.mlflow_tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
+    return env
+
+
 def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequest) -> None:
     """What every launcher adds to a run's environment: the operator's secrets (named in
     FTQ_PASS_ENV, never stored), the request's own variables, and ftq's code on PYTHONPATH so
@@ -130,6 +146,7 @@ def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequ
     for name in settings.pass_env_names:
         if os.environ.get(name) and name not in SERVICE_SETTINGS:
             env[name] = os.environ[name]
+    env.update(tracker_environment(settings, req.spec))
     env.update(req.env)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")

@@ -42,7 +42,8 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 from ftq import runs
@@ -162,25 +163,46 @@ def decode_wait_status(raw: str) -> tuple[int | None, int | None]:
     return (status >> 8) & 0xFF, None
 
 
+def slurm_time(value: str) -> float | None:
+    """A SLURM timestamp (`2026-12-01T13:50:00`, the controller's local time) as unix time; None for
+    `N/A`, `Unknown`, `None` or anything else."""
+    try:
+        return datetime.fromisoformat(value.strip()).timestamp()
+    except ValueError:
+        return None
+
+
 def parse_squeue(text: str) -> dict[str, RunState]:
-    """Lines of `JobID|State|Reason|exit_code|RestartCnt|` as RunStates by job id."""
+    """Lines of `JobID|State|Reason|exit_code|RestartCnt|StartTime|EndTime|` as RunStates by job id (the
+    last two optional). A pending job carries SLURM's reason and its expected start; a started one its
+    start (and end, once ended)."""
     out: dict[str, RunState] = {}
     for line in text.splitlines():
         fields = [f.strip() for f in line.split("|")]
         if len(fields) < 5 or not fields[0]:
             continue
-        job_id, state, _reason, raw_status, restarts = fields[:5]
+        job_id, state, reason, raw_status, restarts = fields[:5]
+        start = slurm_time(fields[5]) if len(fields) > 5 else None
+        end = slurm_time(fields[6]) if len(fields) > 6 else None
         code, sig = decode_wait_status(raw_status)
         try:
             restart_cnt = int(restarts)
         except ValueError:
             restart_cnt = 0
-        out[job_id] = state_from_slurm(state, exit_code=code, signal=sig, restarts=restart_cnt)
+        run = state_from_slurm(state, exit_code=code, signal=sig, restarts=restart_cnt)
+        if run.phase == RunPhase.pending:
+            run = replace(
+                run, pending_reason=reason if reason not in ("", "None") else None, expected_start=start
+            )
+        else:
+            run = replace(run, started_at=start, ended_at=end if run.phase == RunPhase.exited else None)
+        out[job_id] = run
     return out
 
 
 def parse_sacct(text: str) -> dict[str, RunState]:
-    """`sacct --parsable2 --noheader --allocations --format=JobIDRaw,State,ExitCode` lines.
+    """`sacct --parsable2 --noheader --allocations --format=JobIDRaw,State,ExitCode,Start,End` lines (the
+    last two optional: the run's start and end by SLURM's clock).
 
     ExitCode is `code:signal`.
     """
@@ -192,7 +214,10 @@ def parse_sacct(text: str) -> dict[str, RunState]:
         code_s, _, sig_s = fields[2].partition(":")
         code = int(code_s) if code_s.isdigit() else None
         sig = int(sig_s) if sig_s.isdigit() and int(sig_s) else None
-        out[fields[0]] = state_from_slurm(fields[1], exit_code=code, signal=sig)
+        run = state_from_slurm(fields[1], exit_code=code, signal=sig)
+        if len(fields) >= 5:
+            run = replace(run, started_at=slurm_time(fields[3]), ended_at=slurm_time(fields[4]))
+        out[fields[0]] = run
     return out
 
 
@@ -357,7 +382,7 @@ class SlurmLauncher:
                 "--noheader",
                 "--states=all",
                 f"--jobs={','.join(ids)}",
-                "--Format=JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|",
+                "--Format=JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,StartTime:|,EndTime:|",
             ]
         )
         if proc.returncode != 0:
@@ -379,7 +404,7 @@ class SlurmLauncher:
                     "--parsable2",
                     "--allocations",
                     f"--jobs={','.join(ids)}",
-                    "--format=JobIDRaw,State,ExitCode",
+                    "--format=JobIDRaw,State,ExitCode,Start,End",
                 ]
             )
         except SlurmError:

@@ -1,5 +1,5 @@
 /* ftq dashboard, `/ui/jobs/{id}`: live loss / eval-loss / LR / grad-norm / tokens-per-second charts,
-log tail, plan, checkpoints, artifacts (download links), cancel.
+samples by step, log tail, plan, checkpoints, artifacts (download links), cancel.
 
 Polling is incremental: metrics with after_step, the log with byte offsets; each stops once the
 API says it is complete. The one exception is the last metric point, asked for again each time,
@@ -26,6 +26,9 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     outputsAt: 0,
     eventsAfter: 0, // the cursor of GET /jobs/{id}/events
     eventsDone: false,
+    samples: [], // every sample read so far, by step then prompt index
+    samplesAfter: -1,
+    samplesComplete: false,
     artifactsFor: null, // the status the artifacts card was last read for
     artifactsAt: 0,
   };
@@ -51,6 +54,16 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     return h("div", {}, h("dt", {}, label), h("dd", { title: title || String(value) }, value));
   }
 
+  // The tracker runs the job's `integrations` made (W&B, MLflow, TensorBoard): a link where there is a URL.
+  function trackerMeta(trackers) {
+    return Object.entries(trackers || {}).map(([name, run]) => {
+      const label = run.name || run.id || run.dir || name;
+      const safeUrl = run.url && /^https?:\/\//.test(run.url) ? run.url : null;
+      const value = safeUrl ? h("a", { href: safeUrl, target: "_blank", rel: "noopener noreferrer" }, label) : label;
+      return h("div", { dataset: { tracker: name } }, h("dt", {}, name), h("dd", { title: run.url || label }, value));
+    });
+  }
+
   function showJob(job) {
     state.job = job;
     document.title = `ftq · ${job.name}`;
@@ -68,7 +81,13 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     const p = job.progress || {};
     const eta = job.status === "running" && p.eta_seconds != null ? ` · eta ${FTQ.duration(p.eta_seconds)}` : "";
     const epoch = p.epoch != null ? ` · epoch ${FTQ.num(p.epoch, 3)}` : "";
-    document.getElementById("progress-text").textContent = `${FTQ.progressText(job)}${epoch}${eta}`;
+    // A queued job says where it stands and why it waits (the scheduler's queue.reason).
+    const q = job.queue;
+    const waits = q
+      ? ` · waiting: ${q.reason}${q.position != null ? ` (#${q.position})` : ""}` +
+        (q.estimated_start ? ` · expected to start ${new Date(q.estimated_start).toLocaleString()}` : "")
+      : "";
+    document.getElementById("progress-text").textContent = `${FTQ.progressText(job)}${epoch}${eta}${waits}`;
 
     const spec = job.spec || {};
     const latest = job.latest_metrics || {};
@@ -85,8 +104,10 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       meta("external id", job.external_id || "–"),
       meta("created", FTQ.age(job.created_at), job.created_at),
       meta("ran for", FTQ.took(job)),
+      meta("usage", job.usage ? `${FTQ.num(job.usage.device_seconds, 4)} device-seconds` : "–"),
       meta("latest loss", FTQ.num(latest.loss)),
       meta("latest lr", FTQ.num(latest.learning_rate)),
+      ...trackerMeta(job.trackers),
     );
     const errorBox = document.getElementById("error-box");
     if (job.error) {
@@ -157,6 +178,40 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       yFormat: (v) => FTQ.num(v, 3),
       emptyText,
     });
+    drawMethodCharts(pts, emptyText);
+  }
+
+  // Point.extra: a chart per group of names (the part before "/", or the name itself), train and eval
+  // (`eval_` names, as markers) together: `rewards` holds rewards/chosen, rewards/margins, ...
+  const COLORS = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04", "#475569"];
+  function drawMethodCharts(pts, emptyText) {
+    const groups = new Map();
+    for (const p of pts) {
+      for (const name of Object.keys(p.extra || {})) {
+        const base = name.startsWith("eval_") ? name.slice(5) : name;
+        const group = base.split("/")[0];
+        if (!groups.has(group)) groups.set(group, new Set());
+        groups.get(group).add(name);
+      }
+    }
+    const section = document.getElementById("method-charts");
+    section.hidden = groups.size === 0;
+    for (const [group, names] of [...groups].sort()) {
+      const id = `chart-extra-${group.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+      let chart = document.getElementById(id);
+      if (!chart) {
+        chart = h("div", { id, class: "chart", "data-group": group });
+        section.append(h("figure", { class: "chart-card" }, h("figcaption", {}, group), chart));
+      }
+      const series = [...names].sort().map((name, i) => ({
+        name,
+        key: name,
+        color: COLORS[i % COLORS.length],
+        points: pts.filter((p) => p.extra && p.extra[name] != null).map((p) => [p.step, p.extra[name]]),
+        markers: name.startsWith("eval_"),
+      }));
+      Charts.render(chart, { series, yFormat: (v) => FTQ.num(v), emptyText });
+    }
   }
 
   // The run's outputs: its checkpoints (GET /jobs/{id}/checkpoints), each with its full path.
@@ -219,6 +274,38 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     if (!table) box.replaceChildren(h("p", { class: "muted" }, "no events yet"));
     // The status was read before these events: a terminal job's last event is among them.
     state.eventsDone = FTQ.TERMINAL.includes(job.status);
+  }
+
+  // Completions of the spec's eval.sample_prompts (GET /jobs/{id}/samples), polled like the metrics:
+  // only steps after the last one read, until the API says the job ended and all were read.
+  async function pollSamples(job) {
+    if (!((job.spec || {}).eval || {}).sample_prompts?.length) {
+      state.samplesComplete = true;
+      return;
+    }
+    let changed = false;
+    for (;;) {
+      const page = await FTQ.api(`/jobs/${enc}/samples?after_step=${state.samplesAfter}&limit=100`);
+      if (page.data.length) {
+        state.samples.push(...page.data);
+        state.samplesAfter = page.next_after_step;
+        changed = true;
+      }
+      if (page.complete) state.samplesComplete = true;
+      if (page.complete || new Set(page.data.map((s) => s.step)).size < 100) break;
+    }
+    const box = document.getElementById("samples");
+    if (!changed && box.childElementCount) return;
+    const rows = state.samples.map((s, i) => h("tr", { dataset: { step: s.step, index: s.index } },
+      h("td", { class: "num" }, i === 0 || state.samples[i - 1].step !== s.step ? `step ${s.step}` : ""),
+      h("td", { class: "prompt" }, s.prompt),
+      h("td", { class: "completion" }, s.completion)));
+    const body = rows.length
+      ? h("table", { class: "samples", id: "samples-table" },
+        h("tr", {}, h("th", {}, "step"), h("th", {}, "prompt"), h("th", {}, "completion")), ...rows)
+      : h("p", { class: "muted" }, state.samplesComplete ? "this run wrote no samples" : "no samples yet");
+    box.replaceChildren(body);
+    document.getElementById("samples-card").hidden = false;
   }
 
   // The run's artifacts (GET /jobs/{id}/artifacts): each file and each folder (as a .tar) as a link.
@@ -360,8 +447,10 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     if (!state.eventsDone) await pollEvents(job);
     await showArtifacts(job);
     if (!state.metricsComplete) await pollMetrics();
+    if (!state.samplesComplete) await pollSamples(job);
     if (!state.logComplete) await pollLog();
-    const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete && state.eventsDone;
+    const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete
+      && state.samplesComplete && state.eventsDone;
     document.body.dataset.loaded = "true";
     FTQ.setRefreshState(done ? `${job.status}; no more updates` : `updated ${new Date().toLocaleTimeString()}`);
     return !done;

@@ -26,6 +26,7 @@ JOB_ROUTES = [
     ("GET", "/jobs/{id}/logs/stream"),
     ("GET", "/jobs/{id}/metrics"),
     ("GET", "/jobs/{id}/checkpoints"),
+    ("GET", "/jobs/{id}/samples"),
     ("GET", "/jobs/{id}/artifacts"),
     ("GET", "/jobs/{id}/artifacts/train.log"),
     ("GET", "/jobs/{id}/artifacts/checkpoints/checkpoint-1.tar"),

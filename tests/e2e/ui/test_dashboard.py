@@ -299,3 +299,29 @@ def _variation(d: str) -> float:
     """The summed vertical movement of an SVG path's vertices (its total variation, in pixels)."""
     ys = [float(y) for y in re.findall(r"[ML][-\d.]+,([-\d.]+)", d)]
     return sum(abs(a - b) for a, b in itertools.pairwise(ys))
+
+
+@pytest.mark.slow  # a real tiny DPO run
+def test_method_metrics_get_a_chart_per_name_group(server: Deployment, page: Any) -> None:
+    """Point.extra on the job page: DPO's rewards/* (train, and eval as markers) in one `rewards` chart."""
+    spec = example_spec("tiny-dpo-cpu.yaml", max_steps=4, eval_steps=2, save_steps=None, logging_steps=1)
+    spec["resources"]["processes_per_node"] = 1
+    spec["distributed"]["strategy"] = "none"
+    job_id = server.post_job(spec)["id"]
+    job = server.wait_terminal(job_id, timeout=600)
+    assert job["status"] == "succeeded", server.report(job_id)
+    points = server.get(f"/jobs/{job_id}/metrics")["data"]
+    n = sum(p["extra"] is not None and "rewards/margins" in p["extra"] for p in points)
+    n_eval = sum(p["extra"] is not None and "eval_rewards/margins" in p["extra"] for p in points)
+    assert (n, n_eval) == (4, 2), points
+
+    page.goto(f"{server.url}/ui/jobs/{job_id}")
+    expect(page.locator("#refresh-state")).to_contain_text("no more updates", timeout=30_000)
+    expect(page.locator("#method-charts")).to_be_visible()
+    rewards = page.locator('#method-charts .chart[data-group="rewards"]')
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
+        expect(rewards.locator(f'path[data-series="{name}"]')).to_have_attribute("data-count", str(n))
+    # Evaluation's values (eval_ names) in the same group, as markers.
+    expect(rewards.locator('path[data-series="eval_rewards/margins"]')).to_have_attribute("data-count", "2")
+    expect(page.locator('#method-charts .chart[data-group="logps"]')).to_have_count(1)
+    page.locator("#method-charts").screenshot(path=str(ARTIFACTS / "dashboard-method-charts.png"))

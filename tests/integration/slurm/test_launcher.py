@@ -160,3 +160,30 @@ def test_missing_commands_are_reported(tmp_path: Path) -> None:
         )
     )
     assert good.bin("squeue").startswith("/")
+
+
+def test_pending_reason_nice_and_the_runs_own_start_and_end(
+    launcher: SlurmLauncher, tmp_path: Path, cleanup_jobs: list[str]
+) -> None:
+    """While SLURM holds a job, poll gives SLURM's reason (the job's queue.reason) and a low priority's
+    --nice is the job's; once it ran, its start and end by SLURM's clock (what its usage counts)."""
+    later = submit(
+        launcher,
+        tmp_path,
+        "later",
+        "true",
+        cleanup_jobs,
+        extra="#SBATCH --begin=now+1hour\n#SBATCH --nice=100",
+    )
+    state = wait_phase(launcher, later, {RunPhase.pending}, timeout=30)
+    assert state.pending_reason == "BeginTime" and state.started_at is None, state
+    nice = subprocess.run(
+        ["squeue", "-h", "-o", "%y", "-j", str(later.external_id)], capture_output=True, text=True
+    )
+    assert nice.stdout.strip() == "100", nice
+
+    quick = submit(launcher, tmp_path, "quick", "sleep 2", cleanup_jobs)
+    state = wait_phase(launcher, quick, {RunPhase.exited, RunPhase.lost}, timeout=60)
+    assert state.phase == RunPhase.exited and state.exit_code == 0, state
+    assert state.started_at is not None and state.ended_at is not None, state
+    assert 1 <= state.ended_at - state.started_at <= 30, state

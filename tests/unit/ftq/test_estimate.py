@@ -610,3 +610,55 @@ def test_load_model_config_from_local_paths(tmp_path: Path) -> None:
     (tmp_path / "list").mkdir()
     (tmp_path / "list" / "config.json").write_text("[1, 2]")
     assert load_model_config(str(tmp_path / "list"))[0] is None
+
+
+def test_full_fine_tuning_dpo_counts_the_reference_model_as_weights_only() -> None:
+    """DPO/KTO without LoRA hold a frozen reference (TRL loads it in the policy's dtype): weights only,
+    sharded as the launch shards models; none with LoRA or with precomputed reference log-probs."""
+    llama = config(LLAMA)
+    total = parse_arch(llama).num_params  # type: ignore[union-attr]
+    full: dict[str, Any] = {"lora": None, "training__packing": False, "dataset__format": "auto"}
+    sft = estimate_memory(example("llama2-70b-fsdp", **full), llama, device_memory_bytes=A100)
+    dpo_spec = example("llama2-70b-fsdp", training__method="dpo", **full)
+    dpo = estimate_memory(dpo_spec, llama, device_memory_bytes=A100)
+    # FSDP: sharded over the 16 ranks, in fp32 (FSDP's load dtype); grads and optimizer unchanged.
+    assert dpo.breakdown["reference_model"] == total * 4 // 16
+    assert "reference_model" not in sft.breakdown
+    assert (dpo.breakdown["grads"], dpo.breakdown["optimizer"]) == (
+        sft.breakdown["grads"],
+        sft.breakdown["optimizer"],
+    )
+    # Every rank reads the reference whole before FSDP shards it (8 ranks a node, fp32).
+    assert dpo.host_breakdown["loading"] == sft.host_breakdown["loading"] + total * 4 * 8
+    # Chosen and rejected run in one batch: twice the activations.
+    assert dpo.breakdown["activations"] == 2 * sft.breakdown["activations"]
+    assert (dpo.per_device_bytes or 0) > (sft.per_device_bytes or 0) + total * 4 // 16
+
+    kto = estimate_memory(
+        example("llama2-70b-fsdp", training__method="kto", training__per_device_train_batch_size=2, **full),
+        llama,
+        device_memory_bytes=A100,
+    )
+    assert kto.breakdown["reference_model"] == total * 4 // 16
+    lora_spec = example("llama2-70b-fsdp", training__method="dpo", **{**full, "lora": {"r": 16}})
+    lora = estimate_memory(lora_spec, llama, device_memory_bytes=A100)
+    assert "reference_model" not in lora.breakdown  # the base with the adapter disabled is the reference
+    pre = example(
+        "llama2-70b-fsdp", training__method="dpo", training__dpo={"precompute_ref_log_probs": True}, **full
+    )
+    assert "reference_model" not in estimate_memory(pre, llama, device_memory_bytes=A100).breakdown
+
+    zero3 = example(
+        "falcon-180b-lora-zero3",
+        lora=None,
+        training__method="dpo",
+        training__mixed_precision="bf16",
+        training__packing=False,
+        dataset__format="auto",
+    )
+    falcon = config(FALCON)
+    est = estimate_memory(zero3, falcon, device_memory_bytes=A100)
+    world = zero3.resources.world_size
+    assert est.breakdown["reference_model"] == parse_arch(falcon).num_params * 2 // world  # type: ignore[union-attr]
+    ddp = one_gpu("llama2-70b-fsdp", training__method="dpo", **full)
+    assert estimate_memory(ddp, llama, device_memory_bytes=A100).breakdown["reference_model"] == total * 4

@@ -596,3 +596,56 @@ def test_nvme_offload_goes_to_a_node_local_folder_per_job() -> None:
     ).accelerate_config
     assert ds["deepspeed_config"]["offload_optimizer_nvme_path"] == "/tmp/ftq-offload/job_9"
     assert ds["deepspeed_config"]["offload_param_nvme_path"] == "/tmp/ftq-offload/job_9"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_example_validates_renders_and_loads_with_accelerates_loader(
+    path: Path, tmp_path: Path
+) -> None:
+    """Each examples/*.yaml as shipped: a valid spec, a plan naming its method's trainer, a config accelerate
+    loads."""
+    from ftq.spec import METHOD_TRAINERS
+
+    spec = JobSpec.model_validate(yaml.safe_load(path.read_text()))
+    plan = render_plan(spec, job_id="example", run_dir=tmp_path, settings=settings())
+    assert plan.trainer == METHOD_TRAINERS[str(spec.training.method)]
+    (tmp_path / "accelerate_config.yaml").write_text(plan.accelerate_config_yaml)
+    cfg = ClusterConfig.from_yaml_file(str(tmp_path / "accelerate_config.yaml"))
+    assert cfg.num_processes == spec.resources.world_size
+
+
+def test_the_examples_cover_a_preference_method() -> None:
+    methods = {
+        yaml.safe_load(p.read_text())["training"].get("method", "sft") for p in EXAMPLES_DIR.glob("*.yaml")
+    }
+    assert {"sft", "dpo"} <= methods
+
+
+def test_priority_becomes_nice_and_qos_on_slurm() -> None:
+    """SLURM schedules; the job's priority only says how much it matters there: low is a positive --nice,
+    high the operator's QOS (none configured: as normal)."""
+
+    def header(priority: str, **over: Any) -> list[str]:
+        spec = example("falcon-180b-lora-zero3")
+        spec.priority = priority  # type: ignore[assignment]
+        plan = render_plan(spec, job_id="j", run_dir=Path("/runs/j"), settings=settings(**over))
+        assert plan.sbatch_script is not None
+        return [
+            line
+            for line in plan.sbatch_script.splitlines()
+            if line.startswith(("#SBATCH --nice", "#SBATCH --qos"))
+        ]
+
+    assert header("normal") == [] and header("high") == []
+    assert header("low") == ["#SBATCH --nice=100"]
+    assert header("high", slurm_qos_high="urgent", slurm_qos="standard") == ["#SBATCH --qos=urgent"]
+    assert header("normal", slurm_qos_high="urgent", slurm_qos="standard") == ["#SBATCH --qos=standard"]
+    assert header("low", slurm_nice_low=0, slurm_qos_low="scavenger") == ["#SBATCH --qos=scavenger"]
+    with pytest.raises(ValidationError):
+        settings(slurm_qos_high="x; rm -rf /")
+
+
+def test_every_plan_has_a_time_estimate() -> None:
+    for name in EXAMPLES:
+        plan = golden_plan(name)
+        assert plan.time_estimate is not None and plan.time_estimate.tokens and plan.time_estimate.assumptions

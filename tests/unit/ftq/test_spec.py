@@ -105,3 +105,65 @@ def test_requeue_on_timeout_is_for_slurm_jobs() -> None:
     (only,) = err.value.errors
     assert only["loc"] == ["body", "resources", "slurm", "requeue_on_timeout"]
     assert "needs resources.launcher: slurm" in only["msg"]
+
+
+def test_sample_prompts_default_to_none_and_take_a_few_prompts() -> None:
+    assert JobSpec.model_validate(_minimal()).eval.sample_prompts == []
+    spec = JobSpec.model_validate(
+        _minimal(eval={"sample_prompts": ["one two", "Hello"], "sample_max_new_tokens": 16})
+    )
+    assert spec.eval.sample_prompts == ["one two", "Hello"] and spec.eval.sample_max_new_tokens == 16
+    assert JobSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+@pytest.mark.parametrize(
+    ("eval_", "where"),
+    [
+        ({"sample_prompts": [f"p{i}" for i in range(9)]}, ("eval", "sample_prompts")),
+        ({"sample_prompts": [""]}, ("eval", "sample_prompts", 0)),
+        ({"sample_prompts": ["x" * 2001]}, ("eval", "sample_prompts", 0)),
+        ({"sample_prompts": ["  "]}, ("eval", "sample_prompts")),
+        ({"sample_prompts": "one two"}, ("eval", "sample_prompts")),
+        ({"sample_prompts": ["a"], "sample_max_new_tokens": 0}, ("eval", "sample_max_new_tokens")),
+        ({"sample_prompts": ["a"], "sample_max_new_tokens": 513}, ("eval", "sample_max_new_tokens")),
+        ({"sample_prompt": ["a"]}, ("eval", "sample_prompt")),
+    ],
+)
+def test_sample_prompts_are_bounded(eval_: dict[str, Any], where: tuple[Any, ...]) -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_minimal(eval=eval_))
+    assert [tuple(e["loc"]) for e in exc.value.errors()] == [where]
+
+
+def test_integrations_name_trackers_and_their_report_to() -> None:
+    spec = JobSpec.model_validate(
+        _minimal(
+            integrations={
+                "wandb": {"project": "my-proj", "entity": "team", "tags": ["a", "b:c"]},
+                "mlflow": {"experiment": "exp one"},
+                "tensorboard": True,
+            }
+        )
+    )
+    assert spec.integrations.report_to == ["wandb", "mlflow", "tensorboard"]
+    assert JobSpec.model_validate(_minimal()).integrations.report_to == []
+
+
+@pytest.mark.parametrize(
+    ("integrations", "where"),
+    [
+        ({"wandb": {"project": "has space"}}, ("integrations", "wandb", "project")),
+        ({"wandb": {"project": "p", "tags": ["a,b"]}}, ("integrations", "wandb", "tags", 0)),
+        ({"wandb": {}}, ("integrations", "wandb", "project")),
+        ({"mlflow": {"experiment": "x\n"}}, ("integrations", "mlflow", "experiment")),
+        (
+            {"mlflow": {"experiment": "e", "tracking_uri": "http://x"}},
+            ("integrations", "mlflow", "tracking_uri"),
+        ),
+        ({"comet": {}}, ("integrations", "comet")),
+    ],
+)
+def test_integrations_are_strict(integrations: dict[str, Any], where: tuple[Any, ...]) -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(_minimal(integrations=integrations))
+    assert [tuple(e["loc"]) for e in exc.value.errors()] == [where]

@@ -201,7 +201,7 @@ def test_owners_are_kept_apart(make_client: MakeClient, store_url: str, tiny_job
     assert client.post("/jobs", json=tiny_job).status_code == 401
     job = client.post("/jobs", json=tiny_job, headers=alice).json()
     assert job["owner"] == "alice"
-    for path in ["", "/plan", "/logs", "/metrics", "/checkpoints"]:
+    for path in ["", "/plan", "/logs", "/metrics", "/checkpoints", "/samples"]:
         assert client.get(f"/jobs/{job['id']}{path}", headers=bob).status_code == 404, path
         assert client.get(f"/jobs/{job['id']}{path}", headers=alice).status_code == 200, path
     assert client.post(f"/jobs/{job['id']}/cancel", headers=bob).status_code == 404
@@ -317,3 +317,39 @@ def test_sqlite_store_has_no_read_pool(make_client: MakeClient, tiny_job: dict[s
     with type(first)(create_app()) as client:
         assert client.app.state.read_pool is None  # type: ignore[attr-defined]
         assert [p["step"] for p in client.get(f"/jobs/{job}/metrics").json()["data"]] == [1, 2, 3]
+
+
+def test_method_metrics_are_stored_merged_and_served_in_extra(
+    make_client: MakeClient, store_url: str, tiny_job: dict[str, Any]
+) -> None:
+    """Point.extra through ingest's parse, the store's upsert (a train and an eval line of one step each
+    bring their names; a line read twice changes nothing) and GET /jobs/{id}/metrics."""
+    from ftq.store import repository
+    from ftq.store.db import session_scope
+    from worker.ingest import parse_point
+
+    client = make_client(store_url)
+    job = client.post("/jobs", json=tiny_job).json()["id"]
+    lines = [
+        {"step": 1, "loss": 0.69, "extra": {"rewards/margins": 0.05, "rewards/accuracies": 0.5}},
+        {"step": 2, "loss": 0.6, "extra": {"rewards/margins": 0.2, "bad name!": 1.0, "nan": float("nan")}},
+        {"step": 2, "eval_loss": 0.65, "extra": {"eval_rewards/margins": 0.15}},
+        {"step": 3, "loss": 0.5},
+    ]
+    points = [parse_point(json.dumps(line).encode()) for line in lines]
+    assert points[1] is not None and points[1]["extra"] == {"rewards/margins": 0.2}  # only TRL-like names
+    with session_scope() as s:
+        repository.upsert_points(s, job, [p for p in points[:2] if p])
+    with session_scope() as s:
+        repository.upsert_points(s, job, [p for p in points[2:] if p])  # the eval line, in a later pass
+        repository.upsert_points(s, job, [p for p in points[:1] if p])  # read twice
+    data = client.get(f"/jobs/{job}/metrics").json()["data"]
+    assert [p["extra"] for p in data] == [
+        {"rewards/margins": 0.05, "rewards/accuracies": 0.5},
+        {"rewards/margins": 0.2, "eval_rewards/margins": 0.15},
+        None,
+    ]
+    assert data[1]["loss"] == 0.6 and data[1]["eval_loss"] == 0.65
+    assert (
+        client.get(f"/jobs/{job}/metrics?after_step=1&limit=1").json()["data"][0]["extra"] == data[1]["extra"]
+    )

@@ -13,9 +13,15 @@ import pytest
 
 from ftq.estimate import local_model_problem
 from ftq.settings import Settings
-from ftq.spec import DatasetFormat, DatasetSpec, JobSpec
+from ftq.spec import DatasetFormat, DatasetSpec, JobSpec, TrainingSpec
 from service.errors import SpecError
-from service.jobs.preflight import Deadline, local_dataset_problem, missing_dataset_field, pool_refusals
+from service.jobs.preflight import (
+    Deadline,
+    chat_template_problem,
+    local_dataset_problem,
+    missing_dataset_field,
+    pool_refusals,
+)
 
 GiB = 1024**3
 
@@ -152,5 +158,73 @@ def test_the_dataset_field_is_looked_for_as_the_trainer_picks_it(tmp_path: Path)
     auto = DatasetSpec(name_or_path=str(rows))
     assert missing_dataset_field(auto) is None  # auto: a messages column makes it chat data
     text = DatasetSpec(name_or_path=str(rows), format=DatasetFormat.text)
-    setting, msg = missing_dataset_field(text) or ("", "")
-    assert setting == "text_field" and "prompt, messages" in msg
+    loc, msg = missing_dataset_field(text) or ((), "")
+    assert loc == ("dataset", "text_field") and "prompt, messages" in msg
+
+
+def training(**fields: object) -> TrainingSpec:
+    return TrainingSpec.model_validate({"max_steps": 1, **fields})
+
+
+def jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_preference_method_on_text_rows_names_the_method_and_the_missing_columns(tmp_path: Path) -> None:
+    rows = jsonl(tmp_path / "text.jsonl", [{"text": "one two"}, {"text": "three"}])
+    dpo = training(method="dpo")
+    loc, msg = missing_dataset_field(DatasetSpec(name_or_path=str(rows)), dpo) or ((), "")
+    assert loc == ("training", "method")
+    assert "chosen, rejected" in msg and "fields found: text" in msg and "suit training.method sft" in msg
+    given = DatasetSpec(name_or_path=str(rows), format=DatasetFormat.preference)
+    loc, msg = missing_dataset_field(given, dpo) or ((), "")
+    assert loc == ("dataset", "format") and "dataset.format preference" in msg
+    kto = training(method="kto", per_device_train_batch_size=2)
+    loc, msg = missing_dataset_field(DatasetSpec(name_or_path=str(rows)), kto) or ((), "")
+    assert loc == ("training", "method") and "prompt, completion, label" in msg
+
+
+def test_the_method_s_columns_pass(tiny_dir: Path) -> None:
+    cases = {
+        "preference/train.jsonl": training(method="dpo"),
+        "preference_chat/train.jsonl": training(method="reward"),
+        "unpaired/train.jsonl": training(method="kto", per_device_train_batch_size=2),
+        "prompt_completion/train.jsonl": training(loss_on="completion"),
+        "chat/train.jsonl": training(loss_on="assistant"),
+        "data/train.jsonl": training(),
+    }
+    for name, method in cases.items():
+        assert missing_dataset_field(DatasetSpec(name_or_path=str(tiny_dir / name)), method) is None, name
+
+
+def test_loss_on_needs_rows_it_can_mask(tiny_dir: Path) -> None:
+    text = DatasetSpec(name_or_path=str(tiny_dir / "data" / "train.jsonl"))
+    loc, msg = missing_dataset_field(text, training(loss_on="completion")) or ((), "")
+    assert loc == ("training", "loss_on") and "prompt_completion" in msg and "are text" in msg
+    chat = DatasetSpec(name_or_path=str(tiny_dir / "chat" / "train.jsonl"))
+    loc, _ = missing_dataset_field(chat, training(loss_on="completion")) or ((), "")
+    assert loc == ("training", "loss_on")
+
+
+def test_assistant_only_loss_on_a_local_tokenizer_without_a_chat_template(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    def job(model: Path) -> JobSpec:
+        return JobSpec.model_validate(
+            {
+                "model": {"name_or_path": str(model)},
+                "dataset": {"name_or_path": str(tiny_dir / "chat" / "train.jsonl")},
+                "training": {"max_steps": 1, "loss_on": "assistant"},
+            }
+        )
+
+    assert chat_template_problem(job(tiny_dir / "model")) is None
+    # A template without generation markers may be one TRL rewrites: the trainer decides (not a 422).
+    assert chat_template_problem(job(tiny_dir / "model-plain-template")) is None
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    (bare / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    problem = chat_template_problem(job(bare)) or ""
+    assert "no chat template" in problem and "{% generation %}" in problem and "loss_on: all" in problem

@@ -92,3 +92,29 @@ def test_an_owner_the_mapping_leaves_out_has_no_run_user_and_no_run() -> None:
 def test_a_bad_run_user_setting_is_refused_at_start(value: str) -> None:
     with pytest.raises(ValidationError, match="FTQ_RUN_AS_USER"):
         Settings(run_as_user=value)
+
+
+def test_trackers_get_the_operators_settings_and_only_when_the_spec_asks() -> None:
+    from ftq.spec import JobSpec
+    from worker.launchers.base import tracker_environment
+
+    base = {
+        "model": {"name_or_path": "./tiny/model"},
+        "dataset": {"name_or_path": "./tiny/data"},
+        "training": {"max_steps": 1},
+    }
+    settings = Settings(wandb_mode="offline", mlflow_tracking_uri="http://127.0.0.1:5000")
+    plain = JobSpec.model_validate(base)
+    assert tracker_environment(settings, plain) == {}
+    both = JobSpec.model_validate(
+        {**base, "integrations": {"wandb": {"project": "p"}, "mlflow": {"experiment": "e"}}}
+    )
+    assert tracker_environment(settings, both) == {
+        "WANDB_MODE": "offline",
+        "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+    }
+    # The spec has no field for where or how to log: those are the operator's.
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate({**base, "integrations": {"mlflow": {"experiment": "e", "tracking_uri": "x"}}})
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate({**base, "integrations": {"wandb": {"project": "p", "api_key": "k"}}})

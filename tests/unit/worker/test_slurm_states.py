@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
 from worker.launchers.base import RunPhase
@@ -134,3 +136,29 @@ def test_reason_from_slurmstepd_lines() -> None:
     )
     # Another job's line (an earlier submission of the same run dir) says nothing about this one.
     assert reason_from_log("*** JOB 12 ON n1 CANCELLED AT 2026-11-30T03:40:00 ***", "13") is None
+
+
+def test_squeue_pending_reason_and_times() -> None:
+    """A pending job carries SLURM's reason (the job's queue.reason) and expected start; a started one its
+    start, and an ended one its end (what the job's usage is counted from)."""
+    text = (
+        "20|PENDING|Priority|0|0|2026-12-01T15:00:00|2026-12-02T15:00:00|\n"
+        "21|PENDING|Resources|0|0|N/A|N/A|\n"
+        "22|RUNNING|None|0|0|2026-12-01T13:00:00|2026-12-01T14:00:00|\n"
+        "23|COMPLETED|None|0|0|2026-12-01T12:00:00|2026-12-01T12:30:00|\n"
+    )
+    got = parse_squeue(text)
+    at = lambda s: datetime.fromisoformat(s).timestamp()  # noqa: E731 (SLURM prints the local time)
+    assert (got["20"].pending_reason, got["20"].expected_start) == ("Priority", at("2026-12-01T15:00:00"))
+    assert (got["21"].pending_reason, got["21"].expected_start) == ("Resources", None)
+    assert (got["22"].started_at, got["22"].ended_at, got["22"].pending_reason) == (
+        at("2026-12-01T13:00:00"),
+        None,
+        None,
+    )
+    assert got["23"].ended_at is not None and got["23"].ended_at - got["23"].started_at == 1800  # type: ignore[operator]
+    got = parse_sacct(
+        "41|COMPLETED|0:0|2026-12-01T12:00:00|2026-12-01T12:10:00\n42|FAILED|1:0|Unknown|Unknown\n"
+    )
+    assert got["41"].ended_at - got["41"].started_at == 600  # type: ignore[operator]
+    assert got["42"].started_at is None and got["42"].exit_code == 1

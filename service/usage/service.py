@@ -1,0 +1,26 @@
+"""Usage accounting for the API: device-seconds of ended runs per owner, or per owner and UTC day."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ftq.schemas import UsagePage, UsageRow
+from ftq.store.repository import JobRepository
+
+
+def usage(repo: JobRepository, since: datetime | None, until: datetime | None, group_by: str) -> UsagePage:
+    """Runs that ended in [since, until), summed per owner (group_by=owner) or per owner and day (the UTC
+    day each run ended). Read through the owner filter: an owner sees their own usage."""
+    sums: dict[tuple[str, str | None], list[float]] = {}
+    for owner, finished, device_seconds, device in repo.usage_rows(since, until):
+        day = finished.date().isoformat() if group_by == "day" else None
+        row = sums.setdefault((owner, day), [0.0, 0.0, 0])
+        row[0] += device_seconds
+        row[1] += device_seconds / 3600 if device == "cuda" else 0.0
+        row[2] += 1
+    return UsagePage(
+        data=[
+            UsageRow(owner=o, day=d, device_seconds=round(v[0], 3), gpu_hours=round(v[1], 6), jobs=int(v[2]))
+            for (o, d), v in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+        ]
+    )

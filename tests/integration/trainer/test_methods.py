@@ -1,0 +1,154 @@
+"""Every training method as a real `accelerate launch` of the trainer on two CPU processes (trainer/train.py
+`build_trainer`): DPO with LoRA (its reward margin rises on the tiny preference set), KTO, a reward model,
+SFT on prompt/completion data with the loss on the completion, and DPO with LoRA under FSDP2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.trainer.helpers import (
+    explain,
+    launch_trainer,
+    points,
+    rendered_config,
+    run_trainer,
+    write_spec,
+)
+
+pytestmark = pytest.mark.slow
+
+DPO_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+
+
+def method_spec(
+    tiny_dir: Path,
+    method: str,
+    dataset: str,
+    *,
+    processes: int = 2,
+    strategy: str = "ddp",
+    model: str = "model",
+    **training: Any,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name_or_path": str(tiny_dir / model), "attn_implementation": "sdpa"},
+        "dataset": {"name_or_path": str(tiny_dir / dataset)},
+        "training": {
+            "method": method,
+            "max_steps": 4,
+            "max_seq_len": 64,
+            "logging_steps": 1,
+            "learning_rate": 5e-3,
+            "mixed_precision": "no",
+            "save_steps": None,
+            "per_device_train_batch_size": 4,
+            **training,
+        },
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
+        "distributed": {"strategy": strategy},
+        "resources": {"launcher": "local", "device": "cpu", "processes_per_node": processes},
+    }
+    if processes == 1:
+        spec["distributed"] = {"strategy": "none"}
+    return spec
+
+
+def launch(spec: dict[str, Any], tmp_path: Path) -> tuple[Path, str]:
+    """Launch the spec as the worker would (ftq's rendered accelerate config, --spec); the run dir and log."""
+    out = tmp_path / "run"
+    spec_file = write_spec(tmp_path / "spec.json", spec)
+    proc = launch_trainer(
+        rendered_config(spec), tmp_path, ["--spec", str(spec_file), "--output_dir", str(out)]
+    )
+    assert proc.returncode == 0, explain(proc)
+    return out, proc.stderr
+
+
+def train_points(run_dir: Path) -> list[dict[str, Any]]:
+    return [p for p in points(run_dir) if p["loss"] is not None]
+
+
+def test_dpo_with_lora_raises_the_reward_margin_with_the_adapter_as_reference(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", max_steps=12, dpo={"beta": 0.1})
+    out, log = launch(spec, tmp_path)
+    assert "method dpo (trl.DPOTrainer) on preference data" in log
+    assert "reference model: the base model with the LoRA adapter disabled (no second copy loaded)" in log
+
+    pts = train_points(out)
+    assert [p["step"] for p in pts] == list(range(1, 13))
+    for p in pts:
+        assert all(isinstance(p["extra"][name], float) for name in DPO_METRICS), p
+    margins = [p["extra"]["rewards/margins"] for p in pts]
+    first, last = sum(margins[:3]) / 3, sum(margins[-3:]) / 3
+    assert last > first + 0.1, f"the reward margin went from {first:.3f} to {last:.3f}: {margins}"
+    assert sum(p["extra"]["rewards/accuracies"] for p in pts[-3:]) / 3 >= 0.75
+    assert json.loads((out / "final" / "adapter_config.json").read_text())["task_type"] == "CAUSAL_LM"
+
+
+def test_kto_trains_on_unpaired_preferences(tiny_dir: Path, tmp_path: Path) -> None:
+    spec = method_spec(tiny_dir, "kto", "unpaired/train.jsonl", kto={"desirable_weight": 1.0})
+    out, log = launch(spec, tmp_path)
+    assert "method kto (trl.KTOTrainer) on unpaired_preference data" in log
+    assert "no second copy loaded" in log
+    pts = train_points(out)
+    assert [p["step"] for p in pts] == [1, 2, 3, 4]
+    assert all("kl" in p["extra"] and "rewards/chosen" in p["extra"] for p in pts), pts
+    assert (out / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_reward_model_logs_its_accuracy_and_saves_the_score_head(tiny_dir: Path, tmp_path: Path) -> None:
+    spec = method_spec(tiny_dir, "reward", "preference/train.jsonl", max_steps=6)
+    out, log = launch(spec, tmp_path)
+    assert "method reward (trl.RewardTrainer) on preference data" in log
+    pts = train_points(out)
+    assert len(pts) == 6
+    assert all(0.0 <= p["extra"]["accuracy"] <= 1.0 and "margin" in p["extra"] for p in pts), pts
+    adapter = json.loads((out / "final" / "adapter_config.json").read_text())
+    assert adapter["task_type"] == "SEQ_CLS"
+
+    from safetensors import safe_open
+
+    with safe_open(str(out / "final" / "adapter_model.safetensors"), "pt") as f:
+        assert any(".score." in name for name in f.keys())  # noqa: SIM118 (safe_open has no __iter__)
+
+
+def test_sft_on_prompt_completion_with_the_loss_on_the_completion(tiny_dir: Path, tmp_path: Path) -> None:
+    spec = method_spec(tiny_dir, "sft", "prompt_completion/train.jsonl", loss_on="completion")
+    out, log = launch(spec, tmp_path)
+    assert "method sft (trl.SFTTrainer) on prompt_completion data" in log
+    pts = train_points(out)
+    assert [p["step"] for p in pts] == [1, 2, 3, 4]
+    assert all(p["loss"] > 0 for p in pts)
+    assert (out / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
+    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", strategy="fsdp", max_steps=3)
+    out, log = launch(spec, tmp_path)
+    assert "engaged fsdp" in log  # FSDP really ran, not accelerate's DDP fallback on CPU
+    assert "no second copy loaded" in log
+    pts = train_points(out)
+    assert [p["step"] for p in pts] == [1, 2, 3]
+    assert all(name in pts[-1]["extra"] for name in DPO_METRICS)
+    assert (out / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_assistant_only_loss_on_a_template_without_markers_fails_naming_the_fix(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    spec = method_spec(
+        tiny_dir, "sft", "chat/train.jsonl", processes=1, model="model-plain-template", loss_on="assistant"
+    )
+    spec_file = write_spec(tmp_path / "spec.json", spec)
+    proc = run_trainer(["--spec", str(spec_file), "--output_dir", str(tmp_path / "run")])
+    assert proc.returncode == 2, explain(proc)
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("ftq-error:"))
+    assert line.startswith("ftq-error: model_error: loss_on assistant")
+    assert "{% generation %}" in line and "loss_on: all" in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # it never trained on all tokens instead
