@@ -1,5 +1,5 @@
-"""Client commands of `ftq`: submit, ls, status, logs, metrics, samples, cancel, artifacts, download,
-export, exports.
+"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, samples, cancel, artifacts,
+download, export, exports.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -19,6 +19,7 @@ import functools
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -47,6 +48,7 @@ from ftq.client import (
     Client,
     ConnectionFailed,
     ConnectionLost,
+    Event,
     ExportPublic,
     FtqAPIError,
     FtqClientError,
@@ -267,6 +269,28 @@ def fmt_age(value: datetime | None) -> str:
     return fmt_duration((datetime.now(UTC) - when).total_seconds()) + " ago"
 
 
+def fmt_event(event: Event) -> str:
+    """One event as a line: `event 12 job.checkpoint step 20 path=checkpoints/checkpoint-20`."""
+    data = dict(event.data)
+    parts = [f"event {event.id}", event.type]
+    step = data.pop("step", None)
+    if step is not None:
+        parts.append(f"step {step}")
+    error = data.pop("error", None)
+    if isinstance(error, dict):
+        parts.append(f"{error.get('code')}: {error.get('message')}")
+    message = data.pop("message", None)
+    kind = data.pop("kind", None)
+    if kind:
+        parts.append(str(kind))
+    if message:
+        parts.append(str(message))
+    for key, value in data.items():
+        if value is not None and key not in ("prompt", "completion"):
+            parts.append(f"{key}={value}")
+    return "  ".join(parts)
+
+
 def fmt_status(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
@@ -419,6 +443,7 @@ def follow_job(client: Client, job_id: str) -> int:
     offset = 0
     partial = ""
     last_status: str | None = None
+    after = 0
     columns = [
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -436,6 +461,14 @@ def follow_job(client: Client, job_id: str) -> int:
             if status != last_status:
                 bar.console.print(f"{job_id}: {fmt_status(status)}")
                 last_status = status
+            # The job's events since the last look (started, checkpoint, eval, warning...).
+            while True:
+                page = client.jobs.events(job_id, after=after)
+                for event in page.data:
+                    bar.console.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                after = page.next_after
+                if len(page.data) < 100:
+                    break
             complete = False
             # What the log holds now: the status and the bar are refreshed between reads.
             for chunk in client.jobs.log_chunks(job_id, offset=offset):
@@ -581,6 +614,41 @@ def status(
     out.print(table)
 
 
+class EventPrinter:
+    """Prints a job's new events on stderr from a thread of its own, while the log goes to stdout (so
+    `ftq logs ID --follow > train.log` still writes the log alone)."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client, self.job_id = client, job_id
+        self.after = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.print_new()  # what the job's end added
+
+    def print_new(self) -> None:
+        try:
+            while True:
+                page = self.client.jobs.events(self.job_id, after=self.after, limit=1000)
+                for event in page.data:
+                    err.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                self.after = page.next_after
+                if len(page.data) < 1000:
+                    return
+        except FtqClientError:
+            return  # the log is what was asked for: a missed poll is shown at the next
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            self.print_new()
+
+
 @_command("usage")
 def usage(
     since: Annotated[
@@ -616,13 +684,52 @@ def usage(
 def logs(
     job_id: JobIdArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    show_events: Annotated[
+        bool,
+        typer.Option("--events/--no-events", help="With --follow, also print the job's events on stderr."),
+    ] = True,
 ) -> None:
-    """Print the job's train.log."""
+    """Print the job's train.log; with --follow, its events too (on stderr)."""
     with api() as client:
-        for chunk in client.jobs.log_chunks(job_id, follow=follow, poll=POLL_SECONDS):
-            if chunk.text:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
+        printer = EventPrinter(client, job_id) if follow and show_events else None
+        if printer is not None:
+            printer.start()
+        try:
+            for chunk in client.jobs.log_chunks(job_id, follow=follow, poll=POLL_SECONDS):
+                if chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+        finally:
+            if printer is not None:
+                printer.stop()
+
+
+@_command("events")
+def events(
+    job_id: JobIdArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+) -> None:
+    """Print the job's events (queued, started, checkpoint, eval, warning, the end), oldest first."""
+    after = 0
+    with api() as client:
+        while True:
+            job = client.jobs.get(job_id) if follow else None
+            while True:
+                page = client.jobs.events(job_id, after=after, limit=1000)
+                for event in page.data:
+                    if as_json:
+                        sys.stdout.write(event.model_dump_json() + "\n")
+                    else:
+                        out.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                after = page.next_after
+                if len(page.data) < 1000:
+                    break
+            sys.stdout.flush()
+            # The status was read before the events: a terminal job's last event is in what was read.
+            if job is None or job.status in TERMINAL:
+                return
+            time.sleep(POLL_SECONDS)
 
 
 @_command("metrics")

@@ -18,6 +18,7 @@ class ErrorCode(StrEnum):
     preempted = "preempted"
     node_failure = "node_failure"
     cancelled = "cancelled"
+    diverged = "diverged"  # the loss became NaN or infinite (training.stop_on_nan)
     quota_exceeded = "quota_exceeded"
     unknown = "unknown"
     # An export's push to the Hugging Face Hub: no token on this server, the Hub unreachable or refusing.

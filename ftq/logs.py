@@ -27,7 +27,7 @@ NO_JOB = "-"
 
 # The periodic sweeps (ftq.queue's TASK_INGEST, TASK_RECONCILE, TASK_RELAY) run every second or two: at
 # INFO, Celery's three lines for each (sent, received, succeeded) would bury what happens to jobs.
-SWEEP_TASKS = ("ftq.ingest", "ftq.reconcile", "ftq.relay")
+SWEEP_TASKS = ("ftq.ingest", "ftq.reconcile", "ftq.relay", "ftq.webhooks")
 _SWEEP = re.compile("|".join(rf"\b{re.escape(t)}\b" for t in SWEEP_TASKS))
 _SWEEP_LOGGERS = frozenset({"celery.beat", "celery.worker.strategy", "celery.app.trace"})
 # kombu says this of every connection to the embedded (filesystem) broker, which has no host to supply.

@@ -26,6 +26,7 @@ TASK_INGEST = "ftq.ingest"
 TASK_RELAY = "ftq.relay"
 # Start or cancel a job's exports now rather than at the next sweep (its argument is the job id).
 TASK_EXPORTS = "ftq.exports"
+TASK_WEBHOOKS = "ftq.webhooks"
 # Validate an uploaded file (POST /files): validating -> ready | invalid.
 TASK_VALIDATE_FILE = "ftq.validate_file"
 

@@ -49,6 +49,12 @@ CANCEL_RECORD = "cancel.json"
 DATASET_DIR = "dataset"
 # Held (flock) by the worker for a whole launch of this run.
 RUN_LOCK = ".launch.lock"
+# What the trainer noticed about its own run (trainer/watch.py): one JSON object per line, `{"kind":
+# "nan_loss" | "loss_exploding" | "loss_spike" | "straggler", "step", "message", "time"}`; ingest turns
+# each line into a job.warning event. The same lines go to train.log as warnings, for people.
+WARNINGS = "warnings.jsonl"
+# Sample completions at eval steps, `{"step", "prompt", "completion"}` per line: each is a job.sample event.
+SAMPLES = "samples.jsonl"
 # The step of the checkpoint a time-limit requeue resumed from: the next one must get further.
 REQUEUE_RECORD = "requeue.json"
 # What the worker and the launcher keep in exports/<export id>/ beside what the export wrote: not artifacts

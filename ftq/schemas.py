@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -264,6 +264,101 @@ class ExportPublic(BaseModel):
 
 class ExportList(BaseModel):
     data: list[ExportPublic] = Field(description="The job's exports, newest first.")
+
+
+# Events and webhooks -----------------------------------------------------------------------------------
+
+
+class Event(BaseModel):
+    id: int = Field(description="Increasing across the server: the cursor of `?after=`.")
+    job_id: str
+    type: str = Field(
+        description="job.created, job.queued, job.started, job.checkpoint, job.eval, job.sample, "
+        "job.warning, job.retried, job.succeeded, job.failed or job.cancelled."
+    )
+    time: datetime
+    data: dict[str, Any] = Field(
+        description="By type: queued `{position}`; started `{launcher, host, external_id, slurm_job_id, pid, "
+        "num_nodes, processes_per_node, attempt}`; checkpoint `{step, path}`; eval `{step, metrics}`; "
+        "sample `{step, prompt, completion}`; warning `{kind: nan_loss|loss_exploding|loss_spike|straggler, "
+        "step, message}`; retried `{attempt, reason}`; failed and cancelled `{error: {code, message, "
+        "exit_code}}`."
+    )
+
+
+class EventPage(BaseModel):
+    data: list[Event]
+    next_after: int = Field(description="Pass as `after` to get the events after this page (the last id).")
+
+
+class WebhookCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        max_length=2048,
+        description="http(s) URL that receives a POST per event. Checked when created and before each send: "
+        "outside FTQ_ENV=development, private, loopback and link-local addresses are refused unless "
+        "the operator allows them (FTQ_WEBHOOK_ALLOWED_NETWORKS).",
+    )
+    events: list[str] = Field(
+        min_length=1, max_length=32, description="Event types to deliver, e.g. [job.succeeded, job.failed]."
+    )
+
+
+class WebhookPublic(BaseModel):
+    id: str
+    url: str
+    events: list[str]
+    secret: str | None = Field(
+        None,
+        description="`whsec_<base64>`: the signing key, shown only when the webhook is created and when its "
+        "secret is rotated. Verify `webhook-signature` (v1, base64 HMAC-SHA256 of "
+        "`<webhook-id>.<webhook-timestamp>.<body>` keyed with the base64-decoded part after whsec_).",
+    )
+    enabled: bool
+    disabled_reason: str | None = Field(None, description="Why the server disabled it (failures in a row).")
+    created_at: datetime
+
+
+class WebhookPayload(BaseModel):
+    """The body of each webhook delivery (a POST to the webhook's URL)."""
+
+    type: str = Field(description="The event's type, e.g. job.succeeded.")
+    timestamp: datetime = Field(description="When the event happened (UTC).")
+    data: dict[str, Any] = Field(
+        description="`event_id`, `job_id`, `job: {id, name, status}` (the status when the event happened) "
+        "and the event's own data (see Event.data)."
+    )
+
+
+class WebhookList(BaseModel):
+    data: list[WebhookPublic]
+
+
+class Delivery(BaseModel):
+    id: int
+    event_id: int
+    event_type: str
+    job_id: str
+    webhook_id_header: str = Field(
+        description="The `webhook-id` header it is sent with (the same on every try)."
+    )
+    status: str = Field(
+        description="pending (will be tried at next_attempt_at), succeeded or failed (gave up)."
+    )
+    attempts: int
+    last_status_code: int | None = Field(
+        description="The receiver's HTTP status of the last try; null: no answer."
+    )
+    last_error: str | None
+    created_at: datetime
+    last_attempt_at: datetime | None
+    next_attempt_at: datetime | None
+
+
+class DeliveryPage(BaseModel):
+    data: list[Delivery]
+    next_after: int
 
 
 ArtifactKind = Literal["adapter", "model", "tokenizer", "checkpoint", "export", "log", "card", "other"]

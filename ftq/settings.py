@@ -280,6 +280,37 @@ class Settings(BaseSettings):
     reconcile_interval_seconds: float = Field(2.0, gt=0)
     ingest_interval_seconds: float = Field(1.0, gt=0)
 
+    # Webhooks (worker.webhooks sends; ftq.events checks the receiver's address)
+    webhook_interval_seconds: float = Field(
+        1.0, gt=0, description="How often the worker looks for webhook deliveries that are due."
+    )
+    webhook_timeout_seconds: float = Field(
+        5.0, gt=0, le=60, description="One delivery attempt's time limit (connect, send, answer)."
+    )
+    webhook_retry_base_seconds: float = Field(
+        5.0, gt=0, description="Delay before the first retry; each further retry waits twice as long."
+    )
+    webhook_retry_max_delay_seconds: float = Field(
+        3600.0, gt=0, description="The longest wait between two tries of one delivery."
+    )
+    webhook_retry_total_seconds: float = Field(
+        86400.0,
+        gt=0,
+        description="How long a delivery is retried after its first try before it fails (24 h).",
+    )
+    webhook_disable_after_failures: int = Field(
+        5,
+        ge=1,
+        description="An endpoint whose deliveries failed (retries exhausted) this many times in a row is "
+        "disabled until its owner enables it again.",
+    )
+    webhook_allowed_networks: str = Field(
+        "",
+        description="Comma-separated networks (e.g. `10.1.0.0/16,127.0.0.1/32`) webhooks may be sent to "
+        "although private or loopback; outside FTQ_ENV=development such addresses are refused otherwise.",
+    )
+    max_webhooks_per_owner: int = Field(20, ge=1, description="Webhooks one owner may register.")
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: str) -> str:
@@ -360,6 +391,11 @@ class Settings(BaseSettings):
     @property
     def data_path(self) -> Path:
         return self.data_dir.expanduser().resolve()
+
+    @property
+    def development(self) -> bool:
+        """FTQ_ENV=development (the default): webhooks may go to loopback receivers."""
+        return self.env == "development"
 
     @property
     def runs_dir(self) -> Path:

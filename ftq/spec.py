@@ -414,6 +414,20 @@ class TrainingSpec(_Strict):
     gradient_checkpointing: bool = False
     mixed_precision: MixedPrecision = MixedPrecision.bf16
     seed: int = Field(42, ge=0, le=2**32 - 1)
+    stop_on_nan: bool = Field(
+        True,
+        description="Stop a run whose loss becomes NaN or infinite, or explodes (over loss_spike_factor "
+        "times its first logged value for 3 logging steps in a row), with error code `diverged`, keeping "
+        "its last good checkpoint (no save of the NaN weights); false: warn (job.warning) and train on.",
+    )
+    loss_spike_factor: float | None = Field(
+        4.0,
+        gt=1,
+        le=1e6,
+        description="A logged loss above this many times the median of the last 50 logged losses is a "
+        "job.warning event (loss_spike); above this many times the run's first loss for 3 logging steps, "
+        "the loss is exploding (see stop_on_nan); null: neither check.",
+    )
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingSpec:

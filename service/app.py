@@ -24,6 +24,7 @@ from ftq.spec import JobSpec
 from ftq.store.db import get_engine, open_async_read_pool
 from service.artifacts.router import router as artifacts_router
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
+from service.events.router import router as events_router
 from service.exports.router import router as exports_router
 from service.files.router import router as files_router
 from service.guard import RequestGuard
@@ -33,6 +34,8 @@ from service.jobs.schemas import Health
 from service.observability import router as metrics_router
 from service.ui.router import router as ui_router
 from service.usage.router import router as usage_router
+from service.webhooks.router import add_webhook_docs
+from service.webhooks.router import router as webhooks_router
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +165,9 @@ def create_app() -> FastAPI:
 
     app.include_router(jobs_router)
     app.include_router(exports_router)
+    app.include_router(events_router)
+    app.include_router(webhooks_router)
+    add_webhook_docs(app)
     app.include_router(usage_router)
     app.include_router(artifacts_router)
     app.include_router(files_router)
@@ -192,7 +198,11 @@ def create_app() -> FastAPI:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(
-            title=app.title, version=app.version, description=app.description, routes=app.routes
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+            webhooks=app.webhooks.routes,
         )
         # The spec body is read by hand (JSON or YAML), so its schema is added explicitly.
         components = schema.setdefault("components", {}).setdefault("schemas", {})

@@ -54,6 +54,7 @@ class MetricsWriter:
         self._last_time: float | None = None
         self._last_tokens = 0
         self._started: tuple[float, int] | None = None  # (time, step) of the first step, for the ETA
+        self.last_point: dict[str, Any] | None = None  # what trainer.watch reads the throughput from
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
@@ -105,6 +106,7 @@ class MetricsWriter:
             point["extra"] = extra
         point["max_steps"] = state.max_steps
         point["tokens_seen"] = int(state.num_input_tokens_seen)
+        self.last_point = point
         if state.is_world_process_zero:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(point) + "\n")

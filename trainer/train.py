@@ -52,6 +52,7 @@ from .model import (
 from .preempt import exit_if_stopped, stop_callback
 from .preempt import start as listen_for_stop
 from .samples import every_steps, samples_callback
+from .watch import Watch, raise_if_diverged, watch_callback
 
 log = logging.getLogger("trainer")
 
@@ -141,7 +142,10 @@ def run(args: TrainerArgs) -> None:
         splits.format,
     )
 
-    callbacks = [metrics_callback(out / runs.METRICS), stop_callback(stop)]
+    metrics_writer = metrics_callback(out / runs.METRICS)
+    watch = Watch(spike_factor=spec.training.loss_spike_factor, stop_on_nan=spec.training.stop_on_nan)
+    # The watch after the metrics writer: it reads the throughput of the point just written.
+    callbacks = [metrics_writer, watch_callback(watch, out, metrics_writer), stop_callback(stop)]
     sampler = None
     if spec.eval.sample_prompts and method == "reward":
         log.warning("eval.sample_prompts: a reward model scores text and generates none; no samples")
@@ -185,6 +189,9 @@ def run(args: TrainerArgs) -> None:
     trackers.start(spec.integrations, out, is_main=state.is_main_process)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
+    if watch.diverged_at is not None:
+        _leave_process_group(trainer)
+        raise_if_diverged(watch, out)  # the loss became NaN: no final save; ends as `diverged`
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
 
     # The last step was not an eval step: evaluate once more, so the run ends with its final eval loss.
@@ -202,6 +209,10 @@ def run(args: TrainerArgs) -> None:
         write_model_card(spec, facts, out)
     log.info("saved %s", out / runs.FINAL)
 
+    _leave_process_group(trainer)
+
+
+def _leave_process_group(trainer: Any) -> None:
     # Leave the process group explicitly, all ranks together: left to interpreter shutdown, a rank's
     # communication threads can be torn down mid-flight ("terminate called without an active
     # exception", SIGABRT) and the run fails after it has saved everything.

@@ -20,7 +20,7 @@ from celery.exceptions import SecurityWarning
 from celery.signals import beat_embedded_init, setup_logging
 
 from ftq import logs
-from ftq.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, make_celery
+from ftq.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_WEBHOOKS, make_celery
 from ftq.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,11 @@ def make_worker_app() -> Celery:
                 "task": TASK_INGEST,
                 "schedule": settings.ingest_interval_seconds,
                 "options": {"expires": max(5.0, 5 * settings.ingest_interval_seconds)},
+            },
+            "webhooks": {
+                "task": TASK_WEBHOOKS,
+                "schedule": settings.webhook_interval_seconds,
+                "options": {"expires": max(5.0, 5 * settings.webhook_interval_seconds)},
             },
         }
     )

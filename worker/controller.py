@@ -551,7 +551,7 @@ def _settle_unlaunched(v: JobView, launcher: Launcher) -> None:
                     error_code=ErrorCode.cancelled,
                     error_message="cancelled before it started",
                 )
-            elif repository.requeue(session, v.id):
+            elif repository.requeue(session, v.id, reason="claimed but never launched (its worker stopped)"):
                 log.info("job %s was claimed but never launched (its worker stopped); queued again", v.id)
 
 

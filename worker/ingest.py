@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ftq import logs, runs
+from ftq.events import EventType
 from ftq.metrics import EXTRA_NAME_RE, MAX_EXTRA, POINT_FIELDS
 from ftq.settings import get_settings
 from ftq.status import JobStatus
-from ftq.store import repository
+from ftq.store import events, repository
 from ftq.store.db import session_scope
 from ftq.store.models import Job
 
@@ -212,6 +213,18 @@ def ingest_job(job_id: str) -> int:
             if len(points) < len([ln for ln in lines if ln.strip()]):
                 log.warning("job %s: skipped malformed metrics lines before byte %s", job.id, new_offset)
             step = max_steps = epoch = eta = latest = None
+            for p in points:
+                if p.get("eval_loss") is not None:
+                    # Keyed by step: a line read again (a crash before its offset committed) is one event.
+                    evaluated = {"eval_loss": p["eval_loss"]}
+                    events.record(
+                        session,
+                        job.id,
+                        EventType.eval,
+                        {"step": p["step"], "metrics": evaluated},
+                        key=f"eval:{p['step']}",
+                        owner=job.owner,
+                    )
             if points:
                 repository.upsert_points(
                     session, job.id, [{k: v for k, v in p.items() if k != "max_steps"} for p in points]
@@ -241,7 +254,103 @@ def ingest_job(job_id: str) -> int:
             session.refresh(job)
             total += len(points)
             offset = new_offset
+        seen = run_events(session, job, runs.run_dir(settings.runs_dir, job.id))
+        session.commit()
+        _seen.update(seen)  # after the commit: a pass that failed reads the files again
     return total
+
+
+# The sizes of the run files last turned into events, per job: a file that did not change is not read
+# again. Only a shortcut: the events' keys are what keeps a re-read from recording anything twice.
+_seen: dict[tuple[str, str], int] = {}
+SIDE_FILE_LIMIT = 4 * 1024 * 1024
+# The run writes these files: however many lines it writes, a job gets at most this many events of each.
+MAX_SIDE_EVENTS = 1000
+
+
+def run_events(session: Any, job: Job, run_dir: Any) -> dict[tuple[str, str], int]:
+    """Events from what the run directory shows: each complete checkpoint (job.checkpoint), each line of
+    warnings.jsonl (job.warning) and of samples.jsonl (job.sample). Keyed, so a pass that reads them
+    again records nothing new. Returns the file sizes read, for `_seen` once committed."""
+    seen: dict[tuple[str, str], int] = {}
+    recorded = events.keys_with_prefix(session, job.id, "checkpoint:")
+    root = run_dir / runs.CHECKPOINTS
+    try:
+        children = list(root.iterdir()) if root.is_dir() else []
+    except OSError:
+        children = []
+    for child in sorted(children, key=lambda c: runs.checkpoint_step(c) or -1):
+        step = runs.checkpoint_step(child)
+        if step is None or f"checkpoint:{step}" in recorded or child.is_symlink() or not child.is_dir():
+            continue
+        if not runs.is_resumable(child):
+            continue  # still being written (or cut short): a later pass sees it complete
+        events.record(
+            session,
+            job.id,
+            EventType.checkpoint,
+            {"step": step, "path": str(child.relative_to(run_dir))},
+            key=f"checkpoint:{step}",
+            owner=job.owner,
+        )
+    for name, type_, prefix in (
+        (runs.WARNINGS, EventType.warning, "warning:"),
+        (runs.SAMPLES, EventType.sample, "sample:"),
+    ):
+        for index, obj in _new_lines(job.id, run_dir / name, seen):
+            if index >= MAX_SIDE_EVENTS:
+                break
+            data = _side_event_data(type_, obj)
+            if data is not None:
+                events.record(session, job.id, type_, data, key=f"{prefix}{index}", owner=job.owner)
+    return seen
+
+
+def _new_lines(job_id: str, path: Any, seen: dict[tuple[str, str], int]) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every JSON line of a run file that changed since the last look."""
+    try:
+        fd, size = runs.open_regular(path)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        if _seen.get((job_id, path.name)) == size:
+            return []
+        data = f.read(SIDE_FILE_LIMIT)
+    end = data.rfind(b"\n")
+    if end < 0:
+        return []
+    # A torn last line (the run is writing it) leaves the size unmatched: the next pass reads again.
+    seen[(job_id, path.name)] = end + 1 if end + 1 < size else size
+    out = []
+    for index, line in enumerate(data[: end + 1].splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append((index, obj))
+    return out
+
+
+def _text(value: Any, limit: int) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def _side_event_data(type_: EventType, obj: dict[str, Any]) -> dict[str, Any] | None:
+    step = obj.get("step")
+    step = (
+        int(step)
+        if isinstance(step, int | float) and not isinstance(step, bool) and math.isfinite(step)
+        else None
+    )
+    if type_ == EventType.warning:
+        kind = _text(obj.get("kind"), 32) or "warning"
+        return {"kind": kind, "step": step, "message": _text(obj.get("message"), 2000) or kind}
+    return {
+        "step": step,
+        "prompt": _text(obj.get("prompt"), 4000),
+        "completion": _text(obj.get("completion"), 8000),
+    }
 
 
 def ingest_all() -> int:

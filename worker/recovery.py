@@ -69,7 +69,7 @@ def retry(session: Session, job: Job, run_dir: Path, failure: failures.Failure) 
     else:
         return False
     runs.set_attempt_aside(run_dir, job.attempt)
-    if not repository.requeue(session, job.id, attempt_increment=1):
+    if not repository.requeue(session, job.id, attempt_increment=1, reason=f"{failure.code}: {why}"):
         return False
     log.info(
         "job %s ended %s; queued again (%s) to resume from its newest checkpoint", job.id, failure.code, why

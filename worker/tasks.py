@@ -12,10 +12,11 @@ from ftq.queue import (
     TASK_RELAY,
     TASK_SUBMIT,
     TASK_VALIDATE_FILE,
+    TASK_WEBHOOKS,
 )
 from ftq.store import outbox, repository
 from ftq.store.db import session_scope
-from worker import controller, exports, files, locks
+from worker import controller, exports, files, locks, webhooks
 from worker.celery_app import celery_app
 from worker.ingest import ingest_all
 
@@ -56,6 +57,11 @@ def relay() -> None:
         files.sweep_partials()
         with session_scope() as session:
             repository.purge_expired_idempotency(session)
+
+
+@celery_app.task(name=TASK_WEBHOOKS)
+def send_webhooks() -> None:
+    webhooks.send_due()
 
 
 @celery_app.task(name=TASK_VALIDATE_FILE)

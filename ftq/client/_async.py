@@ -25,6 +25,7 @@ from ftq.schemas import (
     ArtifactList,
     Checkpoint,
     CheckpointList,
+    EventPage,
     ExportList,
     ExportPublic,
     Health,
@@ -286,6 +287,10 @@ class AsyncJobs:
             offset = chunk.next_offset
 
     # Metrics
+
+    async def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> EventPage:
+        params = {"after": after, "limit": limit}
+        return await self._client._call("GET", _core.job_path(job_id, "events"), EventPage, params=params)
 
     async def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> MetricsPage:
         params = {"after_step": after_step, "limit": limit}

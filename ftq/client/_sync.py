@@ -24,6 +24,7 @@ from ftq.schemas import (
     ArtifactList,
     Checkpoint,
     CheckpointList,
+    EventPage,
     ExportList,
     ExportPublic,
     Health,
@@ -64,6 +65,10 @@ class Client:
         )
         self.jobs = Jobs(self)
         self.files = Files(self)
+
+    def events(self, *, after: int = 0, limit: int = 100) -> EventPage:
+        """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
+        return self._call("GET", "/events", EventPage, params={"after": after, "limit": limit})
 
     def health(self) -> Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
@@ -316,6 +321,13 @@ class Jobs:
             if chunk.complete:
                 return
             offset = chunk.next_offset
+
+    # Events
+
+    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> EventPage:
+        """One page of the job's events with id > after, oldest first; pass `next_after` on."""
+        params = {"after": after, "limit": limit}
+        return self._client._call("GET", _core.job_path(job_id, "events"), EventPage, params=params)
 
     # Metrics
 

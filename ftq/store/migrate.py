@@ -18,9 +18,8 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "heads") -> None:
-    # "heads": every branch's head, so migrations written side by side from one parent (each feature's
-    # own file) apply together until they are chained into one line.
+def upgrade(url: str, revision: str = "head") -> None:
+    # One line of migrations (tests/integration/store: a second head fails them), so "head" is the newest.
     command.upgrade(alembic_config(url), revision)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Dialect,
     Float,
     ForeignKey,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy import DateTime as _DateTime
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -234,6 +236,80 @@ class Export(Base):
     __table_args__ = (
         Index("ix_exports_job_seq", "job_id", "seq"),
         Index("ix_exports_status", "status"),
+    )
+
+
+# A 64-bit id that SQLite still numbers itself (only its INTEGER PRIMARY KEY is the rowid).
+_EventId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class JobEvent(Base):
+    """A job's event log (ftq.events.EventType), written in the transaction of the change it describes.
+
+    `id` is the cursor of `GET /events?after=`: events are inserted one transaction at a time
+    (ftq.store.events takes a lock on PostgreSQL), so a reader that saw id N never later finds a smaller
+    one committed. `key` makes events read from the run directory idempotent: a re-ingest of the same
+    checkpoint, eval or warning finds its key taken.
+    """
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    type: Mapped[str] = mapped_column(String(32), nullable=False)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    key: Mapped[str | None] = mapped_column(String(160))
+
+    __table_args__ = (
+        Index("ix_job_events_job_id_id", "job_id", "id"),
+        Index("ix_job_events_owner_id", "owner", "id"),
+        UniqueConstraint("job_id", "key", name="uq_job_events_job_id_key"),
+    )
+
+
+class Webhook(Base):
+    __tablename__ = "webhooks"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    url: Mapped[str] = mapped_column(Text, nullable=False)
+    events: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    secret: Mapped[str] = mapped_column(String(128), nullable=False)
+    enabled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    # Deliveries in a row that failed after all their retries; reset by a success or by enabling.
+    consecutive_failures: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class WebhookDelivery(Base):
+    """The webhook outbox: one row per (event, webhook), inserted with the event; the sender works it off."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[int] = mapped_column(_EventId, primary_key=True, autoincrement=True)
+    webhook_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("webhooks.id", ondelete="CASCADE"), nullable=False
+    )
+    event_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("job_events.id", ondelete="CASCADE"), nullable=False
+    )
+    job_id: Mapped[str] = mapped_column(String(40), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)  # pending | succeeded | failed
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    first_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_order", "webhook_id", "job_id", "event_id"),
+        Index("ix_webhook_deliveries_webhook_id_id", "webhook_id", "id"),
     )
 
 

@@ -34,9 +34,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, defer
 
+from ftq.events import EventType
 from ftq.metrics import POINT_FIELDS
 from ftq.redact import redact
 from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
+from ftq.store import events
 from ftq.store.db import AsyncReadPool
 from ftq.store.models import Dispatch, Export, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage, Sample
 
@@ -208,12 +210,15 @@ class JobRepository:
         ]
 
     def add_with_dispatch(self, job: Job) -> Dispatch:
-        """The job and its dispatch record in the caller's transaction: neither exists without the other."""
+        """The job, its dispatch record and its first events (created, queued) in the caller's
+        transaction: none exists without the others."""
         self.session.add(job)
         self.session.flush()
         dispatch = Dispatch(job_id=job.id, kind="submit", created_at=job.created_at, attempts=0)
         self.session.add(dispatch)
         self.session.flush()
+        events.record(self.session, job.id, EventType.created, {"name": job.name}, owner=job.owner)
+        _transition_event(self.session, job.id, JobStatus.queued, {})
         return dispatch
 
     def samples_after(self, job_id: str, *, after_step: int, steps: int) -> tuple[Job, list[Sample]] | None:
@@ -275,7 +280,15 @@ def _rowcount(result: Result[Any]) -> int:
     return int(result.rowcount or 0)
 
 
-def _cas(session: Session, job_id: str, from_: Iterable[str], to: str, **values: Any) -> bool:
+def _cas(
+    session: Session,
+    job_id: str,
+    from_: Iterable[str],
+    to: str,
+    *,
+    reason: str | None = None,
+    **values: Any,
+) -> bool:
     from_ = list(from_)
     illegal = [s for s in from_ if not can_move(s, to)]
     if illegal:
@@ -286,7 +299,60 @@ def _cas(session: Session, job_id: str, from_: Iterable[str], to: str, **values:
         .values(status=to, updated_at=utcnow(), **values)
         .execution_options(synchronize_session=False)
     )
-    return _rowcount(session.execute(stmt)) == 1
+    moved = _rowcount(session.execute(stmt)) == 1
+    if moved:
+        # The event in the transaction of the change: both commit, or neither.
+        _transition_event(session, job_id, JobStatus(to), values, reason=reason)
+    return moved
+
+
+def _transition_event(
+    session: Session, job_id: str, to: JobStatus, values: dict[str, Any], *, reason: str | None = None
+) -> None:
+    """The event a status change is (ftq.events.EventType), recorded with it; `starting` and
+    `cancelling` are steps on the way to one and have none."""
+    if to == JobStatus.queued:
+        row = session.execute(select(Job.attempt, Job.owner).where(Job.id == job_id)).first()
+        if row is None:
+            return
+        attempt, owner = row
+        if attempt or reason:  # back in the queue: a retry, or a claim that was never launched
+            data: dict[str, Any] = {"attempt": int(attempt or 0), "reason": reason}
+            events.record(session, job_id, EventType.retried, data, owner=owner)
+        position = events.queue_position(session, job_id)
+        events.record(session, job_id, EventType.queued, {"position": position}, owner=owner)
+    elif to == JobStatus.running:
+        job = session.execute(select(Job.launcher, Job.spec, Job.attempt).where(Job.id == job_id)).first()
+        if job is None:
+            return
+        launcher, spec, attempt = job
+        resources = (spec or {}).get("resources") or {}
+        data = {
+            "launcher": launcher,
+            "host": _hostname() if launcher == "local" else None,
+            "external_id": values.get("external_id"),
+            "slurm_job_id": values.get("external_id") if launcher == "slurm" else None,
+            "pid": values.get("pid"),
+            "num_nodes": resources.get("num_nodes", 1),
+            "processes_per_node": resources.get("processes_per_node", 1),
+            "attempt": int(attempt or 0),
+        }
+        events.record(session, job_id, EventType.started, data)
+    elif to in TERMINAL:
+        data = {}
+        if to != JobStatus.succeeded and values.get("error_code"):
+            data["error"] = {
+                "code": values.get("error_code"),
+                "message": values.get("error_message"),
+                "exit_code": values.get("exit_code"),
+            }
+        events.record(session, job_id, EventType(f"job.{to.value}"), data)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def mark_starting(session: Session, job_id: str, *, resources: dict[str, Any] | None) -> bool:
@@ -326,12 +392,20 @@ def record_launch(
     return _rowcount(session.execute(stmt)) == 1
 
 
-def requeue(session: Session, job_id: str, *, attempt_increment: int = 0) -> bool:
-    """starting/running -> queued: no resources free yet, or a preempted run going round again."""
+def requeue(session: Session, job_id: str, *, attempt_increment: int = 0, reason: str | None = None) -> bool:
+    """starting/running -> queued: no resources free yet, or a preempted run going round again (its
+    job.retried event says `reason`)."""
     values: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
     if attempt_increment:
         values["attempt"] = Job.attempt + attempt_increment
-    return _cas(session, job_id, [JobStatus.starting, JobStatus.running], JobStatus.queued, **values)
+    return _cas(
+        session,
+        job_id,
+        [JobStatus.starting, JobStatus.running],
+        JobStatus.queued,
+        reason=reason or "queued again",
+        **values,
+    )
 
 
 def mark_finished(

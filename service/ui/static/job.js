@@ -25,6 +25,8 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     outputsFor: null, // the status the outputs card was last read for
     outputsAt: 0,
     exportsActive: false, // an export of this job is queued or running: keep polling
+    eventsAfter: 0, // the cursor of GET /jobs/{id}/events
+    eventsDone: false,
     samples: [], // every sample read so far, by step then prompt index
     samplesAfter: -1,
     samplesComplete: false,
@@ -254,6 +256,47 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     box.replaceChildren(h("table", { class: "outputs", id: "exports-table" }, ...rows));
   }
 
+  // The job's events (GET /jobs/{id}/events?after=), appended as they come; one row each.
+  function eventText(e) {
+    const d = e.data || {};
+    const parts = [];
+    if (d.step != null) parts.push(`step ${d.step}`);
+    if (d.position != null) parts.push(`position ${d.position}`);
+    if (d.error) parts.push(`${d.error.code}: ${d.error.message}`);
+    if (d.kind) parts.push(d.kind);
+    if (d.message) parts.push(d.message);
+    if (d.metrics) parts.push(Object.entries(d.metrics).map(([k, v]) => `${k} ${FTQ.num(v)}`).join(", "));
+    if (d.path) parts.push(d.path);
+    if (d.host) parts.push(`on ${d.host}`);
+    if (d.slurm_job_id) parts.push(`SLURM job ${d.slurm_job_id}`);
+    if (d.reason) parts.push(d.reason);
+    return parts.join(" · ");
+  }
+
+  async function pollEvents(job) {
+    const box = document.getElementById("events");
+    let table = document.getElementById("event-list");
+    for (;;) {
+      const page = await FTQ.api(`/jobs/${enc}/events?after=${state.eventsAfter}&limit=500`);
+      if (page.data.length && !table) {
+        table = h("table", { class: "outputs", id: "event-list" });
+        box.replaceChildren(table);
+      }
+      for (const e of page.data) {
+        const kind = e.type.replace(/^job\./, "");
+        table.append(h("tr", { dataset: { type: e.type, id: e.id }, class: kind === "warning" || kind === "failed" ? "event-bad" : "" },
+          h("td", { class: "muted" }, new Date(e.time).toLocaleTimeString()),
+          h("td", {}, h("code", {}, e.type)),
+          h("td", {}, eventText(e))));
+      }
+      state.eventsAfter = page.next_after;
+      if (page.data.length < 500) break;
+    }
+    if (!table) box.replaceChildren(h("p", { class: "muted" }, "no events yet"));
+    // The status was read before these events: a terminal job's last event is among them.
+    state.eventsDone = FTQ.TERMINAL.includes(job.status);
+  }
+
   // Completions of the spec's eval.sample_prompts (GET /jobs/{id}/samples), polled like the metrics:
   // only steps after the last one read, until the API says the job ended and all were read.
   async function pollSamples(job) {
@@ -423,12 +466,13 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     if (!state.planShown) await showPlan();
     await showOutputs(job);
     await showExports();
+    if (!state.eventsDone) await pollEvents(job);
     await showArtifacts(job);
     if (!state.metricsComplete) await pollMetrics();
     if (!state.samplesComplete) await pollSamples(job);
     if (!state.logComplete) await pollLog();
     const done = FTQ.TERMINAL.includes(job.status) && state.metricsComplete && state.logComplete
-      && state.samplesComplete && !state.exportsActive;
+      && state.samplesComplete && !state.exportsActive && state.eventsDone;
     document.body.dataset.loaded = "true";
     FTQ.setRefreshState(done ? `${job.status}; no more updates` : `updated ${new Date().toLocaleTimeString()}`);
     return !done;

@@ -39,6 +39,11 @@ def test_submit_follow_exits_0_when_the_job_succeeds(server: Deployment, finishe
     log = server.get(f"/jobs/{finished_job.job_id}/logs", limit=1048576)["text"]
     last_log_line = [line for line in log.splitlines() if line.strip()][-1]
     assert last_log_line.strip() in out
+    # And its events, one line each, the last one its end.
+    events = server.get(f"/jobs/{finished_job.job_id}/events", limit=1000)["data"]
+    assert [e["type"] for e in events][-1] == "job.succeeded"
+    for e in events:
+        assert re.search(rf"event {e['id']}  {re.escape(e['type'])}\b", out), (e, out)
 
 
 @pytest.mark.slow  # a real tiny training run

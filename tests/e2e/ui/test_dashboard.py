@@ -84,6 +84,13 @@ def test_job_page_charts_every_point_and_stops_polling(
     assert ckpts
     expect(page.locator("#checkpoints tr")).to_have_count(len(ckpts))
     expect(page.locator(f'#checkpoints code[title="{ckpts[-1]["path"]}"]')).to_be_visible()
+    # The job's events, one row each, in order, ending with how it ended.
+    events = server.get(f"/jobs/{finished_job.job_id}/events", limit=1000)["data"]
+    expect(page.locator("#event-list tr")).to_have_count(len(events))
+    expect(page.locator("#event-list tr").last).to_have_attribute("data-type", "job.succeeded")
+    expect(page.locator('#event-list tr[data-type="job.checkpoint"]')).to_have_count(
+        sum(e["type"] == "job.checkpoint" for e in events)
+    )
 
     # Smoothing keeps the raw line (pale, same points) and draws the EMA over it: a calmer line.
     raw_d = train.get_attribute("d")

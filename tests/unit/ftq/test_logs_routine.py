@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ftq import logs
-from ftq.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY
+from ftq.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_WEBHOOKS
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def root_handler() -> Iterator[tuple[logging.Handler, io.StringIO]]:
 
 
 def test_the_sweeps_named_are_the_queues_sweeps() -> None:
-    assert set(logs.SWEEP_TASKS) == {TASK_INGEST, TASK_RECONCILE, TASK_RELAY}
+    assert set(logs.SWEEP_TASKS) == {TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_WEBHOOKS}
 
 
 def _celery_lines() -> None:

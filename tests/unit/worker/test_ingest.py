@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from worker import ingest
 
 
@@ -23,6 +25,68 @@ def test_only_complete_lines_are_read(tmp_path: Path) -> None:
     assert point is not None and point["step"] == 2 and point["loss"] is None and point["max_steps"] == 9
     assert offset2 == path.stat().st_size
     assert ingest.parse_point(b"not json") is None and ingest.parse_point(b'{"loss": 1}') is None
+
+
+def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints (complete ones only), warnings.jsonl and samples.jsonl become events, keyed: a pass
+    that reads them again, in this process or a fresh one, records nothing twice."""
+    import json
+    from datetime import UTC, datetime
+
+    from ftq import runs
+    from ftq.store import repository
+    from ftq.store.db import session_scope
+    from ftq.store.models import Job, JobEvent
+    from tests.harness.assets import checkpoint_dir
+    from tests.harness.inprocess import migrate, use_settings
+
+    (tmp_path / "data").mkdir()
+    use_settings(monkeypatch, data_dir=tmp_path / "data")
+    migrate()
+    now = datetime.now(UTC)
+    with session_scope() as session:
+        job = Job(
+            id="job_x",
+            name="x",
+            owner="o",
+            status="running",
+            spec={},
+            launcher="local",
+            device="cpu",
+            created_at=now,
+            updated_at=now,
+            attempt=0,
+            metrics_offset=0,
+        )
+        repository.JobRepository(session, "o").add_with_dispatch(job)
+    run_dir = tmp_path / "data" / "runs" / "job_x"
+    run_dir.mkdir(parents=True)
+    checkpoint_dir(run_dir, 2, ranks=1)
+    (run_dir / runs.CHECKPOINTS / "checkpoint-4").mkdir()  # being written: not yet an event
+    (run_dir / runs.WARNINGS).write_text(json.dumps({"kind": "loss_spike", "step": 3, "message": "m"}) + "\n")
+    (run_dir / runs.SAMPLES).write_text(json.dumps({"step": 2, "prompt": "p", "completion": "c"}) + "\n{torn")
+    (run_dir / runs.METRICS).write_text(json.dumps({"step": 2, "eval_loss": 1.5}) + "\n")
+
+    def types() -> list[tuple[str, object]]:
+        with session_scope() as session:
+            rows = session.query(JobEvent).filter(JobEvent.job_id == "job_x").order_by(JobEvent.id)
+            return [(e.type, e.data.get("step")) for e in rows if e.type not in ("job.created", "job.queued")]
+
+    ingest.ingest_job("job_x")
+    first = types()
+    assert sorted(first) == sorted(
+        [("job.eval", 2), ("job.checkpoint", 2), ("job.warning", 3), ("job.sample", 2)]
+    )
+    ingest._seen.clear()  # as a fresh worker would: the keys alone keep it to one event each
+    with session_scope() as session:
+        session.query(Job).filter(Job.id == "job_x").update({"metrics_offset": 0})
+    ingest.ingest_job("job_x")
+    assert types() == first
+    checkpoint_dir(run_dir, 4, ranks=1)
+    with (run_dir / runs.WARNINGS).open("a") as f:
+        f.write(json.dumps({"kind": "straggler", "step": 5, "message": "slow"}) + "\n")
+    ingest.ingest_job("job_x")
+    assert types()[len(first) :] == [("job.checkpoint", 4), ("job.warning", 5)]
 
 
 def test_sample_lines_are_parsed_strictly() -> None:

@@ -24,3 +24,18 @@ def test_upgrade_to_head_then_downgrade_to_base(store_url: str) -> None:
     upgrade(store_url)
     assert "jobs" in inspect(engine).get_table_names()
     engine.dispose()
+
+
+def test_the_migrations_are_one_line() -> None:
+    # Two features' migrations written from the same parent leave two heads: "upgrade head" then fails
+    # on every deployment. Chain the newer one onto the other (its down_revision).
+    from alembic.script import ScriptDirectory
+
+    from ftq.store.migrate import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    assert len(script.get_heads()) == 1, script.get_heads()
+    revisions = list(script.walk_revisions())
+    assert [r.revision for r in revisions][-1] == "0001" and all(
+        r.revision.startswith(f"{len(revisions) - i:04d}") for i, r in enumerate(revisions)
+    ), [r.revision for r in revisions]

@@ -1,15 +1,15 @@
 """samples: completions of the spec's sample prompts during training, and the ingest offset
 
-Revision ID: 0002_samples
-Revises: 0001
+Revision ID: 0004_samples
+Revises: 0003_scheduling
 Create Date: 2026-12-01 13:50:00
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_samples"
-down_revision = "0001"
+revision = "0004_samples"
+down_revision = "0003_scheduling"
 branch_labels = None
 depends_on = None
 

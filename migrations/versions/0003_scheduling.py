@@ -1,14 +1,14 @@
 """scheduling: priorities, queue positions, accounting
 
-Revision ID: 0002_scheduling
-Revises: 0001
+Revision ID: 0003_scheduling
+Revises: 0002_files
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_scheduling"
-down_revision = "0001"
+revision = "0003_scheduling"
+down_revision = "0002_files"
 branch_labels = None
 depends_on = None
 

@@ -1,14 +1,14 @@
 """point extra: a metric point's method metrics beyond the fixed fields (TRL's names)
 
-Revision ID: 0002_point_extra
-Revises: 0001
+Revision ID: 0005_point_extra
+Revises: 0004_samples
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_point_extra"
-down_revision = "0001"
+revision = "0005_point_extra"
+down_revision = "0004_samples"
 branch_labels = None
 depends_on = None
 

@@ -1,15 +1,15 @@
 """exports: one row per export of a job's final/ (merged or adapter, in a dtype)
 
-Revision ID: 0009_exports
-Revises: 0001
+Revision ID: 0006_exports
+Revises: 0005_point_extra
 Create Date: 2026-12-01 13:50:00
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009_exports"
-down_revision = "0001"
+revision = "0006_exports"
+down_revision = "0005_point_extra"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,23 @@
+"""The webhooks API's models: defined in the core (`ftq.schemas`), shared with the client SDK."""
+
+from __future__ import annotations
+
+from ftq.schemas import (
+    Delivery,
+    DeliveryPage,
+    ErrorBody,
+    WebhookCreate,
+    WebhookList,
+    WebhookPayload,
+    WebhookPublic,
+)
+
+__all__ = [
+    "Delivery",
+    "DeliveryPage",
+    "ErrorBody",
+    "WebhookCreate",
+    "WebhookList",
+    "WebhookPayload",
+    "WebhookPublic",
+]

@@ -1,0 +1,303 @@
+"""The event log and the webhook outbox in process, on a SQLite store of the test's own (PostgreSQL in
+tests/integration/store/test_events_on_postgres.py), with a real HTTP receiver on 127.0.0.1: events
+written with their status change, deliveries signed, retried, kept in each job's order, and an endpoint
+disabled after failures in a row."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from ftq.events import EventType
+from ftq.status import JobStatus
+from ftq.store import events, repository
+from ftq.store.db import session_scope
+from ftq.store.models import Job, JobEvent, WebhookDelivery
+from tests.harness.inprocess import migrate, use_settings
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 recording each POST; `status` is what it answers."""
+
+    def __init__(self) -> None:
+        self.status = 204
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(receiver.status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    want = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(sig == f"v1,{want}" for sig in headers["webhook-signature"].split())
+
+
+@pytest.fixture
+def store(tmp_path: Any, store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    use_settings(
+        monkeypatch,
+        data_dir=tmp_path,
+        database_url=store_url,
+        env="development",
+        webhook_retry_base_seconds=0.01,
+        webhook_retry_max_delay_seconds=0.02,
+        webhook_retry_total_seconds=0.2,
+        webhook_disable_after_failures=2,
+    )
+    migrate()
+    yield
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def new_job(job_id: str, owner: str = "alice") -> None:
+    now = datetime.now(UTC)
+    with session_scope() as session:
+        job = Job(
+            id=job_id,
+            name=job_id,
+            owner=owner,
+            status="queued",
+            spec={"resources": {"num_nodes": 1, "processes_per_node": 2}},
+            launcher="local",
+            device="cpu",
+            created_at=now,
+            updated_at=now,
+            attempt=0,
+            metrics_offset=0,
+        )
+        repository.JobRepository(session, owner).add_with_dispatch(job)
+
+
+def run_to_success(job_id: str) -> None:
+    with session_scope() as session:
+        assert repository.mark_starting(session, job_id, resources={})
+    with session_scope() as session:
+        assert repository.mark_running(session, job_id, external_id=None, pid=123, pid_start_ticks=1)
+    with session_scope() as session:
+        events.record(session, job_id, EventType.checkpoint, {"step": 2}, key="checkpoint:2")
+    with session_scope() as session:
+        assert repository.mark_finished(session, job_id, JobStatus.succeeded, exit_code=0)
+
+
+def add_webhook(url: str, types: list[str], owner: str = "alice") -> tuple[str, str]:
+    from ftq.events import new_secret
+
+    with session_scope() as session:
+        hook = events.WebhookRepository(session, owner).add(url=url, events=types, secret=new_secret())
+        return hook.id, hook.secret
+
+
+def send_until_quiet(rounds: int = 50) -> None:
+    from worker import webhooks
+
+    for _ in range(rounds):
+        webhooks.send_due(pass_seconds=2)
+        with session_scope() as session:
+            pending = session.query(WebhookDelivery).filter(WebhookDelivery.status == "pending").count()
+        if not pending:
+            return
+        threading.Event().wait(0.05)
+
+
+def test_transitions_write_their_events_in_order(store: None) -> None:
+    new_job("job_a")
+    run_to_success("job_a")
+    with session_scope() as session:
+        page = events.EventRepository(session, "alice").page(after=0, limit=100, job_id="job_a")
+        types = [e.type for e in page]
+        assert types == ["job.created", "job.queued", "job.started", "job.checkpoint", "job.succeeded"]
+        assert page[1].data == {"position": 1}
+        assert page[2].data["pid"] == 123 and page[2].data["num_nodes"] == 1
+        ids = [e.id for e in page]
+        assert ids == sorted(ids)
+        # Another owner reads none of them.
+        assert events.EventRepository(session, "bob").page(after=0, limit=100) == []
+        # A keyed event read again is not recorded twice.
+        assert events.record(session, "job_a", EventType.checkpoint, {"step": 2}, key="checkpoint:2") is None
+
+
+def test_an_event_commits_with_its_change_or_not_at_all(store: None) -> None:
+    new_job("job_b")
+    session_cm = session_scope()
+    session = session_cm.__enter__()
+    assert repository.mark_finished(
+        session, "job_b", JobStatus.failed, error_code="launch_error", error_message="x"
+    )
+    session.rollback()
+    session_cm.__exit__(None, None, None)
+    with session_scope() as session:
+        types = [e.type for e in session.query(JobEvent).filter(JobEvent.job_id == "job_b")]
+        assert types == ["job.created", "job.queued"]
+        assert repository.get_job(session, "job_b").status == "queued"  # type: ignore[union-attr]
+
+
+def test_deliveries_are_signed_and_in_event_order(store: None, receiver: Receiver) -> None:
+    _hook_id, secret = add_webhook(
+        receiver.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"]
+    )
+    new_job("job_c")
+    run_to_success("job_c")
+    send_until_quiet()
+    got = [(h, json.loads(b)) for h, b in receiver.received]
+    assert [b["type"] for _, b in got] == ["job.queued", "job.started", "job.checkpoint", "job.succeeded"]
+    for headers, body in receiver.received:
+        assert verify(secret, headers, body)
+        assert json.loads(body)["data"]["job_id"] == "job_c"
+    jobs = [b["data"]["job"] for _, b in got]
+    assert [j["status"] for j in jobs] == ["queued", "running", "running", "succeeded"]
+    assert all(j["id"] == "job_c" and j["name"] == "job_c" for j in jobs)
+    ids = [int(h["webhook-id"].removeprefix("evt_")) for h, _ in got]
+    assert ids == sorted(ids)
+
+
+def test_a_failing_receiver_is_retried_in_order_then_gives_up_and_is_disabled(
+    store: None, receiver: Receiver
+) -> None:
+    hook_id, _ = add_webhook(receiver.url, ["job.queued", "job.started", "job.succeeded"])
+    receiver.status = 503
+    new_job("job_d")
+    run_to_success("job_d")
+    send_until_quiet()
+    # Each event was tried until the retry window (0.2 s) ran out, one event at a time, in order.
+    seen = [int(h["webhook-id"].removeprefix("evt_")) for h, _ in receiver.received]
+    assert seen == sorted(seen) and len(seen) > 3
+    with session_scope() as session:
+        hook = events.WebhookRepository(session, "alice").get(hook_id)
+        assert hook is not None and not hook.enabled and "in a row" in (hook.disabled_reason or "")
+        rows = events.WebhookRepository(session, "alice").deliveries(hook, after=0, limit=10)
+        statuses = [d.status for d, _ in rows]
+        # Two gave up (the limit), the third waits for the endpoint to be enabled again.
+        assert statuses == ["failed", "failed", "pending"]
+        assert all(d.last_status_code == 503 for d, _ in rows[:2])
+    # Enabled by its owner, with the receiver up: what waited is delivered.
+    receiver.status = 200
+    receiver.received.clear()
+    with session_scope() as session:
+        repo = events.WebhookRepository(session, "alice")
+        hook = repo.get(hook_id)
+        assert hook is not None
+        repo.enable(hook)
+    send_until_quiet()
+    assert [json.loads(b)["type"] for _, b in receiver.received] == ["job.succeeded"]
+
+
+def test_receiver_down_then_up_loses_nothing(
+    store: None, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FTQ_WEBHOOK_RETRY_TOTAL_SECONDS", "30")
+    monkeypatch.setenv("FTQ_WEBHOOK_DISABLE_AFTER_FAILURES", "5")
+    from ftq.settings import get_settings
+
+    get_settings.cache_clear()
+    add_webhook(receiver.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
+    receiver.status = 500
+    for job_id in ("job_e", "job_f"):
+        new_job(job_id)
+        run_to_success(job_id)
+    from worker import webhooks
+
+    for _ in range(5):
+        webhooks.send_due(pass_seconds=1)
+        threading.Event().wait(0.03)
+    assert receiver.received  # tried while down
+    receiver.status = 200
+    receiver.received.clear()
+    send_until_quiet(rounds=200)
+    delivered = [json.loads(b) for _, b in receiver.received]
+    for job_id in ("job_e", "job_f"):
+        mine = [d for d in delivered if d["data"]["job_id"] == job_id]
+        assert [d["type"] for d in mine] == ["job.queued", "job.started", "job.checkpoint", "job.succeeded"]
+        assert [d["data"]["event_id"] for d in mine] == sorted(d["data"]["event_id"] for d in mine)
+
+
+def test_a_loopback_receiver_is_refused_at_send_time_outside_development(
+    store: None, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_webhook(receiver.url, ["job.queued"])
+    monkeypatch.setenv("FTQ_ENV", "test")
+    from ftq.settings import get_settings
+
+    get_settings.cache_clear()
+    new_job("job_g")
+    send_until_quiet()
+    assert receiver.received == []
+    with session_scope() as session:
+        row = session.query(WebhookDelivery).one()
+        assert row.status == "failed" and "loopback" in (row.last_error or "")
+
+
+def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -> None:
+    """Two webhooks of one owner: while the slow one's first request hangs, the other gets every event."""
+    release = threading.Event()
+    slow = Receiver()
+
+    class Hanging(slow.server.RequestHandlerClass):  # type: ignore[name-defined]
+        def do_POST(self) -> None:
+            release.wait(20)
+            super().do_POST()
+
+    slow.server.RequestHandlerClass = Hanging
+    try:
+        add_webhook(slow.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
+        add_webhook(receiver.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
+        new_job("job_h")
+        run_to_success("job_h")
+        from worker import webhooks
+
+        sender = threading.Thread(target=webhooks.send_due, kwargs={"pass_seconds": 30})
+        sender.start()
+        for _ in range(200):
+            if len(receiver.received) == 4:
+                break
+            threading.Event().wait(0.05)
+        assert [json.loads(b)["type"] for _, b in receiver.received] == [
+            "job.queued",
+            "job.started",
+            "job.checkpoint",
+            "job.succeeded",
+        ]
+        assert slow.received == []  # still waiting on its first answer
+        release.set()
+        sender.join(30)
+        assert not sender.is_alive()
+        send_until_quiet()
+        # At least once: a request that hung past the timeout is sent again.
+        assert {h["webhook-id"] for h, _ in slow.received} == {h["webhook-id"] for h, _ in receiver.received}
+    finally:
+        release.set()
+        slow.close()
