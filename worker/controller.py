@@ -37,7 +37,15 @@ from ftq.store.models import Job
 from worker import exports, failures, ingest, locks, recovery, scheduling
 from worker.files import FileUnavailable, spec_for_run
 from worker.launchers import make_launcher
-from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+from worker.launchers.base import (
+    Launcher,
+    LaunchHandle,
+    LaunchRequest,
+    RunPhase,
+    RunRef,
+    RunState,
+    settle_by_launcher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -406,23 +414,7 @@ def reconcile() -> bool:
         with session_scope() as session:
             runs_dir = get_settings().runs_dir  # resolved once, not once per job
             views = [_view(j, runs_dir) for j in repository.jobs_in(session, LAUNCHED, lean=True)]
-        by_launcher: dict[str, list[JobView]] = {}
-        for v in views:
-            by_launcher.setdefault(v.launcher, []).append(v)
-        for name, group in by_launcher.items():
-            try:
-                launcher = get_launcher(name)
-                states = launcher.poll([v.ref() for v in group if v.launched])
-            except Exception:
-                log.exception("polling the %s launcher failed; trying again next sweep", name)
-                continue
-            for v in group:
-                try:
-                    _reconcile_one(v, launcher, states.get(v.id))
-                except Exception:
-                    log.exception(
-                        "reconciling job %s failed; trying again next sweep", v.id, extra={"job_id": v.id}
-                    )
+        settle_by_launcher(views, get_launcher, _reconcile_one, "job")
         for claimed in schedule():
             try:
                 launch(claimed)

@@ -32,7 +32,15 @@ from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Export, Job
 from worker import locks, recovery, scheduling
-from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+from worker.launchers.base import (
+    Launcher,
+    LaunchHandle,
+    LaunchRequest,
+    RunPhase,
+    RunRef,
+    RunState,
+    settle_by_launcher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -327,21 +335,7 @@ def _views(statuses: tuple[str, ...] | list[str], job_id: str | None = None) -> 
 def reconcile(launcher_for: LauncherFor) -> None:
     """Settle launched exports, then start queued ones as the pool allows. The caller holds the
     reconcile singleton (`worker.controller.reconcile`)."""
-    by_launcher: dict[str, list[ExportView]] = {}
-    for v in _views(list(LAUNCHED)):
-        by_launcher.setdefault(v.launcher, []).append(v)
-    for name, group in by_launcher.items():
-        try:
-            launcher = launcher_for(name)
-            states = launcher.poll([v.ref() for v in group if v.launched])
-        except Exception:
-            log.exception("polling the %s launcher for exports failed; trying again next sweep", name)
-            continue
-        for v in group:
-            try:
-                _reconcile_one(v, launcher, states.get(v.id))
-            except Exception:
-                log.exception("reconciling export %s failed; trying again next sweep", v.id)
+    settle_by_launcher(_views(list(LAUNCHED)), launcher_for, _reconcile_one, "export")
     start_claimed(launcher_for)
 
 
