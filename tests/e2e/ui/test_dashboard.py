@@ -103,7 +103,7 @@ def test_job_page_charts_every_point_and_stops_polling(
     assert _variation(train.get_attribute("d")) < 0.6 * _variation(raw_d)
     page.locator("#log-scale").check()
     expect(loss_chart).to_have_attribute("data-y-scale", "log")
-    page.locator(".charts").screenshot(path=str(tmp_path / "charts-smoothed-log.png"))
+    page.locator("#charts").screenshot(path=str(tmp_path / "charts-smoothed-log.png"))
     page.locator("#log-scale").uncheck()
     page.locator("#smoothing").fill("0")
     expect(page.locator('#chart-loss path[data-series="loss-raw"]')).to_have_count(0)
