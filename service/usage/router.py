@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -24,11 +25,16 @@ router = APIRouter(prefix="/usage", tags=["usage"])
 )
 def get_usage(
     repo: RepoDep,
-    from_: datetime | None = Query(
-        None, alias="from", description="Runs that ended at or after this time (RFC 3339; default: all)."
+    from_: str | None = Query(
+        None,
+        alias="from",
+        description="Runs that ended at or after this time (RFC 3339 with a zone; default: all).",
+        json_schema_extra={"format": "date-time"},
     ),
-    to: datetime | None = Query(
-        None, description="Runs that ended before this time (RFC 3339; default: now)."
+    to: str | None = Query(
+        None,
+        description="Runs that ended before this time (RFC 3339 with a zone; default: now).",
+        json_schema_extra={"format": "date-time"},
     ),
     group_by: Literal["owner", "day"] = Query(
         "owner", description="owner: one row per owner; day: one row per owner and UTC day the runs ended."
@@ -36,13 +42,27 @@ def get_usage(
 ) -> UsagePage:
     """Each run counts its devices (GPUs, or CPU processes) x its wall time from launch to end (SLURM's own
     start and end where known), once, on the day it ended. An owner sees their own usage."""
-    for name, value in (("from", from_), ("to", to)):
-        if value is not None and value.tzinfo is None:
-            raise _query_error(name, f"{name} needs a time zone, e.g. 2026-12-01T00:00:00Z")
-    if from_ is not None and to is not None and to < from_:
+    since, until = _rfc3339("from", from_), _rfc3339("to", to)
+    if since is not None and until is not None and until < since:
         raise _query_error("to", "to is before from")
-    return service.usage(repo, from_, to, group_by)
+    return service.usage(repo, since, until, group_by)
 
 
 def _query_error(name: str, msg: str) -> SpecError:
     return SpecError([{"loc": ["query", name], "msg": msg, "type": "value_error"}])
+
+
+# RFC 3339 as JSON Schema's date-time means it: a number (which pydantic would take as a Unix time) or a
+# date without a time or zone is refused, so `from=0.5` is a 422, not every run since 1970.
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def _rfc3339(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    if not _RFC3339.fullmatch(value):
+        raise _query_error(name, f"{name} must be an RFC 3339 time with a zone, e.g. 2026-12-01T00:00:00Z")
+    try:
+        return datetime.fromisoformat(f"{value[:10]}T{value[11:]}".replace("z", "Z"))
+    except ValueError as e:
+        raise _query_error(name, f"{name} is not a valid time: {e}") from e

@@ -230,9 +230,11 @@ def test_a_tiny_job_trains_on_an_upload_and_the_file_cannot_go_while_it_runs(
         assert job["id"] in busy.json()["detail"]
     done = files_server.api.wait_terminal(job["id"], timeout=300)
     assert done["status"] == "succeeded", files_server.report(job["id"])
-    # The trainer read the uploaded bytes from the server's path.
-    spec_json = json.loads((files_server.run_dir(job["id"]) / "spec.json").read_text())
-    assert spec_json["dataset"]["name_or_path"].endswith(f"{f['id']}.jsonl")
+    # The trainer read the uploaded bytes from the run's own copy (what a run user may read).
+    run_dir = files_server.run_dir(job["id"])
+    spec_json = json.loads((run_dir / "spec.json").read_text())
+    assert spec_json["dataset"]["name_or_path"] == str(run_dir / "dataset" / "train.jsonl")
+    assert (run_dir / "dataset" / "train.jsonl").read_bytes() == data
     assert "file_id" not in spec_json["dataset"]
     with files_server.client(ALICE) as c:
         assert c.delete(f"/files/{f['id']}").status_code == 204

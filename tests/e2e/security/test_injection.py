@@ -181,6 +181,10 @@ def test_every_string_field_is_covered() -> None:
         assert expected in fields, sorted(fields)
 
 
+# Spec strings that are free text by design, not names or paths: they must be accepted as they are.
+FREE_TEXT = ("eval", "sample_prompts")
+
+
 def test_payload_in_every_string_field(server: Deployment, stubs: Path, marker: Path, tmp_path: Path) -> None:
     fields = string_fields(JobSpec.model_json_schema())
     cases: list[tuple[tuple[str | int, ...], str]] = [(f, p) for f in fields for p in payloads(marker)]
@@ -202,9 +206,12 @@ def test_payload_in_every_string_field(server: Deployment, stubs: Path, marker: 
             plan = r.json()
             accepted.append({"path": path, "payload": payload, "spec": spec})
             run_scripts(plan, tmp_path, stubs, marker)
-    # Every named payload folder is accepted (newline ones are refused as paths); everything else is 422.
-    assert len(accepted) == 2 * sum("\n" not in p for p in payloads(marker)), [a["payload"] for a in accepted]
-    assert all(a["path"][-1] == "name_or_path" for a in accepted)
+    # Every named payload folder is accepted (newline ones are refused as paths), and so is every payload
+    # as a sample prompt (text the model completes: data, which the scripts run above never execute);
+    # everything else is 422.
+    paths = 2 * sum("\n" not in p for p in payloads(marker))
+    assert len(accepted) == paths + len(payloads(marker)), [(a["path"], a["payload"]) for a in accepted]
+    assert all(a["path"][-1] == "name_or_path" or a["path"][:2] == FREE_TEXT for a in accepted)
     assert refused == len(cases) - len(accepted)
     assert not marker.exists()
 
