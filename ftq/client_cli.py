@@ -525,11 +525,12 @@ def ls(
         out.print("no jobs" + (f" with status {status}" if status else ""))
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("ID", no_wrap=True)
+    # In a narrow terminal the name and the error give way: an id cut short would be copied into a 404.
+    table.add_column("ID", no_wrap=True, min_width=max(len(j.id) for j in page.data))
     table.add_column("NAME", no_wrap=True, overflow="ellipsis", max_width=28)
-    table.add_column("STATUS", no_wrap=True)
+    table.add_column("STATUS", no_wrap=True, min_width=max(len(j.status) for j in page.data))
     table.add_column("PROGRESS", no_wrap=True)
-    table.add_column("LOSS", no_wrap=True, justify="right")
+    table.add_column("LOSS", no_wrap=True, justify="right", min_width=6)
     table.add_column("CREATED", no_wrap=True)
     # Why a failed job failed, at a glance (the whole message is in `ftq status`).
     table.add_column("ERROR", no_wrap=True, overflow="ellipsis", max_width=60)
@@ -904,10 +905,11 @@ def artifacts(
         out.print(f"{job_id} has no artifacts yet")
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("PATH", overflow="fold")
-    table.add_column("KIND", no_wrap=True)
-    table.add_column("SIZE", no_wrap=True, justify="right")
-    table.add_column("SHA256", no_wrap=True)
+    # A path is what `ftq download ID PATH` takes: whole, on one line; the hash prefix gives way first.
+    table.add_column("PATH", no_wrap=True, min_width=min(72, max(len(a.path) for a in listed)))
+    table.add_column("KIND", no_wrap=True, min_width=max(len(a.kind) for a in listed))
+    table.add_column("SIZE", no_wrap=True, justify="right", min_width=10)
+    table.add_column("SHA256", no_wrap=True, overflow="ellipsis")
     for a in listed:
         table.add_row(escape(a.path), a.kind, fmt_bytes(a.size), a.sha256[:16] if a.sha256 else "(hashing)")
     out.print(table)
