@@ -164,3 +164,23 @@ def _field_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[t
         if sub is not None and len(prefix) < 4:
             paths.extend(_field_paths(sub, (*prefix, name)))
     return paths
+
+
+# Page cursors are row sequence numbers: a signed 64-bit integer in the store.
+_MAX_CURSOR = 2**63 - 1
+
+
+def parse_cursor(cursor: str | None) -> int | None:
+    """A list's `cursor` query parameter (the `next_cursor` a previous page gave out) as a sequence number.
+
+    isdigit() also holds for non-ASCII digits ("²", Arabic-Indic ones), and a long number overflows the
+    store's 64-bit integer: both are a 422 naming the parameter, not a 500."""
+    if not cursor:
+        return None
+    if not cursor.isdigit():
+        raise BadRequest("cursor is not one this server gave out")
+    if not cursor.isascii() or int(cursor) > _MAX_CURSOR:
+        raise SpecError(
+            [{"loc": ["query", "cursor"], "msg": "cursor is out of range", "type": "value_error"}]
+        )
+    return int(cursor)

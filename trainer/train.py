@@ -417,6 +417,7 @@ def check_assistant_template(tokenizer: Any, model_name: str) -> None:
     try:
         patched = get_training_chat_template(tokenizer)
     except (ValueError, NotImplementedError, KeyError):
+        # TRL's way of saying "not a template I know how to rewrite": the ModelError below names the fix.
         patched = None
     if patched is None:
         raise ModelError(

@@ -19,9 +19,9 @@ from service.errors import (
     BadRequest,
     NotFound,
     PayloadTooLarge,
-    SpecError,
     TooManyRequests,
     UnsupportedMediaType,
+    parse_cursor,
 )
 from service.files import service as file_service
 from service.files import upload
@@ -29,7 +29,6 @@ from service.files.schemas import ErrorBody, FileList, FilePublic
 
 router = APIRouter(prefix="/files", tags=["files"])
 
-_MAX_CURSOR = 2**63 - 1
 # Multipart framing (boundaries, part headers) a body may carry beyond the file's own bytes.
 _MULTIPART_SLACK = 64 * 1024
 
@@ -181,15 +180,7 @@ async def list_files(
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, max_length=32, description="next_cursor of the previous page"),
 ) -> FileList:
-    before = None
-    if cursor:
-        if not cursor.isdigit():
-            raise BadRequest("cursor is not one this server gave out")
-        if not cursor.isascii() or int(cursor) > _MAX_CURSOR:
-            raise SpecError(
-                [{"loc": ["query", "cursor"], "msg": "cursor is out of range", "type": "value_error"}]
-            )
-        before = int(cursor)
+    before = parse_cursor(cursor)
 
     def page() -> FileList:
         with read_session() as session:

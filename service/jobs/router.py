@@ -27,7 +27,7 @@ from ftq.store.db import read_session
 from ftq.store.repository import JobRepository
 from service.body import media_type, read_spec_body
 from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
-from service.errors import BadRequest, NotFound, SpecError, TooManyRequests, spec_field_error
+from service.errors import NotFound, TooManyRequests, parse_cursor, spec_field_error
 from service.jobs import checkpoints, logs, metrics, samples
 from service.jobs import service as jobs
 from service.jobs.poll_cache import PollCache
@@ -59,7 +59,6 @@ class JobLogRoute(APIRoute):
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=JobLogRoute)
 
-_MAX_CURSOR = 2**63 - 1  # cursors are job sequence numbers: a signed 64-bit integer in the store
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job_0123456789abcdef")]
 
@@ -206,17 +205,7 @@ async def list_jobs(
         bad = [s for s in statuses if s not in JobStatus.__members__]
         if bad:
             raise spec_field_error(["status"], f"unknown status {bad[0]!r}; one of {', '.join(JobStatus)}")
-    before = None
-    if cursor:
-        if not cursor.isdigit():
-            raise BadRequest("cursor is not one this server gave out")
-        # isdigit() also holds for non-ASCII digits ("²", Arabic-Indic ones), and a long number overflows
-        # the store's 64-bit integer: both are a 422 naming the parameter, not a 500.
-        if not cursor.isascii() or int(cursor) > _MAX_CURSOR:
-            raise SpecError(
-                [{"loc": ["query", "cursor"], "msg": "cursor is out of range", "type": "value_error"}]
-            )
-        before = int(cursor)
+    before = parse_cursor(cursor)
 
     def body() -> bytes:
         with read_session() as session:
