@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -81,14 +81,9 @@ class JobView(RunView):
 
 
 def _view(job: Job, runs_dir: Path | None = None) -> JobView:
-    return JobView(
-        id=job.id,
-        status=job.status,
+    return JobView.of(
+        job,
         launcher=job.launcher,
-        external_id=job.external_id,
-        pid=job.pid,
-        pid_start_ticks=job.pid_start_ticks,
-        updated_at=job.updated_at,
         run_dir=runs.run_dir(runs_dir or get_settings().runs_dir, job.id),
         started_at=job.started_at,
         limit_seconds=job.limit_seconds if job.launcher == "local" else None,
@@ -334,6 +329,10 @@ def _note_pending(v: JobView, state: RunState) -> None:
         _noted_pending.discard(v.id)
 
 
+def _utc(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, UTC) if ts else None
+
+
 def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
     """train.log's last line says what a cancel left, for a person reading it: the step, and the
     checkpoint a continued run would start from (the newest complete one, as resume_from: latest takes)."""
@@ -392,44 +391,16 @@ class JobKind:
         )
 
     def record_launch(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
-        repository.record_launch(
-            session,
-            row_id,
-            external_id=handle.external_id,
-            pid=handle.pid,
-            pid_start_ticks=handle.pid_start_ticks,
-        )
+        repository.record_launch(session, row_id, **asdict(handle))
 
     def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
-        repository.mark_running(
-            session,
-            row_id,
-            external_id=handle.external_id,
-            pid=handle.pid,
-            pid_start_ticks=handle.pid_start_ticks,
-        )
+        repository.mark_running(session, row_id, **asdict(handle))
 
-    def mark_finished(
-        self,
-        session: Session,
-        row_id: str,
-        status: JobStatus,
-        *,
-        error_code: str | None = None,
-        error_message: str | None = None,
-        state: RunState | None = None,
-    ) -> None:
+    def mark_finished(self, session: Session, row_id: str, end: lifecycle.End) -> None:
         # The run's own start and end where the scheduler knows them (SLURM), else launch and now.
-        start, end = (state.started_at, state.ended_at) if state is not None else (None, None)
+        started, ended = (end.run.started_at, end.run.ended_at) if end.run is not None else (None, None)
         repository.mark_finished(
-            session,
-            row_id,
-            status,
-            error_code=error_code,
-            error_message=error_message,
-            exit_code=state.exit_code if state is not None else None,
-            run_started=datetime.fromtimestamp(start, UTC) if start else None,
-            run_ended=datetime.fromtimestamp(end, UTC) if end else None,
+            session, row_id, end.status, **end.errors(), run_started=_utc(started), run_ended=_utc(ended)
         )
 
     def requeue(self, session: Session, row_id: str) -> bool:

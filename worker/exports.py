@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +54,8 @@ def _export_dir(job_id: str, export_id: str) -> Path:
 
 
 def _view(export: Export, job: Job) -> ExportView:
-    return ExportView(
-        id=export.id,
-        job_id=export.job_id,
-        status=export.status,
-        launcher=job.launcher,
-        external_id=export.external_id,
-        pid=export.pid,
-        pid_start_ticks=export.pid_start_ticks,
-        updated_at=export.updated_at,
-        run_dir=_export_dir(export.job_id, export.id),
+    return ExportView.of(
+        export, launcher=job.launcher, run_dir=_export_dir(export.job_id, export.id), job_id=export.job_id
     )
 
 
@@ -287,31 +279,13 @@ class ExportKind:
         return write_export_dir(*row, v.run_dir)
 
     def record_launch(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
-        store.record_launch(
-            session,
-            row_id,
-            external_id=handle.external_id,
-            pid=handle.pid,
-            pid_start_ticks=handle.pid_start_ticks,
-        )
+        store.record_launch(session, row_id, **asdict(handle))
 
     def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
         store.mark_running(session, row_id)  # the handle is recorded already (record_launch)
 
-    def mark_finished(
-        self,
-        session: Session,
-        row_id: str,
-        status: JobStatus,
-        *,
-        error_code: str | None = None,
-        error_message: str | None = None,
-        state: RunState | None = None,
-    ) -> None:
-        exit_code = state.exit_code if state is not None else None
-        store.mark_finished(
-            session, row_id, status, error_code=error_code, error_message=error_message, exit_code=exit_code
-        )
+    def mark_finished(self, session: Session, row_id: str, end: lifecycle.End) -> None:
+        store.mark_finished(session, row_id, end.status, **end.errors())
 
     def requeue(self, session: Session, row_id: str) -> bool:
         return store.requeue(session, row_id)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,7 @@ from ftq import runs
 from ftq.errors import ErrorCode
 from ftq.status import JobStatus
 from ftq.store.db import session_scope
+from ftq.store.models import Export, Job
 from worker import locks, recovery
 from worker.failures import Failure
 from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
@@ -52,6 +53,12 @@ class RunView:
     updated_at: datetime
     run_dir: Path
 
+    @classmethod
+    def of(cls, row: Job | Export, *, launcher: str, run_dir: Path, **more: Any) -> Self:
+        """The view of a row, with what the row does not hold itself (and a subclass's `more`)."""
+        handle = (row.external_id, row.pid, row.pid_start_ticks)
+        return cls(row.id, row.status, launcher, *handle, row.updated_at, run_dir, **more)
+
     @property
     def launched(self) -> bool:
         return bool(self.pid or self.external_id)
@@ -61,6 +68,24 @@ class RunView:
 
     def ref(self) -> RunRef:
         return RunRef(self.id, self.run_dir, self.external_id, self.pid, self.pid_start_ticks)
+
+
+@dataclass(frozen=True)
+class End:
+    """How a row ends: its terminal status, its error, and the run's own end where it ran."""
+
+    status: JobStatus
+    error_code: str | None = None
+    error_message: str | None = None
+    run: RunState | None = None
+
+    def errors(self) -> dict[str, Any]:
+        """The columns every kind records of its end: the error and the run's exit code."""
+        exit_code = self.run.exit_code if self.run is not None else None
+        return {"error_code": self.error_code, "error_message": self.error_message, "exit_code": exit_code}
+
+
+CANCELLED_BEFORE_START = End(JobStatus.cancelled, ErrorCode.cancelled, "cancelled before it started")
 
 
 class Refused(Exception):
@@ -100,18 +125,7 @@ class Kind(Protocol[Row, View]):
 
     def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None: ...
 
-    def mark_finished(
-        self,
-        session: Session,
-        row_id: str,
-        status: JobStatus,
-        *,
-        error_code: str | None = None,
-        error_message: str | None = None,
-        state: RunState | None = None,
-    ) -> None:
-        """-> a terminal status; `state`: the run's end, when it ran (its exit code, its times)."""
-        ...
+    def mark_finished(self, session: Session, row_id: str, end: End) -> None: ...
 
     def requeue(self, session: Session, row_id: str) -> bool:
         """starting -> queued: claimed, but its worker stopped before launching it."""
@@ -183,30 +197,17 @@ def launch(kind: Kind[Row, View], row_id: str, launcher_for: LauncherFor) -> Non
         handle = v.handle() if v.launched else launcher.find(v.run_dir)
         if handle is None:
             if v.status == JobStatus.cancelling:
-                kind.mark_finished(
-                    session,
-                    row_id,
-                    JobStatus.cancelled,
-                    error_code=ErrorCode.cancelled,
-                    error_message="cancelled before it started",
-                )
+                kind.mark_finished(session, row_id, CANCELLED_BEFORE_START)
                 return
             try:
                 handle = launcher.submit(kind.request(row, v))
             except Refused as exc:
-                kind.mark_finished(
-                    session, row_id, JobStatus.failed, error_code=exc.code, error_message=str(exc)
-                )
+                kind.mark_finished(session, row_id, End(JobStatus.failed, exc.code, str(exc)))
                 return
             except Exception as exc:
                 log.exception("launch of %s failed", kind.label(v))
-                kind.mark_finished(
-                    session,
-                    row_id,
-                    JobStatus.failed,
-                    error_code=ErrorCode.launch_error,
-                    error_message=f"the {kind.run_noun} could not be started: {exc}"[:2000],
-                )
+                why = f"the {kind.run_noun} could not be started: {exc}"[:2000]
+                kind.mark_finished(session, row_id, End(JobStatus.failed, ErrorCode.launch_error, why))
                 return
             log.info("%s launched: %s", kind.label(v), handle)
         else:
@@ -310,13 +311,7 @@ def settle_unlaunched(kind: Kind[Row, View], v: View, launcher: Launcher) -> Non
                 kind.record_launch(session, v.id, handle)
                 kind.mark_running(session, v.id, handle)
             elif v.status == JobStatus.cancelling:
-                kind.mark_finished(
-                    session,
-                    v.id,
-                    JobStatus.cancelled,
-                    error_code=ErrorCode.cancelled,
-                    error_message="cancelled before it started",
-                )
+                kind.mark_finished(session, v.id, CANCELLED_BEFORE_START)
             elif kind.requeue(session, v.id):
                 log.info(
                     "%s was claimed but never launched (its worker stopped); queued again", kind.label(v)
@@ -334,27 +329,14 @@ def finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState) 
         row, now = found
         stopped = kind.stopped_by_worker(v)
         if now.status == JobStatus.cancelling:
-            kind.mark_finished(
-                session,
-                v.id,
-                JobStatus.cancelled,
-                error_code=ErrorCode.cancelled,
-                error_message="cancelled on request",
-                state=state,
-            )
+            cancelled = End(JobStatus.cancelled, ErrorCode.cancelled, "cancelled on request", state)
+            kind.mark_finished(session, v.id, cancelled)
             kind.after_cancelled(row, v)
         elif stopped is None and state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
-            kind.mark_finished(session, v.id, JobStatus.succeeded, state=state)
+            kind.mark_finished(session, v.id, End(JobStatus.succeeded, run=state))
         elif now.status in (JobStatus.starting, JobStatus.running):
             failure = stopped or recovery.why_it_failed(v.run_dir, state)
             if stopped is None and kind.retried(session, row, v, failure):
                 return
-            kind.mark_finished(
-                session,
-                v.id,
-                JobStatus.failed,
-                error_code=failure.code,
-                error_message=failure.message,
-                state=state,
-            )
+            kind.mark_finished(session, v.id, End(JobStatus.failed, failure.code, failure.message, state))
     log.info("%s ended: %s", kind.label(v), state)

@@ -10,7 +10,7 @@ from typing import Any
 
 from ftq import runs
 from ftq.store.models import Export
-from tests.harness import controller as rows
+from tests.harness import rows
 from tests.integration.worker.test_reconcile import SCRIPT_SLEEP, add_job, job, store
 
 __all__ = ["store"]  # the fixture, shared with test_reconcile

@@ -13,7 +13,7 @@ import pytest
 
 from ftq import runs
 from ftq.store.models import Job
-from tests.harness import controller as rows
+from tests.harness import rows
 from tests.harness.inprocess import migrate, reset_caches, use_settings
 
 SCRIPT_OK = (

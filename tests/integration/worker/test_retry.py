@@ -18,8 +18,7 @@ import pytest
 from ftq import runs
 from ftq.status import TERMINAL
 from ftq.store.models import Job
-from tests.harness import controller as rows
-from tests.harness import tiny_spec
+from tests.harness import rows, tiny_spec
 from tests.harness.assets import checkpoint_dir
 from tests.harness.inprocess import migrate, reset_caches, use_settings
 from worker.launchers.base import RunPhase, RunRef, RunState
