@@ -361,7 +361,6 @@ def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
 class JobKind:
     """What `worker.lifecycle` needs of a job: its row in `ftq.store.repository`, and its own steps."""
 
-    noun = "job"
     run_noun = "run"
 
     def label(self, v: JobView) -> str:

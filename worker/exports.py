@@ -247,7 +247,6 @@ class ExportKind:
     """What `worker.lifecycle` needs of an export: its row in `ftq.store.exports` (with its job's, whose
     launcher and owner it takes), its folder and request; no retries, time limit or metrics of its own."""
 
-    noun = "export"
     run_noun = "export"
 
     def label(self, v: ExportView) -> str:

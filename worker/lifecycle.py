@@ -104,7 +104,6 @@ View = TypeVar("View", bound=RunView)
 class Kind(Protocol[Row, View]):
     """How the lifecycle reads, records and moves one kind of launched row, and that kind's own steps."""
 
-    noun: str  # "job" or "export", in the sweep's log lines
     run_noun: str  # what could not be started: "run" or "export"
 
     def label(self, v: View) -> str:
@@ -326,15 +325,15 @@ def finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState) 
         found = kind.read(session, v.id)
         if found is None:
             return
-        row, now = found
+        row, current = found
         stopped = kind.stopped_by_worker(v)
-        if now.status == JobStatus.cancelling:
+        if current.status == JobStatus.cancelling:
             cancelled = End(JobStatus.cancelled, ErrorCode.cancelled, "cancelled on request", state)
             kind.mark_finished(session, v.id, cancelled)
             kind.after_cancelled(row, v)
         elif stopped is None and state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
             kind.mark_finished(session, v.id, End(JobStatus.succeeded, run=state))
-        elif now.status in (JobStatus.starting, JobStatus.running):
+        elif current.status in (JobStatus.starting, JobStatus.running):
             failure = stopped or recovery.why_it_failed(v.run_dir, state)
             if stopped is None and kind.retried(session, row, v, failure):
                 return
