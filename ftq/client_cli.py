@@ -197,7 +197,7 @@ def _print_time_estimate(plan: PlanPublic) -> None:
         return
     out.rule("time estimate")
     if te.seconds is None:
-        out.print("no time estimate (see the assumptions)")
+        out.print(f"no time estimate: {escape(te.reason or 'see the assumptions')}", soft_wrap=True)
     else:
         cost = f", cost {te.cost:g}" if te.cost is not None else ""
         out.print(f"{fmt_duration(te.seconds)} on {te.devices} device(s), {te.tokens} tokens{cost}")

@@ -192,9 +192,6 @@ def print_dataset(d: DatasetPreflight) -> None:
         out.print(f"steps per epoch: {d.steps_per_epoch} at effective batch {d.effective_batch_size}")
     else:
         out.print(f"effective batch: {d.effective_batch_size}")
-    te = d.time_estimate
-    if te is not None:
-        if te.seconds is not None:
-            out.print(f"time: about {te.seconds:.0f} s for {te.tokens} tokens on {te.devices} device(s)")
-        else:
-            out.print(f"time: unknown ({escape(te.reason or '')})")
+    if d.run_tokens is not None:
+        # The time these tokens take is the plan's one estimate, printed in its own section.
+        out.print(f"tokens the run trains on: {d.run_tokens}")
