@@ -44,20 +44,25 @@ SECURITY_HEADERS = {
 
 
 @lru_cache
-def _page(name: str) -> str:
+def _page(name: str, title: str, script: str) -> str:
+    """A page: the shared <head> (`_head.html`: styles, the common scripts and the page's own), then the
+    page's body."""
+    head = (TEMPLATES_DIR / "_head.html").read_text(encoding="utf-8")
+    head = head.replace("{{title}}", title).replace("{{script}}", script)
+    page = (TEMPLATES_DIR / name).read_text(encoding="utf-8").replace("{{head}}\n", head)
     # The version in static URLs makes browsers fetch new assets after an upgrade.
-    return (TEMPLATES_DIR / name).read_text(encoding="utf-8").replace("{{version}}", __version__)
+    return page.replace("{{version}}", __version__)
 
 
 @router.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
 def jobs_page() -> HTMLResponse:
-    return HTMLResponse(_page("index.html"), headers=SECURITY_HEADERS)
+    return HTMLResponse(_page("index.html", "jobs", "jobs.js"), headers=SECURITY_HEADERS)
 
 
 @router.api_route("/ui/jobs/{job_id}", methods=["GET", "HEAD"], response_class=HTMLResponse)
 def job_page(job_id: str) -> HTMLResponse:
     # The job id is read by the page's JS from the URL; the HTML is the same for every job.
-    return HTMLResponse(_page("job.html"), headers=SECURITY_HEADERS)
+    return HTMLResponse(_page("job.html", "job", "job.js"), headers=SECURITY_HEADERS)
 
 
 @router.get("/ui/static/{name}")
