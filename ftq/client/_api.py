@@ -15,10 +15,10 @@ from typing import Any, Never, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
-import pydantic
 
+from ftq import schemas
 from ftq.client import _core
-from ftq.client._core import Downloaded, SpecInput, StatusFilter, job_path
+from ftq.client._core import Downloaded, M, SpecInput, StatusFilter, job_path
 from ftq.client._plan import (
     Call,
     Flow,
@@ -33,29 +33,7 @@ from ftq.client._plan import (
     sleep,
 )
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
-from ftq.schemas import (
-    Artifact,
-    ArtifactList,
-    Checkpoint,
-    CheckpointList,
-    EventPage,
-    ExportList,
-    ExportPublic,
-    FileList,
-    FilePublic,
-    Health,
-    JobList,
-    JobPublic,
-    LogChunk,
-    MetricsPage,
-    PlanPublic,
-    Point,
-    SamplePublic,
-    SamplesPage,
-    UsagePage,
-)
 
-M = TypeVar("M", bound=pydantic.BaseModel)
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)
 
@@ -76,72 +54,76 @@ def post(path: str, model: type[M]) -> Call[M]:
 # The server --------------------------------------------------------------------------------------------
 
 
-def health() -> Call[Health]:
-    return get("/healthz", Health)
+def health() -> Call[schemas.Health]:
+    return get("/healthz", schemas.Health)
 
 
-def events(*, after: int, limit: int) -> Call[EventPage]:
-    return get("/events", EventPage, after=after, limit=limit)
+def events(*, after: int, limit: int) -> Call[schemas.EventPage]:
+    return get("/events", schemas.EventPage, after=after, limit=limit)
 
 
-def usage(*, since: datetime | None, until: datetime | None, group_by: str) -> Call[UsagePage]:
+def usage(*, since: datetime | None, until: datetime | None, group_by: str) -> Call[schemas.UsagePage]:
     params = {
         "group_by": group_by,
         "from": None if since is None else since.isoformat(),
         "to": None if until is None else until.isoformat(),
     }
-    return Call("GET", "/usage", reads(UsagePage), params)
+    return Call("GET", "/usage", reads(schemas.UsagePage), params)
 
 
 # Jobs --------------------------------------------------------------------------------------------------
 
 
-def create_job(spec: SpecInput, idempotency_key: str | None, dry_run: bool) -> Call[JobPublic | PlanPublic]:
+def create_job(
+    spec: SpecInput, idempotency_key: str | None, dry_run: bool
+) -> Call[schemas.JobPublic | schemas.PlanPublic]:
     content, ctype = _core.spec_body(spec)
     headers = {"Content-Type": ctype}
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
     if dry_run:
-        return Call("POST", "/jobs", reads(PlanPublic), {"dry_run": "true"}, content, headers)
-    return Call("POST", "/jobs", reads(JobPublic), {}, content, headers)
+        return Call("POST", "/jobs", reads(schemas.PlanPublic), {"dry_run": "true"}, content, headers)
+    return Call("POST", "/jobs", reads(schemas.JobPublic), {}, content, headers)
 
 
-def list_page(status: StatusFilter, *, limit: int, cursor: str | None) -> Call[JobList]:
-    return get("/jobs", JobList, status=_core.status_param(status), limit=limit, cursor=cursor)
+def list_page(status: StatusFilter, *, limit: int, cursor: str | None) -> Call[schemas.JobList]:
+    return get("/jobs", schemas.JobList, status=_core.status_param(status), limit=limit, cursor=cursor)
 
 
-def list_jobs(status: StatusFilter, limit: int) -> Flow[JobPublic, None]:
+def list_jobs(status: StatusFilter, limit: int) -> Flow[schemas.JobPublic, None]:
     return pages_by_cursor(lambda cursor: list_page(status, limit=limit, cursor=cursor))
 
 
-def get_job(job_id: str) -> Call[JobPublic]:
-    return get(job_path(job_id), JobPublic)
+def get_job(job_id: str) -> Call[schemas.JobPublic]:
+    return get(job_path(job_id), schemas.JobPublic)
 
 
-def cancel_job(job_id: str) -> Call[JobPublic]:
-    return post(job_path(job_id, "cancel"), JobPublic)
+def cancel_job(job_id: str) -> Call[schemas.JobPublic]:
+    return post(job_path(job_id, "cancel"), schemas.JobPublic)
 
 
-def plan(job_id: str) -> Call[PlanPublic]:
-    return get(job_path(job_id, "plan"), PlanPublic)
+def plan(job_id: str) -> Call[schemas.PlanPublic]:
+    return get(job_path(job_id, "plan"), schemas.PlanPublic)
 
 
-def checkpoints(job_id: str) -> Call[builtins.list[Checkpoint]]:
-    return Call("GET", job_path(job_id, "checkpoints"), lambda r, url: reads(CheckpointList)(r, url).data)
+def checkpoints(job_id: str) -> Call[builtins.list[schemas.Checkpoint]]:
+    return Call(
+        "GET", job_path(job_id, "checkpoints"), lambda r, url: reads(schemas.CheckpointList)(r, url).data
+    )
 
 
-def job_events(job_id: str, *, after: int, limit: int) -> Call[EventPage]:
-    return get(job_path(job_id, "events"), EventPage, after=after, limit=limit)
+def job_events(job_id: str, *, after: int, limit: int) -> Call[schemas.EventPage]:
+    return get(job_path(job_id, "events"), schemas.EventPage, after=after, limit=limit)
 
 
-def wait_job(job_id: str, timeout: float | None, poll: float) -> Flow[Never, JobPublic]:
-    def timed_out(job: JobPublic) -> WaitTimeout:
+def wait_job(job_id: str, timeout: float | None, poll: float) -> Flow[Never, schemas.JobPublic]:
+    def timed_out(job: schemas.JobPublic) -> WaitTimeout:
         return WaitTimeout(job, timeout or 0.0)
 
     return wait_until(get_job(job_id), ended, timed_out, timeout, poll)
 
 
-def ended(found: JobPublic | ExportPublic) -> bool:
+def ended(found: schemas.JobPublic | schemas.ExportPublic) -> bool:
     return _core.is_terminal(found.status)
 
 
@@ -154,25 +136,27 @@ def export(
     dtype: str,
     max_shard_size: str | None,
     push_to_hub: Mapping[str, Any] | str | None,
-) -> Call[ExportPublic]:
+) -> Call[schemas.ExportPublic]:
     content, headers = _core.export_body(kind, dtype, max_shard_size, push_to_hub)
-    return Call("POST", _core.export_path(job_id), reads(ExportPublic), {}, content, headers)
+    return Call("POST", _core.export_path(job_id), reads(schemas.ExportPublic), {}, content, headers)
 
 
-def exports(job_id: str) -> Call[builtins.list[ExportPublic]]:
-    return Call("GET", _core.export_path(job_id), lambda r, url: reads(ExportList)(r, url).data)
+def exports(job_id: str) -> Call[builtins.list[schemas.ExportPublic]]:
+    return Call("GET", _core.export_path(job_id), lambda r, url: reads(schemas.ExportList)(r, url).data)
 
 
-def get_export(job_id: str, export_id: str) -> Call[ExportPublic]:
-    return get(_core.export_path(job_id, export_id), ExportPublic)
+def get_export(job_id: str, export_id: str) -> Call[schemas.ExportPublic]:
+    return get(_core.export_path(job_id, export_id), schemas.ExportPublic)
 
 
-def cancel_export(job_id: str, export_id: str) -> Call[ExportPublic]:
-    return post(_core.export_path(job_id, export_id, "cancel"), ExportPublic)
+def cancel_export(job_id: str, export_id: str) -> Call[schemas.ExportPublic]:
+    return post(_core.export_path(job_id, export_id, "cancel"), schemas.ExportPublic)
 
 
-def wait_export(job_id: str, export_id: str, timeout: float | None, poll: float) -> Flow[Never, ExportPublic]:
-    def timed_out(export: ExportPublic) -> TimeoutError:
+def wait_export(
+    job_id: str, export_id: str, timeout: float | None, poll: float
+) -> Flow[Never, schemas.ExportPublic]:
+    def timed_out(export: schemas.ExportPublic) -> TimeoutError:
         return TimeoutError(f"export {export_id} still {export.status} after {timeout} s")
 
     return wait_until(get_export(job_id, export_id), ended, timed_out, timeout, poll)
@@ -181,11 +165,11 @@ def wait_export(job_id: str, export_id: str, timeout: float | None, poll: float)
 # Logs
 
 
-def log_chunk(job_id: str, *, offset: int, limit: int = _core.LOG_READ_BYTES) -> Call[LogChunk]:
-    return get(job_path(job_id, "logs"), LogChunk, offset=offset, limit=limit)
+def log_chunk(job_id: str, *, offset: int, limit: int = _core.LOG_READ_BYTES) -> Call[schemas.LogChunk]:
+    return get(job_path(job_id, "logs"), schemas.LogChunk, offset=offset, limit=limit)
 
 
-def log_chunks(job_id: str, offset: int, follow: bool, poll: float) -> Flow[LogChunk, None]:
+def log_chunks(job_id: str, offset: int, follow: bool, poll: float) -> Flow[schemas.LogChunk, None]:
     """train.log as it comes. Without follow: what is there now. With follow: until the job has ended and
     the whole log was read; the last chunk then has `complete` set."""
     if follow:
@@ -199,7 +183,7 @@ def log_chunks(job_id: str, offset: int, follow: bool, poll: float) -> Flow[LogC
         offset = chunk.next_offset
 
 
-def follow_log(job_id: str, offset: int, poll: float) -> Flow[LogChunk, None]:
+def follow_log(job_id: str, offset: int, poll: float) -> Flow[schemas.LogChunk, None]:
     # The server streams the log (one request for the whole run). Should the stream end early (server
     # restart, a proxy's idle timeout), one plain read catches up and the stream reopens.
     path = job_path(job_id, "logs", "stream")
@@ -230,7 +214,7 @@ def follow_log(job_id: str, offset: int, poll: float) -> Flow[LogChunk, None]:
 _SSE = {"Accept": "text/event-stream"}
 
 
-def log_lines(chunks: Flow[LogChunk, None]) -> Flow[str, None]:
+def log_lines(chunks: Flow[schemas.LogChunk, None]) -> Flow[str, None]:
     """The text of `chunks` line by line (without the newline)."""
     buffer = _core.LineBuffer()
     yield from each_item(chunks, lambda chunk: iter(buffer.feed(chunk.text)))
@@ -242,28 +226,30 @@ def log_lines(chunks: Flow[LogChunk, None]) -> Flow[str, None]:
 # Metrics and samples
 
 
-def metrics(job_id: str, *, after_step: int, limit: int) -> Call[MetricsPage]:
-    return get(job_path(job_id, "metrics"), MetricsPage, after_step=after_step, limit=limit)
+def metrics(job_id: str, *, after_step: int, limit: int) -> Call[schemas.MetricsPage]:
+    return get(job_path(job_id, "metrics"), schemas.MetricsPage, after_step=after_step, limit=limit)
 
 
 def iter_metrics(
     job_id: str, after_step: int, follow: bool, poll: float, page_size: int
-) -> Flow[Point, None]:
-    def caught_up(points: Sequence[Point]) -> bool:
+) -> Flow[schemas.Point, None]:
+    def caught_up(points: Sequence[schemas.Point]) -> bool:
         return len(points) < page_size
 
     page = partial(metrics, job_id, limit=page_size)
     return pages_after_step(lambda step: page(after_step=step), after_step, caught_up, follow, poll)
 
 
-def samples(job_id: str, *, after_step: int, limit: int) -> Call[SamplesPage]:
-    return get(job_path(job_id, "samples"), SamplesPage, after_step=after_step, limit=limit)
+def samples(job_id: str, *, after_step: int, limit: int) -> Call[schemas.SamplesPage]:
+    return get(job_path(job_id, "samples"), schemas.SamplesPage, after_step=after_step, limit=limit)
 
 
 def iter_samples(
     job_id: str, after_step: int, follow: bool, poll: float, page_size: int
-) -> Flow[SamplePublic, None]:
-    def caught_up(got: Sequence[SamplePublic]) -> bool:  # a page holds whole steps: `limit` counts steps
+) -> Flow[schemas.SamplePublic, None]:
+    def caught_up(
+        got: Sequence[schemas.SamplePublic],
+    ) -> bool:  # a page holds whole steps: `limit` counts steps
         return len({s.step for s in got}) < page_size
 
     page = partial(samples, job_id, limit=page_size)
@@ -273,8 +259,8 @@ def iter_samples(
 # Artifacts
 
 
-def artifacts(job_id: str) -> Call[builtins.list[Artifact]]:
-    return Call("GET", job_path(job_id, "artifacts"), lambda r, url: reads(ArtifactList)(r, url).data)
+def artifacts(job_id: str) -> Call[builtins.list[schemas.Artifact]]:
+    return Call("GET", job_path(job_id, "artifacts"), lambda r, url: reads(schemas.ArtifactList)(r, url).data)
 
 
 def download(
@@ -290,7 +276,7 @@ def download(
         if progress:
             progress(n, total)
 
-    fetched: builtins.list[tuple[Artifact, Path, str | None, int]] = []
+    fetched: builtins.list[tuple[schemas.Artifact, Path, str | None, int]] = []
     for artifact, dest in plan:
         if (yield from blocking(partial(_core.already_there, dest, artifact))):
             report(artifact.size)
@@ -314,7 +300,7 @@ def download(
 
 
 def _fetch_file(
-    job_id: str, artifact: Artifact, dest: Path, report: Callable[[int], None]
+    job_id: str, artifact: schemas.Artifact, dest: Path, report: Callable[[int], None]
 ) -> Flow[Never, tuple[str, int]]:
     """One file into its .part file, continuing what an interrupted download left (Range + If-Range);
     (sha256 of the whole file, bytes it resumed from)."""
@@ -352,23 +338,25 @@ def file_path(file_id: str, *rest: str) -> str:
     return "/".join(["/files", quote(file_id, safe=""), *rest])
 
 
-def upload(path: str | os.PathLike[str], filename: str | None, progress: Progress | None) -> Call[FilePublic]:
+def upload(
+    path: str | os.PathLike[str], filename: str | None, progress: Progress | None
+) -> Call[schemas.FilePublic]:
     local = Path(path)
     headers = {"Content-Type": "application/jsonl", "Content-Length": str(os.stat(local).st_size)}
     params = {"filename": filename or local.name}
-    return Call("POST", "/files", reads(FilePublic), params, Upload(local, progress), headers)
+    return Call("POST", "/files", reads(schemas.FilePublic), params, Upload(local, progress), headers)
 
 
-def files_page(*, limit: int, cursor: str | None) -> Call[FileList]:
-    return get("/files", FileList, limit=limit, cursor=cursor)
+def files_page(*, limit: int, cursor: str | None) -> Call[schemas.FileList]:
+    return get("/files", schemas.FileList, limit=limit, cursor=cursor)
 
 
-def list_files(limit: int) -> Flow[FilePublic, None]:
+def list_files(limit: int) -> Flow[schemas.FilePublic, None]:
     return pages_by_cursor(lambda cursor: files_page(limit=limit, cursor=cursor))
 
 
-def get_file(file_id: str) -> Call[FilePublic]:
-    return get(file_path(file_id), FilePublic)
+def get_file(file_id: str) -> Call[schemas.FilePublic]:
+    return get(file_path(file_id), schemas.FilePublic)
 
 
 def file_content(file_id: str) -> Call[bytes]:
@@ -388,8 +376,8 @@ def delete_file(file_id: str) -> Call[None]:
     return Call("DELETE", file_path(file_id), lambda resp, url: None)
 
 
-def wait_file(file_id: str, timeout: float | None, poll: float) -> Flow[Never, FilePublic]:
-    def timed_out(found: FilePublic) -> WaitTimeout:
+def wait_file(file_id: str, timeout: float | None, poll: float) -> Flow[Never, schemas.FilePublic]:
+    def timed_out(found: schemas.FilePublic) -> WaitTimeout:
         return WaitTimeout(found, timeout or 0.0)  # type: ignore[arg-type]
 
     return wait_until(get_file(file_id), lambda f: f.status != "validating", timed_out, timeout, poll)

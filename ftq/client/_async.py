@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, Never, TypeVar, overload
+from typing import Any, Literal, Never, overload
 
 import anyio
 import httpx
 
-from ftq.client import _api, _core
+from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._files import AsyncFiles
-from ftq.client._plan import CHUNK_BYTES, Blocking, Call, Flow, Next, Open, Run, Sleep, Step, Upload, fetch
+from ftq.client._plan import A, R, T
 from ftq.schemas import (
     Artifact,
     Checkpoint,
@@ -33,10 +33,6 @@ from ftq.schemas import (
     SamplesPage,
     UsagePage,
 )
-
-A = TypeVar("A")
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 class AsyncClient:
@@ -99,53 +95,53 @@ class AsyncClient:
 
     # Transport: the same flows as `Client` runs (`_api`), each step awaited.
 
-    async def _call(self, call: Call[A]) -> A:
-        return await self._run(fetch(call))
+    async def _call(self, call: _plan.Call[A]) -> A:
+        return await self._run(_plan.fetch(call))
 
-    async def _run(self, flow: Flow[Never, R]) -> R:
-        run: Run[Never, R] = Run(flow)
+    async def _run(self, flow: _plan.Flow[Never, R]) -> R:
+        run: _plan.Run[Never, R] = _plan.Run(flow)
         async for _ in self._drive(run):
             pass
         return run.result
 
-    def _iterate(self, flow: Flow[T, None]) -> AsyncIterator[T]:
-        return self._drive(Run(flow))
+    def _iterate(self, flow: _plan.Flow[T, None]) -> AsyncIterator[T]:
+        return self._drive(_plan.Run(flow))
 
-    async def _drive(self, run: Run[T, Any]) -> AsyncIterator[T]:
-        """Does each step the flow asks for and answers it (or throws its failure in); yields its items."""
-        async with AsyncExitStack() as stream:  # the response the flow reads with Next steps
-            pieces: AsyncIterator[Any] | None = None
-            path = ""
+    async def _drive(self, run: _plan.Run[T, Any]) -> AsyncIterator[T]:
+        """As `Client._drive`, each step awaited (disk work in a worker thread)."""
+        async with AsyncExitStack() as stream:
             for step in run:
-                if not isinstance(step, Step):
+                if not isinstance(step, _plan.Step):
                     yield step
                     continue
-                if not isinstance(step, Next):
-                    await stream.aclose()
-                    pieces = None
-                if isinstance(step, Call | Open):
-                    path = step.path
                 try:
-                    if isinstance(step, Call):
-                        run.answer(step.read(await self._request(step), self.url))
-                    elif isinstance(step, Open):
-                        resp = await stream.enter_async_context(self._open(step))
-                        pieces = resp.aiter_lines() if step.lines else resp.aiter_bytes(CHUNK_BYTES)
-                        run.answer(resp)
-                    elif isinstance(step, Next):
-                        run.answer(await anext(pieces, None) if pieces is not None else None)
-                    elif isinstance(step, Sleep):
-                        await anyio.sleep(step.seconds)
-                    elif isinstance(step, Blocking):
-                        run.answer(await anyio.to_thread.run_sync(step.fn))
-                except httpx.HTTPError as exc:
-                    run.fail(_core.transport_error(exc, self.url, path))
+                    run.answer(await self._do(step, run, stream))
                 except Exception as exc:
                     run.fail(exc)
 
-    async def _request(self, call: Call[Any]) -> httpx.Response:
+    async def _do(self, step: _plan.Step, run: _plan.Run[Any, Any], stream: AsyncExitStack) -> Any:
+        if not isinstance(step, _plan.Next):
+            await stream.aclose()
+        try:
+            if isinstance(step, _plan.Next):
+                return await anext(run.reading, None)
+            if isinstance(step, _plan.Call):
+                return step.read(await self._request(step), self.url)
+            if isinstance(step, _plan.Open):
+                resp = await stream.enter_async_context(self._open(step))
+                run.reading = resp.aiter_lines() if step.lines else resp.aiter_bytes(_core.CHUNK_BYTES)
+                return resp
+        except httpx.HTTPError as exc:
+            raise _core.transport_error(exc, self.url, run.path) from exc
+        if isinstance(step, _plan.Sleep):
+            await anyio.sleep(step.seconds)
+        elif isinstance(step, _plan.Blocking):
+            return await anyio.to_thread.run_sync(step.fn)
+        return None
+
+    async def _request(self, call: _plan.Call[Any]) -> httpx.Response:
         query = {k: v for k, v in call.params.items() if v is not None}
-        content = call.content.achunks() if isinstance(call.content, Upload) else call.content
+        content = call.content.achunks() if isinstance(call.content, _plan.Upload) else call.content
         resp = await self._http.request(
             call.method, call.path, params=query, content=content, headers=call.headers
         )
@@ -154,7 +150,7 @@ class AsyncClient:
         return resp
 
     @asynccontextmanager
-    async def _open(self, step: Open) -> AsyncIterator[httpx.Response]:
+    async def _open(self, step: _plan.Open) -> AsyncIterator[httpx.Response]:
         async with self._http.stream(
             "GET", step.path, params=dict(step.params), headers=dict(step.headers)
         ) as resp:

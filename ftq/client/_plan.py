@@ -20,14 +20,13 @@ from typing import Any, Generic, Never, TypeAlias, TypeVar, cast
 import anyio
 import httpx
 
+from ftq.client._core import CHUNK_BYTES
+
 A = TypeVar("A")
 A_co = TypeVar("A_co", covariant=True)
 T = TypeVar("T")
 U = TypeVar("U")
 R = TypeVar("R")
-
-# What one read of a file sends or one read of a response writes: files are streamed, never read whole.
-CHUNK_BYTES = 1024**2
 
 Progress: TypeAlias = Callable[[int, int], None]
 
@@ -157,6 +156,10 @@ class Run(Generic[T, R]):
         self._answer: Any = None
         self._error: Exception | None = None
         self.result: R
+        # The path of the last request (for a transport error's message), and the lines or chunks of
+        # the response the flow has open: the client's own (async or not) iterator, for its Next steps.
+        self.path = ""
+        self.reading: Any = None
 
     def answer(self, value: Any) -> None:
         self._answer = value
@@ -169,7 +172,10 @@ class Run(Generic[T, R]):
             while True:
                 answer, error = self._answer, self._error
                 self._answer, self._error = None, None
-                yield self._flow.throw(error) if error is not None else self._flow.send(answer)
+                out = self._flow.throw(error) if error is not None else self._flow.send(answer)
+                if isinstance(out, Call | Open):
+                    self.path = out.path
+                yield out
         except StopIteration as done:
             self.result = done.value
         finally:

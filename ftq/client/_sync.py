@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, Never, TypeVar, overload
+from typing import Any, Literal, Never, overload
 
 import httpx
 
-from ftq.client import _api, _core
+from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._files import Files
-from ftq.client._plan import CHUNK_BYTES, Blocking, Call, Flow, Next, Open, Run, Sleep, Step, Upload, fetch
+from ftq.client._plan import A, R, T
 from ftq.schemas import (
     Artifact,
     Checkpoint,
@@ -33,10 +33,6 @@ from ftq.schemas import (
     SamplesPage,
     UsagePage,
 )
-
-A = TypeVar("A")
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 class Client:
@@ -99,60 +95,60 @@ class Client:
     # Transport: every call is a `_plan` flow, and this loop runs them all, so every failure comes out
     # as an ftq error and the async client cannot read the API differently.
 
-    def _call(self, call: Call[A]) -> A:
-        return self._run(fetch(call))
+    def _call(self, call: _plan.Call[A]) -> A:
+        return self._run(_plan.fetch(call))
 
-    def _run(self, flow: Flow[Never, R]) -> R:
-        run: Run[Never, R] = Run(flow)
+    def _run(self, flow: _plan.Flow[Never, R]) -> R:
+        run: _plan.Run[Never, R] = _plan.Run(flow)
         for _ in self._drive(run):
             pass
         return run.result
 
-    def _iterate(self, flow: Flow[T, None]) -> Iterator[T]:
-        return self._drive(Run(flow))
+    def _iterate(self, flow: _plan.Flow[T, None]) -> Iterator[T]:
+        return self._drive(_plan.Run(flow))
 
-    def _drive(self, run: Run[T, Any]) -> Iterator[T]:
+    def _drive(self, run: _plan.Run[T, Any]) -> Iterator[T]:
         """Does each step the flow asks for and answers it (or throws its failure in); yields its items."""
         with ExitStack() as stream:  # the response the flow reads with Next steps
-            pieces: Iterator[Any] | None = None
-            path = ""
             for step in run:
-                if not isinstance(step, Step):
+                if not isinstance(step, _plan.Step):
                     yield step
                     continue
-                if not isinstance(step, Next):
-                    stream.close()
-                    pieces = None
-                if isinstance(step, Call | Open):
-                    path = step.path
                 try:
-                    if isinstance(step, Call):
-                        run.answer(step.read(self._request(step), self.url))
-                    elif isinstance(step, Open):
-                        resp = stream.enter_context(self._open(step))
-                        pieces = resp.iter_lines() if step.lines else resp.iter_bytes(CHUNK_BYTES)
-                        run.answer(resp)
-                    elif isinstance(step, Next):
-                        run.answer(next(pieces, None) if pieces is not None else None)
-                    elif isinstance(step, Sleep):
-                        time.sleep(step.seconds)
-                    elif isinstance(step, Blocking):
-                        run.answer(step.fn())
-                except httpx.HTTPError as exc:
-                    run.fail(_core.transport_error(exc, self.url, path))
+                    run.answer(self._do(step, run, stream))
                 except Exception as exc:
                     run.fail(exc)
 
-    def _request(self, call: Call[Any]) -> httpx.Response:
+    def _do(self, step: _plan.Step, run: _plan.Run[Any, Any], stream: ExitStack) -> Any:
+        if not isinstance(step, _plan.Next):
+            stream.close()  # any other step ends the reading of an open response
+        try:
+            if isinstance(step, _plan.Next):
+                return next(run.reading, None)
+            if isinstance(step, _plan.Call):
+                return step.read(self._request(step), self.url)
+            if isinstance(step, _plan.Open):
+                resp = stream.enter_context(self._open(step))
+                run.reading = resp.iter_lines() if step.lines else resp.iter_bytes(_core.CHUNK_BYTES)
+                return resp
+        except httpx.HTTPError as exc:
+            raise _core.transport_error(exc, self.url, run.path) from exc
+        if isinstance(step, _plan.Sleep):
+            time.sleep(step.seconds)
+        elif isinstance(step, _plan.Blocking):
+            return step.fn()
+        return None
+
+    def _request(self, call: _plan.Call[Any]) -> httpx.Response:
         query = {k: v for k, v in call.params.items() if v is not None}
-        content = call.content.chunks() if isinstance(call.content, Upload) else call.content
+        content = call.content.chunks() if isinstance(call.content, _plan.Upload) else call.content
         resp = self._http.request(call.method, call.path, params=query, content=content, headers=call.headers)
         if resp.status_code >= 400:
             raise _core.error_from_response(resp)
         return resp
 
     @contextmanager
-    def _open(self, step: Open) -> Iterator[httpx.Response]:
+    def _open(self, step: _plan.Open) -> Iterator[httpx.Response]:
         with self._http.stream(
             "GET", step.path, params=dict(step.params), headers=dict(step.headers)
         ) as resp:
