@@ -3,7 +3,6 @@ single request, a flow for what pages, follows, waits or downloads."""
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import os
 import time
@@ -36,6 +35,8 @@ from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)
+
+_SSE = {"Accept": "text/event-stream"}
 
 
 def reads(model: type[M]) -> Callable[[httpx.Response, str], M]:
@@ -106,10 +107,9 @@ def plan(job_id: str) -> Call[schemas.PlanPublic]:
     return get(job_path(job_id, "plan"), schemas.PlanPublic)
 
 
-def checkpoints(job_id: str) -> Call[builtins.list[schemas.Checkpoint]]:
-    return Call(
-        "GET", job_path(job_id, "checkpoints"), lambda r, url: reads(schemas.CheckpointList)(r, url).data
-    )
+def checkpoints(job_id: str) -> Call[list[schemas.Checkpoint]]:
+    listing = reads(schemas.CheckpointList)
+    return Call("GET", job_path(job_id, "checkpoints"), lambda resp, url: listing(resp, url).data)
 
 
 def job_events(job_id: str, *, after: int, limit: int) -> Call[schemas.EventPage]:
@@ -141,8 +141,9 @@ def export(
     return Call("POST", _core.export_path(job_id), reads(schemas.ExportPublic), {}, content, headers)
 
 
-def exports(job_id: str) -> Call[builtins.list[schemas.ExportPublic]]:
-    return Call("GET", _core.export_path(job_id), lambda r, url: reads(schemas.ExportList)(r, url).data)
+def exports(job_id: str) -> Call[list[schemas.ExportPublic]]:
+    listing = reads(schemas.ExportList)
+    return Call("GET", _core.export_path(job_id), lambda resp, url: listing(resp, url).data)
 
 
 def get_export(job_id: str, export_id: str) -> Call[schemas.ExportPublic]:
@@ -211,9 +212,6 @@ def follow_log(job_id: str, offset: int, poll: float) -> Flow[schemas.LogChunk, 
         offset = chunk.next_offset
 
 
-_SSE = {"Accept": "text/event-stream"}
-
-
 def log_lines(chunks: Flow[schemas.LogChunk, None]) -> Flow[str, None]:
     """The text of `chunks` line by line (without the newline)."""
     buffer = _core.LineBuffer()
@@ -247,9 +245,8 @@ def samples(job_id: str, *, after_step: int, limit: int) -> Call[schemas.Samples
 def iter_samples(
     job_id: str, after_step: int, follow: bool, poll: float, page_size: int
 ) -> Flow[schemas.SamplePublic, None]:
-    def caught_up(
-        got: Sequence[schemas.SamplePublic],
-    ) -> bool:  # a page holds whole steps: `limit` counts steps
+    # A page holds whole steps: its `limit` counts steps, not samples.
+    def caught_up(got: Sequence[schemas.SamplePublic]) -> bool:
         return len({s.step for s in got}) < page_size
 
     page = partial(samples, job_id, limit=page_size)
@@ -259,13 +256,14 @@ def iter_samples(
 # Artifacts
 
 
-def artifacts(job_id: str) -> Call[builtins.list[schemas.Artifact]]:
-    return Call("GET", job_path(job_id, "artifacts"), lambda r, url: reads(schemas.ArtifactList)(r, url).data)
+def artifacts(job_id: str) -> Call[list[schemas.Artifact]]:
+    listing = reads(schemas.ArtifactList)
+    return Call("GET", job_path(job_id, "artifacts"), lambda resp, url: listing(resp, url).data)
 
 
 def download(
     job_id: str, path: str, out: str | os.PathLike[str], progress: Progress | None, verify: bool
-) -> Flow[Never, builtins.list[Downloaded]]:
+) -> Flow[Never, list[Downloaded]]:
     """An artifact file, or a folder file by file, fetched into `out` (see `Jobs.download`)."""
     plan = _core.plan_download((yield from fetch(artifacts(job_id))), path, Path(out))
     if not plan:
@@ -276,7 +274,7 @@ def download(
         if progress:
             progress(n, total)
 
-    fetched: builtins.list[tuple[schemas.Artifact, Path, str | None, int]] = []
+    fetched: list[tuple[schemas.Artifact, Path, str | None, int]] = []
     for artifact, dest in plan:
         if (yield from blocking(partial(_core.already_there, dest, artifact))):
             report(artifact.size)
@@ -439,18 +437,18 @@ def pages_after_step(
 
 
 def wait_until(
-    get: Call[M],
+    call: Call[M],
     done: Callable[[M], bool],
     timed_out: Callable[[M], Exception],
     timeout: float | None,
     poll: float,
 ) -> Flow[Never, M]:
-    """`get` every `poll` seconds until `done`; `timed_out(last)` is raised after `timeout` seconds.
+    """`call` every `poll` seconds until its answer is `done`; `timed_out(last)` is raised after `timeout` seconds.
     A 503 (the server's store restarting) is waited out rather than raised, while time is left."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
-            found = yield from fetch(get)
+            found = yield from fetch(call)
         except Unavailable as exc:
             if deadline is not None and time.monotonic() >= deadline:
                 raise

@@ -13,26 +13,11 @@ from typing import Any, Literal, Never, overload
 import anyio
 import httpx
 
+from ftq import schemas
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._files import AsyncFiles
 from ftq.client._plan import A, R, T
-from ftq.schemas import (
-    Artifact,
-    Checkpoint,
-    EventPage,
-    ExportPublic,
-    Health,
-    JobList,
-    JobPublic,
-    LogChunk,
-    MetricsPage,
-    PlanPublic,
-    Point,
-    SamplePublic,
-    SamplesPage,
-    UsagePage,
-)
 
 
 class AsyncClient:
@@ -60,17 +45,17 @@ class AsyncClient:
         self.jobs = AsyncJobs(self)
         self.files = AsyncFiles(self)
 
-    async def events(self, *, after: int = 0, limit: int = 100) -> EventPage:
+    async def events(self, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
         return await self._call(_api.events(after=after, limit=limit))
 
-    async def health(self) -> Health:
+    async def health(self) -> schemas.Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
         return await self._call(_api.health())
 
     async def usage(
         self, *, since: datetime | None = None, until: datetime | None = None, group_by: str = "owner"
-    ) -> UsagePage:
+    ) -> schemas.UsagePage:
         """GET /usage: device-seconds of runs that ended in [since, until), per owner or per owner and day."""
         return await self._call(_api.usage(since=since, until=until, group_by=group_by))
 
@@ -169,43 +154,43 @@ class AsyncJobs:
     @overload
     async def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[False] = False
-    ) -> JobPublic: ...
+    ) -> schemas.JobPublic: ...
 
     @overload
     async def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[True]
-    ) -> PlanPublic: ...
+    ) -> schemas.PlanPublic: ...
 
     @overload
     async def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool
-    ) -> JobPublic | PlanPublic: ...
+    ) -> schemas.JobPublic | schemas.PlanPublic: ...
 
     async def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool = False
-    ) -> JobPublic | PlanPublic:
+    ) -> schemas.JobPublic | schemas.PlanPublic:
         """Submit a job (JobSpec, dict or file path); with dry_run, only its plan, nothing stored."""
         return await self._client._call(_api.create_job(spec, idempotency_key, dry_run))
 
     async def list_page(
         self, status: StatusFilter = None, *, limit: int = 50, cursor: str | None = None
-    ) -> JobList:
+    ) -> schemas.JobList:
         return await self._client._call(_api.list_page(status, limit=limit, cursor=cursor))
 
-    def list(self, status: StatusFilter = None, *, limit: int = 50) -> AsyncIterator[JobPublic]:
+    def list(self, status: StatusFilter = None, *, limit: int = 50) -> AsyncIterator[schemas.JobPublic]:
         """Every job (of these statuses), newest first: `async for job in client.jobs.list(): ...`."""
         return self._client._iterate(_api.list_jobs(status, limit))
 
-    async def get(self, job_id: str) -> JobPublic:
+    async def get(self, job_id: str) -> schemas.JobPublic:
         return await self._client._call(_api.get_job(job_id))
 
-    async def cancel(self, job_id: str) -> JobPublic:
+    async def cancel(self, job_id: str) -> schemas.JobPublic:
         return await self._client._call(_api.cancel_job(job_id))
 
-    async def plan(self, job_id: str) -> PlanPublic:
+    async def plan(self, job_id: str) -> schemas.PlanPublic:
         return await self._client._call(_api.plan(job_id))
 
-    async def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
+    async def checkpoints(self, job_id: str) -> builtins.list[schemas.Checkpoint]:
         return await self._client._call(_api.checkpoints(job_id))
 
     # Exports
@@ -218,32 +203,34 @@ class AsyncJobs:
         *,
         max_shard_size: str | None = None,
         push_to_hub: Mapping[str, Any] | str | None = None,
-    ) -> ExportPublic:
+    ) -> schemas.ExportPublic:
         """As `Client.jobs.export`."""
         return await self._client._call(_api.export(job_id, kind, dtype, max_shard_size, push_to_hub))
 
-    async def exports(self, job_id: str) -> builtins.list[ExportPublic]:
+    async def exports(self, job_id: str) -> builtins.list[schemas.ExportPublic]:
         return await self._client._call(_api.exports(job_id))
 
-    async def get_export(self, job_id: str, export_id: str) -> ExportPublic:
+    async def get_export(self, job_id: str, export_id: str) -> schemas.ExportPublic:
         return await self._client._call(_api.get_export(job_id, export_id))
 
-    async def cancel_export(self, job_id: str, export_id: str) -> ExportPublic:
+    async def cancel_export(self, job_id: str, export_id: str) -> schemas.ExportPublic:
         return await self._client._call(_api.cancel_export(job_id, export_id))
 
     async def wait_export(
         self, job_id: str, export_id: str, *, timeout: float | None = None, poll: float = 1.0
-    ) -> ExportPublic:
+    ) -> schemas.ExportPublic:
         return await self._client._run(_api.wait_export(job_id, export_id, timeout, poll))
 
     # Logs
 
-    async def log_chunk(self, job_id: str, *, offset: int = 0, limit: int = _core.LOG_READ_BYTES) -> LogChunk:
+    async def log_chunk(
+        self, job_id: str, *, offset: int = 0, limit: int = _core.LOG_READ_BYTES
+    ) -> schemas.LogChunk:
         return await self._client._call(_api.log_chunk(job_id, offset=offset, limit=limit))
 
     def log_chunks(
         self, job_id: str, *, offset: int = 0, follow: bool = False, poll: float = 1.0
-    ) -> AsyncIterator[LogChunk]:
+    ) -> AsyncIterator[schemas.LogChunk]:
         return self._client._iterate(_api.log_chunks(job_id, offset, follow, poll))
 
     def logs(
@@ -253,10 +240,10 @@ class AsyncJobs:
 
     # Metrics
 
-    async def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> EventPage:
+    async def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         return await self._client._call(_api.job_events(job_id, after=after, limit=limit))
 
-    async def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> MetricsPage:
+    async def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> schemas.MetricsPage:
         return await self._client._call(_api.metrics(job_id, after_step=after_step, limit=limit))
 
     def iter_metrics(
@@ -267,12 +254,12 @@ class AsyncJobs:
         follow: bool = False,
         poll: float = 1.0,
         page_size: int = 1000,
-    ) -> AsyncIterator[Point]:
+    ) -> AsyncIterator[schemas.Point]:
         return self._client._iterate(_api.iter_metrics(job_id, after_step, follow, poll, page_size))
 
     # Samples
 
-    async def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> SamplesPage:
+    async def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> schemas.SamplesPage:
         return await self._client._call(_api.samples(job_id, after_step=after_step, limit=limit))
 
     def iter_samples(
@@ -283,18 +270,20 @@ class AsyncJobs:
         follow: bool = False,
         poll: float = 1.0,
         page_size: int = 100,
-    ) -> AsyncIterator[SamplePublic]:
+    ) -> AsyncIterator[schemas.SamplePublic]:
         return self._client._iterate(_api.iter_samples(job_id, after_step, follow, poll, page_size))
 
     # Waiting
 
-    async def wait(self, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> JobPublic:
+    async def wait(
+        self, job_id: str, *, timeout: float | None = None, poll: float = 1.0
+    ) -> schemas.JobPublic:
         """The job once it has ended; WaitTimeout after `timeout` s; a 503 is waited out."""
         return await self._client._run(_api.wait_job(job_id, timeout, poll))
 
     # Artifacts
 
-    async def artifacts(self, job_id: str) -> builtins.list[Artifact]:
+    async def artifacts(self, job_id: str) -> builtins.list[schemas.Artifact]:
         return await self._client._call(_api.artifacts(job_id))
 
     async def download(

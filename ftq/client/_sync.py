@@ -13,26 +13,11 @@ from typing import Any, Literal, Never, overload
 
 import httpx
 
+from ftq import schemas
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._files import Files
 from ftq.client._plan import A, R, T
-from ftq.schemas import (
-    Artifact,
-    Checkpoint,
-    EventPage,
-    ExportPublic,
-    Health,
-    JobList,
-    JobPublic,
-    LogChunk,
-    MetricsPage,
-    PlanPublic,
-    Point,
-    SamplePublic,
-    SamplesPage,
-    UsagePage,
-)
 
 
 class Client:
@@ -61,17 +46,17 @@ class Client:
         self.jobs = Jobs(self)
         self.files = Files(self)
 
-    def events(self, *, after: int = 0, limit: int = 100) -> EventPage:
+    def events(self, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
         return self._call(_api.events(after=after, limit=limit))
 
-    def health(self) -> Health:
+    def health(self) -> schemas.Health:
         """GET /healthz: the API process answers (it does not check the store; see /readyz)."""
         return self._call(_api.health())
 
     def usage(
         self, *, since: datetime | None = None, until: datetime | None = None, group_by: str = "owner"
-    ) -> UsagePage:
+    ) -> schemas.UsagePage:
         """GET /usage: device-seconds of runs that ended in [since, until), per owner or per owner and day."""
         return self._call(_api.usage(since=since, until=until, group_by=group_by))
 
@@ -167,21 +152,21 @@ class Jobs:
     @overload
     def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[False] = False
-    ) -> JobPublic: ...
+    ) -> schemas.JobPublic: ...
 
     @overload
     def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: Literal[True]
-    ) -> PlanPublic: ...
+    ) -> schemas.PlanPublic: ...
 
     @overload
     def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool
-    ) -> JobPublic | PlanPublic: ...
+    ) -> schemas.JobPublic | schemas.PlanPublic: ...
 
     def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool = False
-    ) -> JobPublic | PlanPublic:
+    ) -> schemas.JobPublic | schemas.PlanPublic:
         """Submit a job; with dry_run, only the plan (config, command, memory estimate), nothing stored.
 
         spec: a JobSpec, a dict, or a YAML/JSON file's path. idempotency_key: a retry with the same key
@@ -191,26 +176,26 @@ class Jobs:
 
     def list_page(
         self, status: StatusFilter = None, *, limit: int = 50, cursor: str | None = None
-    ) -> JobList:
+    ) -> schemas.JobList:
         """One page of jobs, newest first; pass its next_cursor to get the next page."""
         return self._client._call(_api.list_page(status, limit=limit, cursor=cursor))
 
-    def list(self, status: StatusFilter = None, *, limit: int = 50) -> Iterator[JobPublic]:
+    def list(self, status: StatusFilter = None, *, limit: int = 50) -> Iterator[schemas.JobPublic]:
         """Every job (of these statuses), newest first, fetching `limit` per request as it goes."""
         return self._client._iterate(_api.list_jobs(status, limit))
 
-    def get(self, job_id: str) -> JobPublic:
+    def get(self, job_id: str) -> schemas.JobPublic:
         return self._client._call(_api.get_job(job_id))
 
-    def cancel(self, job_id: str) -> JobPublic:
+    def cancel(self, job_id: str) -> schemas.JobPublic:
         """Ask the job to stop; idempotent, and a finished job is returned unchanged."""
         return self._client._call(_api.cancel_job(job_id))
 
-    def plan(self, job_id: str) -> PlanPublic:
+    def plan(self, job_id: str) -> schemas.PlanPublic:
         """What was rendered for the job: accelerate config, command, launch or sbatch script."""
         return self._client._call(_api.plan(job_id))
 
-    def checkpoints(self, job_id: str) -> builtins.list[Checkpoint]:
+    def checkpoints(self, job_id: str) -> builtins.list[schemas.Checkpoint]:
         return self._client._call(_api.checkpoints(job_id))
 
     # Exports
@@ -223,36 +208,38 @@ class Jobs:
         *,
         max_shard_size: str | None = None,
         push_to_hub: Mapping[str, Any] | str | None = None,
-    ) -> ExportPublic:
+    ) -> schemas.ExportPublic:
         """Export a succeeded job's model (`merged` or `adapter`, in `dtype`); an identical export under
         way or done is returned instead of a new one. `push_to_hub`: a repo id or `{repo_id, private}`."""
         return self._client._call(_api.export(job_id, kind, dtype, max_shard_size, push_to_hub))
 
-    def exports(self, job_id: str) -> builtins.list[ExportPublic]:
+    def exports(self, job_id: str) -> builtins.list[schemas.ExportPublic]:
         """The job's exports, newest first."""
         return self._client._call(_api.exports(job_id))
 
-    def get_export(self, job_id: str, export_id: str) -> ExportPublic:
+    def get_export(self, job_id: str, export_id: str) -> schemas.ExportPublic:
         return self._client._call(_api.get_export(job_id, export_id))
 
-    def cancel_export(self, job_id: str, export_id: str) -> ExportPublic:
+    def cancel_export(self, job_id: str, export_id: str) -> schemas.ExportPublic:
         return self._client._call(_api.cancel_export(job_id, export_id))
 
     def wait_export(
         self, job_id: str, export_id: str, *, timeout: float | None = None, poll: float = 1.0
-    ) -> ExportPublic:
+    ) -> schemas.ExportPublic:
         """The export once it has ended; WaitTimeout-like TimeoutError after `timeout` s."""
         return self._client._run(_api.wait_export(job_id, export_id, timeout, poll))
 
     # Logs
 
-    def log_chunk(self, job_id: str, *, offset: int = 0, limit: int = _core.LOG_READ_BYTES) -> LogChunk:
+    def log_chunk(
+        self, job_id: str, *, offset: int = 0, limit: int = _core.LOG_READ_BYTES
+    ) -> schemas.LogChunk:
         """Bytes [offset, offset+limit) of train.log; `complete` once the job ended and all was read."""
         return self._client._call(_api.log_chunk(job_id, offset=offset, limit=limit))
 
     def log_chunks(
         self, job_id: str, *, offset: int = 0, follow: bool = False, poll: float = 1.0
-    ) -> Iterator[LogChunk]:
+    ) -> Iterator[schemas.LogChunk]:
         """train.log as it comes. Without follow: what is there now. With follow: until the job has
         ended and the whole log was read; the last chunk then has `complete` set."""
         return self._client._iterate(_api.log_chunks(job_id, offset, follow, poll))
@@ -263,13 +250,13 @@ class Jobs:
 
     # Events
 
-    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> EventPage:
+    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """One page of the job's events with id > after, oldest first; pass `next_after` on."""
         return self._client._call(_api.job_events(job_id, after=after, limit=limit))
 
     # Metrics
 
-    def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> MetricsPage:
+    def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> schemas.MetricsPage:
         """One page of points with step > after_step; after_step=-1 starts at the first point."""
         return self._client._call(_api.metrics(job_id, after_step=after_step, limit=limit))
 
@@ -281,14 +268,14 @@ class Jobs:
         follow: bool = False,
         poll: float = 1.0,
         page_size: int = 1000,
-    ) -> Iterator[Point]:
+    ) -> Iterator[schemas.Point]:
         """Every point after after_step, page by page; with follow, also those logged later, until the
         job has ended and all were read."""
         return self._client._iterate(_api.iter_metrics(job_id, after_step, follow, poll, page_size))
 
     # Samples
 
-    def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> SamplesPage:
+    def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> schemas.SamplesPage:
         """One page of samples (completions of the spec's eval.sample_prompts): up to `limit` whole steps
         after after_step; after_step=-1 starts at the first."""
         return self._client._call(_api.samples(job_id, after_step=after_step, limit=limit))
@@ -301,14 +288,14 @@ class Jobs:
         follow: bool = False,
         poll: float = 1.0,
         page_size: int = 100,
-    ) -> Iterator[SamplePublic]:
+    ) -> Iterator[schemas.SamplePublic]:
         """Every sample after after_step, page by page; with follow, also those written later, until the
         job has ended and all were read."""
         return self._client._iterate(_api.iter_samples(job_id, after_step, follow, poll, page_size))
 
     # Waiting
 
-    def wait(self, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> JobPublic:
+    def wait(self, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> schemas.JobPublic:
         """The job once it has ended (succeeded, failed or cancelled); WaitTimeout after `timeout` s.
 
         A 503 (the server's store restarting) is waited out rather than raised, while time is left.
@@ -317,7 +304,7 @@ class Jobs:
 
     # Artifacts
 
-    def artifacts(self, job_id: str) -> builtins.list[Artifact]:
+    def artifacts(self, job_id: str) -> builtins.list[schemas.Artifact]:
         """Every file of the run a user may download (final/, checkpoints, exports, logs), with size,
         kind and sha256 (None while the server is still hashing a big file)."""
         return self._client._call(_api.artifacts(job_id))

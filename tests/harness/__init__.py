@@ -11,6 +11,7 @@
 - cli.py: run_ftq(), the CLI as a user runs it.
 - inprocess.py: settings for code run inside the test process.
 - launching.py: launch requests for launcher tests that run scripts of their own.
+- sdk.py: sdk_client(), the sync or the async SDK client for one scenario written for both (SDK_STYLES).
 - users.py: the unprivileged run users (FTQ_RUN_AS_USER) of the run-isolation tests, made on first use.
 """
 
@@ -43,6 +44,7 @@ from tests.harness.procs import (
     wait_until,
 )
 from tests.harness.redis import PrivateRedis
+from tests.harness.sdk import SDK_STYLES, sdk_client
 
 __all__ = [
     "ARTIFACTS",
@@ -51,6 +53,7 @@ __all__ = [
     "MODEL_CONFIGS",
     "QUICK_SETTINGS",
     "REPO",
+    "SDK_STYLES",
     "TINY",
     "TINY_RELATIVE",
     "CliResult",
@@ -71,6 +74,7 @@ __all__ = [
     "procs_with",
     "run_ftq",
     "run_pids",
+    "sdk_client",
     "text_dataset",
     "tiny_assets",
     "tiny_spec",
