@@ -443,8 +443,9 @@ def wait_until(
     timeout: float | None,
     poll: float,
 ) -> Flow[Never, M]:
-    """`call` every `poll` seconds until its answer is `done`; `timed_out(last)` is raised after `timeout` seconds.
-    A 503 (the server's store restarting) is waited out rather than raised, while time is left."""
+    """`call` every `poll` seconds until its answer is `done`; `timed_out(last answer)` is raised after
+    `timeout` seconds. A 503 (the server's store restarting) is waited out rather than raised, while time
+    is left."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:

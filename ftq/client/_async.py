@@ -105,14 +105,13 @@ class AsyncClient:
                     run.fail(exc)
 
     async def _do(self, step: _plan.Step, run: _plan.Run[Any, Any], stream: AsyncExitStack) -> Any:
-        if not isinstance(step, _plan.Next):
-            await stream.aclose()
         try:
             if isinstance(step, _plan.Next):
                 return await anext(run.reading, None)
             if isinstance(step, _plan.Call):
                 return step.read(await self._request(step), self.url)
             if isinstance(step, _plan.Open):
+                await stream.aclose()  # a flow reads one response at a time
                 resp = await stream.enter_async_context(self._open(step))
                 run.reading = resp.aiter_lines() if step.lines else resp.aiter_bytes(_core.CHUNK_BYTES)
                 return resp

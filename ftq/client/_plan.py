@@ -84,7 +84,8 @@ class Call(Step, Generic[A_co]):
 @dataclass(frozen=True)
 class Open(Step):
     """A GET whose body is read as it comes: answered with the response (status, headers), whose body
-    then comes by `Next` steps, as lines or as chunks of bytes. The flow's next other step closes it."""
+    then comes by `Next` steps, as lines or as chunks of bytes. It stays open while the flow does other
+    steps (hashing what a download already has), until the flow opens another or ends."""
 
     path: str
     lines: bool

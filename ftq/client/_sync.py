@@ -105,14 +105,13 @@ class Client:
                     run.fail(exc)
 
     def _do(self, step: _plan.Step, run: _plan.Run[Any, Any], stream: ExitStack) -> Any:
-        if not isinstance(step, _plan.Next):
-            stream.close()  # any other step ends the reading of an open response
         try:
             if isinstance(step, _plan.Next):
                 return next(run.reading, None)
             if isinstance(step, _plan.Call):
                 return step.read(self._request(step), self.url)
             if isinstance(step, _plan.Open):
+                stream.close()  # a flow reads one response at a time
                 resp = stream.enter_context(self._open(step))
                 run.reading = resp.iter_lines() if step.lines else resp.iter_bytes(_core.CHUNK_BYTES)
                 return resp
