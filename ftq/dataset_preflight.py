@@ -1,8 +1,8 @@
 """The dataset preflight: what a job's data amounts to, before it runs.
 
 Rows, tokens per sample with the job's own tokenizer (min, median, p95, max), how many samples
-`max_seq_len` truncates, total tokens, steps per epoch at the job's effective batch size, and the time
-that follows where the operator knows the throughput (FTQ_TOKENS_PER_SECOND_PER_DEVICE).
+`max_seq_len` truncates, total tokens, steps per epoch at the job's effective batch size, and the tokens
+the whole run trains on, from which `ftq.timecost` makes the plan's one time estimate.
 
 Only `.jsonl` files are read (a local one, or an upload), and only their first `sample_rows` rows: a
 larger file is extrapolated from those by its size, and says so (`sampled: true`). Only local tokenizers
@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ftq.spec import JobSpec, looks_local
+from ftq.timecost import TimeEstimate
 
 # A rendered chat template or text longer than this (characters) is cut before tokenizing: a preflight
 # never spends seconds on one row.
@@ -38,19 +39,6 @@ class TokenStats(BaseModel):
     p95: int
     max: int
     mean: float
-
-
-class TimeEstimate(BaseModel):
-    seconds: float | None = Field(
-        description="Training time the tokens and the operator's throughput imply; null when either is "
-        "unknown (see `reason`)."
-    )
-    tokens: int | None = Field(
-        None, description="Tokens the whole run processes (train_tokens x epochs, or the steps' worth)."
-    )
-    tokens_per_second_per_device: float | None = None
-    devices: int
-    reason: str | None = None
 
 
 class DatasetPreflight(BaseModel):
@@ -84,7 +72,14 @@ class DatasetPreflight(BaseModel):
     epochs: float | None = Field(
         None, description="Epochs the run covers (from num_train_epochs or max_steps)."
     )
-    time_estimate: TimeEstimate | None = None
+    run_tokens: int | None = Field(
+        None,
+        description="Tokens the whole run trains on: every epoch's, or max_steps' worth at the data's mean "
+        "sequence length (null when the data could not be tokenized).",
+    )
+    time_estimate: TimeEstimate | None = Field(
+        None, description="The plan's `time_estimate` (the same object), next to the numbers it rests on."
+    )
 
 
 def _percentile(sorted_values: list[int], q: float) -> int:
@@ -256,20 +251,18 @@ def analyse(
     source: str,
     known_rows: int | None,
     sample_rows: int,
-    tokens_per_second_per_device: float,
 ) -> DatasetPreflight:
     """The dataset preflight of a spec whose training data is the .jsonl file at `path` (None: data the
     preflight cannot read, such as a Hub dataset or a folder; only the batch arithmetic is given)."""
     tr, res = spec.training, spec.resources
-    devices = res.world_size
-    effective = tr.per_device_train_batch_size * tr.gradient_accumulation_steps * devices
+    effective = tr.per_device_train_batch_size * tr.gradient_accumulation_steps * res.world_size
     out = DatasetPreflight(
         source=source, max_seq_len=tr.max_seq_len, effective_batch_size=effective, rows=known_rows
     )
     out.rows_exact = known_rows is not None
     if path is None:
         out.skipped = "the preflight reads .jsonl files only (a local file or an upload)"
-        return _time(out, spec, tokens_per_second_per_device, devices, mean=None)
+        return _run_tokens(out, spec, mean=None)
     rows, ended, read, size = read_sample(path, sample_rows)
     out.sample_rows = len(rows)
     out.sampled = not ended
@@ -281,12 +274,12 @@ def analyse(
     tok, why, where = local_tokenizer(spec)
     if tok is None:
         out.skipped = why
-        return _time(out, spec, tokens_per_second_per_device, devices, mean=None)
+        return _run_tokens(out, spec, mean=None)
     out.tokenizer = where
     lengths = [n for n in (sample_length(r, spec, tok) for r in rows) if n is not None]
     if not lengths:
         out.skipped = "no row of the sample holds a field the job trains on"
-        return _time(out, spec, tokens_per_second_per_device, devices, mean=None)
+        return _run_tokens(out, spec, mean=None)
     out.tokens_per_sample = token_stats(lengths)
     scale = (out.rows or len(lengths)) / len(lengths)
     over = sum(1 for n in lengths if n > tr.max_seq_len)
@@ -298,33 +291,19 @@ def analyse(
     sequences = math.ceil(out.train_tokens_per_epoch / tr.max_seq_len) if tr.packing else rows_total
     out.steps_per_epoch = max(1, math.ceil(sequences / effective))
     mean_tokens = tr.max_seq_len if tr.packing else out.train_tokens_per_epoch / max(1, rows_total)
-    return _time(out, spec, tokens_per_second_per_device, devices, mean=mean_tokens)
+    return _run_tokens(out, spec, mean=mean_tokens)
 
 
-def _time(
-    out: DatasetPreflight, spec: JobSpec, tps: float, devices: int, *, mean: float | None
-) -> DatasetPreflight:
+def _run_tokens(out: DatasetPreflight, spec: JobSpec, *, mean: float | None) -> DatasetPreflight:
+    """The epochs the run covers and its tokens (`mean`: tokens per trained sequence; None: unknown)."""
     tr = spec.training
     if tr.num_train_epochs is not None:
         out.epochs = tr.num_train_epochs
     elif out.steps_per_epoch:
         out.epochs = (tr.max_steps or 0) / out.steps_per_epoch
-    tokens: int | None = None
     if mean is not None:
         if tr.max_steps is not None:
-            tokens = round(tr.max_steps * out.effective_batch_size * mean)
+            out.run_tokens = round(tr.max_steps * out.effective_batch_size * mean)
         elif out.train_tokens_per_epoch is not None and tr.num_train_epochs is not None:
-            tokens = round(out.train_tokens_per_epoch * tr.num_train_epochs)
-    estimate = TimeEstimate(
-        seconds=None, tokens=tokens, tokens_per_second_per_device=tps or None, devices=devices
-    )
-    if tokens is None:
-        estimate.reason = "the token count is unknown" + (f" ({out.skipped})" if out.skipped else "")
-    elif not tps:
-        estimate.reason = (
-            "the throughput is unknown: the operator sets FTQ_TOKENS_PER_SECOND_PER_DEVICE for this hardware"
-        )
-    else:
-        estimate.seconds = round(tokens / (tps * devices), 1)
-    out.time_estimate = estimate
+            out.run_tokens = round(out.train_tokens_per_epoch * tr.num_train_epochs)
     return out

@@ -11,18 +11,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from ftq.client import Client
-from ftq.client_cli import (
+from ftq.cli_output import (
     EXIT_INPUT,
     EXIT_REFUSED,
-    _fail,
-    _one_line_errors,
     api,
     err,
+    fail,
     fmt_age,
     fmt_bytes,
+    one_line_errors,
     out,
 )
+from ftq.client import Client
 from ftq.dataset_preflight import DatasetPreflight
 from ftq.schemas import FilePublic
 from ftq.spec import looks_local
@@ -36,7 +36,7 @@ FileIdArg = Annotated[
 
 def _files_command(name: str) -> Any:
     def register(fn: Any) -> Any:
-        safe = _one_line_errors(fn)
+        safe = one_line_errors(fn)
         files_app.command(name)(safe)
         return safe
 
@@ -46,7 +46,7 @@ def _files_command(name: str) -> Any:
 def upload_with_progress(client: Client, path: Path) -> FilePublic:
     """Upload one file with a progress bar on stderr."""
     if not path.is_file():
-        _fail(f"{path} is not a file", EXIT_INPUT)
+        fail(f"{path} is not a file", EXIT_INPUT)
     columns = (
         TextColumn("uploading {task.description}"),
         BarColumn(),
@@ -129,13 +129,13 @@ def upload_spec_files(client: Client, spec_path: Path) -> dict[str, Any]:
     try:
         spec = yaml.safe_load(spec_path.read_text())
     except (OSError, yaml.YAMLError) as exc:
-        _fail(f"{spec_path}: {exc}", EXIT_INPUT)
+        fail(f"{spec_path}: {exc}", EXIT_INPUT)
     if not isinstance(spec, dict) or not isinstance(spec.get("dataset"), dict):
-        _fail(f"{spec_path} has no dataset section", EXIT_INPUT)
+        fail(f"{spec_path} has no dataset section", EXIT_INPUT)
     dataset = spec["dataset"]
     name = dataset.get("name_or_path")
     if not isinstance(name, str) or not looks_local(name):
-        _fail(
+        fail(
             f"{spec_path}: dataset.name_or_path is not a local .jsonl file or folder; nothing to upload",
             EXIT_INPUT,
         )
@@ -148,7 +148,7 @@ def upload_spec_files(client: Client, spec_path: Path) -> dict[str, Any]:
     if local.is_dir():
         train = local / f"{dataset.get('train_split') or 'train'}.jsonl"
         if not train.is_file():
-            _fail(f"{local} holds no {train.name} to upload", EXIT_INPUT)
+            fail(f"{local} holds no {train.name} to upload", EXIT_INPUT)
         uploads["file_id"] = train
         eval_split = dataset.get("eval_split")
         if eval_split and (local / f"{eval_split}.jsonl").is_file():
@@ -156,7 +156,7 @@ def upload_spec_files(client: Client, spec_path: Path) -> dict[str, Any]:
     elif local.suffix.lower() == ".jsonl":
         uploads["file_id"] = local
     else:
-        _fail(
+        fail(
             f"{spec_path}: dataset.name_or_path is not a local .jsonl file or folder; nothing to upload",
             EXIT_INPUT,
         )
@@ -164,7 +164,7 @@ def upload_spec_files(client: Client, spec_path: Path) -> dict[str, Any]:
         f = client.files.wait(upload_with_progress(client, path).id)
         report_file(f)
         if str(f.status) != "ready":
-            _fail(f"{path} is {f.status}; fix it and submit again")
+            fail(f"{path} is {f.status}; fix it and submit again")
         dataset[field] = f.id
     dataset.pop("name_or_path")
     dataset.pop("train_split", None)
@@ -192,9 +192,6 @@ def print_dataset(d: DatasetPreflight) -> None:
         out.print(f"steps per epoch: {d.steps_per_epoch} at effective batch {d.effective_batch_size}")
     else:
         out.print(f"effective batch: {d.effective_batch_size}")
-    te = d.time_estimate
-    if te is not None:
-        if te.seconds is not None:
-            out.print(f"time: about {te.seconds:.0f} s for {te.tokens} tokens on {te.devices} device(s)")
-        else:
-            out.print(f"time: unknown ({escape(te.reason or '')})")
+    if d.run_tokens is not None:
+        # The time these tokens take is the plan's one estimate, printed in its own section.
+        out.print(f"tokens the run trains on: {d.run_tokens}")

@@ -65,7 +65,7 @@ class Plan(BaseModel):
     dataset: DatasetPreflight | None = Field(
         None,
         description="The dataset preflight: rows, tokens per sample with the job's tokenizer, truncation at "
-        "max_seq_len, total tokens, steps per epoch and the time they imply (null for a plan rendered "
+        "max_seq_len, total tokens, steps per epoch and the run's tokens (null for a plan rendered "
         "without it).",
     )
     launch_script: str
@@ -510,7 +510,7 @@ def render_plan(
     estimate: Estimate | None = None,
     main_process_port: int | None = None,
     resume_from_checkpoint: str | None = None,
-    dataset_tokens: int | None = None,
+    dataset: DatasetPreflight | None = None,
 ) -> Plan:
     """The whole plan for one job. Dry runs and real runs call this with the same inputs."""
     run_dir = Path(run_dir)
@@ -534,6 +534,12 @@ def render_plan(
             port=port,
             resume_from_checkpoint=resume_from_checkpoint,
         )
+    te = time_estimate(
+        spec,
+        settings,
+        parameters=estimate.num_parameters if estimate is not None else None,
+        run_tokens=dataset.run_tokens if dataset is not None else None,
+    )
     return Plan(
         accelerate_config=cfg,
         accelerate_config_yaml=config_yaml(cfg),
@@ -546,12 +552,9 @@ def render_plan(
             "resume_from_checkpoint": resume_from_checkpoint,
         },
         estimate=estimate,
-        time_estimate=time_estimate(
-            spec,
-            settings,
-            parameters=estimate.num_parameters if estimate is not None else None,
-            dataset_tokens=dataset_tokens,
-        ),
+        time_estimate=te,
+        # The dataset section repeats the one estimate next to the token counts it rests on.
+        dataset=dataset.model_copy(update={"time_estimate": te}) if dataset is not None else None,
         launch_script=launch_script(run_dir, argv),
     )
 

@@ -160,8 +160,9 @@ class Settings(BaseSettings):
     tokens_per_second_per_device: float = Field(
         0.0,
         ge=0,
-        description="Training throughput of one device (GPU, or CPU process) on this hardware, for the "
-        "dataset preflight's time estimate; 0: unknown (the estimate says so).",
+        description="Training throughput of one device (GPU, or CPU process) on this hardware, measured: "
+        "where set, every plan's time estimate is tokens / (this x devices); 0: unknown, the estimate "
+        "uses FLOPs at FTQ_ASSUMED_MFU of the peak instead.",
     )
     max_config_bytes: int = Field(
         1_048_576, ge=1024, description="Largest model config.json preflight reads; larger is a 422."

@@ -1,11 +1,17 @@
 """How long a job should take, and what it costs, before it runs (pure: spec, preflight numbers, settings).
 
+    seconds = tokens / (devices x FTQ_TOKENS_PER_SECOND_PER_DEVICE)        where the operator measured it
     seconds = tokens x FLOPs per token per parameter x parameters / (devices x peak FLOP/s x utilisation)
 
-- tokens: with num_train_epochs, the dataset preflight's token count x epochs (where the plan has one);
-  with max_steps, max_steps x per-device batch x gradient accumulation x processes x max_seq_len
-  (every sequence full length: with packing that is what trains; without it, shorter examples make it
-  an upper bound).
+One estimate per plan: `plan.time_estimate` (the scheduler's backfill reads its seconds), which
+`plan.dataset.time_estimate` repeats.
+
+- tokens: the dataset preflight's count where it tokenized the data (`run_tokens`: all epochs, or
+  max_steps' worth at the sample's mean sequence length); else, with max_steps, max_steps x per-device
+  batch x gradient accumulation x processes x max_seq_len (every sequence full length: with packing
+  that is what trains; without it, shorter examples make it an upper bound).
+- throughput: a measured FTQ_TOKENS_PER_SECOND_PER_DEVICE for this hardware beats any FLOPs arithmetic;
+  without it, the FLOPs below at an assumed utilisation of the peak.
 - FLOPs per token per parameter: 6 for full fine-tuning (forward 2, backward 4: the gradients of the
   activations and of the weights, 2 each). LoRA freezes the base weights, so the backward skips their
   weight gradients: 4 (the adapters' own few parameters are left out). Gradient checkpointing runs the
@@ -38,6 +44,12 @@ class TimeEstimate(BaseModel):
     cost: float | None = Field(
         None, description="device_hours x the operator's FTQ_PRICE_PER_DEVICE_HOUR; null when none is set."
     )
+    tokens_per_second_per_device: float | None = Field(
+        None,
+        description="The operator's measured throughput (FTQ_TOKENS_PER_SECOND_PER_DEVICE) where set: the "
+        "seconds are then tokens / (this x devices) rather than FLOPs at an assumed utilisation.",
+    )
+    reason: str | None = Field(None, description="Why `seconds` is null, in one sentence; null otherwise.")
 
 
 def flops_factor(spec: JobSpec) -> tuple[int, str]:
@@ -58,19 +70,26 @@ def time_estimate(
     settings: Settings,
     *,
     parameters: int | None,
-    dataset_tokens: int | None = None,
+    run_tokens: int | None = None,
 ) -> TimeEstimate:
-    """The estimate for `spec`; `parameters` from the memory preflight, `dataset_tokens` (one epoch)
-    from the dataset preflight where it counted them."""
+    """The estimate for `spec`; `parameters` from the memory preflight, `run_tokens` (the whole run's)
+    from the dataset preflight where it tokenized the data."""
     res, tr = spec.resources, spec.training
     devices = res.world_size
     notes: list[str] = []
 
     tokens: int | None = None
-    if dataset_tokens is not None and tr.max_steps is None:
-        epochs = tr.num_train_epochs or 1.0
-        tokens = int(dataset_tokens * epochs)
-        notes.append(f"tokens: the dataset preflight's {dataset_tokens} per epoch x {epochs:g} epochs")
+    if run_tokens is not None:
+        tokens = run_tokens
+        notes.append(
+            "tokens: the dataset preflight's count with the job's tokenizer ("
+            + (
+                f"{tr.max_steps} steps at the data's mean sequence length"
+                if tr.max_steps is not None
+                else f"{tr.num_train_epochs or 1.0:g} epochs"
+            )
+            + ")"
+        )
     elif tr.max_steps is not None:
         tokens = tr.max_steps * tr.per_device_train_batch_size * tr.gradient_accumulation_steps * devices
         tokens *= tr.max_seq_len
@@ -91,6 +110,13 @@ def time_estimate(
     else:
         notes.append("parameters unknown: the model's config could not be read")
 
+    tps = settings.tokens_per_second_per_device or None
+    if tps is not None:
+        notes.append(
+            f"throughput: {tps:g} tokens/s per device, measured on this hardware "
+            "(FTQ_TOKENS_PER_SECOND_PER_DEVICE); the FLOPs below are for reference"
+        )
+    peak: float | None
     if res.device == "cuda":
         gpu = settings.gpu_type.upper()
         peak_t = settings.peak_tflops_by_gpu.get(gpu)
@@ -103,11 +129,27 @@ def time_estimate(
     else:
         peak = settings.cpu_peak_gflops * 1e9
         notes.append(f"peak: {settings.cpu_peak_gflops:g} GFLOP/s per CPU process (FTQ_CPU_PEAK_GFLOPS)")
-    notes.append(f"utilisation: {settings.assumed_mfu:g} of peak (FTQ_ASSUMED_MFU) on {devices} device(s)")
+    if tps is None:
+        mfu = settings.assumed_mfu
+        notes.append(f"utilisation: {mfu:g} of peak (FTQ_ASSUMED_MFU) on {devices} device(s)")
     notes.append("not counted: model loading, evaluation, checkpoint and final saves")
 
     flops = float(tokens) * factor * parameters if tokens is not None and parameters else None
-    seconds = flops / (devices * peak * settings.assumed_mfu) if flops is not None and peak else None
+    seconds: float | None = None
+    reason: str | None = None
+    if tokens is None:
+        reason = "the token count is unknown: num_train_epochs without a dataset the preflight could read"
+    elif tps is not None:
+        seconds = tokens / (tps * devices)
+    elif not parameters:
+        reason = "the parameter count is unknown: the model's config could not be read"
+    elif not peak:
+        reason = (
+            f"the peak FLOP/s of a {settings.gpu_type} is unknown (FTQ_GPU_PEAK_TFLOPS); "
+            "or set FTQ_TOKENS_PER_SECOND_PER_DEVICE"
+        )
+    elif flops is not None:
+        seconds = flops / (devices * peak * settings.assumed_mfu)
     device_hours = seconds / 3600 * devices if seconds is not None else None
     cost = None
     if device_hours is not None and settings.price_per_device_hour is not None:
@@ -121,4 +163,6 @@ def time_estimate(
         devices=devices,
         device_hours=device_hours,
         cost=cost,
+        tokens_per_second_per_device=tps,
+        reason=reason,
     )

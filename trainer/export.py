@@ -63,13 +63,21 @@ class HubError(FtqError):
 
 
 @dataclass(frozen=True)
+class HubTarget:
+    """Where `push_to_hub` sends the export (validated by the API: `ftq.schemas`)."""
+
+    repo_id: str
+    private: bool = True
+
+
+@dataclass(frozen=True)
 class ExportRequest:
     export_id: str
     job_id: str
     kind: str
     dtype: str
     max_shard_size: str
-    push_to_hub: dict[str, Any] | None
+    push_to_hub: HubTarget | None
     run_dir: Path
     out_dir: Path
     trust_remote_code: bool = False
@@ -83,7 +91,11 @@ class ExportRequest:
             kind=str(data["kind"]),
             dtype=str(data["dtype"]),
             max_shard_size=str(data["max_shard_size"]),
-            push_to_hub=data.get("push_to_hub"),
+            push_to_hub=(
+                HubTarget(str(hub["repo_id"]), bool(hub.get("private", True)))
+                if (hub := data.get("push_to_hub"))
+                else None
+            ),
             run_dir=Path(data["run_dir"]),
             out_dir=Path(data["out_dir"]),
             trust_remote_code=bool(data.get("trust_remote_code", False)),
@@ -133,8 +145,8 @@ def export(req: ExportRequest) -> None:
         write_full(spec, final, req)
     write_card(spec_dict, req)
     log.info("export %s written to %s", req.export_id, req.out_dir)
-    if req.push_to_hub and token is not None:
-        push(req, token)
+    if req.push_to_hub is not None and token is not None:
+        push(req, req.push_to_hub, token)
 
 
 # The three kinds ---------------------------------------------------------------------------------------
@@ -260,12 +272,10 @@ def check_hub(token: str) -> None:
         ) from None
 
 
-def push(req: ExportRequest, token: str) -> None:
+def push(req: ExportRequest, target: HubTarget, token: str) -> None:
     from huggingface_hub import HfApi
 
-    assert req.push_to_hub is not None
-    repo_id = str(req.push_to_hub["repo_id"])
-    private = bool(req.push_to_hub.get("private", True))
+    repo_id, private = target.repo_id, target.private
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")

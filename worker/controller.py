@@ -1,6 +1,8 @@
-"""The job controller: drives each job through its states. Claim resources, launch, cancel, and bring
-every job in line with what its launcher reports. What to do after a failure (retry, requeue, resume
-from a checkpoint) is `worker.recovery`'s.
+"""The job controller: drives each job through its states. Claim resources (`schedule`), then launch,
+cancel and settle each job's run through `worker.lifecycle`, which exports share; what is a job's own is
+`JobKind` here: its run directory, the operator's time limit on a local run, SLURM's pending reason, the
+metrics ingested before the end, the cancel's last line in train.log. What to do after a failure (retry,
+requeue, resume from a checkpoint) is `worker.recovery`'s.
 
 Every function here is safe to run twice or concurrently: the store's compare-and-set transitions
 decide who acts, `worker.locks` locks keep two claims from handing out one GPU and two launches of
@@ -14,10 +16,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -34,23 +35,13 @@ from ftq.status import LAUNCHED, JobStatus
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Job
-from worker import exports, failures, ingest, locks, recovery, scheduling
+from worker import exports, failures, ingest, lifecycle, locks, recovery, scheduling
 from worker.files import FileUnavailable, spec_for_run
 from worker.launchers import make_launcher
-from worker.launchers.base import (
-    Launcher,
-    LaunchHandle,
-    LaunchRequest,
-    RunPhase,
-    RunRef,
-    RunState,
-    settle_by_launcher,
-)
+from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunState
+from worker.lifecycle import RunView
 
 log = logging.getLogger(__name__)
-
-# A `starting` job younger than this may be between its claim and its launch: leave it alone.
-STARTING_GRACE_SECONDS = 15.0
 
 
 @lru_cache
@@ -82,46 +73,21 @@ def _sweep_after_exit() -> None:
 
 
 @dataclass(frozen=True)
-class JobView:
-    """What a sweep needs of a job row, read once so no session is held across launcher calls."""
+class JobView(RunView):
+    """A job's row as a sweep needs it (`run_dir`: its run directory)."""
 
-    id: str
-    status: str
-    launcher: str
-    external_id: str | None
-    pid: int | None
-    pid_start_ticks: int | None
-    updated_at: datetime
-    run_dir: Path
     started_at: datetime | None = None
     limit_seconds: float | None = None  # resources.max_seconds of a local job (SLURM enforces its own)
 
-    @property
-    def launched(self) -> bool:
-        return bool(self.pid or self.external_id)
-
-    def ref(self) -> RunRef:
-        return RunRef(self.id, self.run_dir, self.external_id, self.pid, self.pid_start_ticks)
-
 
 def _view(job: Job, runs_dir: Path | None = None) -> JobView:
-    return JobView(
-        id=job.id,
-        status=job.status,
+    return JobView.of(
+        job,
         launcher=job.launcher,
-        external_id=job.external_id,
-        pid=job.pid,
-        pid_start_ticks=job.pid_start_ticks,
-        updated_at=job.updated_at,
         run_dir=runs.run_dir(runs_dir or get_settings().runs_dir, job.id),
         started_at=job.started_at,
         limit_seconds=job.limit_seconds if job.launcher == "local" else None,
     )
-
-
-def _age(ts: datetime) -> float:
-    ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
-    return (datetime.now(UTC) - ts).total_seconds()
 
 
 # Scheduling ---------------------------------------------------------------------------------------------
@@ -248,106 +214,13 @@ def write_run_dir(job: Job, run_dir: Path, plan: Plan) -> None:
     }
     if plan.sbatch_script:
         files[runs.SBATCH_SCRIPT] = plan.sbatch_script
-    for name, text in files.items():
-        tmp = run_dir / f".{name}.tmp"
-        tmp.unlink(missing_ok=True)
-        # Created owner-only (not chmod after writing): no moment in which another account may open it.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        tmp.chmod(0o700 if name in (runs.LAUNCH_SCRIPT, runs.SBATCH_SCRIPT) else 0o600)
-        tmp.replace(run_dir / name)
-    # Leftovers of an attempt that never started must not be read as this attempt's end.
-    for stale in runs.ATTEMPT_RECORDS:
-        (run_dir / stale).unlink(missing_ok=True)
+    lifecycle.write_attempt_files(run_dir, files)
 
 
 @logs.about_job
 def launch(job_id: str) -> None:
     """Start the run of a `starting` job, or adopt the one a previous attempt already started."""
-    settings = get_settings()
-    run_dir = runs.run_dir(settings.runs_dir, job_id)
-    with session_scope() as session:
-        job = repository.get_job(session, job_id)
-        if job is None or job.status not in (JobStatus.starting, JobStatus.cancelling):
-            return
-    with locks.run_lock(run_dir), session_scope() as session:
-        job = repository.get_job(session, job_id)  # again, under the lock: the truth now
-        if job is None or job.status not in (JobStatus.starting, JobStatus.cancelling):
-            return
-        view = _view(job)
-        launcher = get_launcher(job.launcher)
-        handle: LaunchHandle | None = None
-        if view.launched:
-            handle = LaunchHandle(job.external_id, job.pid, job.pid_start_ticks)
-        else:
-            handle = launcher.find(view.run_dir)
-        if handle is None:
-            if job.status == JobStatus.cancelling:
-                repository.mark_finished(
-                    session,
-                    job_id,
-                    JobStatus.cancelled,
-                    error_code=ErrorCode.cancelled,
-                    error_message="cancelled before it started",
-                )
-                return
-            try:
-                plan = recovery.plan_for_attempt(job, run_dir)
-                write_run_dir(job, run_dir, plan)
-                req = LaunchRequest(
-                    job_id=job.id,
-                    run_dir=run_dir,
-                    spec=JobSpec.model_validate(job.spec),
-                    plan=plan,
-                    resources=job.resources or {},
-                    env={},
-                    owner=job.owner,
-                )
-                handle = launcher.submit(req)
-            except FileUnavailable as exc:
-                repository.mark_finished(
-                    session,
-                    job_id,
-                    JobStatus.failed,
-                    error_code=ErrorCode.dataset_error,
-                    error_message=str(exc),
-                )
-                return
-            except Exception as exc:
-                log.exception("launch of %s failed", job_id)
-                repository.mark_finished(
-                    session,
-                    job_id,
-                    JobStatus.failed,
-                    error_code=ErrorCode.launch_error,
-                    error_message=f"the run could not be started: {exc}"[:2000],
-                )
-                return
-            log.info("job %s launched: %s", job_id, handle)
-        else:
-            log.info("job %s: adopting the launch found in its run directory: %s", job_id, handle)
-        repository.record_launch(
-            session,
-            job_id,
-            external_id=handle.external_id,
-            pid=handle.pid,
-            pid_start_ticks=handle.pid_start_ticks,
-        )
-        # Commit the handle before anything else can fail: it is what makes the run adoptable.
-        session.commit()
-        repository.mark_running(
-            session,
-            job_id,
-            external_id=handle.external_id,
-            pid=handle.pid,
-            pid_start_ticks=handle.pid_start_ticks,
-        )
-        session.commit()
-        job = repository.get_job(session, job_id)
-        if job is not None and job.status == JobStatus.cancelling:
-            # A cancel came in while the launch was under way: act on it now.
-            launcher.cancel(_view(job).ref())
+    lifecycle.launch(JOBS, job_id, get_launcher)
 
 
 def submit(job_id: str) -> None:
@@ -366,40 +239,7 @@ def submit(job_id: str) -> None:
 @logs.about_job
 def cancel(job_id: str) -> None:
     """The `ftq.cancel` task: SIGTERM (or scancel) now; reconcile escalates and records the end."""
-    with session_scope() as session:
-        job = repository.get_job(session, job_id)
-        if job is None or job.status != JobStatus.cancelling:
-            return
-        view = _view(job)
-    launcher = get_launcher(view.launcher)
-    if view.launched:
-        launcher.cancel(view.ref())
-        return
-    _settle_unlaunched_cancel(view, launcher)
-
-
-def _settle_unlaunched_cancel(view: JobView, launcher: Launcher) -> None:
-    with locks.try_run_lock(view.run_dir) as free:
-        if not free:
-            return  # a launch is under way; it sees `cancelling` and cancels what it started
-        handle = launcher.find(view.run_dir)
-        with session_scope() as session:
-            if handle is None:
-                repository.mark_finished(
-                    session,
-                    view.id,
-                    JobStatus.cancelled,
-                    error_code=ErrorCode.cancelled,
-                    error_message="cancelled before it started",
-                )
-            else:
-                repository.record_launch(
-                    session,
-                    view.id,
-                    external_id=handle.external_id,
-                    pid=handle.pid,
-                    pid_start_ticks=handle.pid_start_ticks,
-                )
+    lifecycle.cancel(JOBS, job_id, get_launcher)
 
 
 # Reconcile ---------------------------------------------------------------------------------------------
@@ -414,7 +254,7 @@ def reconcile() -> bool:
         with session_scope() as session:
             runs_dir = get_settings().runs_dir  # resolved once, not once per job
             views = [_view(j, runs_dir) for j in repository.jobs_in(session, LAUNCHED, lean=True)]
-        settle_by_launcher(views, get_launcher, _reconcile_one, "job")
+        lifecycle.sweep(views, get_launcher, _reconcile_one, "job")
         for claimed in schedule():
             try:
                 launch(claimed)
@@ -430,24 +270,7 @@ def reconcile() -> bool:
 
 @logs.about_job
 def _reconcile_one(v: JobView, launcher: Launcher, state: RunState | None) -> None:
-    if not v.launched:
-        if v.status == JobStatus.starting and _age(v.updated_at) < STARTING_GRACE_SECONDS:
-            return
-        _settle_unlaunched(v, launcher)
-        return
-    if state is None:
-        return
-    if state.phase in (RunPhase.pending, RunPhase.running):
-        if v.status == JobStatus.starting:
-            _mark_running(v)
-        elif v.status == JobStatus.cancelling:
-            launcher.cancel(v.ref())
-        elif v.launcher == "local" and v.started_at is not None and _age(v.started_at) > _local_limit(v):
-            _stop_over_time(v, launcher)
-        if v.launcher != "local":
-            _note_pending(v, state)
-        return
-    finish(v, launcher, state)
+    lifecycle.reconcile_one(JOBS, v, launcher, state)
 
 
 # A local run has no scheduler to enforce a time limit: the worker stops one that outlives the operator's
@@ -506,52 +329,8 @@ def _note_pending(v: JobView, state: RunState) -> None:
         _noted_pending.discard(v.id)
 
 
-def _settle_unlaunched(v: JobView, launcher: Launcher) -> None:
-    """A `starting`/`cancelling` job with no launch recorded: its worker died mid-launch, or it is slow."""
-    with locks.try_run_lock(v.run_dir) as free:
-        if not free:
-            return  # a launch is in progress right now
-        handle = launcher.find(v.run_dir)
-        if handle is not None and not (handle.pid or handle.external_id):
-            # Only an exit status is left: the run started and has already ended.
-            state = launcher.poll([RunRef(v.id, v.run_dir, None, None, None)]).get(v.id)
-            if state is not None and state.phase in (RunPhase.exited, RunPhase.lost):
-                finish(v, launcher, state)
-            return
-        with session_scope() as session:
-            if handle is not None:
-                log.info("job %s: adopting a launch its worker did not record: %s", v.id, handle)
-                repository.record_launch(
-                    session,
-                    v.id,
-                    external_id=handle.external_id,
-                    pid=handle.pid,
-                    pid_start_ticks=handle.pid_start_ticks,
-                )
-                repository.mark_running(
-                    session,
-                    v.id,
-                    external_id=handle.external_id,
-                    pid=handle.pid,
-                    pid_start_ticks=handle.pid_start_ticks,
-                )
-            elif v.status == JobStatus.cancelling:
-                repository.mark_finished(
-                    session,
-                    v.id,
-                    JobStatus.cancelled,
-                    error_code=ErrorCode.cancelled,
-                    error_message="cancelled before it started",
-                )
-            elif repository.requeue(session, v.id, reason="claimed but never launched (its worker stopped)"):
-                log.info("job %s was claimed but never launched (its worker stopped); queued again", v.id)
-
-
-def _mark_running(v: JobView) -> None:
-    with session_scope() as session:
-        repository.mark_running(
-            session, v.id, external_id=v.external_id, pid=v.pid, pid_start_ticks=v.pid_start_ticks
-        )
+def _utc(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, UTC) if ts else None
 
 
 def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
@@ -576,52 +355,80 @@ def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
 def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
     """The run has ended: take in its last metrics, then record how it ended (or, for a failure the
     recovery policy retries, queue it again)."""
-    # Ingest first, so a terminal job's metrics are complete the moment clients see it terminal.
-    ingest.ingest_job(v.id)
-    launcher.kill_leftovers(v.ref())
-    # The run's own start and end where the scheduler knows them (SLURM), else launch and now.
-    times: dict[str, Any] = {
-        "run_started": datetime.fromtimestamp(state.started_at, UTC) if state.started_at else None,
-        "run_ended": datetime.fromtimestamp(state.ended_at, UTC) if state.ended_at else None,
-    }
-    with session_scope() as session:
-        job = repository.get_job(session, v.id)
-        if job is None:
-            return
-        status = job.status
-        if status == JobStatus.cancelling:
-            repository.mark_finished(
-                session,
-                v.id,
-                JobStatus.cancelled,
-                error_code=ErrorCode.cancelled,
-                error_message="cancelled on request",
-                exit_code=state.exit_code,
-                **times,
-            )
-            _end_log_with_cancel(v.run_dir, job.progress_step)
-        elif (
-            state.phase == RunPhase.exited
-            and state.exit_code == 0
-            and not state.reason
-            # Stopped by the worker for running too long: its ranks checkpoint and exit 0, as on a cancel.
-            and not (v.run_dir / TIME_LIMIT_RECORD).exists()
+    lifecycle.finish(JOBS, v, launcher, state)
+
+
+class JobKind:
+    """What `worker.lifecycle` needs of a job: its row in `ftq.store.repository`, and its own steps."""
+
+    run_noun = "run"
+
+    def label(self, v: JobView) -> str:
+        return f"job {v.id}"
+
+    def read(self, session: Session, row_id: str) -> tuple[Job, JobView] | None:
+        job = repository.get_job(session, row_id)
+        return None if job is None else (job, _view(job))
+
+    def prepare(self, session: Session, v: JobView) -> bool:
+        return True  # the run lock makes the run directory; write_run_dir makes it private
+
+    def request(self, row: Job, v: JobView) -> LaunchRequest:
+        try:
+            plan = recovery.plan_for_attempt(row, v.run_dir)
+            write_run_dir(row, v.run_dir, plan)
+        except FileUnavailable as exc:
+            raise lifecycle.Refused(ErrorCode.dataset_error, str(exc)) from exc
+        return LaunchRequest(
+            job_id=row.id,
+            run_dir=v.run_dir,
+            spec=JobSpec.model_validate(row.spec),
+            plan=plan,
+            resources=row.resources or {},
+            env={},
+            owner=row.owner,
+        )
+
+    def record_launch(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
+        repository.record_launch(session, row_id, **asdict(handle))
+
+    def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
+        repository.mark_running(session, row_id, **asdict(handle))
+
+    def mark_finished(self, session: Session, row_id: str, end: lifecycle.End) -> None:
+        # The run's own start and end where the scheduler knows them (SLURM), else launch and now.
+        started, ended = (end.run.started_at, end.run.ended_at) if end.run is not None else (None, None)
+        repository.mark_finished(
+            session, row_id, end.status, **end.errors(), run_started=_utc(started), run_ended=_utc(ended)
+        )
+
+    def requeue(self, session: Session, row_id: str) -> bool:
+        return repository.requeue(session, row_id, reason="claimed but never launched (its worker stopped)")
+
+    def while_running(self, v: JobView, launcher: Launcher, state: RunState) -> None:
+        if (
+            v.status == JobStatus.running
+            and v.launcher == "local"
+            and v.started_at is not None
+            and lifecycle.age(v.started_at) > _local_limit(v)
         ):
-            repository.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0, **times)
-        elif status in (JobStatus.starting, JobStatus.running):
-            if (v.run_dir / TIME_LIMIT_RECORD).exists():
-                failure = _time_limit_failure(v)
-            else:
-                failure = recovery.why_it_failed(v.run_dir, state)
-                if recovery.retry(session, job, v.run_dir, failure):
-                    return
-            repository.mark_finished(
-                session,
-                v.id,
-                JobStatus.failed,
-                error_code=failure.code,
-                error_message=failure.message,
-                exit_code=state.exit_code,
-                **times,
-            )
-    log.info("job %s ended: %s", v.id, state)
+            _stop_over_time(v, launcher)
+        if v.launcher != "local":
+            _note_pending(v, state)
+
+    def before_end(self, v: JobView) -> None:
+        # Ingest first, so a terminal job's metrics are complete the moment clients see it terminal.
+        ingest.ingest_job(v.id)
+
+    def stopped_by_worker(self, v: JobView) -> failures.Failure | None:
+        # Stopped for running too long: its ranks checkpoint and exit 0, as on a cancel.
+        return _time_limit_failure(v) if (v.run_dir / TIME_LIMIT_RECORD).exists() else None
+
+    def retried(self, session: Session, row: Job, v: JobView, failure: failures.Failure) -> bool:
+        return recovery.retry(session, row, v.run_dir, failure)
+
+    def after_cancelled(self, row: Job, v: JobView) -> None:
+        _end_log_with_cancel(v.run_dir, row.progress_step)
+
+
+JOBS = JobKind()

@@ -1,8 +1,9 @@
 """The export controller: drives each export through a job's states (queued -> starting -> running ->
-succeeded | failed | cancelled) as `worker.controller` drives jobs, with the same pieces: the scheduler
-lock and `worker.scheduling` for the one slot an export takes of the local pool, the run lock around a
-launch, the job's launcher (`submit`, `poll`, `cancel`, `find`), and `worker.recovery.why_it_failed` for
-why it failed. An export never runs in the worker: it is `python -m trainer.export` launched into
+succeeded | failed | cancelled) through `worker.lifecycle`, as `worker.controller` drives jobs: the
+scheduler lock and `worker.scheduling` for the one slot an export takes of the local pool, the job's
+launcher, and `worker.recovery.why_it_failed` for why it failed. What is an export's own is
+`ExportKind` here: its row in `ftq.store.exports`, its folder, its request file (export.json) and the
+operator's Hub token. An export never runs in the worker: it is `python -m trainer.export` launched into
 `<run dir>/exports/<export id>/` (launch.sh locally, job.sbatch on SLURM).
 
 Every function is safe to run twice or concurrently, for the same reasons as the controller's:
@@ -15,11 +16,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from ftq import limits, runs
 from ftq.errors import ErrorCode
@@ -31,47 +32,21 @@ from ftq.store import exports as store
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Export, Job
-from worker import locks, recovery, scheduling
-from worker.launchers.base import (
-    Launcher,
-    LaunchHandle,
-    LaunchRequest,
-    RunPhase,
-    RunRef,
-    RunState,
-    settle_by_launcher,
-)
+from worker import lifecycle, locks, scheduling
+from worker.failures import Failure
+from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunState
+from worker.lifecycle import LauncherFor, RunView
 
 log = logging.getLogger(__name__)
-
-LauncherFor = Callable[[str], Launcher]
-
-# A `starting` export younger than this may be between its claim and its launch: leave it alone.
-STARTING_GRACE_SECONDS = 15.0
 # The operator's Hub token reaches the export's process under this name (huggingface_hub reads it).
 HUB_TOKEN_ENV = "HF_TOKEN"  # noqa: S105 (a variable name, not a secret)
 
 
 @dataclass(frozen=True)
-class ExportView:
-    """What a sweep needs of an export row, read once so no session is held across launcher calls."""
+class ExportView(RunView):
+    """An export's row as a sweep needs it (`run_dir`: the export's folder, `<run dir>/exports/<id>/`)."""
 
-    id: str
     job_id: str
-    status: str
-    launcher: str
-    external_id: str | None
-    pid: int | None
-    pid_start_ticks: int | None
-    updated_at: datetime
-    export_dir: Path
-
-    @property
-    def launched(self) -> bool:
-        return bool(self.pid or self.external_id)
-
-    def ref(self) -> RunRef:
-        return RunRef(self.id, self.export_dir, self.external_id, self.pid, self.pid_start_ticks)
 
 
 def _export_dir(job_id: str, export_id: str) -> Path:
@@ -79,22 +54,9 @@ def _export_dir(job_id: str, export_id: str) -> Path:
 
 
 def _view(export: Export, job: Job) -> ExportView:
-    return ExportView(
-        id=export.id,
-        job_id=export.job_id,
-        status=export.status,
-        launcher=job.launcher,
-        external_id=export.external_id,
-        pid=export.pid,
-        pid_start_ticks=export.pid_start_ticks,
-        updated_at=export.updated_at,
-        export_dir=_export_dir(export.job_id, export.id),
+    return ExportView.of(
+        export, launcher=job.launcher, run_dir=_export_dir(export.job_id, export.id), job_id=export.job_id
     )
-
-
-def _age(ts: datetime) -> float:
-    ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
-    return (datetime.now(UTC) - ts).total_seconds()
 
 
 def need_spec(job_spec: dict[str, Any]) -> dict[str, Any]:
@@ -170,16 +132,6 @@ def running_exports(session: Any) -> list[scheduling.RunningJob]:
 # Launch ---------------------------------------------------------------------------------------------------
 
 
-def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    tmp.chmod(mode)
-    tmp.replace(path)
-
-
 def request_of(export: Export, job: Job, run_dir: Path) -> dict[str, Any]:
     """export.json: everything `trainer.export` needs (paths the server chose, never a client)."""
     plan_command = (job.plan or {}).get("command") or []
@@ -202,12 +154,11 @@ def write_export_dir(export: Export, job: Job, export_dir: Path) -> LaunchReques
     run_dir = export_dir.parent.parent
     spec = JobSpec.model_validate(job.spec)
     plan = render_export_plan(spec, export_id=export.id, export_dir=export_dir, settings=settings)
-    _write_private(
-        export_dir / runs.EXPORT_REQUEST, json.dumps(request_of(export, job, run_dir), indent=2) + "\n"
-    )
-    _write_private(export_dir / runs.LAUNCH_SCRIPT, plan.launch_script, 0o700)
-    for stale in runs.ATTEMPT_RECORDS:
-        (export_dir / stale).unlink(missing_ok=True)
+    files = {
+        runs.EXPORT_REQUEST: json.dumps(request_of(export, job, run_dir), indent=2) + "\n",
+        runs.LAUNCH_SCRIPT: plan.launch_script,
+    }
+    lifecycle.write_attempt_files(export_dir, files)
     env: dict[str, str] = {}
     if export.push_to_hub and settings.hub_token:
         env[HUB_TOKEN_ENV] = settings.hub_token
@@ -235,71 +186,7 @@ def _make_dirs(export_dir: Path) -> None:
 
 def launch(export_id: str, launcher_for: LauncherFor) -> None:
     """Start the launch of a `starting` export, or adopt the one a previous attempt already started."""
-    with session_scope() as session:
-        export = store.get_export(session, export_id)
-        if export is None or export.status not in (JobStatus.starting, JobStatus.cancelling):
-            return
-        export_dir = _export_dir(export.job_id, export.id)
-        try:
-            _make_dirs(export_dir)
-        except OSError as exc:
-            # No run directory (removed by hand, or a data dir restored without it): nothing to export.
-            store.mark_finished(
-                session,
-                export_id,
-                JobStatus.failed,
-                error_code=ErrorCode.launch_error,
-                error_message=f"the job's run directory cannot hold the export: {exc}"[:2000],
-            )
-            return
-    with locks.run_lock(export_dir), session_scope() as session:
-        export = store.get_export(session, export_id)  # again, under the lock: the truth now
-        job = repository.get_job(session, export.job_id) if export is not None else None
-        if export is None or job is None or export.status not in (JobStatus.starting, JobStatus.cancelling):
-            return
-        view = _view(export, job)
-        launcher = launcher_for(job.launcher)
-        handle = (
-            LaunchHandle(export.external_id, export.pid, export.pid_start_ticks) if view.launched else None
-        )
-        if handle is None:
-            handle = launcher.find(export_dir)
-        if handle is None:
-            if export.status == JobStatus.cancelling:
-                store.mark_finished(
-                    session,
-                    export_id,
-                    JobStatus.cancelled,
-                    error_code=ErrorCode.cancelled,
-                    error_message="cancelled before it started",
-                )
-                return
-            try:
-                handle = launcher.submit(write_export_dir(export, job, export_dir))
-            except Exception as exc:
-                log.exception("launch of export %s failed", export_id)
-                store.mark_finished(
-                    session,
-                    export_id,
-                    JobStatus.failed,
-                    error_code=ErrorCode.launch_error,
-                    error_message=f"the export could not be started: {exc}"[:2000],
-                )
-                return
-            log.info("export %s of job %s launched: %s", export_id, job.id, handle)
-        store.record_launch(
-            session,
-            export_id,
-            external_id=handle.external_id,
-            pid=handle.pid,
-            pid_start_ticks=handle.pid_start_ticks,
-        )
-        session.commit()  # the handle first: it is what makes the launch adoptable
-        store.mark_running(session, export_id)
-        session.commit()
-        export = store.get_export(session, export_id)
-        if export is not None and export.status == JobStatus.cancelling:
-            launcher.cancel(_view(export, job).ref())
+    lifecycle.launch(EXPORTS, export_id, launcher_for)
 
 
 # Cancel ---------------------------------------------------------------------------------------------------
@@ -307,14 +194,7 @@ def launch(export_id: str, launcher_for: LauncherFor) -> None:
 
 def cancel(export_id: str, launcher_for: LauncherFor) -> None:
     """SIGTERM (or scancel) a `cancelling` export now; the sweep escalates and records the end."""
-    with session_scope() as session:
-        export = store.get_export(session, export_id)
-        job = repository.get_job(session, export.job_id) if export is not None else None
-        if export is None or job is None or export.status != JobStatus.cancelling:
-            return
-        view = _view(export, job)
-    if view.launched:
-        launcher_for(view.launcher).cancel(view.ref())
+    lifecycle.cancel(EXPORTS, export_id, launcher_for)
 
 
 # Reconcile ------------------------------------------------------------------------------------------------
@@ -335,7 +215,7 @@ def _views(statuses: tuple[str, ...] | list[str], job_id: str | None = None) -> 
 def reconcile(launcher_for: LauncherFor) -> None:
     """Settle launched exports, then start queued ones as the pool allows. The caller holds the
     reconcile singleton (`worker.controller.reconcile`)."""
-    settle_by_launcher(_views(list(LAUNCHED)), launcher_for, _reconcile_one, "export")
+    lifecycle.sweep(_views(list(LAUNCHED)), launcher_for, _reconcile_one, "export")
     start_claimed(launcher_for)
 
 
@@ -355,82 +235,74 @@ def wake(job_id: str, launcher_for: LauncherFor) -> None:
 
 
 def _reconcile_one(v: ExportView, launcher: Launcher, state: RunState | None) -> None:
-    if not v.launched:
-        if v.status == JobStatus.starting and _age(v.updated_at) < STARTING_GRACE_SECONDS:
-            return
-        _settle_unlaunched(v, launcher)
-        return
-    if state is None:
-        return
-    if state.phase in (RunPhase.pending, RunPhase.running):
-        if v.status == JobStatus.starting:
-            with session_scope() as session:
-                store.mark_running(session, v.id)
-        elif v.status == JobStatus.cancelling:
-            launcher.cancel(v.ref())
-        return
-    finish(v, launcher, state)
-
-
-def _settle_unlaunched(v: ExportView, launcher: Launcher) -> None:
-    """A `starting`/`cancelling` export with no launch recorded: its worker died mid-launch."""
-    with locks.try_run_lock(v.export_dir) as free:
-        if not free:
-            return
-        handle = launcher.find(v.export_dir) if v.export_dir.is_dir() else None
-        if handle is not None and not (handle.pid or handle.external_id):
-            state = launcher.poll([RunRef(v.id, v.export_dir, None, None, None)]).get(v.id)
-            if state is not None and state.phase in (RunPhase.exited, RunPhase.lost):
-                finish(v, launcher, state)
-            return
-        with session_scope() as session:
-            if handle is not None:
-                store.record_launch(
-                    session,
-                    v.id,
-                    external_id=handle.external_id,
-                    pid=handle.pid,
-                    pid_start_ticks=handle.pid_start_ticks,
-                )
-                store.mark_running(session, v.id)
-            elif v.status == JobStatus.cancelling:
-                store.mark_finished(
-                    session,
-                    v.id,
-                    JobStatus.cancelled,
-                    error_code=ErrorCode.cancelled,
-                    error_message="cancelled before it started",
-                )
-            elif store.requeue(session, v.id):
-                log.info("export %s was claimed but never launched (its worker stopped); queued again", v.id)
+    lifecycle.reconcile_one(EXPORTS, v, launcher, state)
 
 
 def finish(v: ExportView, launcher: Launcher, state: RunState) -> None:
     """The export's process has ended: record how."""
-    launcher.kill_leftovers(v.ref())
-    with session_scope() as session:
-        export = store.get_export(session, v.id)
-        if export is None:
-            return
-        if export.status == JobStatus.cancelling:
-            store.mark_finished(
-                session,
-                v.id,
-                JobStatus.cancelled,
-                error_code=ErrorCode.cancelled,
-                error_message="cancelled on request",
-                exit_code=state.exit_code,
-            )
-        elif state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
-            store.mark_finished(session, v.id, JobStatus.succeeded, exit_code=0)
-        else:
-            failure = recovery.why_it_failed(v.export_dir, state)
+    lifecycle.finish(EXPORTS, v, launcher, state)
+
+
+class ExportKind:
+    """What `worker.lifecycle` needs of an export: its row in `ftq.store.exports` (with its job's, whose
+    launcher and owner it takes), its folder and request; no retries, time limit or metrics of its own."""
+
+    run_noun = "export"
+
+    def label(self, v: ExportView) -> str:
+        return f"export {v.id} of job {v.job_id}"
+
+    def read(self, session: Session, row_id: str) -> tuple[tuple[Export, Job], ExportView] | None:
+        export = store.get_export(session, row_id)
+        job = repository.get_job(session, export.job_id) if export is not None else None
+        if export is None or job is None:
+            return None
+        return (export, job), _view(export, job)
+
+    def prepare(self, session: Session, v: ExportView) -> bool:
+        try:
+            _make_dirs(v.run_dir)
+        except OSError as exc:
+            # No run directory (removed by hand, or a data dir restored without it): nothing to export.
             store.mark_finished(
                 session,
                 v.id,
                 JobStatus.failed,
-                error_code=failure.code,
-                error_message=failure.message,
-                exit_code=state.exit_code,
+                error_code=ErrorCode.launch_error,
+                error_message=f"the job's run directory cannot hold the export: {exc}"[:2000],
             )
-    log.info("export %s of job %s ended: %s", v.id, v.job_id, state)
+            return False
+        return True
+
+    def request(self, row: tuple[Export, Job], v: ExportView) -> LaunchRequest:
+        return write_export_dir(*row, v.run_dir)
+
+    def record_launch(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
+        store.record_launch(session, row_id, **asdict(handle))
+
+    def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
+        store.mark_running(session, row_id)  # the handle is recorded already (record_launch)
+
+    def mark_finished(self, session: Session, row_id: str, end: lifecycle.End) -> None:
+        store.mark_finished(session, row_id, end.status, **end.errors())
+
+    def requeue(self, session: Session, row_id: str) -> bool:
+        return store.requeue(session, row_id)
+
+    def while_running(self, v: ExportView, launcher: Launcher, state: RunState) -> None:
+        return None
+
+    def before_end(self, v: ExportView) -> None:
+        return None
+
+    def stopped_by_worker(self, v: ExportView) -> Failure | None:
+        return None
+
+    def retried(self, session: Session, row: tuple[Export, Job], v: ExportView, failure: Failure) -> bool:
+        return False
+
+    def after_cancelled(self, row: tuple[Export, Job], v: ExportView) -> None:
+        return None
+
+
+EXPORTS = ExportKind()

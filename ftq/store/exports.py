@@ -3,22 +3,23 @@
 `ExportRepository(session, owner)` is what the API uses: every read goes through `_readable()`, which
 joins the export's job and filters on its owner, the one place the owner filter is applied to exports.
 The module-level functions are the worker's: compare-and-set transitions along `ftq.status`'s edges,
-named after the transition, so a sweep or task that runs twice changes nothing the second time.
+named after the transition, so a sweep or task that runs twice changes nothing the second time. They are
+the job repository's own (`move_status`, `record_handle`, `ended`, `ask_to_cancel`) on this table.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from ftq.redact import redact
-from ftq.status import LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
+from ftq.status import LAUNCHED, JobStatus, sources_of
+from ftq.store import repository
 from ftq.store.models import Dispatch, Export, Job
-from ftq.store.repository import _rowcount, utcnow
+from ftq.store.repository import utcnow
 
 # The outbox's dispatch kind that wakes the worker's export sweep (`ftq.queue.TASK_EXPORTS`).
 DISPATCH_KIND = "export"
@@ -93,17 +94,9 @@ def held_resources(session: Session) -> list[dict[str, Any]]:
     return [r for r in session.scalars(stmt) if r]
 
 
-def _cas(session: Session, export_id: str, from_: Sequence[str], to: str, **values: Any) -> bool:
-    illegal = [s for s in from_ if not can_move(s, to)]
-    if illegal:
-        raise ValueError(f"no transition {illegal[0]} -> {to} (see ftq.status.TRANSITIONS)")
-    stmt = (
-        update(Export)
-        .where(Export.id == export_id, Export.status.in_([str(s) for s in from_]))
-        .values(status=to, updated_at=utcnow(), **values)
-        .execution_options(synchronize_session=False)
-    )
-    return _rowcount(session.execute(stmt)) == 1
+def _cas(session: Session, export_id: str, from_: Iterable[str], to: str, **values: Any) -> bool:
+    """An export's compare-and-set: the jobs' `move_status` on this table (exports record no events)."""
+    return repository.move_status(session, Export, export_id, from_, to, **values)
 
 
 def mark_starting(session: Session, export_id: str, *, resources: dict[str, Any] | None) -> bool:
@@ -115,12 +108,9 @@ def record_launch(
     session: Session, export_id: str, *, external_id: str | None, pid: int | None, pid_start_ticks: int | None
 ) -> bool:
     """Store the launch handle while the export may already be `cancelling`."""
-    stmt = (
-        update(Export)
-        .where(Export.id == export_id, Export.status.in_([str(s) for s in LAUNCHED]))
-        .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
+    return repository.record_handle(
+        session, Export, export_id, external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks
     )
-    return _rowcount(session.execute(stmt)) == 1
 
 
 def mark_running(session: Session, export_id: str) -> bool:
@@ -129,8 +119,7 @@ def mark_running(session: Session, export_id: str) -> bool:
 
 def requeue(session: Session, export_id: str) -> bool:
     """starting -> queued: claimed, but its worker stopped before launching it."""
-    values: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
-    return _cas(session, export_id, [JobStatus.starting], JobStatus.queued, **values)
+    return _cas(session, export_id, [JobStatus.starting], JobStatus.queued, **repository.UNCLAIMED)
 
 
 def mark_finished(
@@ -143,43 +132,13 @@ def mark_finished(
     exit_code: int | None = None,
 ) -> bool:
     """-> succeeded | failed | cancelled from every state that may end so; releases held resources."""
-    if status not in TERMINAL:
-        raise ValueError(f"mark_finished needs a terminal status, not {status}")
-    return _cas(
-        session,
-        export_id,
-        sources_of(status),
-        status,
-        finished_at=utcnow(),
-        error_code=error_code,
-        error_message=redact(error_message) if error_message else error_message,
-        exit_code=exit_code,
-        resources=None,
-    )
+    values = repository.ended(status, error_code=error_code, error_message=error_message, exit_code=exit_code)
+    return _cas(session, export_id, sources_of(status), status, **values)
 
 
 def request_cancel(session: Session, export: Export) -> str | None:
     """queued -> cancelled at once; starting/running -> cancelling (with a dispatch that wakes the
     worker). None when it was already cancelling or finished: cancel is idempotent."""
-    now = utcnow()
-    if _cas(
-        session,
-        export.id,
-        [JobStatus.queued],
-        JobStatus.cancelled,
-        finished_at=now,
-        cancel_requested_at=now,
-        error_code="cancelled",
-        error_message="cancelled before it started",
-    ):
-        return JobStatus.cancelled
-    if _cas(
-        session,
-        export.id,
-        [JobStatus.starting, JobStatus.running],
-        JobStatus.cancelling,
-        cancel_requested_at=now,
-    ):
-        session.add(Dispatch(job_id=export.job_id, kind=DISPATCH_KIND, created_at=now, attempts=0))
-        return JobStatus.cancelling
-    return None
+    return repository.ask_to_cancel(
+        _cas, session, export.id, job_id=export.job_id, dispatch_kind=DISPATCH_KIND
+    )

@@ -8,7 +8,7 @@ updates named after their transition, so a task delivered twice changes nothing 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -280,6 +280,100 @@ def _rowcount(result: Result[Any]) -> int:
     return int(result.rowcount or 0)
 
 
+# Compare-and-set: every status change of a job or of an export (ftq.store.exports) --------------------
+
+# The tables whose rows go through ftq.status's states: jobs, and the exports launched like them.
+Tracked = type[Job] | type[Export]
+# A table's own compare-and-set: (session, row id, from, to, **values) -> moved.
+CompareAndSet = Callable[..., bool]
+# What a row claimed but never launched gives back: its claim and any launch handle.
+UNCLAIMED: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
+
+
+def move_status(
+    session: Session, table: Tracked, row_id: str, from_: Iterable[str], to: str, **values: Any
+) -> bool:
+    """Move one row from any of `from_` to `to`, or change nothing: True when this call moved it. An edge
+    `ftq.status.TRANSITIONS` lacks is a ValueError before any SQL, so no caller can write one."""
+    from_ = list(from_)
+    illegal = [s for s in from_ if not can_move(s, to)]
+    if illegal:
+        raise ValueError(f"no transition {illegal[0]} -> {to} (see ftq.status.TRANSITIONS)")
+    stmt = (
+        update(table)
+        .where(table.id == row_id, table.status.in_([str(s) for s in from_]))
+        .values(status=to, updated_at=utcnow(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    return _rowcount(session.execute(stmt)) == 1
+
+
+def record_handle(
+    session: Session,
+    table: Tracked,
+    row_id: str,
+    *,
+    external_id: str | None,
+    pid: int | None,
+    pid_start_ticks: int | None,
+) -> bool:
+    """Store a launch handle, status unchanged, while the row may already be `cancelling` (a cancel
+    raced the launch)."""
+    stmt = (
+        update(table)
+        .where(table.id == row_id, table.status.in_([str(s) for s in LAUNCHED]))
+        .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
+    )
+    return _rowcount(session.execute(stmt)) == 1
+
+
+def ended(
+    status: JobStatus, *, error_code: str | None, error_message: str | None, exit_code: int | None
+) -> dict[str, Any]:
+    """What a move to a terminal status writes besides the status: the end, the error, and the released
+    resources."""
+    if status not in TERMINAL:
+        raise ValueError(f"mark_finished needs a terminal status, not {status}")
+    return {
+        "finished_at": utcnow(),
+        "error_code": error_code,
+        # The message may quote the run's output, which may print a secret the launch was given.
+        "error_message": redact(error_message) if error_message else error_message,
+        "exit_code": exit_code,
+        "resources": None,
+    }
+
+
+def ask_to_cancel(
+    cas: CompareAndSet, session: Session, row_id: str, *, job_id: str, dispatch_kind: str
+) -> str | None:
+    """queued -> cancelled at once (nothing runs yet); starting/running -> cancelling, with the dispatch
+    (of `dispatch_kind`, for `job_id`) that wakes the worker. Returns the new status, or None when the
+    row was already cancelling or finished (cancel is idempotent)."""
+    now = utcnow()
+    if cas(
+        session,
+        row_id,
+        [JobStatus.queued],
+        JobStatus.cancelled,
+        finished_at=now,
+        cancel_requested_at=now,
+        error_code="cancelled",
+        error_message="cancelled before it started",
+    ):
+        return JobStatus.cancelled
+    if cas(
+        session,
+        row_id,
+        [JobStatus.starting, JobStatus.running],
+        JobStatus.cancelling,
+        cancel_requested_at=now,
+    ):
+        session.add(Dispatch(job_id=job_id, kind=dispatch_kind, created_at=now, attempts=0))
+        return JobStatus.cancelling
+    return None
+
+
 def _cas(
     session: Session,
     job_id: str,
@@ -289,17 +383,8 @@ def _cas(
     reason: str | None = None,
     **values: Any,
 ) -> bool:
-    from_ = list(from_)
-    illegal = [s for s in from_ if not can_move(s, to)]
-    if illegal:
-        raise ValueError(f"no transition {illegal[0]} -> {to} (see ftq.status.TRANSITIONS)")
-    stmt = (
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_([str(s) for s in from_]))
-        .values(status=to, updated_at=utcnow(), **values)
-        .execution_options(synchronize_session=False)
-    )
-    moved = _rowcount(session.execute(stmt)) == 1
+    """A job's compare-and-set: `move_status`, and the event the change is, in its transaction."""
+    moved = move_status(session, Job, job_id, from_, to, **values)
     if moved:
         # The event in the transaction of the change: both commit, or neither.
         _transition_event(session, job_id, JobStatus(to), values, reason=reason)
@@ -384,18 +469,15 @@ def record_launch(
     session: Session, job_id: str, *, external_id: str | None, pid: int | None, pid_start_ticks: int | None
 ) -> bool:
     """Store the launch handle while the job may already be `cancelling` (cancel raced the launch)."""
-    stmt = (
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_(list(LAUNCHED)))
-        .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
+    return record_handle(
+        session, Job, job_id, external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks
     )
-    return _rowcount(session.execute(stmt)) == 1
 
 
 def requeue(session: Session, job_id: str, *, attempt_increment: int = 0, reason: str | None = None) -> bool:
     """starting/running -> queued: no resources free yet, or a preempted run going round again (its
     job.retried event says `reason`)."""
-    values: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
+    values = dict(UNCLAIMED)
     if attempt_increment:
         values["attempt"] = Job.attempt + attempt_increment
     return _cas(
@@ -422,20 +504,8 @@ def mark_finished(
     """-> succeeded | failed | cancelled, from every state that may end so (ftq.status.TRANSITIONS: a
     queued job fails or is cancelled, never succeeds); releases held resources and accounts the run
     (`account_run`; `run_started`/`run_ended`: the scheduler's own times of the run, where known)."""
-    if status not in TERMINAL:
-        raise ValueError(f"mark_finished needs a terminal status, not {status}")
-    moved = _cas(
-        session,
-        job_id,
-        sources_of(status),
-        status,
-        finished_at=utcnow(),
-        error_code=error_code,
-        # The message may quote the run's output, which may print a secret the launch was given.
-        error_message=redact(error_message) if error_message else error_message,
-        exit_code=exit_code,
-        resources=None,
-    )
+    values = ended(status, error_code=error_code, error_message=error_message, exit_code=exit_code)
+    moved = _cas(session, job_id, sources_of(status), status, **values)
     if moved:
         session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
         account_run(session, job_id, run_started=run_started, run_ended=run_ended)
@@ -445,28 +515,7 @@ def mark_finished(
 def request_cancel(session: Session, job_id: str) -> str | None:
     """queued -> cancelled at once (nothing runs yet); starting/running -> cancelling. Returns the new
     status, or None when the job was already cancelling or finished (cancel is idempotent)."""
-    now = utcnow()
-    if _cas(
-        session,
-        job_id,
-        [JobStatus.queued],
-        JobStatus.cancelled,
-        finished_at=now,
-        cancel_requested_at=now,
-        error_code="cancelled",
-        error_message="cancelled before it started",
-    ):
-        return JobStatus.cancelled
-    if _cas(
-        session,
-        job_id,
-        [JobStatus.starting, JobStatus.running],
-        JobStatus.cancelling,
-        cancel_requested_at=now,
-    ):
-        session.add(Dispatch(job_id=job_id, kind="cancel", created_at=now, attempts=0))
-        return JobStatus.cancelling
-    return None
+    return ask_to_cancel(_cas, session, job_id, job_id=job_id, dispatch_kind="cancel")
 
 
 def jobs_in(

@@ -390,6 +390,5 @@ def dataset_preflight(
             source=spec.dataset.source,
             known_rows=rows,
             sample_rows=settings.preflight_sample_rows,
-            tokens_per_second_per_device=settings.tokens_per_second_per_device,
         )
     )

@@ -204,9 +204,8 @@ def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str)
         settings=settings,
         estimate=estimate,
         resume_from_checkpoint=resume,
-        dataset_tokens=data.train_tokens_per_epoch if data is not None else None,
+        dataset=data,
     )
-    plan.dataset = data
     return spec, plan
 
 
@@ -220,9 +219,8 @@ def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
         settings=settings,
         estimate=estimate,
         resume_from_checkpoint=resume,
-        dataset_tokens=data.train_tokens_per_epoch if data is not None else None,
+        dataset=data,
     )
-    plan.dataset = data
     # Not a green plan for a job that submit would refuse: the same reasons, on the plan.
     plan.warnings = [".".join(str(p) for p in r["loc"][1:]) + f": {r['msg']}" for r in refusals]
     return plan

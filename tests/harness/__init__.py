@@ -10,6 +10,8 @@
 - procs.py: free_port(), /proc readers (pids of a run, process groups), stopping process groups.
 - cli.py: run_ftq(), the CLI as a user runs it.
 - inprocess.py: settings for code run inside the test process.
+- rows.py: job and export rows written straight into the store, and the controller's sweep until a row
+  reaches a status (in-process controller tests).
 - launching.py: launch requests for launcher tests that run scripts of their own.
 - sdk.py: sdk_client(), the sync or the async SDK client for one scenario written for both (SDK_STYLES).
 - users.py: the unprivileged run users (FTQ_RUN_AS_USER) of the run-isolation tests, made on first use.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from ftq.render import Plan
 from ftq.settings import REPO_ROOT, Settings
@@ -153,44 +153,3 @@ def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequ
     env.update(req.env)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
-
-
-V = TypeVar("V", bound="Launched")
-
-
-class Launched(Protocol):
-    """What a sweep needs of a job's or an export's view: its launcher, and the run it started."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def launcher(self) -> str: ...
-    @property
-    def launched(self) -> bool: ...
-    def ref(self) -> RunRef: ...
-
-
-def settle_by_launcher(
-    views: Iterable[V],
-    launcher_for: Callable[[str], Launcher],
-    settle: Callable[[V, Launcher, RunState | None], None],
-    what: str,
-) -> None:
-    """One sweep over runs (jobs or exports): each launcher polled once for all of its runs, then each
-    run settled with what its poll said. A failure is logged and left to the next sweep: one launcher
-    that cannot be reached, or one run that cannot be settled, must not stop the others."""
-    by_launcher: dict[str, list[V]] = {}
-    for v in views:
-        by_launcher.setdefault(v.launcher, []).append(v)
-    for name, group in by_launcher.items():
-        try:
-            launcher = launcher_for(name)
-            states = launcher.poll([v.ref() for v in group if v.launched])
-        except Exception:
-            log.exception("polling the %s launcher for %ss failed; trying again next sweep", name, what)
-            continue
-        for v in group:
-            try:
-                settle(v, launcher, states.get(v.id))
-            except Exception:
-                log.exception("reconciling %s %s failed; trying again next sweep", what, v.id)

@@ -51,9 +51,10 @@ def _check(dataset: dict[str, Any], want: dict[str, Any], *, batch: int, accumul
     assert dataset["truncated_samples"] == want["truncated"] > 0
     assert dataset["effective_batch_size"] == batch * accumulation
     assert dataset["steps_per_epoch"] == math.ceil(want["rows"] / (batch * accumulation))
+    # The plan's one time estimate, resting on the tokens the preflight counted.
     estimate = dataset["time_estimate"]
-    assert estimate["seconds"] is None and "FTQ_TOKENS_PER_SECOND_PER_DEVICE" in estimate["reason"]
-    assert estimate["tokens"] is not None
+    assert estimate["tokens"] == dataset["run_tokens"] is not None
+    assert estimate["seconds"] is not None and estimate["reason"] is None
 
 
 def test_dry_run_of_an_upload_shows_its_token_statistics(files_server: Deployment, tiny: Path) -> None:
@@ -82,6 +83,7 @@ def test_a_local_file_gets_the_same_numbers_and_submit_stores_them(
         r = c.post("/jobs", params={"dry_run": "true"}, json=spec)
         assert r.status_code == 200, r.text
         _check(r.json()["dataset"], want, batch=2, accumulation=1)
+        assert r.json()["time_estimate"] == r.json()["dataset"]["time_estimate"]
         job = c.post("/jobs", json=spec).json()
         plan = c.get(f"/jobs/{job['id']}/plan").json()
         c.post(f"/jobs/{job['id']}/cancel")

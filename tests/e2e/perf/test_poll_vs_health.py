@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -32,7 +31,7 @@ def _store_job(db_url: str) -> None:
     from ftq.spec import JobSpec
     from ftq.store import repository
     from ftq.store.migrate import upgrade
-    from ftq.store.models import Job
+    from tests.harness.rows import job_row
 
     upgrade(db_url)
     spec = JobSpec.model_validate(
@@ -43,24 +42,9 @@ def _store_job(db_url: str) -> None:
             "resources": {"device": "cpu", "processes_per_node": 1},
         }
     )
-    now = datetime.now(UTC)
     engine = create_engine(db_url)
     with Session(engine) as s:
-        s.add(
-            Job(
-                id=JOB,
-                name="perf",
-                owner="local",
-                status="running",
-                spec=spec.model_dump(mode="json"),
-                launcher="local",
-                device="cpu",
-                created_at=now,
-                updated_at=now,
-                attempt=0,
-                metrics_offset=0,
-            )
-        )
+        s.add(job_row(JOB, name="perf", owner="local", status="running", spec=spec.model_dump(mode="json")))
         s.flush()
         repository.upsert_points(
             s,

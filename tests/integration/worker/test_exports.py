@@ -5,13 +5,12 @@ queued again. The exports here fail in trainer.export's first check (no final/),
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ftq import runs
+from ftq.store.models import Export
+from tests.harness import rows
 from tests.integration.worker.test_reconcile import SCRIPT_SLEEP, add_job, job, store
 
 __all__ = ["store"]  # the fixture, shared with test_reconcile
@@ -21,48 +20,18 @@ def add_export(
     export_id: str, job_id: str, status: str = "queued", *, run_dir: bool = True, **values: Any
 ) -> None:
     from ftq.settings import get_settings
-    from ftq.store.db import session_scope
-    from ftq.store.models import Export
-    from ftq.store.repository import utcnow
 
     if run_dir:  # the succeeded job's run directory (its final/ is left out: the export fails at once)
         runs.run_dir(get_settings().runs_dir, job_id).mkdir(parents=True, exist_ok=True)
-    now = utcnow()
-    with session_scope() as s:
-        s.add(
-            Export(
-                id=export_id,
-                job_id=job_id,
-                kind="merged",
-                dtype="bf16",
-                max_shard_size="5GB",
-                status=status,
-                created_at=now,
-                updated_at=now,
-                **values,
-            )
-        )
+    rows.add_export(export_id, job_id, status, **values)
 
 
-def export(export_id: str) -> Any:
-    from ftq.store import exports
-    from ftq.store.db import session_scope
-
-    with session_scope() as s:
-        return exports.get_export(s, export_id)
+def export(export_id: str) -> Export:
+    return rows.get_export(export_id)
 
 
-def settle(export_id: str, want: set[str], timeout: float = 30) -> Any:
-    from worker import controller
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        controller.reconcile()
-        e = export(export_id)
-        if e.status in want:
-            return e
-        time.sleep(0.1)
-    raise AssertionError(f"{export_id}: {export(export_id).status}, wanted {want}")
+def settle(export_id: str, want: set[str], timeout: float = 30) -> Export:
+    return rows.sweep_until(lambda: export(export_id), want, timeout)
 
 
 def test_an_export_is_launched_in_its_folder_and_settled_with_its_error(store: Path) -> None:
@@ -105,12 +74,8 @@ def test_a_job_waits_for_the_slot_an_export_holds(store: Path) -> None:
     assert job("j_next").status == "queued"
 
 
-def test_a_claimed_export_its_worker_never_launched_is_queued_again(
-    store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from worker import exports
-
-    monkeypatch.setattr(exports, "STARTING_GRACE_SECONDS", 0.0)
+def test_a_claimed_export_its_worker_never_launched_is_queued_again(store: Path) -> None:
+    # The store fixture has set the starting grace to 0: the claim is old enough to settle at once.
     add_job("j_done", "exit 0\n", status="succeeded")
     add_export("exp_orphan", "j_done", status="starting", resources={"cpu_slots": 1})
     assert not (store / "j_done" / runs.EXPORTS / "exp_orphan").exists()

@@ -10,15 +10,15 @@ CPU machine cannot produce.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ftq import runs
-from tests.harness import tiny_spec
+from ftq.status import TERMINAL
+from ftq.store.models import Job
+from tests.harness import rows, tiny_spec
 from tests.harness.assets import checkpoint_dir
 from tests.harness.inprocess import migrate, reset_caches, use_settings
 from worker.launchers.base import RunPhase, RunRef, RunState
@@ -69,9 +69,6 @@ def add_job(job_id: str, tiny: Path, *, requeue_on_timeout: bool = False) -> Pat
     from ftq.render import render_plan
     from ftq.settings import get_settings
     from ftq.spec import JobSpec
-    from ftq.store.db import session_scope
-    from ftq.store.models import Job
-    from ftq.store.repository import utcnow
 
     settings = get_settings()
     body = tiny_spec(tiny, max_steps=4, save_steps=2)
@@ -83,46 +80,18 @@ def add_job(job_id: str, tiny: Path, *, requeue_on_timeout: bool = False) -> Pat
     spec = JobSpec.model_validate(body)
     run_dir = settings.runs_dir / job_id
     plan = render_plan(spec, job_id=job_id, run_dir=run_dir, settings=settings)
-    now = utcnow()
-    with session_scope() as s:
-        s.add(
-            Job(
-                id=job_id,
-                name=job_id,
-                owner="t",
-                status="queued",
-                spec=spec.model_dump(mode="json"),
-                plan=plan.model_dump(mode="json"),
-                launcher="local",
-                device="cpu",
-                created_at=now,
-                updated_at=now,
-                attempt=0,
-                metrics_offset=0,
-            )
-        )
+    rows.add_job(job_id, spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"))
     # What the preempted attempt had saved before it was stopped.
     checkpoint_dir(run_dir, 2)
     return run_dir
 
 
-def settle(job_id: str, launcher: LocalLauncher, monkeypatch: pytest.MonkeyPatch, timeout: float = 30) -> Any:
-    from ftq.store import repository
-    from ftq.store.db import session_scope
-    from worker import controller
+def settle(job_id: str, launcher: LocalLauncher, monkeypatch: pytest.MonkeyPatch, timeout: float = 30) -> Job:
+    from worker import controller, lifecycle
 
     monkeypatch.setattr(controller, "get_launcher", lambda name: launcher)
-    monkeypatch.setattr(controller, "STARTING_GRACE_SECONDS", 0.0)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        controller.reconcile()
-        with session_scope() as s:
-            job = repository.get_job(s, job_id)
-            if job is not None and job.status in ("succeeded", "failed", "cancelled"):
-                s.expunge(job)
-                return job
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} did not end")
+    monkeypatch.setattr(lifecycle, "STARTING_GRACE_SECONDS", 0.0)
+    return rows.sweep_until(lambda: rows.get_job(job_id), TERMINAL, timeout)
 
 
 def attempts_in_log(run_dir: Path) -> list[str]:
@@ -149,7 +118,7 @@ def test_retries_stop_after_the_limit(store: Path, tiny_dir: Path, monkeypatch: 
     run_dir = add_job("j_pre2", tiny_dir)
     job = settle("j_pre2", PreemptingLauncher(preempt=2), monkeypatch)
     assert (job.status, job.attempt, job.error_code) == ("failed", 1, "preempted")
-    assert "resume_from" in job.error_message
+    assert "resume_from" in (job.error_message or "")
     assert len(attempts_in_log(run_dir)) == 2
 
 

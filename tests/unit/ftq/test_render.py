@@ -19,6 +19,7 @@ import yaml
 from accelerate.commands.config.config_args import ClusterConfig
 from pydantic import ValidationError
 
+from ftq.dataset_preflight import DatasetPreflight
 from ftq.estimate import Estimate
 from ftq.render import Plan, default_port, render_plan
 from ftq.settings import Settings
@@ -649,3 +650,12 @@ def test_every_plan_has_a_time_estimate() -> None:
     for name in EXAMPLES:
         plan = golden_plan(name)
         assert plan.time_estimate is not None and plan.time_estimate.tokens and plan.time_estimate.assumptions
+
+
+def test_a_plan_has_one_time_estimate_which_its_dataset_section_repeats() -> None:
+    spec = spec_for()
+    data = DatasetPreflight(source="x", max_seq_len=512, effective_batch_size=1, run_tokens=4321)
+    plan = render_plan(spec, job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings(), dataset=data)
+    assert plan.time_estimate is not None and plan.time_estimate.tokens == 4321
+    assert plan.dataset is not None and plan.dataset.time_estimate == plan.time_estimate
+    assert data.time_estimate is None  # rendering does not write into its inputs

@@ -1,17 +1,20 @@
 """A job's statuses and transitions (ftq.status), and the store's compare-and-set functions that follow
-them (ftq/store/repository.py): every edge a function uses is allowed, nothing leaves a terminal status."""
+them (ftq/store/repository.py for jobs, ftq/store/exports.py for exports): every edge a function uses is
+allowed, nothing leaves a terminal status."""
 
 from __future__ import annotations
 
 import ast
 import inspect
 from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from ftq.status import ACTIVE, LAUNCHED, TERMINAL, TRANSITIONS, JobStatus, can_move, sources_of
-from ftq.store import repository
+from ftq.store import exports, repository
+from ftq.store.models import Export
 
 ALL = set(JobStatus)
 
@@ -48,75 +51,113 @@ def test_sources_of_is_the_reverse_of_the_table() -> None:
 
 
 # The store's compare-and-set functions --------------------------------------------------------------------
+# Jobs (ftq/store/repository.py) and exports (ftq/store/exports.py) move along the same edges, through the
+# one `repository.move_status` that each table's `_cas` calls.
 
 
 class Recorder:
-    """Stands in for repository._cas: records each (from, to) and answers that no row changed."""
+    """Stands in for repository.move_status: records each (table, from, to) and answers that no row
+    changed."""
 
     def __init__(self) -> None:
-        self.edges: list[tuple[str, str]] = []
+        self.edges: list[tuple[str, str, str]] = []
 
-    def __call__(self, session: Any, job_id: str, from_: Iterable[str], to: str, **values: Any) -> bool:
-        self.edges += [(str(s), str(to)) for s in from_]
+    def __call__(
+        self, session: Any, table: Any, row_id: str, from_: Iterable[str], to: str, **values: Any
+    ) -> bool:
+        self.edges += [(table.__tablename__, str(s), str(to)) for s in from_]
         return False
 
 
-CAS_CALLS: dict[str, Callable[[], Any]] = {
-    "mark_starting": lambda: repository.mark_starting(None, "j", resources=None),  # type: ignore[arg-type]
-    "mark_running": lambda: repository.mark_running(
-        None,  # type: ignore[arg-type]
-        "j",
-        external_id=None,
-        pid=None,
-        pid_start_ticks=None,
-    ),
-    "requeue": lambda: repository.requeue(None, "j", attempt_increment=1),  # type: ignore[arg-type]
-    "mark_finished": lambda: [
-        repository.mark_finished(None, "j", status)  # type: ignore[arg-type]
-        for status in sorted(TERMINAL)
-    ],
-    "request_cancel": lambda: repository.request_cancel(None, "j"),  # type: ignore[arg-type]
+EXPORT = Export(id="e", job_id="j")
+
+CAS_CALLS: dict[ModuleType, dict[str, Callable[[], Any]]] = {
+    repository: {
+        "mark_starting": lambda: repository.mark_starting(None, "j", resources=None),  # type: ignore[arg-type]
+        "mark_running": lambda: repository.mark_running(
+            None,  # type: ignore[arg-type]
+            "j",
+            external_id=None,
+            pid=None,
+            pid_start_ticks=None,
+        ),
+        "requeue": lambda: repository.requeue(None, "j", attempt_increment=1),  # type: ignore[arg-type]
+        "mark_finished": lambda: [
+            repository.mark_finished(None, "j", status)  # type: ignore[arg-type]
+            for status in sorted(TERMINAL)
+        ],
+        "request_cancel": lambda: repository.request_cancel(None, "j"),  # type: ignore[arg-type]
+    },
+    exports: {
+        "mark_starting": lambda: exports.mark_starting(None, "e", resources=None),  # type: ignore[arg-type]
+        "mark_running": lambda: exports.mark_running(None, "e"),  # type: ignore[arg-type]
+        "requeue": lambda: exports.requeue(None, "e"),  # type: ignore[arg-type]
+        "mark_finished": lambda: [
+            exports.mark_finished(None, "e", status)  # type: ignore[arg-type]
+            for status in sorted(TERMINAL)
+        ],
+        "request_cancel": lambda: exports.request_cancel(None, EXPORT),  # type: ignore[arg-type]
+    },
 }
+TABLES = {repository: "jobs", exports: "exports"}
 
 
-def test_every_edge_the_store_moves_a_job_along_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
+def test_every_edge_the_store_moves_a_row_along_is_allowed(
+    store: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     recorder = Recorder()
-    monkeypatch.setattr(repository, "_cas", recorder)
+    monkeypatch.setattr(repository, "move_status", recorder)
     used: dict[str, list[tuple[str, str]]] = {}
-    for name, call in CAS_CALLS.items():
+    for name, call in CAS_CALLS[store].items():
         before = len(recorder.edges)
         call()
-        used[name] = recorder.edges[before:]
-        assert used[name], f"{name} moved no job"
+        moved = recorder.edges[before:]
+        assert moved, f"{name} moved no row"
+        assert {table for table, _, _ in moved} == {TABLES[store]}, name
+        used[name] = [(src, dst) for _, src, dst in moved]
     illegal = [(name, e) for name, edges in used.items() for e in edges if not can_move(*e)]
     assert not illegal
     # What each is for, as its docstring says.
     assert used["mark_starting"] == [("queued", "starting")]
     assert used["mark_running"] == [("starting", "running")]
-    assert set(used["requeue"]) == {("starting", "queued"), ("running", "queued")}
+    assert ("starting", "queued") in used["requeue"]
     assert ("queued", "succeeded") not in used["mark_finished"]
     assert ("cancelling", "cancelled") in used["mark_finished"]
+    assert ("queued", "cancelled") in used["request_cancel"]
 
 
-def test_the_test_above_calls_every_compare_and_set_of_the_store() -> None:
-    """A new function that moves jobs must be added to CAS_CALLS (and so be checked)."""
-    tree = ast.parse(inspect.getsource(repository))
-    callers = set()
-    for fn in ast.walk(tree):
-        if isinstance(fn, ast.FunctionDef) and fn.name != "_cas":
+def _functions_naming(store: ModuleType, name: str) -> set[str]:
+    """The functions of `store` that call or pass on `name`, other than `name` itself."""
+    found = set()
+    for fn in ast.walk(ast.parse(inspect.getsource(store))):
+        if isinstance(fn, ast.FunctionDef) and fn.name != name:
             for node in ast.walk(fn):
-                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_cas":
-                    callers.add(fn.name)
-    assert callers == set(CAS_CALLS)
+                named = (isinstance(node, ast.Name) and node.id == name) or (
+                    isinstance(node, ast.Attribute) and node.attr == name
+                )
+                if named:
+                    found.add(fn.name)
+    return found
 
 
-def test_the_compare_and_set_refuses_an_edge_the_table_does_not_have() -> None:
+@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
+def test_the_test_above_calls_every_compare_and_set_of_the_store(store: ModuleType) -> None:
+    """A new function that moves jobs or exports must be added to CAS_CALLS (and so be checked), and
+    only a table's own `_cas` moves a row."""
+    assert _functions_naming(store, "_cas") == set(CAS_CALLS[store])
+    assert _functions_naming(store, "move_status") == {"_cas"}
+
+
+@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
+def test_the_compare_and_set_refuses_an_edge_the_table_does_not_have(store: ModuleType) -> None:
     for src, dst in (("succeeded", "running"), ("queued", "succeeded"), ("cancelled", "queued")):
         with pytest.raises(ValueError, match="no transition"):
-            repository._cas(None, "j", [src], dst)  # type: ignore[arg-type]
+            store._cas(None, "j", [src], dst)
 
 
+@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
 @pytest.mark.parametrize("status", sorted(ACTIVE))
-def test_mark_finished_refuses_a_status_that_is_not_terminal(status: JobStatus) -> None:
+def test_mark_finished_refuses_a_status_that_is_not_terminal(store: ModuleType, status: JobStatus) -> None:
     with pytest.raises(ValueError, match="terminal"):
-        repository.mark_finished(None, "j", status)  # type: ignore[arg-type]
+        store.mark_finished(None, "j", status)

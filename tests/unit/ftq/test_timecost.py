@@ -1,5 +1,6 @@
-"""The time and cost estimate every plan carries (ftq/timecost.py): tokens x FLOPs per token per
-parameter x parameters over the devices' peak FLOP/s x the assumed utilisation."""
+"""The time and cost estimate every plan carries (ftq/timecost.py): tokens over a measured throughput
+where the operator set one, else tokens x FLOPs per token per parameter x parameters over the devices'
+peak FLOP/s x the assumed utilisation."""
 
 from __future__ import annotations
 
@@ -68,10 +69,13 @@ def test_what_cannot_be_known_is_said_not_guessed() -> None:
     epochs = spec(training={"max_steps": None, "num_train_epochs": 2})
     te = time_estimate(epochs, s, parameters=10)
     assert te.tokens is None and te.seconds is None
-    te = time_estimate(epochs, s, parameters=10, dataset_tokens=5000)
+    assert te.reason is not None and "token count" in te.reason
+    te = time_estimate(epochs, s, parameters=10, run_tokens=10_000)
     assert te.tokens == 10_000 and te.seconds == pytest.approx(6 * 10_000 * 10 / (8 * 312e12 * 0.35))
+    assert te.reason is None
     te = time_estimate(spec(), Settings(gpu_type="Z9000"), parameters=10)
     assert te.seconds is None and any("Z9000" in a for a in te.assumptions)
+    assert te.reason is not None and "Z9000" in te.reason
     cpu = time_estimate(
         spec(
             resources={"device": "cpu", "processes_per_node": 2},
@@ -82,3 +86,28 @@ def test_what_cannot_be_known_is_said_not_guessed() -> None:
         parameters=1000,
     )
     assert cpu.seconds == pytest.approx(6 * cpu.tokens * 1000 / (2 * 100e9 * 0.25), rel=1e-3)  # type: ignore[operator]
+
+
+def test_a_measured_throughput_decides_the_time_where_the_operator_set_one() -> None:
+    # The same spec on hardware the operator measured: tokens / (tokens/s per device x devices), whatever
+    # the FLOPs arithmetic would say; without a parameter count too, since the throughput needs none.
+    s = Settings(gpu_type="H100", tokens_per_second_per_device=2000.0)
+    te = time_estimate(spec(), s, parameters=None)
+    tokens = 100 * 4 * 2 * 8 * 1024
+    assert te.tokens == tokens and te.tokens_per_second_per_device == 2000.0
+    assert te.seconds == pytest.approx(tokens / (2000.0 * 8))
+    assert any("FTQ_TOKENS_PER_SECOND_PER_DEVICE" in a for a in te.assumptions)
+    assert not any("FTQ_ASSUMED_MFU" in a for a in te.assumptions)
+    flops_based = time_estimate(spec(), Settings(gpu_type="H100"), parameters=7_000_000_000)
+    assert flops_based.tokens_per_second_per_device is None and flops_based.seconds != te.seconds
+
+
+def test_the_dataset_preflight_token_count_replaces_the_full_length_upper_bound() -> None:
+    # max_steps without packing: every sequence max_seq_len long is an upper bound; the preflight's
+    # count at the data's mean length is what the run trains on.
+    s = Settings(tokens_per_second_per_device=1000.0)
+    bound = time_estimate(spec(), s, parameters=None)
+    counted = time_estimate(spec(), s, parameters=None, run_tokens=12_345)
+    assert bound.tokens == 100 * 4 * 2 * 8 * 1024 and counted.tokens == 12_345
+    assert counted.seconds == pytest.approx(12_345 / 8000)
+    assert any("dataset preflight" in a for a in counted.assumptions)

@@ -56,3 +56,15 @@ def test_push_fails_before_anything_is_written(tmp_path: Path, monkeypatch: pyte
         exp.main(["--request", str(tmp_path / "export.json")])
     assert ended.value.code == 2
     assert not out.exists()
+
+
+def test_the_request_reads_push_to_hub_as_a_typed_target(tmp_path: Path) -> None:
+    base = {
+        "export_id": "exp_1", "job_id": "job_1", "kind": "merged", "dtype": "bf16", "max_shard_size": "5GB",
+        "run_dir": str(tmp_path), "out_dir": str(tmp_path / "out"),
+    }  # fmt: skip
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({**base, "push_to_hub": {"repo_id": "org/m", "private": False}}))
+    assert exp.ExportRequest.read(path).push_to_hub == exp.HubTarget("org/m", private=False)
+    path.write_text(json.dumps({**base, "push_to_hub": None}))
+    assert exp.ExportRequest.read(path).push_to_hub is None

@@ -31,7 +31,6 @@ def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pyt
     """Checkpoints (complete ones only), warnings.jsonl and samples.jsonl become events, keyed: a pass
     that reads them again, in this process or a fresh one, records nothing twice."""
     import json
-    from datetime import UTC, datetime
 
     from ftq import runs
     from ftq.store import repository
@@ -39,25 +38,13 @@ def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pyt
     from ftq.store.models import Job, JobEvent
     from tests.harness.assets import checkpoint_dir
     from tests.harness.inprocess import migrate, use_settings
+    from tests.harness.rows import job_row
 
     (tmp_path / "data").mkdir()
     use_settings(monkeypatch, data_dir=tmp_path / "data")
     migrate()
-    now = datetime.now(UTC)
     with session_scope() as session:
-        job = Job(
-            id="job_x",
-            name="x",
-            owner="o",
-            status="running",
-            spec={},
-            launcher="local",
-            device="cpu",
-            created_at=now,
-            updated_at=now,
-            attempt=0,
-            metrics_offset=0,
-        )
+        job = job_row("job_x", name="x", owner="o", status="running")
         repository.JobRepository(session, "o").add_with_dispatch(job)
     run_dir = tmp_path / "data" / "runs" / "job_x"
     run_dir.mkdir(parents=True)

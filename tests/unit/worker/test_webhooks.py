@@ -11,7 +11,6 @@ import hmac
 import json
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,8 +20,9 @@ from ftq.events import EventType
 from ftq.status import JobStatus
 from ftq.store import events, repository
 from ftq.store.db import session_scope
-from ftq.store.models import Job, JobEvent, WebhookDelivery
+from ftq.store.models import JobEvent, WebhookDelivery
 from tests.harness.inprocess import migrate, use_settings
+from tests.harness.rows import job_row
 
 
 class Receiver:
@@ -85,21 +85,8 @@ def receiver() -> Iterator[Receiver]:
 
 
 def new_job(job_id: str, owner: str = "alice") -> None:
-    now = datetime.now(UTC)
     with session_scope() as session:
-        job = Job(
-            id=job_id,
-            name=job_id,
-            owner=owner,
-            status="queued",
-            spec={"resources": {"num_nodes": 1, "processes_per_node": 2}},
-            launcher="local",
-            device="cpu",
-            created_at=now,
-            updated_at=now,
-            attempt=0,
-            metrics_offset=0,
-        )
+        job = job_row(job_id, owner=owner, spec={"resources": {"num_nodes": 1, "processes_per_node": 2}})
         repository.JobRepository(session, owner).add_with_dispatch(job)
 
 
