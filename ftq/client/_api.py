@@ -231,11 +231,8 @@ def metrics(job_id: str, *, after_step: int, limit: int) -> Call[schemas.Metrics
 def iter_metrics(
     job_id: str, after_step: int, follow: bool, poll: float, page_size: int
 ) -> Flow[schemas.Point, None]:
-    def caught_up(points: Sequence[schemas.Point]) -> bool:
-        return len(points) < page_size
-
     page = partial(metrics, job_id, limit=page_size)
-    return pages_after_step(lambda step: page(after_step=step), after_step, caught_up, follow, poll)
+    return pages_after_step(page, after_step, page_size, follow, poll)
 
 
 def samples(job_id: str, *, after_step: int, limit: int) -> Call[schemas.SamplesPage]:
@@ -245,12 +242,11 @@ def samples(job_id: str, *, after_step: int, limit: int) -> Call[schemas.Samples
 def iter_samples(
     job_id: str, after_step: int, follow: bool, poll: float, page_size: int
 ) -> Flow[schemas.SamplePublic, None]:
-    # A page holds whole steps: its `limit` counts steps, not samples.
-    def caught_up(got: Sequence[schemas.SamplePublic]) -> bool:
-        return len({s.step for s in got}) < page_size
+    def steps(got: Sequence[schemas.SamplePublic]) -> int:  # a page's `limit` counts whole steps
+        return len({s.step for s in got})
 
     page = partial(samples, job_id, limit=page_size)
-    return pages_after_step(lambda step: page(after_step=step), after_step, caught_up, follow, poll)
+    return pages_after_step(page, after_step, page_size, follow, poll, count=steps)
 
 
 # Artifacts
@@ -415,22 +411,24 @@ def pages_by_cursor(page: Callable[[str | None], Call[CursorPage[X]]]) -> Flow[X
 
 
 def pages_after_step(
-    page: Callable[[int], Call[StepPage[X]]],
+    page: Callable[..., Call[StepPage[X]]],
     after_step: int,
-    caught_up: Callable[[Sequence[X]], bool],
+    page_size: int,
     follow: bool,
     poll: float,
+    count: Callable[[Sequence[X]], int] = len,
 ) -> Flow[X, None]:
-    """Every item after after_step, page by page; with follow, also those written later, until the job
-    has ended and all were read (`complete`)."""
+    """Every item after after_step, `page(after_step=...)` by page; with follow, also those written later,
+    until the job has ended and all were read (`complete`). A page of fewer than `page_size` (as `count`
+    counts them) means what is there now was read."""
     while True:
-        got = yield from fetch(page(after_step))
+        got = yield from fetch(page(after_step=after_step))
         yield from got.data
         if got.data:
             after_step = got.next_after_step
         if got.complete:
             return
-        if caught_up(got.data):  # what is there now was read
+        if count(got.data) < page_size:
             if not follow:
                 return
             yield from sleep(poll)

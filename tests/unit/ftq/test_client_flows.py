@@ -13,7 +13,7 @@ import pytest
 from ftq.client import _api
 from ftq.client._plan import Call, Flow, Next, Open, Run, Sleep, Step
 from ftq.client.errors import ConnectionLost, NotFound, Unavailable, WaitTimeout
-from ftq.schemas import LogChunk, MetricsPage, Point
+from ftq.schemas import LogChunk, MetricsPage, Point, SamplePublic, SamplesPage
 
 
 def drive(flow: Flow[Any, Any], answer: Callable[[Step], Any]) -> tuple[list[Any], Any, list[Step]]:
@@ -78,6 +78,19 @@ def test_metrics_pages_stop_once_caught_up_and_follow_sleeps_until_complete() ->
     assert [p.step for p in items] == [1, 2]
     assert [type(s) for s in steps] == [Call, Sleep, Call, Sleep, Call]
     assert [s.params["after_step"] for s in steps if isinstance(s, Call)] == [-1, 1, 1]
+
+
+def test_samples_pages_count_steps_not_samples() -> None:
+    two_prompts = [SamplePublic(step=5, index=i, prompt=p, completion="...") for i, p in enumerate("ab")]
+    pages = [
+        SamplesPage(data=two_prompts, next_after_step=5, complete=False),
+        SamplesPage(data=[], next_after_step=5, complete=False),
+    ]
+    items, _, steps = drive(
+        _api.iter_samples("job_1", -1, False, 0.5, page_size=2), lambda step: pages.pop(0)
+    )
+    assert items == two_prompts
+    assert len(steps) == 1  # one step of the two a page may hold: what is there was read
 
 
 def test_wait_until_waits_out_a_503_and_returns_what_is_done() -> None:
