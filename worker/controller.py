@@ -366,6 +366,9 @@ class JobKind:
     def label(self, v: JobView) -> str:
         return f"job {v.id}"
 
+    def job_id(self, v: JobView) -> str:
+        return v.id
+
     def read(self, session: Session, row_id: str) -> tuple[Job, JobView] | None:
         job = repository.get_job(session, row_id)
         return None if job is None else (job, _view(job))

@@ -252,6 +252,9 @@ class ExportKind:
     def label(self, v: ExportView) -> str:
         return f"export {v.id} of job {v.job_id}"
 
+    def job_id(self, v: ExportView) -> str:
+        return v.job_id
+
     def read(self, session: Session, row_id: str) -> tuple[tuple[Export, Job], ExportView] | None:
         export = store.get_export(session, row_id)
         job = repository.get_job(session, export.job_id) if export is not None else None

@@ -22,7 +22,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from sqlalchemy.orm import Session
 
-from ftq import runs
+from ftq import logs, runs
 from ftq.errors import ErrorCode
 from ftq.status import JobStatus
 from ftq.store.db import session_scope
@@ -110,6 +110,10 @@ class Kind(Protocol[Row, View]):
         """The row in a log line: `job j_1`, `export exp_1 of job j_1`."""
         ...
 
+    def job_id(self, v: View) -> str:
+        """The job the row is about: every log record about it carries this id (`ftq.logs`)."""
+        ...
+
     def read(self, session: Session, row_id: str) -> tuple[Row, View] | None: ...
 
     def prepare(self, session: Session, v: View) -> bool:
@@ -186,8 +190,8 @@ def launch(kind: Kind[Row, View], row_id: str, launcher_for: LauncherFor) -> Non
         found = kind.read(session, row_id)
         if found is None or not _launchable(found[1]) or not kind.prepare(session, found[1]):
             return
-        run_dir = found[1].run_dir
-    with locks.run_lock(run_dir), session_scope() as session:
+        run_dir, job_id = found[1].run_dir, kind.job_id(found[1])
+    with logs.job_context(job_id), locks.run_lock(run_dir), session_scope() as session:
         found = kind.read(session, row_id)  # again, under the lock: the truth now
         if found is None or not _launchable(found[1]):
             return
@@ -235,10 +239,11 @@ def cancel(kind: Kind[Row, View], row_id: str, launcher_for: LauncherFor) -> Non
             return
         v = found[1]
     launcher = launcher_for(v.launcher)
-    if v.launched:
-        launcher.cancel(v.ref())
-        return
-    settle_unlaunched(kind, v, launcher)
+    with logs.job_context(kind.job_id(v)):
+        if v.launched:
+            launcher.cancel(v.ref())
+            return
+        settle_unlaunched(kind, v, launcher)
 
 
 # Reconcile ------------------------------------------------------------------------------------------------
@@ -272,6 +277,11 @@ def sweep(
 
 def reconcile_one(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState | None) -> None:
     """Bring one row in line with what its launcher reported (`state`: None when it was not polled)."""
+    with logs.job_context(kind.job_id(v)):
+        _reconcile_one(kind, v, launcher, state)
+
+
+def _reconcile_one(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState | None) -> None:
     if not v.launched:
         if v.status == JobStatus.starting and age(v.updated_at) < STARTING_GRACE_SECONDS:
             return
@@ -319,6 +329,11 @@ def settle_unlaunched(kind: Kind[Row, View], v: View, launcher: Launcher) -> Non
 
 def finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState) -> None:
     """The run has ended: record how (or, for a failure the kind retries, queue it again)."""
+    with logs.job_context(kind.job_id(v)):
+        _finish(kind, v, launcher, state)
+
+
+def _finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState) -> None:
     kind.before_end(v)
     launcher.kill_leftovers(v.ref())
     with session_scope() as session:

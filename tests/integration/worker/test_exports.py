@@ -5,8 +5,11 @@ queued again. The exports here fail in trainer.export's first check (no final/),
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ftq import runs
 from ftq.store.models import Export
@@ -48,6 +51,22 @@ def test_an_export_is_launched_in_its_folder_and_settled_with_its_error(store: P
     assert (folder / runs.EXPORT_REQUEST).is_file() and (folder / runs.LAUNCH_SCRIPT).is_file()
     assert "-m trainer.export" in (folder / runs.LAUNCH_SCRIPT).read_text()
     assert (folder / runs.EXIT_STATUS).read_text().strip() == "2"
+
+
+def test_every_record_about_an_export_carries_its_job_id(
+    store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ftq.logs import JobIdFilter
+
+    caplog.handler.addFilter(JobIdFilter())
+    add_job("j_logged", "exit 0\n", status="succeeded")
+    add_export("exp_logged", "j_logged")
+    with caplog.at_level(logging.INFO, logger="worker"):
+        settle("exp_logged", {"failed"})
+    about = [r for r in caplog.records if "exp_logged" in r.getMessage()]
+    messages = [r.getMessage() for r in about]
+    assert any(" launched: " in m for m in messages) and any(" ended: " in m for m in messages)
+    assert {getattr(r, "job_id", None) for r in about} == {"j_logged"}
 
 
 def test_an_export_waits_for_the_slot_a_job_holds(store: Path) -> None:
