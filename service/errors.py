@@ -10,87 +10,73 @@ from pydantic import BaseModel
 
 
 class FtqError(Exception):
+    """An expected failure, answered with its status and `{"detail", "code"}`. A subclass names both in
+    its class line: `class NotFound(FtqError, status=404, code="not_found")`."""
+
     status_code = 500
     code = "internal"
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None):
+    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status_code = status
+        if code is not None:
+            cls.code = code
+
+    def __init__(
+        self, message: str, *, headers: dict[str, str] | None = None, retry_after: int | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
+        if retry_after is not None:
+            self.headers["Retry-After"] = str(retry_after)
 
     def body(self) -> dict[str, Any]:
         return {"detail": self.message, "code": self.code}
 
 
-class BadRequest(FtqError):
-    status_code = 400
-    code = "bad_request"
+class BadRequest(FtqError, status=400, code="bad_request"): ...
 
 
-class Unauthorized(FtqError):
-    status_code = 401
-    code = "unauthorized"
+class Forbidden(FtqError, status=403, code="forbidden"): ...
 
+
+class NotFound(FtqError, status=404, code="not_found"): ...
+
+
+class Conflict(FtqError, status=409, code="conflict"): ...
+
+
+class PayloadTooLarge(FtqError, status=413, code="payload_too_large"): ...
+
+
+class UnsupportedMediaType(FtqError, status=415, code="unsupported_media_type"): ...
+
+
+class MisdirectedRequest(FtqError, status=421, code="misdirected_request"): ...
+
+
+class HeadersTooLarge(FtqError, status=431, code="headers_too_large"): ...
+
+
+class Unauthorized(FtqError, status=401, code="unauthorized"):
     def __init__(self, message: str = "missing or invalid bearer token"):
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
 
 
-class Forbidden(FtqError):
-    status_code = 403
-    code = "forbidden"
-
-
-class NotFound(FtqError):
-    status_code = 404
-    code = "not_found"
-
-
-class Conflict(FtqError):
-    status_code = 409
-    code = "conflict"
-
-
-class PayloadTooLarge(FtqError):
-    status_code = 413
-    code = "payload_too_large"
-
-
-class UnsupportedMediaType(FtqError):
-    status_code = 415
-    code = "unsupported_media_type"
-
-
-class MisdirectedRequest(FtqError):
-    status_code = 421
-    code = "misdirected_request"
-
-
-class HeadersTooLarge(FtqError):
-    status_code = 431
-    code = "headers_too_large"
-
-
-class TooManyRequests(FtqError):
-    status_code = 429
-    code = "rate_limited"
-
+class TooManyRequests(FtqError, status=429, code="rate_limited"):
     def __init__(self, message: str, retry_after: int):
-        super().__init__(message, headers={"Retry-After": str(max(1, retry_after))})
+        super().__init__(message, retry_after=max(1, retry_after))
 
 
-class ServiceUnavailable(FtqError):
-    status_code = 503
-    code = "unavailable"
-
+class ServiceUnavailable(FtqError, status=503, code="unavailable"):
     def __init__(self, message: str, retry_after: int = 2):
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
+        super().__init__(message, retry_after=retry_after)
 
 
-class SpecError(FtqError):
+class SpecError(FtqError, status=422, code="invalid_spec"):
     """A 422 for one or more spec fields; `errors` follow FastAPI's validation error shape."""
-
-    status_code = 422
-    code = "invalid_spec"
 
     def __init__(self, errors: list[dict[str, Any]]):
         first = errors[0] if errors else {"loc": [], "msg": "invalid spec"}

@@ -18,27 +18,7 @@ import pydantic_core
 import yaml
 
 from ftq import __version__
-from ftq.client.errors import (
-    BadRequest,
-    ChecksumMismatch,
-    Conflict,
-    ConnectionFailed,
-    ConnectionLost,
-    FieldError,
-    Forbidden,
-    FtqAPIError,
-    FtqClientError,
-    InvalidURL,
-    NotFound,
-    RateLimited,
-    ServerError,
-    ServerTimeout,
-    SpecFileError,
-    Unauthorized,
-    Unavailable,
-    UnexpectedResponse,
-    ValidationError,
-)
+from ftq.client import errors
 from ftq.schemas import Artifact, LogChunk
 from ftq.spec import JobSpec
 from ftq.status import TERMINAL, JobStatus
@@ -69,9 +49,9 @@ def resolve_url(url: str | None) -> str:
     try:
         parsed = httpx.URL(raw)
     except (httpx.InvalidURL, ValueError) as exc:
-        raise InvalidURL(raw, f"is not a valid URL: {exc}") from None
+        raise errors.InvalidURL(raw, f"is not a valid URL: {exc}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise InvalidURL(raw, "is not an http(s) URL")
+        raise errors.InvalidURL(raw, "is not an http(s) URL")
     return raw
 
 
@@ -81,7 +61,7 @@ def default_url() -> str:
     if not port:
         return DEFAULT_URL
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidURL(f"FTQ_PORT={port!r}", "is not a port number (1-65535)")
+        raise errors.InvalidURL(f"FTQ_PORT={port!r}", "is not a port number (1-65535)")
     return f"http://127.0.0.1:{int(port)}"
 
 
@@ -153,19 +133,19 @@ def spec_body(spec: SpecInput) -> tuple[bytes, str]:
 def read_spec_file(path: Path) -> tuple[bytes, str]:
     """The file's bytes and content type (.json: JSON, anything else: YAML, a superset of JSON)."""
     if not path.exists():
-        raise SpecFileError(str(path), "no such file")
+        raise errors.SpecFileError(str(path), "no such file")
     if path.is_dir():
-        raise SpecFileError(str(path), "is a directory, not a job spec file")
+        raise errors.SpecFileError(str(path), "is a directory, not a job spec file")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecFileError(str(path), f"cannot read it: {exc}") from None
+        raise errors.SpecFileError(str(path), f"cannot read it: {exc}") from None
     body: Any
     if path.suffix.lower() == ".json":
         try:
             body = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise SpecFileError(
+            raise errors.SpecFileError(
                 str(path), f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
             ) from None
         ctype = "application/json"
@@ -173,10 +153,10 @@ def read_spec_file(path: Path) -> tuple[bytes, str]:
         try:
             body = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise SpecFileError(str(path), describe_yaml_error(text, exc)) from None
+            raise errors.SpecFileError(str(path), describe_yaml_error(text, exc)) from None
         ctype = "application/yaml"
     if not isinstance(body, dict):
-        raise SpecFileError(
+        raise errors.SpecFileError(
             str(path), f"a job spec is a mapping (name:, model:, dataset:, ...), not a {type(body).__name__}"
         )
     return text.encode("utf-8"), ctype
@@ -184,15 +164,15 @@ def read_spec_file(path: Path) -> tuple[bytes, str]:
 
 # Responses -----------------------------------------------------------------------------------------------
 
-_ERROR_CLASSES: dict[int, type[FtqAPIError]] = {
-    400: BadRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    422: ValidationError,
-    429: RateLimited,
-    503: Unavailable,
+_ERROR_CLASSES: dict[int, type[errors.FtqAPIError]] = {
+    400: errors.BadRequest,
+    401: errors.Unauthorized,
+    403: errors.Forbidden,
+    404: errors.NotFound,
+    409: errors.Conflict,
+    422: errors.ValidationError,
+    429: errors.RateLimited,
+    503: errors.Unavailable,
 }
 # What the server's own errors call themselves (service/errors.py), for bodies that carry no code:
 # FastAPI's 404 for an unknown route, its 422 for a bad parameter, a proxy's 502.
@@ -218,29 +198,29 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         return None
 
 
-def _field_errors(items: list[Any]) -> list[FieldError]:
-    errors = []
+def _field_errors(items: list[Any]) -> list[errors.FieldError]:
+    found = []
     for item in items:
         if isinstance(item, dict):
             loc = item.get("loc") or []
-            errors.append(
-                FieldError(
+            found.append(
+                errors.FieldError(
                     loc=tuple(p if isinstance(p, int) else str(p) for p in loc),
                     msg=str(item.get("msg", "invalid")),
                     type=str(item.get("type", "value_error")),
                 )
             )
         else:
-            errors.append(FieldError(loc=(), msg=str(item)))
-    return errors
+            found.append(errors.FieldError(loc=(), msg=str(item)))
+    return found
 
 
-def error_from_response(resp: httpx.Response) -> FtqAPIError:
+def error_from_response(resp: httpx.Response) -> errors.FtqAPIError:
     """The typed error for a 4xx/5xx: the API's `{"detail", "code"}`, or a 422's list of fields."""
     status = resp.status_code
-    cls = _ERROR_CLASSES.get(status) or (ServerError if status >= 500 else FtqAPIError)
+    cls = _ERROR_CLASSES.get(status) or (errors.ServerError if status >= 500 else errors.FtqAPIError)
     code = _DEFAULT_CODES.get(status) or f"http_{status}"
-    errors: list[FieldError] = []
+    fields: list[errors.FieldError] = []
     body: Any = None
     try:
         body = resp.json()
@@ -251,11 +231,11 @@ def error_from_response(resp: httpx.Response) -> FtqAPIError:
         if isinstance(body, dict) and isinstance(body.get("code"), str):
             code = body["code"]
         if isinstance(raw, list):
-            errors = _field_errors(raw)
-            detail = "; ".join(f"{e.field or 'spec'}: {e.msg}" for e in errors)
+            fields = _field_errors(raw)
+            detail = "; ".join(f"{e.field or 'spec'}: {e.msg}" for e in fields)
             if status == 422 and not (isinstance(body, dict) and "code" in body):
                 # A spec error's locations start at "body"; anything else is a parameter or header.
-                on_body = any(e.loc[:1] == ("body",) for e in errors)
+                on_body = any(e.loc[:1] == ("body",) for e in fields)
                 code = "invalid_spec" if on_body else "invalid_request"
         else:
             detail = "" if raw is None else str(raw)
@@ -263,8 +243,8 @@ def error_from_response(resp: httpx.Response) -> FtqAPIError:
         status,
         code,
         detail,
-        errors[0].field if errors else None,
-        errors=errors,
+        fields[0].field if fields else None,
+        errors=fields,
         retry_after=_retry_after(resp.headers),
         headers=resp.headers,
         body=body,
@@ -276,27 +256,27 @@ def parse_model(resp: httpx.Response, model: type[M], url: str) -> M:
     try:
         data = resp.json()
     except ValueError:
-        raise UnexpectedResponse(url, resp.status_code, "not JSON") from None
+        raise errors.UnexpectedResponse(url, resp.status_code, "not JSON") from None
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise UnexpectedResponse(
+        raise errors.UnexpectedResponse(
             url, resp.status_code, f"not a {model.__name__} ({where}: {first['msg']})"
         ) from None
 
 
-def transport_error(exc: httpx.HTTPError, url: str, path: str) -> FtqClientError:
+def transport_error(exc: httpx.HTTPError, url: str, path: str) -> errors.FtqClientError:
     """The typed error for a request that got no answer."""
     if isinstance(exc, httpx.UnsupportedProtocol):
-        return InvalidURL(url, "is not an http(s) URL")
+        return errors.InvalidURL(url, "is not an http(s) URL")
     if isinstance(exc, httpx.ConnectError):
         # "[Errno 111] Connection refused" -> "Connection refused"
-        return ConnectionFailed(url, str(exc).split("] ")[-1] or "connection refused", path)
+        return errors.ConnectionFailed(url, str(exc).split("] ")[-1] or "connection refused", path)
     if isinstance(exc, httpx.TimeoutException):
-        return ServerTimeout(url, str(exc) or "timed out", path)
-    return ConnectionLost(url, str(exc) or type(exc).__name__, path)
+        return errors.ServerTimeout(url, str(exc) or "timed out", path)
+    return errors.ConnectionLost(url, str(exc) or type(exc).__name__, path)
 
 
 # Decoders ------------------------------------------------------------------------------------------------
@@ -366,7 +346,8 @@ def is_terminal(status: JobStatus | str) -> bool:
 
 # Downloads -----------------------------------------------------------------------------------------------
 
-DOWNLOAD_CHUNK = 1024**2
+# What one read of a file or of a response body holds: files are streamed, never read whole.
+CHUNK_BYTES = 1024**2
 # How long a download waits for the server to finish hashing a big file before it reports the file
 # as not verified (the server hashes each file once, in the background, after it is first listed).
 SHA_WAIT_SECONDS = 300.0
@@ -402,15 +383,17 @@ def plan_download(artifacts: list[Artifact], path: str, out: Path) -> list[tuple
             rest = a.path[len(path) + 1 :].split("/")
             # The server never lists such a path; a hostile server must not make us write outside `out`.
             if any(p in ("", ".", "..") or "\\" in p for p in rest) or base in ("", ".", ".."):
-                raise UnexpectedResponse("server", 200, f"an artifact path that escapes its folder: {a.path}")
+                raise errors.UnexpectedResponse(
+                    "server", 200, f"an artifact path that escapes its folder: {a.path}"
+                )
             plan.append((a, out.joinpath(base, *rest)))
     return plan
 
 
-def no_artifact(job_id: str, path: str) -> NotFound:
+def no_artifact(job_id: str, path: str) -> errors.NotFound:
     """What the server answers for a path it does not list (the SDK says it without a request)."""
     detail = f"job {job_id} has no artifact {path}"
-    return NotFound(404, "not_found", detail, body={"detail": detail, "code": "not_found"})
+    return errors.NotFound(404, "not_found", detail, body={"detail": detail, "code": "not_found"})
 
 
 def part_files(dest: Path) -> tuple[Path, Path]:
@@ -423,7 +406,7 @@ def hash_prefix(part: Path) -> tuple[Any, int]:
     digest = hashlib.sha256()
     size = 0
     with part.open("rb") as f:
-        while chunk := f.read(DOWNLOAD_CHUNK):
+        while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)
             size += len(chunk)
     return digest, size
@@ -460,7 +443,7 @@ def settle_file(artifact: Artifact, dest: Path, digest: str | None, resumed: int
     if checked and digest != artifact.sha256:
         part.unlink(missing_ok=True)
         etag_file.unlink(missing_ok=True)
-        raise ChecksumMismatch(artifact.path, str(artifact.sha256), digest)
+        raise errors.ChecksumMismatch(artifact.path, str(artifact.sha256), digest)
     part.replace(dest)
     etag_file.unlink(missing_ok=True)
     return Downloaded(path=dest, artifact=artifact, verified=checked, resumed_from=resumed)

@@ -15,19 +15,15 @@ from ftq.store.db import read_session
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.artifacts import service as artifacts
-from service.artifacts.schemas import ArtifactList, ErrorBody
+from service.artifacts.schemas import ArtifactList
 from service.deps import current_owner
-from service.jobs.router import JobLogRoute
+from service.jobs.router import JobId, JobLogRoute
 from service.jobs.service import get_or_404
+from service.routes import owner_errors
 
 router = APIRouter(prefix="/jobs", tags=["artifacts"], route_class=JobLogRoute)
 
-JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job_0123456789abcdef")]
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
-    404: {"model": ErrorBody, "description": "No such job for this owner, or no such artifact"},
-}
+_ERRORS = owner_errors("No such job for this owner, or no such artifact")
 
 # What a downloaded file may never do in a browser: run as a page of this origin (the dashboard's token
 # is in its session storage). Every artifact is an attachment of an opaque type.

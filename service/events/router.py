@@ -10,13 +10,11 @@ from ftq.store.events import EventRepository
 from ftq.store.repository import JobRepository
 from service.deps import OwnerDep, SessionDep
 from service.events import service
-from service.events.schemas import ErrorBody, EventPage
+from service.events.schemas import EventPage
+from service.routes import UNAUTHORIZED, owner_errors
 
 router = APIRouter(tags=["events"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
-}
 _AFTER = Query(
     0, ge=0, le=2**63 - 1, description="Only events with an id above this (`next_after` of a page)."
 )
@@ -26,7 +24,7 @@ _LIMIT = Query(100, ge=1, le=1000)
 @router.get(
     "/jobs/{job_id}/events",
     response_model=EventPage,
-    responses={**_ERRORS, 404: {"model": ErrorBody, "description": "No such job for this owner"}},
+    responses=owner_errors("No such job for this owner"),
     summary="A job's events, oldest first",
 )
 def job_events(
@@ -41,6 +39,11 @@ def job_events(
     )
 
 
-@router.get("/events", response_model=EventPage, responses=_ERRORS, summary="Events of all the owner's jobs")
+@router.get(
+    "/events",
+    response_model=EventPage,
+    responses={401: UNAUTHORIZED},
+    summary="Events of all the owner's jobs",
+)
 def all_events(session: SessionDep, owner: OwnerDep, after: int = _AFTER, limit: int = _LIMIT) -> EventPage:
     return service.page(EventRepository(session, owner), after=after, limit=limit)

@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Path, Response
+from fastapi import APIRouter, BackgroundTasks, Response
 
 from ftq.store import outbox
 from service.deps import OwnerDep, SessionDep, SettingsDep
 from service.exports import service as exports
 from service.exports.schemas import ExportCreate, ExportList, ExportPublic
 from service.jobs.router import JobId, JobLogRoute
-from service.jobs.schemas import ErrorBody
+from service.routes import error, id_in_path, owner_errors
 
 router = APIRouter(prefix="/jobs", tags=["exports"], route_class=JobLogRoute)
 
-ExportId = Annotated[
-    str, Path(min_length=1, max_length=64, description="Export id, e.g. exp_0123456789abcdef")
-]
+ExportId = Annotated[str, id_in_path("Export id, e.g. exp_0123456789abcdef")]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
-    404: {"model": ErrorBody, "description": "No such job (or export) for this owner"},
-}
+_ERRORS = owner_errors("No such job (or export) for this owner")
 
 
 @router.post(
@@ -31,10 +26,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     response_model=ExportPublic,
     responses={
         200: {"model": ExportPublic, "description": "An identical export is under way or done: that one"},
-        409: {
-            "model": ErrorBody,
-            "description": "The job has not succeeded, or `adapter` was asked of a full fine-tune",
-        },
+        409: error("The job has not succeeded, or `adapter` was asked of a full fine-tune"),
         422: {"description": "A bad field (kind, dtype, max_shard_size, push_to_hub), named in the error"},
         **_ERRORS,
     },

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.requests import ClientDisconnect
 
@@ -25,21 +25,17 @@ from service.errors import (
 )
 from service.files import service as file_service
 from service.files import upload
-from service.files.schemas import ErrorBody, FileList, FilePublic
+from service.files.schemas import FileList, FilePublic
+from service.routes import CROSS_SITE, UNAUTHORIZED, error, id_in_path, owner_errors
 
 router = APIRouter(prefix="/files", tags=["files"])
 
 # Multipart framing (boundaries, part headers) a body may carry beyond the file's own bytes.
 _MULTIPART_SLACK = 64 * 1024
 
-FileId = Annotated[
-    str, Path(min_length=1, max_length=64, description="File id, e.g. file_0123456789abcdef01234567")
-]
+FileId = Annotated[str, id_in_path("File id, e.g. file_0123456789abcdef01234567")]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
-    404: {"model": ErrorBody, "description": "No such file for this owner"},
-}
+_ERRORS = owner_errors("No such file for this owner")
 
 
 async def _owner(request: Request) -> str:
@@ -86,12 +82,12 @@ _UPLOAD_BODY = {
     response_model=FilePublic,
     openapi_extra=_UPLOAD_BODY,
     responses={
-        400: {"model": ErrorBody, "description": "The multipart body does not parse"},
-        403: {"model": ErrorBody, "description": "Auth off: a cross-origin or cross-site request"},
-        413: {"model": ErrorBody, "description": "The file is larger than FTQ_MAX_FILE_BYTES"},
-        415: {"model": ErrorBody, "description": "Neither multipart/form-data nor application/jsonl"},
-        429: {"model": ErrorBody, "description": "The upload would pass the owner's FTQ_FILE_QUOTA_BYTES"},
-        401: _ERRORS[401],
+        400: error("The multipart body does not parse"),
+        403: CROSS_SITE,
+        413: error("The file is larger than FTQ_MAX_FILE_BYTES"),
+        415: error("Neither multipart/form-data nor application/jsonl"),
+        429: error("The upload would pass the owner's FTQ_FILE_QUOTA_BYTES"),
+        401: UNAUTHORIZED,
     },
     summary="Upload a dataset file (JSON Lines); it is validated by the worker",
 )
@@ -171,7 +167,7 @@ async def upload_file(
     response_model=FileList,
     responses={
         401: _ERRORS[401],
-        400: {"model": ErrorBody, "description": "A cursor this server did not give"},
+        400: error("A cursor this server did not give"),
     },
     summary="List your files",
 )
@@ -232,7 +228,7 @@ async def get_content(file_id: FileId, owner: OwnerDep) -> FileResponse:
 @router.delete(
     "/{file_id}",
     status_code=204,
-    responses={**_ERRORS, 409: {"model": ErrorBody, "description": "A queued or running job uses it"}},
+    responses={**_ERRORS, 409: error("A queued or running job uses it")},
     summary="Delete a file and its bytes",
 )
 async def delete_file(file_id: FileId, owner: OwnerDep) -> Response:

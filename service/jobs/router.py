@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
@@ -43,6 +43,7 @@ from service.jobs.schemas import (
     PlanPublic,
     SamplesPage,
 )
+from service.routes import CROSS_SITE, error, id_in_path, owner_errors
 
 T = TypeVar("T")
 
@@ -60,12 +61,9 @@ class JobLogRoute(APIRoute):
 router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=JobLogRoute)
 
 
-JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job_0123456789abcdef")]
+JobId = Annotated[str, id_in_path("Job id, e.g. job_0123456789abcdef")]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
-    404: {"model": ErrorBody, "description": "No such job for this owner"},
-}
+_ERRORS = owner_errors("No such job for this owner")
 
 _SPEC_BODY = {
     "requestBody": {
@@ -115,12 +113,12 @@ class RateLimiter:
     openapi_extra=_SPEC_BODY,
     responses={
         200: {"model": PlanPublic, "description": "dry_run=true: the plan; nothing is stored or launched"},
-        400: {"model": ErrorBody, "description": "The body is not JSON or YAML"},
-        409: {"model": ErrorBody, "description": "A request with this Idempotency-Key is in progress"},
-        413: {"model": ErrorBody, "description": "The body is too large"},
-        403: {"model": ErrorBody, "description": "Auth off: a cross-origin or cross-site request"},
-        415: {"model": ErrorBody, "description": "No content type, or not JSON or YAML"},
-        429: {"model": ErrorBody, "description": "Rate or active-job limit reached"},
+        400: error("The body is not JSON or YAML"),
+        409: error("A request with this Idempotency-Key is in progress"),
+        413: error("The body is too large"),
+        403: CROSS_SITE,
+        415: error("No content type, or not JSON or YAML"),
+        429: error("Rate or active-job limit reached"),
         **_ERRORS,
     },
     summary="Submit a job",
@@ -312,7 +310,7 @@ def _file_size(path: pathlib.Path) -> int:
             "a `: ping` comment every FTQ_LOG_STREAM_HEARTBEAT_SECONDS while nothing is new, and one "
             "`end` event once the job has ended and its log is read",
         },
-        429: {"model": ErrorBody, "description": "This owner already has FTQ_MAX_LOG_STREAMS_PER_OWNER open"},
+        429: error("This owner already has FTQ_MAX_LOG_STREAMS_PER_OWNER open"),
     },
     response_class=StreamingResponse,
     summary="Follow train.log until the job ends",

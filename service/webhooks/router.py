@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Response
 
 from ftq.store.events import WebhookRepository
 from service.deps import OwnerDep, SessionDep, SettingsDep
+from service.routes import UNAUTHORIZED, error, id_in_path, owner_errors
 from service.webhooks import service
 from service.webhooks.schemas import (
     DeliveryPage,
-    ErrorBody,
     WebhookCreate,
     WebhookList,
     WebhookPayload,
@@ -26,14 +26,9 @@ def _repo(session: SessionDep, owner: OwnerDep) -> WebhookRepository:
 
 
 RepoDep = Annotated[WebhookRepository, Depends(_repo)]
-WebhookId = Annotated[
-    str, Path(min_length=1, max_length=64, description="Webhook id, e.g. wh_0123456789abcdef")
-]
+WebhookId = Annotated[str, id_in_path("Webhook id, e.g. wh_0123456789abcdef")]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Missing or invalid bearer token"},
-    404: {"model": ErrorBody, "description": "No such webhook for this owner"},
-}
+_ERRORS = owner_errors("No such webhook for this owner")
 
 
 @router.post(
@@ -41,8 +36,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status_code=201,
     response_model=WebhookPublic,
     responses={
-        401: _ERRORS[401],
-        409: {"model": ErrorBody, "description": "FTQ_MAX_WEBHOOKS_PER_OWNER reached"},
+        401: UNAUTHORIZED,
+        409: error("FTQ_MAX_WEBHOOKS_PER_OWNER reached"),
         422: {"description": "An unknown event type, or a URL that is not allowed (names the field)"},
     },
     summary="Register a webhook (its secret is in this answer only)",
@@ -55,7 +50,7 @@ def create_webhook(
     return hook
 
 
-@router.get("", response_model=WebhookList, responses={401: _ERRORS[401]}, summary="The owner's webhooks")
+@router.get("", response_model=WebhookList, responses={401: UNAUTHORIZED}, summary="The owner's webhooks")
 def list_webhooks(repo: RepoDep) -> WebhookList:
     return WebhookList(data=[service.to_public(h) for h in repo.list()])
 

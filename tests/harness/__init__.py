@@ -13,6 +13,7 @@
 - rows.py: job and export rows written straight into the store, and the controller's sweep until a row
   reaches a status (in-process controller tests).
 - launching.py: launch requests for launcher tests that run scripts of their own.
+- sdk.py: sdk_client(), the sync or the async SDK client for one scenario written for both (SDK_STYLES).
 - users.py: the unprivileged run users (FTQ_RUN_AS_USER) of the run-isolation tests, made on first use.
 """
 
@@ -45,6 +46,7 @@ from tests.harness.procs import (
     wait_until,
 )
 from tests.harness.redis import PrivateRedis
+from tests.harness.sdk import SDK_STYLES, sdk_client
 
 __all__ = [
     "ARTIFACTS",
@@ -53,6 +55,7 @@ __all__ = [
     "MODEL_CONFIGS",
     "QUICK_SETTINGS",
     "REPO",
+    "SDK_STYLES",
     "TINY",
     "TINY_RELATIVE",
     "CliResult",
@@ -73,6 +76,7 @@ __all__ = [
     "procs_with",
     "run_ftq",
     "run_pids",
+    "sdk_client",
     "text_dataset",
     "tiny_assets",
     "tiny_spec",

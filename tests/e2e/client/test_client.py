@@ -1,8 +1,9 @@
 """The Python SDK (`ftq.client`) against real servers, nothing mocked.
 
-Jobs that train run on the session's shared `ftq up` (the e2e session fixture `server`). Paging, owners
-and the error types use a private `ftq api` that this module starts with two tokens and no worker, so
-its jobs stay queued and cost no CPU, and its job list holds only what these tests put there.
+Jobs that train run on the session's shared `ftq up` (the e2e session fixture `server`), once through
+`Client` and once through `AsyncClient` (`sdk_client`). Paging, owners and the error types use a private
+`ftq api` that this module starts with two tokens and no worker, so its jobs stay queued and cost no CPU,
+and its job list holds only what these tests put there.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ftq.client import (
     ValidationError,
     WaitTimeout,
 )
-from tests.harness import EXAMPLES, Deployment, example_spec, free_port
+from tests.harness import EXAMPLES, SDK_STYLES, Deployment, example_spec, free_port, sdk_client
 
 TINY_SPEC = EXAMPLES / "tiny-cpu.yaml"
 ERIN_TOKEN = "e2e-sdk-erin-token"
@@ -92,9 +93,10 @@ def _wait_for(client: Client, job_id: str, status: str, timeout: float) -> JobPu
 
 
 @pytest.mark.slow  # a real tiny training run
-def test_create_follow_logs_metrics_and_wait(server: Deployment) -> None:
+@pytest.mark.parametrize("style", SDK_STYLES)
+def test_create_follow_logs_metrics_and_wait(server: Deployment, style: str) -> None:
     spec = one_process_spec(max_steps=8, eval_steps=4, save_steps=4)
-    with Client(server.url, token="") as ftq:
+    with sdk_client(style, server.url, token="") as ftq:
         assert ftq.health().status == "ok"
         job = ftq.jobs.create(spec)
         assert isinstance(job, JobPublic)
@@ -128,34 +130,9 @@ def test_create_follow_logs_metrics_and_wait(server: Deployment) -> None:
 
         assert ftq.jobs.cancel(job.id).status == JobStatus.succeeded  # a finished job stays as it is
         assert job.id in {j.id for j in ftq.jobs.list(status="succeeded")}
-
-
-@pytest.mark.slow  # a real tiny training run
-def test_async_client_create_wait_and_metrics(server: Deployment) -> None:
-    async def run() -> None:
-        async with AsyncClient(server.url, token="") as ftq:
-            assert (await ftq.health()).status == "ok"
-            job = await ftq.jobs.create(JobSpec.model_validate(one_process_spec(max_steps=4, save_steps=4)))
-            # Two coroutines on one client: the log streams while another waits for the end.
-            lines, final = await asyncio.gather(
-                _collect(ftq.jobs.logs(job.id, follow=True)), ftq.jobs.wait(job.id, timeout=300, poll=0.5)
-            )
-            assert final.status == JobStatus.succeeded, "\n".join(lines[-30:])
-            assert any("trained to step 4" in line for line in lines)
-            page = await ftq.jobs.metrics(job.id)
-            assert page.complete and [p.step for p in page.data if p.loss is not None] == [1, 2, 3, 4]
-            points = [p async for p in ftq.jobs.iter_metrics(job.id, after_step=2)]
-            assert [p.step for p in points if p.loss is not None] == [3, 4]
-            listed = [j.id async for j in ftq.jobs.list(status=[JobStatus.succeeded], limit=1)]
-            assert job.id in listed
-            with pytest.raises(NotFound):
-                await ftq.jobs.get(UNKNOWN_ID)
-
-    asyncio.run(run())
-
-
-async def _collect(lines: AsyncIterator[str]) -> list[str]:
-    return [line async for line in lines]
+        assert job.id in {j.id for j in ftq.jobs.list(status=[JobStatus.succeeded], limit=1)}  # page by page
+        with pytest.raises(NotFound):
+            ftq.jobs.get(UNKNOWN_ID)
 
 
 @pytest.mark.slow  # a real launch, cancelled while it trains
@@ -184,6 +161,31 @@ def test_idempotent_create_then_cancel_a_running_job(server: Deployment) -> None
 
 
 # On a private `ftq api`: plans, paging, owners and errors -----------------------------------------------
+
+
+def test_async_client_follows_a_log_while_another_call_waits(api_only: Deployment) -> None:
+    async def run() -> None:
+        async with AsyncClient(api_only.url, ERIN_TOKEN) as ftq:
+            job = await ftq.jobs.create(example_spec())
+
+            async def cancel_after_a_wait() -> JobPublic:
+                with pytest.raises(WaitTimeout):  # no worker: it stays queued while its log is followed
+                    await ftq.jobs.wait(job.id, timeout=0.5, poll=0.1)
+                return await ftq.jobs.cancel(job.id)
+
+            # Two calls on one client at once: the log stream stays open while the other waits, and
+            # ends once the job does.
+            lines, cancelled = await asyncio.gather(
+                _collect(ftq.jobs.logs(job.id, follow=True, poll=0.2)), cancel_after_a_wait()
+            )
+            assert cancelled.status == JobStatus.cancelled
+            assert lines == []  # it never started: no train.log
+
+    asyncio.run(run())
+
+
+async def _collect(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines]
 
 
 def test_dry_run_returns_the_plan_and_stores_nothing(erin: Client) -> None:

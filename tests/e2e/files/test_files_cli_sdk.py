@@ -11,13 +11,16 @@ import yaml
 
 from ftq.client import Client, NotFound
 from tests.e2e.files.conftest import ALICE, BOB
-from tests.harness import Deployment, run_ftq, tiny_spec
+from tests.harness import SDK_STYLES, Deployment, run_ftq, sdk_client, tiny_spec
 
 
-def test_sdk_uploads_waits_reads_and_deletes(files_server: Deployment, tiny: Path) -> None:
+@pytest.mark.parametrize("style", SDK_STYLES)
+def test_sdk_uploads_waits_reads_and_deletes(
+    files_server: Deployment, tiny: Path, tmp_path: Path, style: str
+) -> None:
     path = tiny / "data" / "train.jsonl"
     seen: list[tuple[int, int]] = []
-    with Client(files_server.url, ALICE) as client:
+    with sdk_client(style, files_server.url, ALICE) as client:
         f = client.files.upload(path, progress=lambda sent, total: seen.append((sent, total)))
         assert f.filename == "train.jsonl" and f.bytes == path.stat().st_size
         assert seen and seen[-1] == (f.bytes, f.bytes)
@@ -25,10 +28,11 @@ def test_sdk_uploads_waits_reads_and_deletes(files_server: Deployment, tiny: Pat
         assert done.status == "ready" and done.rows == len(path.read_text().splitlines())
         assert f.id in [x.id for x in client.files.list()]
         assert client.files.content(f.id) == path.read_bytes()
+        assert client.files.download(f.id, tmp_path / "copy.jsonl").read_bytes() == path.read_bytes()
         client.files.delete(f.id)
         with pytest.raises(NotFound):
             client.files.get(f.id)
-    with Client(files_server.url, BOB) as bob, pytest.raises(NotFound):
+    with sdk_client(style, files_server.url, BOB) as bob, pytest.raises(NotFound):
         bob.files.delete(f.id)
 
 
@@ -72,25 +76,6 @@ def test_submit_upload_rewrites_the_spec_to_the_file_id(
     assert f"source: {file_id}" in result.stdout
     with Client(files_server.url, ALICE) as client:
         assert client.files.get(file_id).filename == "mine.jsonl"
-
-
-def test_async_sdk_uploads_and_waits(files_server: Deployment, tiny: Path) -> None:
-    import anyio
-
-    from ftq.client import AsyncClient
-
-    path = tiny / "data" / "train.jsonl"
-
-    async def go() -> None:
-        async with AsyncClient(files_server.url, BOB) as client:
-            f = await client.files.upload(path)
-            done = await client.files.wait(f.id, timeout=60)
-            assert done.status == "ready" and done.bytes == path.stat().st_size
-            assert f.id in [x.id async for x in client.files.list()]
-            assert await client.files.content(f.id) == path.read_bytes()
-            await client.files.delete(f.id)
-
-    anyio.run(go)
 
 
 def test_submit_upload_of_a_folder_uploads_its_train_and_eval_files(

@@ -1,0 +1,179 @@
+"""The SDK's calls as flows (`ftq.client._api`, `_plan`), run step by step in the test: what each asks
+for, what it does with each answer or failure. Both clients run these same flows; the e2e tests in
+tests/e2e/client run them against real servers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+import pytest
+
+from ftq.client import _api
+from ftq.client._plan import Call, Flow, Next, Open, Run, Sleep, Step
+from ftq.client.errors import ConnectionLost, NotFound, Unavailable, WaitTimeout
+from ftq.schemas import LogChunk, MetricsPage, Point, SamplePublic, SamplesPage
+
+
+def drive(flow: Flow[Any, Any], answer: Callable[[Step], Any]) -> tuple[list[Any], Any, list[Step]]:
+    """Run `flow` as a client would, each step answered by `answer` (which may raise): (items, result,
+    steps)."""
+    run = Run(flow)
+    items: list[Any] = []
+    steps: list[Step] = []
+    for out in run:
+        if not isinstance(out, Step):
+            items.append(out)
+            continue
+        steps.append(out)
+        try:
+            run.answer(answer(out))
+        except Exception as exc:
+            run.fail(exc)
+    return items, run.result, steps
+
+
+class Page(pydantic.BaseModel):
+    data: list[int]
+    next_cursor: str | None
+
+
+class Thing(pydantic.BaseModel):
+    status: str
+
+
+def test_pages_by_cursor_follows_next_cursor_until_a_page_has_none() -> None:
+    pages = {
+        None: Page(data=[1, 2], next_cursor="7"),
+        "7": Page(data=[3], next_cursor="4"),
+        "4": Page(data=[], next_cursor=None),
+    }
+    flow = _api.pages_by_cursor(lambda cursor: Call("GET", "/things", _api.reads(Page), {"cursor": cursor}))
+    items, _, steps = drive(flow, lambda step: pages[step.params["cursor"]])  # type: ignore[attr-defined]
+    assert items == [1, 2, 3]
+    assert [s.params["cursor"] for s in steps if isinstance(s, Call)] == [None, "7", "4"]
+
+
+def test_metrics_pages_stop_once_caught_up_and_follow_sleeps_until_complete() -> None:
+    def page(after: int, steps: list[int], complete: bool) -> MetricsPage:
+        return MetricsPage(
+            data=[Point(step=s, epoch=0.0) for s in steps],
+            next_after_step=max(steps, default=after),
+            complete=complete,
+        )
+
+    answers = [page(-1, [1, 2], False), page(2, [3], False), page(3, [], False), page(3, [4], True)]
+
+    def answer(step: Step) -> Any:
+        return None if isinstance(step, Sleep) else answers.pop(0)
+
+    # Without follow: two full pages, then a short one means what is there was read.
+    items, _, steps = drive(_api.iter_metrics("job_1", -1, False, 0.5, page_size=2), answer)
+    assert [p.step for p in items] == [1, 2, 3]
+    assert [s.params["after_step"] for s in steps if isinstance(s, Call)] == [-1, 2]
+
+    answers[:] = [page(-1, [1], False), page(1, [], False), page(1, [2], True)]
+    items, _, steps = drive(_api.iter_metrics("job_1", -1, True, 0.5, page_size=2), answer)
+    assert [p.step for p in items] == [1, 2]
+    assert [type(s) for s in steps] == [Call, Sleep, Call, Sleep, Call]
+    assert [s.params["after_step"] for s in steps if isinstance(s, Call)] == [-1, 1, 1]
+
+
+def test_samples_pages_count_steps_not_samples() -> None:
+    two_prompts = [SamplePublic(step=5, index=i, prompt=p, completion="...") for i, p in enumerate("ab")]
+    pages = [
+        SamplesPage(data=two_prompts, next_after_step=5, complete=False),
+        SamplesPage(data=[], next_after_step=5, complete=False),
+    ]
+    items, _, steps = drive(
+        _api.iter_samples("job_1", -1, False, 0.5, page_size=2), lambda step: pages.pop(0)
+    )
+    assert items == two_prompts
+    assert len(steps) == 1  # one step of the two a page may hold: what is there was read
+
+
+def test_wait_until_waits_out_a_503_and_returns_what_is_done() -> None:
+    answers: list[Any] = [
+        Thing(status="running"),
+        Unavailable(503, "unavailable", "the store is restarting", retry_after=7.0),
+        Thing(status="done"),
+    ]
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Sleep):
+            return None
+        got = answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    get = Call("GET", "/things/1", _api.reads(Thing))
+    _, result, steps = drive(
+        _api.wait_until(get, lambda t: t.status == "done", lambda t: TimeoutError(), None, 1.5), answer
+    )
+    assert result == Thing(status="done")
+    assert [s.seconds for s in steps if isinstance(s, Sleep)] == [1.5, 7.0]  # the poll, then Retry-After
+
+
+def test_wait_until_raises_what_timed_out_makes_and_passes_other_errors_on() -> None:
+    get = Call("GET", "/things/1", _api.reads(Thing))
+    never = _api.wait_until(get, lambda t: False, lambda t: TimeoutError(t.status), 0.0, 1.0)
+    with pytest.raises(TimeoutError, match="running"):
+        drive(never, lambda step: Thing(status="running"))
+
+    def missing(step: Step) -> Any:
+        raise NotFound(404, "not_found", "no such thing")
+
+    with pytest.raises(NotFound):
+        drive(_api.wait_until(get, lambda t: True, lambda t: TimeoutError(), None, 1.0), missing)
+
+
+def test_jobs_wait_times_out_with_the_last_job() -> None:
+    class Job(pydantic.BaseModel):
+        id: str
+        status: str
+
+    flow = _api.wait_job("job_1", 0.0, 1.0)
+    with pytest.raises(WaitTimeout) as timed_out:
+        drive(flow, lambda step: Job(id="job_1", status="running"))
+    assert timed_out.value.job_id == "job_1"
+
+
+def test_log_lines_joins_lines_cut_between_chunks_and_ends_with_the_unfinished_one() -> None:
+    chunks = ["step 1\nst", "ep 2\n", "", "no newline"]
+    offsets = [0, 10, 15, 15]
+
+    def answer(step: Step) -> LogChunk:
+        text, offset = chunks.pop(0), offsets.pop(0)
+        return LogChunk(offset=offset, next_offset=offset + len(text), text=text, complete=not chunks)
+
+    items, _, _ = drive(_api.log_lines(_api.log_chunks("job_1", 0, False, 1.0)), answer)
+    assert items == ["step 1", "step 2"]  # an empty chunk of an unfinished job: what is there was read
+
+    chunks[:], offsets[:] = ["a\nb"], [0]
+    items, _, _ = drive(_api.log_lines(_api.log_chunks("job_1", 0, False, 1.0)), answer)
+    assert items == ["a", "b"]
+
+
+def test_a_followed_log_catches_up_by_a_plain_read_when_its_stream_breaks() -> None:
+    lines = iter(["event: log", 'data: {"offset": 0, "next_offset": 7, "text": "step 1\\n"}', ""])
+    read_at: list[int] = []
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Open):
+            return None
+        if isinstance(step, Next):
+            line = next(lines, None)
+            if line is None:
+                raise ConnectionLost("http://x", "peer closed", "/jobs/job_1/logs/stream")
+            return line
+        if isinstance(step, Call):
+            read_at.append(step.params["offset"])
+            return LogChunk(offset=7, next_offset=14, text="step 2\n", complete=True)
+        return None  # Sleep
+
+    items, _, steps = drive(_api.log_chunks("job_1", 0, True, 0.25), answer)
+    assert [c.text for c in items] == ["step 1\n", "step 2\n"] and items[-1].complete
+    assert read_at == [7]  # from where the stream stopped
+    assert Sleep(0.25) in steps
