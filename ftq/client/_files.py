@@ -5,21 +5,35 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Never, Protocol
 
 from ftq.client import _api
-from ftq.client._plan import Progress
+from ftq.client._plan import A, Call, Flow, Progress, R, T
 from ftq.schemas import FileList, FilePublic
 
-if TYPE_CHECKING:
-    from ftq.client._async import AsyncClient
-    from ftq.client._sync import Client
+
+# What `client.files` needs of its client: the transport that runs calls and flows. Typed as protocols,
+# so this module needs neither client module (each of which imports it).
+class Runs(Protocol):
+    def _call(self, call: Call[A]) -> A: ...
+
+    def _run(self, flow: Flow[Never, R]) -> R: ...
+
+    def _iterate(self, flow: Flow[T, None]) -> Iterator[T]: ...
+
+
+class AsyncRuns(Protocol):
+    async def _call(self, call: Call[A]) -> A: ...
+
+    async def _run(self, flow: Flow[Never, R]) -> R: ...
+
+    def _iterate(self, flow: Flow[T, None]) -> AsyncIterator[T]: ...
 
 
 class Files:
     """The /files routes; reached as `client.files`."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Runs) -> None:
         self._client = client
 
     def upload(
@@ -59,7 +73,7 @@ class Files:
 class AsyncFiles:
     """The /files routes for `AsyncClient`; reached as `client.files`."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncRuns) -> None:
         self._client = client
 
     async def upload(
