@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -28,6 +29,7 @@ from ftq.client import (
     JobPublic,
     ServerTimeout,
     SpecFileError,
+    Unavailable,
     UnexpectedResponse,
 )
 
@@ -270,3 +272,33 @@ def fmt_progress(job: JobPublic) -> str:
     if max_steps:
         return f"{step}/{max_steps} ({100 * step / max_steps:.0f}%)"
     return str(step)
+
+
+# How long a followed job or export is polled through a slow or restarting server (timeouts, dropped
+# connections, 503s) before the command gives up: following is watching, and one slow answer from a
+# busy server must not end it.
+FOLLOW_PATIENCE_SECONDS = 300.0
+TRANSIENT = (ServerTimeout, ConnectionLost, Unavailable)
+
+
+class Patience:
+    """Counts a follow loop's transient failures: the first is said once on stderr, a run of them longer
+    than `seconds` is raised, and the next answer says the server is back."""
+
+    def __init__(self, seconds: float = FOLLOW_PATIENCE_SECONDS) -> None:
+        self.seconds = seconds
+        self.since: float | None = None
+
+    def failed(self, exc: FtqClientError) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            message, _ = describe_failure(exc)
+            err.print(f"ftq: {escape(message)}; still following, trying again", soft_wrap=True)
+        elif now - self.since > self.seconds:
+            raise exc
+
+    def answered(self) -> None:
+        if self.since is not None:
+            err.print("ftq: the server answers again", soft_wrap=True)
+            self.since = None

@@ -43,6 +43,8 @@ from ftq.cli_output import (
     EXIT_REFUSED,
     POLL_SECONDS,
     TERMINAL,
+    TRANSIENT,
+    Patience,
     api,
     err,
     fail,
@@ -222,30 +224,40 @@ def follow_job(client: Client, job_id: str) -> int:
     ]
     with Progress(*columns, console=out, transient=False, refresh_per_second=4) as bar:
         task = bar.add_task(job_id, total=None, max_steps="?", loss="-", lr="-", eta="-")
+        patience = Patience()
         while True:
-            job = client.jobs.get(job_id)
+            try:
+                job = client.jobs.get(job_id)
+            except TRANSIENT as exc:
+                patience.failed(exc)
+                time.sleep(POLL_SECONDS)
+                continue
+            patience.answered()
             status = job.status
             if status != last_status:
                 bar.console.print(f"{job_id}: {fmt_status(status)}")
                 last_status = status
-            # The job's events since the last look (started, checkpoint, eval, warning...).
-            while True:
-                page = client.jobs.events(job_id, after=after)
-                for event in page.data:
-                    bar.console.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
-                after = page.next_after
-                if len(page.data) < 100:
-                    break
             complete = False
-            # What the log holds now: the status and the bar are refreshed between reads.
-            for chunk in client.jobs.log_chunks(job_id, offset=offset):
-                offset = chunk.next_offset
-                complete = chunk.complete
-                # Print whole lines only, so the bar never splits a line of the log.
-                lines = (partial + chunk.text).split("\n")
-                partial = lines.pop()
-                for line in lines:
-                    bar.console.print(escape(line), soft_wrap=True, highlight=False)
+            try:
+                # The job's events since the last look (started, checkpoint, eval, warning...).
+                while True:
+                    page = client.jobs.events(job_id, after=after)
+                    for event in page.data:
+                        bar.console.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                    after = page.next_after
+                    if len(page.data) < 100:
+                        break
+                # What the log holds now: the status and the bar are refreshed between reads.
+                for chunk in client.jobs.log_chunks(job_id, offset=offset):
+                    offset = chunk.next_offset
+                    complete = chunk.complete
+                    # Print whole lines only, so the bar never splits a line of the log.
+                    lines = (partial + chunk.text).split("\n")
+                    partial = lines.pop()
+                    for line in lines:
+                        bar.console.print(escape(line), soft_wrap=True, highlight=False)
+            except TRANSIENT as exc:
+                patience.failed(exc)  # what was read is kept (after, offset); the rest next time
             latest = job.latest_metrics or Point(step=0)
             bar.update(
                 task,
@@ -620,16 +632,28 @@ def export(
         out.print(_export_line(made))
         if not follow:
             return
-        last = made.status
-        while made.status not in TERMINAL:
-            time.sleep(POLL_SECONDS)
-            made = client.jobs.get_export(job_id, made.id)
-            if made.status != last:
-                out.print(_export_line(made))
-                last = made.status
+        made = follow_export(client, job_id, made)
     if made.status != "succeeded":
         raise typer.Exit(EXIT_REFUSED)
     out.print(f"download it with: ftq download {job_id} {made.path}")
+
+
+def follow_export(client: Client, job_id: str, made: ExportPublic) -> ExportPublic:
+    """Poll an export until it ends, printing each status it passes through; returns its last state."""
+    last = made.status
+    patience = Patience()
+    while made.status not in TERMINAL:
+        time.sleep(POLL_SECONDS)
+        try:
+            made = client.jobs.get_export(job_id, made.id)
+        except TRANSIENT as exc:
+            patience.failed(exc)
+            continue
+        patience.answered()
+        if made.status != last:
+            out.print(_export_line(made))
+            last = made.status
+    return made
 
 
 @_command("exports")
