@@ -11,6 +11,7 @@ import signal
 import struct
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,52 +27,64 @@ MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"  # `make test` makes it (see t
 EXPERIMENT = "ftq-e2e"
 
 
-@pytest.fixture(scope="module")
-def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@dataclass
+class MlflowServer:
     """A real MLflow tracking server on 127.0.0.1, its store a SQLite file of its own."""
-    assert MLFLOW.exists(), f"{MLFLOW} is missing: `make .venv-mlflow/bin/mlflow` (or `make test`) builds it"
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--default-artifact-root", str(root / "artifacts"),
-        ],
-        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        # No background job runner (a dozen worker processes the tests do not use).
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
 
-    def up() -> bool:
-        assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def up(self) -> bool:
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
         try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """The server, started (not yet waited for: ftq starts meanwhile, see `dep`)."""
+    assert MLFLOW.exists(), f"{MLFLOW} is missing: `make .venv-mlflow/bin/mlflow` (or `make test`) builds it"
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    with (root / "server.log").open("w") as log:
+        proc = subprocess.Popen(
+            [
+                str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                "--default-artifact-root", str(root / "artifacts"),
+            ],
+            cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # No background job runner (a dozen worker processes the tests do not use).
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        )  # fmt: skip
     try:
-        wait_until("mlflow server up", up, timeout=300)
-        yield url
+        yield MlflowServer(f"http://127.0.0.1:{port}", proc, root / "server.log")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn process it starts
         proc.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory: pytest.TempPathFactory, mlflow_url: str) -> Iterator[Deployment]:
+def mlflow_url(mlflow_server: MlflowServer, dep: Deployment) -> str:
+    """The tracking server's URL once it answers (it started while `dep` did)."""
+    wait_until("mlflow server up", mlflow_server.up, timeout=300)
+    return mlflow_server.url
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory, mlflow_server: MlflowServer) -> Iterator[Deployment]:
     tiny_assets()
-    settings = {"wandb_mode": "offline", "mlflow_tracking_uri": mlflow_url}
+    settings = {"wandb_mode": "offline", "mlflow_tracking_uri": mlflow_server.url}
     d = Deployment(tmp_path_factory.mktemp("trackers"), settings=settings).start()
     yield d
     d.close(cancel_active=True)
 
 
 @pytest.fixture(scope="module")
-def job(dep: Deployment) -> dict[str, Any]:
+def job(dep: Deployment, mlflow_url: str) -> dict[str, Any]:
     spec = tiny_spec(TINY_RELATIVE, name="tracked", max_steps=4, eval_steps=2)
     spec["dataset"] = {"name_or_path": f"{TINY_RELATIVE}/data", "eval_split": "eval"}
     spec["integrations"] = {

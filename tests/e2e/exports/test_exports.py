@@ -75,26 +75,35 @@ def wait_export(
     )
 
 
-def succeeded_job(dep: Deployment, spec: dict[str, Any]) -> str:
+@pytest.fixture(scope="module")
+def posted(dep: Deployment) -> dict[str, str]:
+    """The module's two jobs, posted together so that they train side by side: a LoRA job of 4 steps and
+    a full fine-tune of 2."""
+    full = tiny_spec(TINY_RELATIVE, name="full", max_steps=2)
+    full["lora"] = None
+    ids = {}
     with alice(dep) as c:
-        r = c.post("/jobs", json=spec)
-        assert r.status_code == 201, r.text
-        job_id: str = r.json()["id"]
+        for kind, spec in (("lora", tiny_spec(TINY_RELATIVE, name="lora", max_steps=4)), ("full", full)):
+            r = c.post("/jobs", json=spec)
+            assert r.status_code == 201, r.text
+            ids[kind] = str(r.json()["id"])
+    return ids
+
+
+def succeeded(dep: Deployment, job_id: str) -> str:
     job = dep.wait_terminal(job_id, timeout=400)
     assert job["status"] == "succeeded", dep.report(job_id)
     return job_id
 
 
 @pytest.fixture(scope="module")
-def lora_job(dep: Deployment) -> str:
-    return succeeded_job(dep, tiny_spec(TINY_RELATIVE, name="lora", max_steps=4))
+def lora_job(dep: Deployment, posted: dict[str, str]) -> str:
+    return succeeded(dep, posted["lora"])
 
 
 @pytest.fixture(scope="module")
-def full_job(dep: Deployment) -> str:
-    spec = tiny_spec(TINY_RELATIVE, name="full", max_steps=2)
-    spec["lora"] = None
-    return succeeded_job(dep, spec)
+def full_job(dep: Deployment, posted: dict[str, str]) -> str:
+    return succeeded(dep, posted["full"])
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ MAX_FILE_BYTES = 2 * 1024 * 1024
 QUOTA_BYTES = 5 * 1024 * 1024
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def files_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tiny = tiny_assets()
     root = tmp_path_factory.mktemp("files")
@@ -40,6 +40,6 @@ def files_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deploymen
     dep.close(cancel_active=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tiny() -> Path:
     return tiny_assets()

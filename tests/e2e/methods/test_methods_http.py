@@ -9,6 +9,7 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,47 @@ def dpo_spec(dataset: str, **training: Any) -> dict[str, Any]:
     return spec
 
 
+def upload(dep: Deployment, path: Path) -> dict[str, Any]:
+    """POST /files with the file as a raw JSON Lines body; the File once validated."""
+    r = dep.http.post(
+        "/files",
+        params={"filename": path.name},
+        content=path.read_bytes(),
+        headers={"Content-Type": "application/jsonl"},
+    )
+    assert r.status_code == 201, r.text
+    deadline = time.monotonic() + 60
+    f: dict[str, Any] = dep.get(f"/files/{r.json()['id']}")
+    while f["status"] == "validating":
+        assert time.monotonic() < deadline, f
+        time.sleep(0.2)
+        f = dep.get(f"/files/{f['id']}")
+    return f
+
+
+@dataclass(frozen=True)
+class DpoJobs:
+    local: str  # 10 steps on the local preference file
+    upload: str  # 3 steps on the same rows uploaded through POST /files
+    prefs: dict[str, Any]  # that upload, validated
+
+
+@pytest.fixture(scope="module")
+def dpo_jobs(dep: Deployment) -> DpoJobs:
+    """The module's two DPO jobs, posted together so that they train side by side."""
+    prefs = upload(dep, tiny_assets() / "preference" / "train.jsonl")
+    on_upload = dpo_spec("preference/train.jsonl", max_steps=3)
+    on_upload["dataset"] = {"file_id": prefs["id"]}
+    local = dep.post_job(dpo_spec("preference/train.jsonl"))["id"]
+    return DpoJobs(local=local, upload=dep.post_job(on_upload)["id"], prefs=prefs)
+
+
 @pytest.mark.slow
-def test_a_dpo_job_trains_and_its_reward_metrics_reach_the_api(dep: Deployment) -> None:
-    spec = dpo_spec("preference/train.jsonl")
-    plan = dep.dry_run(spec)
+def test_a_dpo_job_trains_and_its_reward_metrics_reach_the_api(dep: Deployment, dpo_jobs: DpoJobs) -> None:
+    plan = dep.dry_run(dpo_spec("preference/train.jsonl"))
     assert plan["trainer"] == "trl.DPOTrainer" and plan["warnings"] == []
 
-    job_id = dep.post_job(spec)["id"]
+    job_id = dpo_jobs.local
     job = dep.wait_terminal(job_id, timeout=600)
     assert job["status"] == "succeeded", dep.report(job_id)
 
@@ -101,37 +136,18 @@ def test_loss_on_assistant_with_a_tokenizer_without_a_chat_template_is_a_422(dep
     assert "no chat template" in err["msg"] and "{% generation %}" in err["msg"], err
 
 
-def upload(dep: Deployment, path: Path) -> dict[str, Any]:
-    """POST /files with the file as a raw JSON Lines body; the File once validated."""
-    r = dep.http.post(
-        "/files",
-        params={"filename": path.name},
-        content=path.read_bytes(),
-        headers={"Content-Type": "application/jsonl"},
-    )
-    assert r.status_code == 201, r.text
-    deadline = time.monotonic() + 60
-    f: dict[str, Any] = dep.get(f"/files/{r.json()['id']}")
-    while f["status"] == "validating":
-        assert time.monotonic() < deadline, f
-        time.sleep(0.2)
-        f = dep.get(f"/files/{f['id']}")
-    return f
-
-
 @pytest.mark.slow
-def test_a_dpo_job_on_an_uploaded_preference_file(dep: Deployment) -> None:
-    prefs = upload(dep, tiny_assets() / "preference" / "train.jsonl")
+def test_a_dpo_job_on_an_uploaded_preference_file(dep: Deployment, dpo_jobs: DpoJobs) -> None:
+    prefs = dpo_jobs.prefs
     assert prefs["status"] == "ready" and prefs["formats"] == ["preference"], prefs
-    spec = dpo_spec("preference/train.jsonl", max_steps=3)
-    spec["dataset"] = {"file_id": prefs["id"]}
-    job_id = dep.post_job(spec)["id"]
+    job_id = dpo_jobs.upload
     job = dep.wait_terminal(job_id, timeout=600)
     assert job["status"] == "succeeded", dep.report(job_id)
     train = [p for p in dep.get(f"/jobs/{job_id}/metrics")["data"] if p["loss"] is not None]
     assert len(train) == 3 and all("rewards/margins" in p["extra"] for p in train), train
 
     text = upload(dep, tiny_assets() / "data" / "train.jsonl")
+    spec = dpo_spec("preference/train.jsonl", max_steps=3)
     spec["dataset"] = {"file_id": text["id"]}
     r = dep.http.post("/jobs", json=spec)
     assert r.status_code == 422, r.text

@@ -2,7 +2,8 @@
 tiny model): fair share, priority, backfill with a reservation, usage accounting, time estimates.
 
 alice fills the box with long jobs (they train until cancelled); the test ends her runs by cancelling
-them, so "a running job ends" happens when the test says."""
+them, so "a running job ends" happens when the test says. While they hold their slots they run at nice 19,
+so that the runs the test waits for are not slowed by them on a two-core machine."""
 
 from __future__ import annotations
 
@@ -99,8 +100,9 @@ def test_fair_share_priority_backfill_and_usage(box: Deployment) -> None:
     # 1. alice fills both slots and queues a third long job; bob queues a short one, alice a high one.
     a = [_post(alice, _spec(f"alice-long-{i}", long=True)) for i in range(3)]
     jobs.update(dict.fromkeys(a, alice))
-    _running(box, alice, a[0])
-    _running(box, alice, a[1])
+    for long_id in a[:2]:
+        _running(box, alice, long_id)
+        box.deprioritize(long_id)
     b1 = _post(bob, _spec("bob-short"))
     high = _post(alice, _spec("alice-high", priority="high"))
     jobs.update({b1: bob, high: alice})
@@ -129,6 +131,7 @@ def test_fair_share_priority_backfill_and_usage(box: Deployment) -> None:
     # 4. Backfill: alice runs a long job limited to 300 s; bob's 2-slot job is reserved its end. A 1-slot
     # job whose max_seconds ends before that starts in the gap; one that may run past it waits.
     held = _running(box, alice, _post(alice, _spec("alice-held", long=True, resources={"max_seconds": 300})))
+    box.deprioritize(held["id"])
     jobs[held["id"]] = alice
     two = _post(bob, _spec("bob-two-slots", processes=2))
     jobs[two] = bob

@@ -55,7 +55,7 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerF
         dep.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("stubs")
     for name, text in (
@@ -68,7 +68,7 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared(tmp_path_factory: pytest.TempPathFactory, stubs: Path) -> Iterator[Deployment]:
     """One `ftq api` on the default roots (its data dir and examples/), holding the tiny model and data
     the operator put there, with a data dir whose path needs quoting (a space and a quote)."""
@@ -93,7 +93,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, stubs: Path) -> Iterator[De
         yield dep
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared_up(
     tmp_path_factory: pytest.TempPathFactory, stubs: Path, shared: Deployment
 ) -> Iterator[Deployment]:
@@ -115,7 +115,7 @@ def shared_up(
         yield dep
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """An `ftq api` with small limits: body size, active jobs and submissions per owner, key lifetime."""
     root = tmp_path_factory.mktemp("limited")

@@ -1,16 +1,15 @@
-"""The job page's samples table in real headless Chromium against a real `ftq up`: a tiny job with two
-sample prompts and an eval split trains to its end, and the page lists every sample the API serves, by
+"""The job page's samples table in real headless Chromium against the session's `ftq up`: a tiny job with
+two sample prompts and an eval split trains to its end, and the page lists every sample the API serves, by
 step, then stops polling. A screenshot goes to tests/_artifacts/samples-page.png."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.harness import ARTIFACTS, TINY_RELATIVE, Deployment, tiny_assets, tiny_spec
+from tests.harness import ARTIFACTS, TINY_RELATIVE, Deployment, tiny_spec
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -18,17 +17,14 @@ PROMPTS = ["one two three", "the cat <b>sat</b>"]  # markup in a prompt is shown
 
 
 @pytest.fixture(scope="module")
-def sampled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deployment, str]]:
-    tiny_assets()
-    dep = Deployment(tmp_path_factory.mktemp("samples-ui")).start()
+def sampled(server: Deployment) -> tuple[Deployment, str]:
     spec = tiny_spec(TINY_RELATIVE, name="sampled", max_steps=4, eval_steps=2)
     spec["dataset"] = {"name_or_path": f"{TINY_RELATIVE}/data", "eval_split": "eval"}
     spec["eval"] = {"sample_prompts": PROMPTS, "sample_max_new_tokens": 8}
-    job = dep.post_job(spec)
-    done = dep.wait_terminal(job["id"], timeout=400)
-    assert done["status"] == "succeeded", dep.report(job["id"])
-    yield dep, str(job["id"])
-    dep.close(cancel_active=True)
+    job = server.post_job(spec)
+    done = server.wait_terminal(job["id"], timeout=400)
+    assert done["status"] == "succeeded", server.report(job["id"])
+    return server, str(job["id"])
 
 
 def test_job_page_lists_the_samples_by_step(sampled: tuple[Deployment, str], page: Any) -> None:

@@ -1,6 +1,7 @@
 """Preflight and failures through a real `ftq up`: its data dir holds the articles' model configs (no
 weights) next to what the runs write; the tiny assets are an allowed root too. Mounts and cgroups a test
-makes are removed by that test."""
+makes are removed by that test. The checkpoint and failure tests share one plain `ftq up` (`quick_up`):
+each reads only the jobs it posted."""
 
 from __future__ import annotations
 
@@ -37,4 +38,11 @@ def stack(models_root: Path, tiny_dir: Path) -> Iterator[Deployment]:
         allow_oversubscribe="true",
         gpu_pool="0,1,2,3,4,5,6,7",
     ) as dep:
+        yield dep
+
+
+@pytest.fixture(scope="package")
+def quick_up(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator[Deployment]:
+    """`ftq up` with quick sweeps on its own data dir, the tiny assets an allowed root."""
+    with running_up(tmp_path_factory.mktemp("ftq-running"), tiny_dir) as dep:
         yield dep

@@ -4,29 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.harness import Deployment, tiny_spec
-from tests.integration.preflight.deployments import running_up
 
 
 @pytest.fixture(scope="module")
-def cstack(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator[Deployment]:
-    data = tmp_path_factory.mktemp("ftq-ckpt")
-    with running_up(data, tiny_dir) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def first(cstack: Deployment, tiny_dir: Path) -> dict[str, Any]:
+def first(quick_up: Deployment, tiny_dir: Path) -> dict[str, Any]:
     """A LoRA run of 4 steps saving every 2: checkpoint-2 and checkpoint-4."""
-    job = cstack.post_job(tiny_spec(tiny_dir, max_steps=4, name="first", save_steps=2))
-    ended = cstack.wait_terminal(job["id"])
-    assert ended["status"] == "succeeded", cstack.train_log(job["id"])[-3000:]
+    job = quick_up.post_job(tiny_spec(tiny_dir, max_steps=4, name="first", save_steps=2))
+    ended = quick_up.wait_terminal(job["id"])
+    assert ended["status"] == "succeeded", quick_up.train_log(job["id"])[-3000:]
     return ended
 
 
@@ -36,11 +27,11 @@ def checkpoints(stack: Deployment, job_id: str) -> list[dict[str, Any]]:
     return list(r.json()["data"])
 
 
-def test_real_checkpoints_are_listed_resumable(cstack: Deployment, first: dict[str, Any]) -> None:
-    listed = checkpoints(cstack, first["id"])
+def test_real_checkpoints_are_listed_resumable(quick_up: Deployment, first: dict[str, Any]) -> None:
+    listed = checkpoints(quick_up, first["id"])
     assert [(c["step"], c["resumable"]) for c in listed] == [(2, True), (4, True)]
     ckpt = Path(listed[-1]["path"])
-    assert ckpt == cstack.run_dir(first["id"]) / "checkpoints" / "checkpoint-4"
+    assert ckpt == quick_up.run_dir(first["id"]) / "checkpoints" / "checkpoint-4"
     names = {p.name for p in ckpt.iterdir()}
     assert {
         "adapter_model.safetensors",
@@ -62,9 +53,9 @@ def test_real_checkpoints_are_listed_resumable(cstack: Deployment, first: dict[s
     ],
 )
 def test_incomplete_checkpoints_are_not_resumable(
-    cstack: Deployment, first: dict[str, Any], step: int, damage: str
+    quick_up: Deployment, first: dict[str, Any], step: int, damage: str
 ) -> None:
-    root = cstack.run_dir(first["id"]) / "checkpoints"
+    root = quick_up.run_dir(first["id"]) / "checkpoints"
     copy = root / f"checkpoint-{step}"
     shutil.copytree(root / "checkpoint-4", copy)
     kind, _, name = damage.rpartition(":")
@@ -75,24 +66,24 @@ def test_incomplete_checkpoints_are_not_resumable(
         (copy / name).write_bytes(b"")
     else:
         (copy / name).unlink()
-    found = {c["step"]: c["resumable"] for c in checkpoints(cstack, first["id"])}
+    found = {c["step"]: c["resumable"] for c in checkpoints(quick_up, first["id"])}
     assert found[4] is True and found[step] is False
 
 
 def test_resume_from_skips_incomplete_checkpoints_and_names_what_exists(
-    cstack: Deployment, first: dict[str, Any], tiny_dir: Path
+    quick_up: Deployment, first: dict[str, Any], tiny_dir: Path
 ) -> None:
     # checkpoint-5.. are the damaged copies above (or absent when run alone): `latest` is still 4.
     spec = tiny_spec(tiny_dir, max_steps=6, name="second")
-    plan = cstack.dry_run({**spec, "resume_from": {"job_id": first["id"], "checkpoint": "latest"}})
+    plan = quick_up.dry_run({**spec, "resume_from": {"job_id": first["id"], "checkpoint": "latest"}})
     resume = plan["trainer_args"]["resume_from_checkpoint"]
-    assert resume == str(cstack.run_dir(first["id"]) / "checkpoints" / "checkpoint-4")
+    assert resume == str(quick_up.run_dir(first["id"]) / "checkpoints" / "checkpoint-4")
     assert "--resume_from_checkpoint" in plan["command"] and resume in plan["command"]
-    r = cstack.http.post("/jobs", json={**spec, "resume_from": {"job_id": first["id"], "checkpoint": 3}})
+    r = quick_up.http.post("/jobs", json={**spec, "resume_from": {"job_id": first["id"], "checkpoint": 3}})
     assert r.status_code == 422
     err = r.json()["detail"][0]
     assert err["loc"] == ["body", "resume_from", "checkpoint"] and "have 2, 4" in err["msg"]
-    r = cstack.http.post(
+    r = quick_up.http.post(
         "/jobs", json={**spec, "resume_from": {"job_id": "job_doesnotexist00", "checkpoint": "latest"}}
     )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "resume_from", "job_id"]
@@ -100,32 +91,32 @@ def test_resume_from_skips_incomplete_checkpoints_and_names_what_exists(
 
 @pytest.mark.slow
 def test_a_job_resumed_from_a_checkpoint_continues_at_its_step(
-    cstack: Deployment, first: dict[str, Any], tiny_dir: Path
+    quick_up: Deployment, first: dict[str, Any], tiny_dir: Path
 ) -> None:
     spec = tiny_spec(tiny_dir, max_steps=6, name="resumed")
-    job = cstack.post_job({**spec, "resume_from": {"job_id": first["id"], "checkpoint": 4}})
-    ended = cstack.wait_terminal(job["id"])
-    assert ended["status"] == "succeeded", cstack.train_log(job["id"])[-3000:]
-    points = cstack.http.get(f"/jobs/{job['id']}/metrics").json()["data"]
+    job = quick_up.post_job({**spec, "resume_from": {"job_id": first["id"], "checkpoint": 4}})
+    ended = quick_up.wait_terminal(job["id"])
+    assert ended["status"] == "succeeded", quick_up.train_log(job["id"])[-3000:]
+    points = quick_up.http.get(f"/jobs/{job['id']}/metrics").json()["data"]
     steps = [p["step"] for p in points if p["loss"] is not None]
     # It trained steps 5 and 6 only: the first four came from the checkpoint.
     assert steps and steps[0] == 5 and steps[-1] == 6, points
-    first_line = json.loads((cstack.run_dir(job["id"]) / "metrics.jsonl").read_text().splitlines()[0])
+    first_line = json.loads((quick_up.run_dir(job["id"]) / "metrics.jsonl").read_text().splitlines()[0])
     assert first_line["step"] == 5
     assert ended["progress"]["step"] == 6
 
 
 @pytest.mark.slow
-def test_fsdp2_sharded_checkpoints_are_resumable(cstack: Deployment, tiny_dir: Path) -> None:
+def test_fsdp2_sharded_checkpoints_are_resumable(quick_up: Deployment, tiny_dir: Path) -> None:
     """Two processes under FSDP2 on the CPU: sharded model and optimizer folders (torch DCP)."""
     spec = tiny_spec(tiny_dir, max_steps=2, name="fsdp", save_steps=2)
     spec["lora"] = None
     spec["distributed"] = {"strategy": "fsdp", "fsdp": {"version": 2, "state_dict_type": "sharded"}}
     spec["resources"]["processes_per_node"] = 2
-    job = cstack.post_job(spec)
-    ended = cstack.wait_terminal(job["id"], timeout=400)
-    assert ended["status"] == "succeeded", cstack.train_log(job["id"])[-3000:]
-    listed = checkpoints(cstack, job["id"])
+    job = quick_up.post_job(spec)
+    ended = quick_up.wait_terminal(job["id"], timeout=400)
+    assert ended["status"] == "succeeded", quick_up.train_log(job["id"])[-3000:]
+    listed = checkpoints(quick_up, job["id"])
     assert [(c["step"], c["resumable"]) for c in listed] == [(2, True)]
     ckpt = Path(listed[0]["path"])
     assert (ckpt / "pytorch_model_fsdp_0" / ".metadata").is_file() and (ckpt / "optimizer_0").is_dir()
@@ -134,5 +125,5 @@ def test_fsdp2_sharded_checkpoints_are_resumable(cstack: Deployment, tiny_dir: P
     broken = ckpt.parent / "checkpoint-3"
     shutil.copytree(ckpt, broken)
     (broken / "optimizer_0" / ".metadata").unlink()
-    found = {c["step"]: c["resumable"] for c in checkpoints(cstack, job["id"])}
+    found = {c["step"]: c["resumable"] for c in checkpoints(quick_up, job["id"])}
     assert found == {2: True, 3: False}

@@ -24,27 +24,20 @@ from tests.integration.preflight.deployments import running_up
 
 
 @pytest.fixture(scope="module")
-def fstack(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator[Deployment]:
-    data = tmp_path_factory.mktemp("ftq-failures")
-    with running_up(data, tiny_dir) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def early(fstack: Deployment, tiny_dir: Path) -> dict[str, str]:
+def early(quick_up: Deployment, tiny_dir: Path) -> dict[str, str]:
     """The jobs that fail on their own, posted together so they run side by side."""
     no_field = tiny_spec(tiny_dir, name="no-text-field")
-    no_field["dataset"]["name_or_path"] = str(no_text_field_folder(fstack.data_dir))
+    no_field["dataset"]["name_or_path"] = str(no_text_field_folder(quick_up.data_dir))
     bad_target = tiny_spec(tiny_dir, name="bad-lora-target")
     bad_target["lora"]["target_modules"] = ["q_proj", "query_key_value"]
     return {
-        "dataset": fstack.post_job(no_field)["id"],
-        "lora": fstack.post_job(bad_target)["id"],
+        "dataset": quick_up.post_job(no_field)["id"],
+        "lora": quick_up.post_job(bad_target)["id"],
     }
 
 
-def test_dataset_without_its_text_field(fstack: Deployment, early: dict[str, str]) -> None:
-    job = fstack.wait_terminal(early["dataset"])
+def test_dataset_without_its_text_field(quick_up: Deployment, early: dict[str, str]) -> None:
+    job = quick_up.wait_terminal(early["dataset"])
     assert job["status"] == "failed", job
     err = job["error"]
     assert err["code"] == "dataset_error", err
@@ -54,17 +47,17 @@ def test_dataset_without_its_text_field(fstack: Deployment, early: dict[str, str
     assert err["exit_code"] != 0
 
 
-def test_model_folder_without_weights_is_refused_at_post(fstack: Deployment, tiny_dir: Path) -> None:
+def test_model_folder_without_weights_is_refused_at_post(quick_up: Deployment, tiny_dir: Path) -> None:
     spec = tiny_spec(tiny_dir, name="no-weights")
     spec["model"]["name_or_path"] = str(tiny_dir / "model-no-weights")
-    r = fstack.http.post("/jobs", json=spec)
+    r = quick_up.http.post("/jobs", json=spec)
     assert r.status_code == 422, r.text
     err = next(e for e in r.json()["detail"] if e["loc"] == ["body", "model", "name_or_path"])
     assert "has no weights" in err["msg"] and "model.safetensors" in err["msg"]
 
 
-def test_lora_target_module_that_does_not_exist(fstack: Deployment, early: dict[str, str]) -> None:
-    job = fstack.wait_terminal(early["lora"])
+def test_lora_target_module_that_does_not_exist(quick_up: Deployment, early: dict[str, str]) -> None:
+    job = quick_up.wait_terminal(early["lora"])
     assert job["status"] == "failed", job
     err = job["error"]
     assert err["code"] == "model_error", err
@@ -85,10 +78,10 @@ def _trainer_pid(job_id: str, timeout: float = 180) -> int:
     raise AssertionError(f"no trainer process for {job_id}")
 
 
-def test_sigkill_that_was_not_the_oom_killer_is_not_called_oom(fstack: Deployment, tiny_dir: Path) -> None:
-    job = fstack.post_job(tiny_spec(tiny_dir, max_steps=10_000, name="killed"))
+def test_sigkill_that_was_not_the_oom_killer_is_not_called_oom(quick_up: Deployment, tiny_dir: Path) -> None:
+    job = quick_up.post_job(tiny_spec(tiny_dir, max_steps=10_000, name="killed"))
     os.kill(_trainer_pid(job["id"]), signal.SIGKILL)
-    ended = fstack.wait_terminal(job["id"])
+    ended = quick_up.wait_terminal(job["id"])
     assert ended["status"] == "failed"
     err = ended["error"]
     if os.access("/dev/kmsg", os.R_OK):
@@ -125,8 +118,8 @@ def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
                 time.sleep(0.2)
 
 
-def test_kernel_oom_kill_under_a_memory_limit(fstack: Deployment, tiny_dir: Path) -> None:
-    job = fstack.post_job(tiny_spec(tiny_dir, max_steps=10_000, name="oom"))
+def test_kernel_oom_kill_under_a_memory_limit(quick_up: Deployment, tiny_dir: Path) -> None:
+    job = quick_up.post_job(tiny_spec(tiny_dir, max_steps=10_000, name="oom"))
     with memory_cgroup(f"ftq-oom-{job['id']}", 96 * 1024 * 1024) as procs:
         pid = _trainer_pid(job["id"])
         # The trainer goes into a 96 MiB cgroup while it starts: what it allocates from then on (torch,
@@ -134,10 +127,10 @@ def test_kernel_oom_kill_under_a_memory_limit(fstack: Deployment, tiny_dir: Path
         # ends it, as on a host or a SLURM node with a memory limit.
         with contextlib.suppress(OSError):
             procs.write_text(str(pid))
-        ended = fstack.wait_terminal(job["id"])
+        ended = quick_up.wait_terminal(job["id"])
     assert ended["status"] == "failed"
     err = ended["error"]
-    assert err["code"] == "out_of_memory", (err, fstack.train_log(job["id"])[-2000:])
+    assert err["code"] == "out_of_memory", (err, quick_up.train_log(job["id"])[-2000:])
     assert f"process {pid}" in err["message"] and "out-of-memory killer" in err["message"]
     assert "per_device_train_batch_size" in err["message"]
 

@@ -17,12 +17,11 @@ from ftq.render import render_plan
 from ftq.settings import Settings
 from ftq.spec import JobSpec
 from tests.harness import wait_until as wait_for
-from tests.integration.slurm.cluster import poll_one, wait_phase
+from tests.integration.slurm.cluster import poll_one, submit, wait_phase
 from tests.integration.worker.test_launch_scripts import argv_file, fake_python
 from tests.unit.ftq.test_render import settings as render_settings
 from tests.unit.ftq.test_render import spec_for
-from worker.launchers.base import LaunchRequest, RunPhase, RunRef
-from worker.launchers.slurm import SlurmLauncher
+from worker.launchers.base import RunPhase
 
 pytestmark = pytest.mark.slurm
 
@@ -71,18 +70,7 @@ def test_requeued_job_resumes_from_latest_checkpoint(
     assert script is not None and "SLURM_RESTART_COUNT" in script
     assert "--resume_from_checkpoint latest" in script
 
-    launcher = SlurmLauncher(settings)
-    handle = launcher.submit(
-        LaunchRequest(
-            job_id=job_id,
-            run_dir=run_dir,
-            spec=spec,
-            plan=plan,
-        )
-    )
-    assert handle.external_id
-    cleanup_jobs.append(handle.external_id)
-    ref = RunRef(job_id, run_dir, handle.external_id, None, None)
+    launcher, ref = submit(settings, job_id, run_dir, spec, plan, cleanup_jobs)
 
     def both_launched() -> list[str] | None:
         lines = argv_lines(run_dir)
@@ -104,11 +92,11 @@ def test_requeued_job_resumes_from_latest_checkpoint(
 
     # A checkpoint exists, then SLURM requeues the job (as preemption with PreemptMode=REQUEUE does).
     (run_dir / "checkpoints" / "checkpoint-2").mkdir(parents=True)
-    subprocess.run(["scontrol", "requeue", handle.external_id], check=True)
+    subprocess.run(["scontrol", "requeue", str(ref.external_id)], check=True)
     state = wait_phase(launcher, ref, {RunPhase.pending}, timeout=60)
     assert state.requeued
     # SLURM holds a requeued job back for a while (BeginTime); let it start now.
-    subprocess.run(["scontrol", "update", f"JobId={handle.external_id}", "StartTime=now"], check=True)
+    subprocess.run(["scontrol", "update", f"JobId={ref.external_id}", "StartTime=now"], check=True)
 
     state = wait_phase(launcher, ref, {RunPhase.exited, RunPhase.lost}, timeout=90)
     assert state.phase == RunPhase.exited and state.exit_code == 0, state

@@ -7,53 +7,21 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.harness import EXAMPLES, QUICK_SETTINGS, Deployment, example_spec, no_text_field_folder, procs_with
+from tests.harness import Deployment, Job, no_text_field_folder, procs_with
 from tests.harness import wait_until as wait_for
-from tests.integration.slurm.cluster import squeue_ids
+from tests.integration.slurm.cluster import slurm_spec, squeue_ids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def stack(
-    slurm_cluster: list[str], tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Deployment]:
-    """`ftq up` on its embedded defaults; SLURM jobs read and write its data dir (this host's disk is
-    the storage the two test "nodes" share)."""
-    root = tmp_path_factory.mktemp("ftq-slurm")
-    dep = Deployment(root, settings={**QUICK_SETTINGS, "local_roots": f"{EXAMPLES}:{root / 'data'}"})
-    try:
-        with dep:
-            yield dep
-    finally:
-        # A failed test must not leave its batch jobs on the cluster.
-        records = (dep.data_dir / "runs").glob("*/launch.json")
-        ids = [str(json.loads(p.read_text()).get("external_id") or "") for p in records]
-        if any(ids):
-            subprocess.run(["scancel", *[i for i in ids if i]], capture_output=True, check=False)
-
-
-def slurm_spec(tiny: Path, *, max_steps: int, dataset: str = "train.jsonl", name: str) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml, sent to SLURM, with fewer steps."""
-    spec = example_spec(
-        "tiny-cpu.yaml", max_steps=max_steps, logging_steps=1, save_steps=None, eval_steps=None
-    )
-    spec["name"] = name
-    spec["dataset"]["name_or_path"] = str(tiny / "data" / dataset)
-    spec["dataset"]["eval_split"] = None
-    spec["resources"].update({"launcher": "slurm", "device": "cpu"})
-    spec["resources"].setdefault("slurm", {})["time_limit"] = "00:10:00"
-    return spec
-
-
-def test_jobs_on_slurm_succeed_fail_and_cancel(stack: Deployment, tiny_dir: Path) -> None:
-    good = stack.post_job(slurm_spec(tiny_dir, max_steps=4, name="slurm-ok"))
+def test_jobs_on_slurm_succeed_fail_and_cancel(
+    slurm_stack: Deployment, slurm_succeeding: Job, tiny_dir: Path
+) -> None:
+    stack, good = slurm_stack, slurm_succeeding
     long = stack.post_job(slurm_spec(tiny_dir, max_steps=100_000, name="slurm-long"))
     bad_spec = slurm_spec(tiny_dir, max_steps=4, name="slurm-bad")
     bad_spec["dataset"]["name_or_path"] = str(no_text_field_folder(stack.data_dir))
@@ -97,13 +65,14 @@ def test_jobs_on_slurm_succeed_fail_and_cancel(stack: Deployment, tiny_dir: Path
 
 
 def test_a_job_warned_of_its_time_limit_checkpoints_is_requeued_and_resumes(
-    stack: Deployment, tiny_dir: Path
+    slurm_stack: Deployment, tiny_dir: Path
 ) -> None:
     """requeue_on_timeout end to end: SLURM's warning before the time limit (what `--signal=B:USR1@<grace>`
     sends, here sent at once with `scancel --signal=USR1 --batch`, the same signal to the same batch shell,
     instead of waiting out a time limit) reaches the trainer through job.sbatch and srun; it checkpoints
     after its current step and exits; the worker queues the job again, and its new batch job resumes from
     that checkpoint and finishes. metrics.jsonl holds every step once, in order."""
+    stack = slurm_stack
     spec = slurm_spec(tiny_dir, max_steps=40, name="slurm-timeout")
     spec["resources"]["slurm"]["requeue_on_timeout"] = True
     job = stack.post_job(spec)

@@ -1,52 +1,28 @@
-"""An export on the SLURM launcher: the job ran as a batch job, and so does its export (a one-task
-job.sbatch in exports/<id>/ of the run directory, submitted by the worker), whose merged folder loads."""
+"""An export on the SLURM launcher: the job ran as a batch job (conftest.py `slurm_succeeding`), and so
+does its export (a one-task job.sbatch in exports/<id>/ of the run directory, submitted by the worker),
+whose merged folder loads."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness import EXAMPLES, QUICK_SETTINGS, Deployment, example_spec
+from tests.harness import Deployment, Job
 from tests.integration.slurm.cluster import squeue_ids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def stack(
-    slurm_cluster: list[str], tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Deployment]:
-    root = tmp_path_factory.mktemp("ftq-slurm-export")
-    dep = Deployment(root, settings={**QUICK_SETTINGS, "local_roots": f"{EXAMPLES}:{root / 'data'}"})
-    try:
-        with dep:
-            yield dep
-    finally:
-        records = list((dep.data_dir / "runs").glob("*/launch.json"))
-        records += list((dep.data_dir / "runs").glob("*/exports/*/launch.json"))
-        ids = [str(json.loads(p.read_text()).get("external_id") or "") for p in records]
-        if any(ids):
-            subprocess.run(["scancel", *[i for i in ids if i]], capture_output=True, check=False)
-
-
-def test_a_merged_export_runs_as_a_slurm_batch_job(stack: Deployment, tiny_dir: Path) -> None:
+def test_a_merged_export_runs_as_a_slurm_batch_job(slurm_stack: Deployment, slurm_succeeding: Job) -> None:
     from transformers import AutoModelForCausalLM
 
-    spec = example_spec("tiny-cpu.yaml", max_steps=3, logging_steps=1, save_steps=None, eval_steps=None)
-    spec["name"] = "slurm-export"
-    spec["dataset"]["name_or_path"] = str(tiny_dir / "data" / "train.jsonl")
-    spec["dataset"]["eval_split"] = None
-    spec["resources"].update({"launcher": "slurm", "device": "cpu"})
-    spec["resources"].setdefault("slurm", {})["time_limit"] = "00:10:00"
-    job = stack.post_job(spec)
+    stack, job = slurm_stack, slurm_succeeding
     done = stack.wait_terminal(job["id"], timeout=300)
-    assert done["status"] == "succeeded", stack.report(job["id"])
+    assert done["status"] == "succeeded" and done["launcher"] == "slurm", stack.report(job["id"])
 
     r = stack.http.post(f"/jobs/{job['id']}/exports", json={"kind": "merged", "dtype": "bf16"})
     assert r.status_code == 202, r.text

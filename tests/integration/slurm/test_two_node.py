@@ -14,9 +14,8 @@ import pytest
 from ftq.render import render_plan
 from ftq.settings import Settings
 from ftq.spec import JobSpec
-from tests.integration.slurm.cluster import wait_phase
-from worker.launchers.base import LaunchRequest, RunPhase, RunRef
-from worker.launchers.slurm import SlurmLauncher
+from tests.integration.slurm.cluster import submit, wait_phase
+from worker.launchers.base import RunPhase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -87,18 +86,7 @@ def test_two_machines_form_one_process_group(
     run_dir.mkdir(parents=True)
     (run_dir / "accelerate_config.yaml").write_text(plan.accelerate_config_yaml)
 
-    launcher = SlurmLauncher(settings)
-    handle = launcher.submit(
-        LaunchRequest(
-            job_id=job_id,
-            run_dir=run_dir,
-            spec=spec,
-            plan=plan,
-        )
-    )
-    assert handle.external_id
-    cleanup_jobs.append(handle.external_id)
-    ref = RunRef(job_id, run_dir, handle.external_id, None, None)
+    launcher, ref = submit(settings, job_id, run_dir, spec, plan, cleanup_jobs)
     state = wait_phase(launcher, ref, {RunPhase.exited, RunPhase.lost}, timeout=150)
     log = (run_dir / "train.log").read_text(errors="replace")
     assert state.phase == RunPhase.exited and state.exit_code == 0, f"{state}\n{log[-4000:]}"

@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,10 @@ def rendered_config(spec: dict[str, Any]) -> str:
     return render.config_yaml(render.accelerate_config(JobSpec.model_validate(spec)))
 
 
-ACCELERATE_FSDP2_CPU = """\
+# Hand-written configs for launches that do not go through a spec (the article's command line), or that
+# pin a setting ftq renders otherwise (ZeRO-3 without 16-bit gathering).
+_TWO_CPU_PROCESSES = """\
 compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
 use_cpu: true
 num_processes: 2
 num_machines: 1
@@ -33,6 +36,12 @@ machine_rank: 0
 mixed_precision: 'no'
 rdzv_backend: static
 same_network: true
+"""
+
+ACCELERATE_FSDP2_CPU = (
+    _TWO_CPU_PROCESSES
+    + """\
+distributed_type: FSDP
 fsdp_config:
   fsdp_version: 2
   fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
@@ -42,17 +51,12 @@ fsdp_config:
   fsdp_offload_params: false
   fsdp_activation_checkpointing: false
 """
+)
 
-ACCELERATE_ZERO3_CPU = """\
-compute_environment: LOCAL_MACHINE
+ACCELERATE_ZERO3_CPU = (
+    _TWO_CPU_PROCESSES
+    + """\
 distributed_type: DEEPSPEED
-use_cpu: true
-num_processes: 2
-num_machines: 1
-machine_rank: 0
-mixed_precision: 'no'
-rdzv_backend: static
-same_network: true
 deepspeed_config:
   zero_stage: 3
   offload_optimizer_device: none
@@ -61,6 +65,17 @@ deepspeed_config:
   zero3_save_16bit_model: false
   deepspeed_multinode_launcher: standard
 """
+)
+
+
+# Sample prompts (spec `eval.sample_prompts`) for the runs that generate while they train.
+SAMPLE_PROMPTS = ["one two three", "seven eight"]
+SAMPLE_NEW_TOKENS = 6
+
+
+def with_samples(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` asking for SAMPLE_PROMPTS' completions while it trains."""
+    return {**spec, "eval": {"sample_prompts": SAMPLE_PROMPTS, "sample_max_new_tokens": SAMPLE_NEW_TOKENS}}
 
 
 def trainer_env() -> dict[str, str]:
@@ -84,6 +99,13 @@ def run_trainer(args: list[str], timeout: int = 600) -> subprocess.CompletedProc
     )
 
 
+def run_trainers(*argvs: list[str], timeout: int = 600) -> list[subprocess.CompletedProcess[str]]:
+    """`python -m trainer ARGS` for each ARGS, side by side; their results in the same order. A run of
+    the tiny model is mostly its imports, on one CPU: two at once take about the time of one."""
+    with ThreadPoolExecutor(len(argvs)) as pool:
+        return list(pool.map(lambda args: run_trainer(args, timeout), argvs))
+
+
 def launch_trainer(
     config_yaml: str,
     workdir: Path,
@@ -105,6 +127,23 @@ def launch_trainer(
         *args,
     ]
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def launch_spec(
+    spec: dict[str, Any], workdir: Path, config_yaml: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`spec` launched as the worker launches a job (spec.json, ftq's rendered accelerate config unless
+    `config_yaml` is given) on two CPU processes; the run directory is `workdir/run`."""
+    args = ["--spec", str(write_spec(workdir / "spec.json", spec)), "--output_dir", str(workdir / "run")]
+    return launch_trainer(config_yaml or rendered_config(spec), workdir, args)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished launch that several tests read."""
+
+    out: Path  # the run directory
+    log: str  # the launch's stderr: every rank's log lines
 
 
 def write_spec(path: Path, spec: dict[str, Any]) -> Path:

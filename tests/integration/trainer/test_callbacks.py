@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.trainer.helpers import explain, points, run_trainer, write_spec
+from tests.integration.trainer.helpers import explain, points, run_trainers, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     (data / "eval.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[-8:]))
     expected = sum(len(tok(t)["input_ids"]) + 1 for t in rows)  # + each document's EOS
 
-    def run(name: str, **training: Any) -> list[dict[str, Any]]:
+    def args(name: str, **training: Any) -> list[str]:
         spec = {
             "model": {"name_or_path": str(model)},
             "dataset": {
@@ -65,13 +65,17 @@ def runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
             },
             "resources": {"device": "cpu"},
         }
-        out = root / name
-        proc = run_trainer(["--spec", str(write_spec(root / f"{name}.json", spec)), "--output_dir", str(out)])
-        assert proc.returncode == 0, explain(proc)
-        return [p for p in points(out) if p["loss"] is not None]
+        return ["--spec", str(write_spec(root / f"{name}.json", spec)), "--output_dir", str(root / name)]
 
-    plain = run("plain", logging_steps=1)
-    paused = run("paused", logging_steps=2, save_steps=3, eval_steps=3)
+    # The two runs are independent: side by side.
+    procs = run_trainers(
+        args("plain", logging_steps=1), args("paused", logging_steps=2, save_steps=3, eval_steps=3)
+    )
+    for proc in procs:
+        assert proc.returncode == 0, explain(proc)
+    plain, paused = (
+        [p for p in points(root / name) if p["loss"] is not None] for name in ("plain", "paused")
+    )
     return {"expected": expected, "plain": plain, "paused": paused}
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.trainer.helpers import (
     explain,
-    launch_trainer,
+    launch_spec,
     points,
     rendered_config,
     run_trainer,
@@ -117,8 +117,7 @@ def fsdp_run(
     # The config ftq renders: RAM-efficient loading (and FSDP1's sync_module_states) as a job gets them.
     config = rendered_config(spec)
     assert "fsdp_cpu_ram_efficient_loading: true" in config
-    args = ["--spec", str(write_spec(work / "spec.json", spec)), "--output_dir", str(work / "run")]
-    proc = launch_trainer(config, work, args)
+    proc = launch_spec(spec, work, config)
     assert proc.returncode == 0, explain(proc)
     assert "engaged fsdp" in proc.stderr  # sharded for real, not accelerate's DDP fallback on CPU
     return version, proc, work / "run"
@@ -174,11 +173,10 @@ def test_fsdp1_full_fine_tune_on_cpu_saves_a_model_that_loads(tiny_dir: Path, tm
         "distributed": {"strategy": "fsdp", "fsdp": {"version": 1}},
         "resources": {"device": "cpu", "processes_per_node": 2},
     }
-    args = ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(tmp_path / "run")]
     # The config ftq renders for this spec: a CPU rehearsal of FSDP1 loads as the GPU job would.
     rendered = rendered_config(spec)
     assert "fsdp_sync_module_states: true" in rendered and "fsdp_cpu_ram_efficient_loading: true" in rendered
-    proc = launch_trainer(rendered, tmp_path, args)
+    proc = launch_spec(spec, tmp_path, rendered)
     assert proc.returncode == 0, explain(proc)
     assert "engaged fsdp" in proc.stderr
     assert [p["step"] for p in points(tmp_path / "run") if p["loss"] is not None] == [1, 2]

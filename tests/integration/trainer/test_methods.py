@@ -10,14 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.trainer.helpers import (
-    explain,
-    launch_trainer,
-    points,
-    rendered_config,
-    run_trainer,
-    write_spec,
-)
+from tests.integration.trainer.helpers import explain, launch_spec, points, run_trainer, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -59,13 +52,9 @@ def method_spec(
 
 def launch(spec: dict[str, Any], tmp_path: Path) -> tuple[Path, str]:
     """Launch the spec as the worker would (ftq's rendered accelerate config, --spec); the run dir and log."""
-    out = tmp_path / "run"
-    spec_file = write_spec(tmp_path / "spec.json", spec)
-    proc = launch_trainer(
-        rendered_config(spec), tmp_path, ["--spec", str(spec_file), "--output_dir", str(out)]
-    )
+    proc = launch_spec(spec, tmp_path)
     assert proc.returncode == 0, explain(proc)
-    return out, proc.stderr
+    return tmp_path / "run", proc.stderr
 
 
 def train_points(run_dir: Path) -> list[dict[str, Any]]:

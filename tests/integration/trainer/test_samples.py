@@ -12,12 +12,16 @@ from typing import Any
 import pytest
 
 from tests.harness import tiny_spec
-from tests.integration.trainer.helpers import explain, launch_trainer, rendered_config, write_spec
+from tests.integration.trainer.helpers import (
+    SAMPLE_NEW_TOKENS,
+    SAMPLE_PROMPTS,
+    Run,
+    explain,
+    launch_spec,
+    with_samples,
+)
 
 pytestmark = pytest.mark.slow
-
-PROMPTS = ["one two three", "seven eight"]
-NEW_TOKENS = 6
 
 
 def samples(run_dir: Path) -> list[dict[str, Any]]:
@@ -35,7 +39,9 @@ def greedy_from_final(tiny_dir: Path, final: Path, prompt: str) -> str:
     model.eval()
     ids = tok(prompt, return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tok.eos_token_id)
+        out = model.generate(
+            **ids, max_new_tokens=SAMPLE_NEW_TOKENS, do_sample=False, pad_token_id=tok.eos_token_id
+        )
     new = out[0, ids["input_ids"].shape[1] :].tolist()
     if tok.eos_token_id in new:
         new = new[: new.index(tok.eos_token_id)]
@@ -43,12 +49,9 @@ def greedy_from_final(tiny_dir: Path, final: Path, prompt: str) -> str:
 
 
 def launch(tmp_path: Path, spec: dict[str, Any]) -> tuple[Path, str]:
-    spec = {**spec, "eval": {"sample_prompts": PROMPTS, "sample_max_new_tokens": NEW_TOKENS}}
-    out = tmp_path / "run"
-    args = ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(out)]
-    proc = launch_trainer(rendered_config(spec), tmp_path, args)
+    proc = launch_spec(with_samples(spec), tmp_path)
     assert proc.returncode == 0, explain(proc)
-    return out, proc.stderr
+    return tmp_path / "run", proc.stderr
 
 
 def test_ddp_with_an_eval_split_samples_at_each_eval_and_at_the_end(tiny_dir: Path, tmp_path: Path) -> None:
@@ -59,7 +62,7 @@ def test_ddp_with_an_eval_split_samples_at_each_eval_and_at_the_end(tiny_dir: Pa
     found = samples(out)
     # Evaluations at steps 2 and 4, and the end (step 5): each prompt once each time, in order.
     assert [(s["step"], s["index"], s["prompt"]) for s in found] == [
-        (step, i, p) for step in (2, 4, 5) for i, p in enumerate(PROMPTS)
+        (step, i, p) for step in (2, 4, 5) for i, p in enumerate(SAMPLE_PROMPTS)
     ]
     assert all(isinstance(s["completion"], str) and s["time"] > 0 for s in found)
     assert log.count("samples at step") == 3 and "(main process)" in log
@@ -84,10 +87,9 @@ def test_fsdp_ranks_generate_together_without_hanging(tiny_dir: Path, tmp_path: 
         assert s["completion"] == greedy_from_final(tiny_dir, out / "final", s["prompt"])
 
 
-def test_zero3_ranks_generate_together_without_hanging(tiny_dir: Path, tmp_path: Path) -> None:
-    spec = tiny_spec(tiny_dir, max_steps=3, processes=2, save_steps=None, eval_steps=2)
-    spec["distributed"] = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
-    out, log = launch(tmp_path, spec)
+def test_zero3_ranks_generate_together_without_hanging(tiny_dir: Path, zero3_lora_run: Run) -> None:
+    # The launch in conftest.py (activation checkpointing on, as the Falcon job has it), 3 steps.
+    out, log = zero3_lora_run.out, zero3_lora_run.log
 
     found = samples(out)
     # No eval split and no checkpoints: eval_steps is the cadence, and the end.

@@ -14,6 +14,7 @@ from tests.integration.trainer.helpers import (
     ACCELERATE_FSDP2_CPU,
     ACCELERATE_ZERO3_CPU,
     explain,
+    launch_spec,
     launch_trainer,
     points,
     run_trainer,
@@ -119,11 +120,7 @@ def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
         "distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
         "resources": {"device": "cpu", "processes_per_node": 2},
     }
-    proc = launch_trainer(
-        ACCELERATE_ZERO3_CPU,
-        tmp_path,
-        ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(out)],
-    )
+    proc = launch_spec(spec, tmp_path, ACCELERATE_ZERO3_CPU)
     assert proc.returncode == 0, explain(proc)
     assert "engaged deepspeed" in proc.stderr
     assert list((out / "checkpoints" / "checkpoint-2").glob("global_step2/zero_pp_rank_*_model_states.pt"))

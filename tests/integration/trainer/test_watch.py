@@ -14,7 +14,7 @@ import pytest
 from ftq import runs
 from ftq.errors import ErrorCode
 from tests.harness import tiny_spec
-from tests.integration.trainer.helpers import explain, launch_trainer, rendered_config, write_spec
+from tests.integration.trainer.helpers import explain, launch_spec
 from worker import failures
 
 pytestmark = pytest.mark.slow
@@ -34,11 +34,7 @@ def test_a_nan_loss_stops_every_rank_without_saving(tiny_dir: Path, tmp_path: Pa
     spec = tiny_spec(tiny_dir, max_steps=4, save_steps=1, processes=2)
     spec["model"]["name_or_path"] = str(model)
     out = tmp_path / "run"
-    proc = launch_trainer(
-        rendered_config(spec),
-        tmp_path,
-        ["--spec", str(write_spec(tmp_path / "spec.json", spec)), "--output_dir", str(out)],
-    )
+    proc = launch_spec(spec, tmp_path)
     assert proc.returncode != 0, explain(proc)
     assert "ftq-error: diverged: " in proc.stderr, explain(proc)
     failure = failures.classify(exit_code=proc.returncode, log_tail=proc.stderr)
