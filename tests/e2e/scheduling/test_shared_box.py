@@ -192,5 +192,9 @@ def test_every_dry_run_carries_a_time_estimate(box: Deployment) -> None:
         te = r.json()["time_estimate"]
         assert te["tokens"] and te["assumptions"], te
         assert any("FLOPs/token/parameter" in a for a in te["assumptions"])
-    tiny = alice.post("/jobs", params={"dry_run": "true"}, json=_spec("dry")).json()["time_estimate"]
-    assert tiny["seconds"] > 0 and tiny["tokens"] == 3 * 2 * 1 * 1 * 64
+    plan = alice.post("/jobs", params={"dry_run": "true"}, json=_spec("dry")).json()
+    tiny = plan["time_estimate"]
+    # The tokens the dataset preflight counted with the job's tokenizer: 3 steps of 2 sequences at the
+    # data's mean length, within the bound of every sequence max_seq_len (64) long.
+    assert tiny["seconds"] > 0 and tiny["tokens"] == plan["dataset"]["run_tokens"]
+    assert 0 < tiny["tokens"] <= 3 * 2 * 1 * 1 * 64
