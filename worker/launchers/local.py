@@ -91,6 +91,18 @@ def group_members(pgid: int, procs: list[ProcInfo] | None = None) -> list[int]:
     return [p.pid for p in (procs if procs is not None else scan_proc()) if p.pgid == pgid]
 
 
+def _group_is_ours(run: RunRef, procs: list[ProcInfo]) -> bool:
+    """Whether process group `run.pid` is still this run's. Linux does not hand out a pid that is some
+    group's id, so members with that pgid are the run's leftovers, unless a process now holds that pid
+    under another start time: the run's group emptied and the pid went round to someone else's."""
+    if not run.pid:
+        return False
+    leader = next((p for p in procs if p.pid == run.pid), None)
+    if leader is not None and run.pid_start_ticks and leader.start_ticks != run.pid_start_ticks:
+        return False
+    return bool(group_members(run.pid, procs))
+
+
 def marked(job_id: str, procs: list[ProcInfo] | None = None, uid: int | None = None) -> list[int]:
     """Processes that carry the run's marker in their environment, whatever session they moved to.
 
@@ -471,7 +483,7 @@ class LocalLauncher:
         the launch script (the group leader) and its direct child (the launcher) are left out.
         """
         procs = scan_proc()
-        if not run.pid or not group_members(run.pid, procs):
+        if not _group_is_ours(run, procs):
             return
         launchers = {p.pid for p in procs if p.ppid == run.pid} | {run.pid}
         targets = [p.pid for p in procs if p.pgid == run.pid and p.pid not in launchers]
@@ -484,7 +496,7 @@ class LocalLauncher:
     def _signal_group(self, run: RunRef, sig: signal.Signals) -> None:
         """Signal the run's process group and every process carrying its marker (ranks elsewhere)."""
         procs = scan_proc()
-        members = set(group_members(run.pid, procs)) if run.pid else set()
+        members = set(group_members(run.pid, procs)) if run.pid and _group_is_ours(run, procs) else set()
         if run.pid and members:
             log.info("sending %s to process group %s (job %s)", sig.name, run.pid, run.job_id)
             with contextlib.suppress(ProcessLookupError, PermissionError):
