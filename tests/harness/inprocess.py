@@ -4,7 +4,9 @@ the environment's FTQ_ settings replaced for one test, and the caches that hold 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -45,3 +47,16 @@ def migrate() -> None:
     from ftq.store.migrate import upgrade
 
     upgrade(get_settings().sqlalchemy_url)
+
+
+def quiesce_controller(data_dir: Path, timeout: float = 30) -> None:
+    """End what an in-process controller left running: its runs' process groups, then the reaper threads
+    that wait on them. A reaper sweeps when its run ends, with whatever settings are current then, and
+    keeps retrying for seconds while another sweep holds the lock: left alone, it would claim and launch
+    the next test's queued jobs in that test's store, under its assertions."""
+    from tests.harness.procs import kill_runs
+
+    kill_runs(data_dir)
+    for thread in threading.enumerate():
+        if thread.name.startswith("reap-"):
+            thread.join(timeout)  # its sweep runs in the thread: joined, nothing of it is left

@@ -14,7 +14,7 @@ import pytest
 from ftq import runs
 from ftq.store.models import Job
 from tests.harness import rows
-from tests.harness.inprocess import migrate, reset_caches, use_settings
+from tests.harness.inprocess import migrate, quiesce_controller, reset_caches, use_settings
 
 SCRIPT_OK = (
     'echo "step ok"\nprintf \'{"step": 1, "loss": 1.5, "max_steps": 1}\\n\' >> metrics.jsonl\n'
@@ -36,6 +36,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(lifecycle, "STARTING_GRACE_SECONDS", 0.0)
     migrate()
     yield tmp_path / "runs"
+    quiesce_controller(tmp_path)
     reset_caches()
     controller.get_launcher.cache_clear()
 
