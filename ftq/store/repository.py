@@ -536,19 +536,6 @@ def jobs_in(
     return list(session.scalars(stmt.order_by(Job.seq)))
 
 
-def held_resources(session: Session) -> list[dict[str, Any]]:
-    """What launched jobs and exports hold of the local pool: both draw on the same GPUs and CPU slots."""
-    stmt = select(Job.resources).where(
-        Job.status.in_(list(LAUNCHED)),
-        Job.resources.is_not(None),
-    )
-    exports = select(Export.resources).where(
-        Export.status.in_([str(s) for s in LAUNCHED]),
-        Export.resources.is_not(None),
-    )
-    return [r for r in session.scalars(stmt) if r] + [r for r in session.scalars(exports) if r]
-
-
 # Scheduling and accounting ------------------------------------------------------------------------------
 
 
