@@ -199,16 +199,3 @@ def every_steps(eval_steps: int | None, save_steps: int | None) -> int | None:
     """The cadence of a run without an eval split: eval_steps when set, else save_steps (None: the end
     only)."""
     return eval_steps or save_steps
-
-
-def read_samples(path: Path) -> list[dict[str, Any]]:
-    """The lines of a samples.jsonl, skipping a torn last line."""
-    found: list[dict[str, Any]] = []
-    if not path.exists():
-        return found
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return found

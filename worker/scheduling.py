@@ -71,12 +71,6 @@ def need_of(spec: dict[str, Any]) -> Need:
     return Need(GPUS if res.get("device", "cuda") == "cuda" else CPU_SLOTS, count)
 
 
-def devices_of(spec: dict[str, Any]) -> int:
-    """Devices a job holds while it runs, wherever it runs: GPUs of a cuda job, processes of a cpu job."""
-    res = spec.get("resources") or {}
-    return int(res.get("processes_per_node", 1)) * int(res.get("num_nodes", 1))
-
-
 @dataclass(frozen=True)
 class QueuedJob:
     id: str

@@ -102,10 +102,6 @@ def queue_position(session: Session, job_id: str) -> int | None:
     return int(ahead or 0) + 1
 
 
-def has_key(session: Session, job_id: str, key: str) -> bool:
-    return bool(session.scalar(select(exists().where(JobEvent.job_id == job_id, JobEvent.key == key))))
-
-
 def keys_with_prefix(session: Session, job_id: str, prefix: str) -> set[str]:
     stmt = select(JobEvent.key).where(
         JobEvent.job_id == job_id, JobEvent.key.startswith(prefix, autoescape=True)

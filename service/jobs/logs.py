@@ -131,7 +131,3 @@ class StreamSlots:
             self._open[owner] -= 1
             if self._open[owner] <= 0:
                 del self._open[owner]
-
-    def open_for(self, owner: str) -> int:
-        with self._lock:
-            return self._open[owner]
