@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ftq.datasets import FORMATS, detect_formats
+from ftq.datasets import FORMATS, detect_formats, methods_for
 
 FILE_ID_RE = r"^file_[0-9a-f]{24}$"
 _FILE_ID = re.compile(FILE_ID_RE)
@@ -32,15 +32,6 @@ MAX_ERRORS = 20
 MAX_COLUMNS = 100
 # A line longer than this is an error of its own (and is skipped, not read into memory).
 MAX_LINE_BYTES = 64 * 1024 * 1024
-
-# Which training methods each format suits (training.method).
-METHODS_FOR_FORMAT: dict[str, tuple[str, ...]] = {
-    "text": ("sft",),
-    "messages": ("sft",),
-    "prompt_completion": ("sft",),
-    "preference": ("dpo", "reward"),
-    "unpaired_preference": ("kto",),
-}
 
 
 class FileStatus(StrEnum):
@@ -77,14 +68,6 @@ def display_name(name: str | None) -> str:
     base = re.split(r"[\\/]", name or "")[-1]
     base = "".join(ch for ch in base if ch.isprintable()).strip()
     return base[:255] or "upload.jsonl"
-
-
-def methods_for(formats: list[str] | set[str]) -> list[str]:
-    out: list[str] = []
-    for fmt in FORMATS:
-        if fmt in formats:
-            out.extend(m for m in METHODS_FOR_FORMAT.get(fmt, ()) if m not in out)
-    return out
 
 
 @dataclass
