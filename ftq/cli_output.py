@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ftq.client import (
+    OUTAGE_PATIENCE_SECONDS,
     ChecksumMismatch,
     Client,
     ConnectionFailed,
@@ -274,11 +275,11 @@ def fmt_progress(job: JobPublic) -> str:
     return str(step)
 
 
-# How long a followed job or export is polled through a slow or restarting server (timeouts, dropped
-# connections, 503s) before the command gives up: following is watching, and one slow answer from a
-# busy server must not end it.
-FOLLOW_PATIENCE_SECONDS = 300.0
-TRANSIENT = (ServerTimeout, ConnectionLost, Unavailable)
+# A followed job or export is polled through a slow or restarting server as long as the SDK's waits are:
+# following is watching, and one slow answer from a busy server must not end it. A follow starts from an
+# answer (the job or export it follows), so a refused connection in it is a restart, not a wrong URL.
+FOLLOW_PATIENCE_SECONDS = OUTAGE_PATIENCE_SECONDS
+TRANSIENT = (ConnectionFailed, Unavailable)
 
 
 class Patience:

@@ -31,7 +31,7 @@ from ftq.client._plan import (
     open_stream,
     sleep,
 )
-from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
+from ftq.client.errors import ConnectionFailed, ConnectionLost, Unavailable, WaitTimeout
 
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)
@@ -442,17 +442,28 @@ def wait_until(
     poll: float,
 ) -> Flow[Never, M]:
     """`call` every `poll` seconds until its answer is `done`; `timed_out(last answer)` is raised after
-    `timeout` seconds. A 503 (the server's store restarting) is waited out rather than raised, while time
-    is left."""
+    `timeout` seconds. A server that stops answering is waited out while time is left, for at most
+    OUTAGE_PATIENCE_SECONDS in a row: a 503 (its store restarting) at once, and timeouts and dropped or
+    refused connections once it has answered (before that, a wrong URL would look the same)."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    answered = False
+    outage_since: float | None = None
     while True:
         try:
             found = yield from fetch(call)
-        except Unavailable as exc:
-            if deadline is not None and time.monotonic() >= deadline:
+        except (Unavailable, ConnectionFailed) as exc:
+            now = time.monotonic()
+            outage_since = now if outage_since is None else outage_since
+            if (
+                (isinstance(exc, ConnectionFailed) and not answered)
+                or (deadline is not None and now >= deadline)
+                or now - outage_since > _core.OUTAGE_PATIENCE_SECONDS
+            ):
                 raise
-            yield from sleep(exc.retry_after or poll)
+            wait = exc.retry_after if isinstance(exc, Unavailable) and exc.retry_after else poll
+            yield from sleep(wait if deadline is None else max(0.0, min(wait, deadline - now)))
             continue
+        answered, outage_since = True, None
         if done(found):
             return found
         now = time.monotonic()

@@ -277,7 +277,7 @@ class AsyncJobs:
     async def wait(
         self, job_id: str, *, timeout: float | None = None, poll: float = 1.0
     ) -> schemas.JobPublic:
-        """The job once it has ended; WaitTimeout after `timeout` s; a 503 is waited out."""
+        """The job once it has ended; WaitTimeout after `timeout` s; outages waited out as by Jobs.wait."""
         return await self._client._run(_api.wait_job(job_id, timeout, poll))
 
     # Artifacts

@@ -27,6 +27,9 @@ from ftq.yaml_errors import describe as describe_yaml_error
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_TIMEOUT = 30.0
+# How long a wait or a follow rides out a server that stopped answering (timeouts, dropped or refused
+# connections while it restarts, 503s) before it gives up: watching a job outlives one restart.
+OUTAGE_PATIENCE_SECONDS = 300.0
 # Bytes of train.log per read: large enough that a finished log comes in a request or two.
 LOG_READ_BYTES = 262_144
 

@@ -225,7 +225,7 @@ class Jobs:
     def wait_export(
         self, job_id: str, export_id: str, *, timeout: float | None = None, poll: float = 1.0
     ) -> schemas.ExportPublic:
-        """The export once it has ended; WaitTimeout-like TimeoutError after `timeout` s."""
+        """The export once it has ended; TimeoutError after `timeout` s; outages waited out as by `wait`."""
         return self._client._run(_api.wait_export(job_id, export_id, timeout, poll))
 
     # Logs
@@ -297,7 +297,9 @@ class Jobs:
     def wait(self, job_id: str, *, timeout: float | None = None, poll: float = 1.0) -> schemas.JobPublic:
         """The job once it has ended (succeeded, failed or cancelled); WaitTimeout after `timeout` s.
 
-        A 503 (the server's store restarting) is waited out rather than raised, while time is left.
+        A server that stops answering (a 503, a timeout, a connection refused while it restarts) is
+        waited out rather than raised, while time is left and for at most OUTAGE_PATIENCE_SECONDS in a
+        row.
         """
         return self._client._run(_api.wait_job(job_id, timeout, poll))
 

@@ -12,7 +12,14 @@ import pytest
 
 from ftq.client import _api
 from ftq.client._plan import Call, Flow, Next, Open, Run, Sleep, Step
-from ftq.client.errors import ConnectionLost, NotFound, Unavailable, WaitTimeout
+from ftq.client.errors import (
+    ConnectionFailed,
+    ConnectionLost,
+    NotFound,
+    ServerTimeout,
+    Unavailable,
+    WaitTimeout,
+)
 from ftq.schemas import LogChunk, MetricsPage, Point, SamplePublic, SamplesPage
 
 
@@ -114,6 +121,72 @@ def test_wait_until_waits_out_a_503_and_returns_what_is_done() -> None:
     )
     assert result == Thing(status="done")
     assert [s.seconds for s in steps if isinstance(s, Sleep)] == [1.5, 7.0]  # the poll, then Retry-After
+
+
+def answering(answers: list[Any], clock: list[float] | None = None) -> Callable[[Step], Any]:
+    """Answer each request with the next of `answers` (raised when an exception); a sleep moves `clock`."""
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Sleep):
+            if clock is not None:
+                clock[0] += step.seconds
+            return None
+        got = answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    return answer
+
+
+URL = "http://127.0.0.1:9"
+
+
+def test_wait_until_rides_out_a_restart_once_the_server_has_answered() -> None:
+    # What a wait sees while `ftq up` restarts: a timeout, a dropped connection, refused connections.
+    answers: list[Any] = [
+        Thing(status="running"),
+        ServerTimeout(URL),
+        ConnectionLost(URL, "connection reset"),
+        ConnectionFailed(URL, "connection refused"),
+        Thing(status="done"),
+    ]
+    get = Call("GET", "/things/1", _api.reads(Thing))
+    flow = _api.wait_until(get, lambda t: t.status == "done", lambda t: TimeoutError(), None, 2.0)
+    _, result, steps = drive(flow, answering(answers))
+    assert result == Thing(status="done") and answers == []
+    assert [s.seconds for s in steps if isinstance(s, Sleep)] == [2.0, 2.0, 2.0, 2.0]
+
+
+def test_wait_until_does_not_wait_for_a_server_that_never_answered() -> None:
+    # A refused first request is a wrong URL or a server not started: said at once, not after minutes.
+    get = Call("GET", "/things/1", _api.reads(Thing))
+    flow = _api.wait_until(get, lambda t: True, lambda t: TimeoutError(), None, 1.0)
+    with pytest.raises(ConnectionFailed):
+        drive(flow, answering([ConnectionFailed(URL, "connection refused")]))
+
+
+def test_wait_until_gives_up_on_an_outage_longer_than_its_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(_api.time, "monotonic", lambda: clock[0])
+    answers: list[Any] = [Thing(status="running")] + [ServerTimeout(URL) for _ in range(100)]
+    get = Call("GET", "/things/1", _api.reads(Thing))
+    flow = _api.wait_until(get, lambda t: False, lambda t: TimeoutError(), None, 60.0)
+    with pytest.raises(ServerTimeout):
+        drive(flow, answering(answers, clock))
+    # Polled every 60 s: the outage began at 60 s and was given up at 420 s, past the 300 s of patience.
+    assert len(answers) == 100 - 7 and clock[0] == 420.0
+
+
+def test_wait_until_ends_an_outage_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(_api.time, "monotonic", lambda: clock[0])
+    answers: list[Any] = [Thing(status="running")] + [ConnectionLost(URL, "reset") for _ in range(10)]
+    get = Call("GET", "/things/1", _api.reads(Thing))
+    flow = _api.wait_until(get, lambda t: False, lambda t: TimeoutError(), 25.0, 10.0)
+    with pytest.raises(ConnectionLost):
+        drive(flow, answering(answers, clock))
+    assert clock[0] == 25.0  # the last sleep was cut to the deadline, and the failure there raised
 
 
 def test_wait_until_raises_what_timed_out_makes_and_passes_other_errors_on() -> None:
