@@ -186,11 +186,14 @@ def log_chunks(job_id: str, offset: int, follow: bool, poll: float) -> Flow[sche
 
 def follow_log(job_id: str, offset: int, poll: float) -> Flow[schemas.LogChunk, None]:
     # The server streams the log (one request for the whole run). Should the stream end early (server
-    # restart, a proxy's idle timeout), one plain read catches up and the stream reopens.
+    # restart, a proxy's idle timeout), one plain read catches up, through a restart, and the stream
+    # reopens.
     path = job_path(job_id, "logs", "stream")
+    answered = False
     while True:
         try:
             yield from open_stream(path, lines=True, params={"offset": offset}, headers=_SSE)
+            answered = True
             sse = _core.SSEDecoder()
             while (line := (yield from next_line())) is not None:
                 event = sse.feed(line)
@@ -203,8 +206,12 @@ def follow_log(job_id: str, offset: int, poll: float) -> Flow[schemas.LogChunk, 
                 offset = chunk.next_offset
         except ConnectionLost:
             pass
+        except (ConnectionFailed, Unavailable):
+            if not answered:
+                raise  # the server was never reached: a wrong URL, or one not started
         yield from sleep(poll)
-        chunk = yield from fetch(log_chunk(job_id, offset=offset))
+        chunk = yield from riding_out(log_chunk(job_id, offset=offset), poll, answered=answered)
+        answered = True
         if chunk.text or chunk.complete:
             yield chunk
         if chunk.complete:
@@ -434,23 +441,16 @@ def pages_after_step(
             yield from sleep(poll)
 
 
-def wait_until(
-    call: Call[M],
-    done: Callable[[M], bool],
-    timed_out: Callable[[M], Exception],
-    timeout: float | None,
-    poll: float,
+def riding_out(
+    call: Call[M], poll: float, *, answered: bool, deadline: float | None = None
 ) -> Flow[Never, M]:
-    """`call` every `poll` seconds until its answer is `done`; `timed_out(last answer)` is raised after
-    `timeout` seconds. A server that stops answering is waited out while time is left, for at most
-    OUTAGE_PATIENCE_SECONDS in a row: a 503 (its store restarting) at once, and timeouts and dropped or
-    refused connections once it has answered (before that, a wrong URL would look the same)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    answered = False
+    """`call`'s answer, with an outage of the server waited out, every `poll` seconds, until `deadline`
+    and for at most OUTAGE_PATIENCE_SECONDS: a 503 (its store restarting) at once, and timeouts and
+    dropped or refused connections once it has `answered` (before that, a wrong URL looks the same)."""
     outage_since: float | None = None
     while True:
         try:
-            found = yield from fetch(call)
+            return (yield from fetch(call))
         except (Unavailable, ConnectionFailed) as exc:
             now = time.monotonic()
             outage_since = now if outage_since is None else outage_since
@@ -462,8 +462,22 @@ def wait_until(
                 raise
             wait = exc.retry_after if isinstance(exc, Unavailable) and exc.retry_after else poll
             yield from sleep(wait if deadline is None else max(0.0, min(wait, deadline - now)))
-            continue
-        answered, outage_since = True, None
+
+
+def wait_until(
+    call: Call[M],
+    done: Callable[[M], bool],
+    timed_out: Callable[[M], Exception],
+    timeout: float | None,
+    poll: float,
+) -> Flow[Never, M]:
+    """`call` every `poll` seconds until its answer is `done`; `timed_out(last answer)` is raised after
+    `timeout` seconds. A server that stops answering is waited out as `riding_out` says."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    answered = False
+    while True:
+        found = yield from riding_out(call, poll, answered=answered, deadline=deadline)
+        answered = True
         if done(found):
             return found
         now = time.monotonic()

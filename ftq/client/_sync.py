@@ -240,7 +240,8 @@ class Jobs:
         self, job_id: str, *, offset: int = 0, follow: bool = False, poll: float = 1.0
     ) -> Iterator[schemas.LogChunk]:
         """train.log as it comes. Without follow: what is there now. With follow: until the job has
-        ended and the whole log was read; the last chunk then has `complete` set."""
+        ended and the whole log was read; the last chunk then has `complete` set. A follow rides out a
+        server restart as `wait` does."""
         return self._client._iterate(_api.log_chunks(job_id, offset, follow, poll))
 
     def logs(self, job_id: str, *, follow: bool = False, offset: int = 0, poll: float = 1.0) -> Iterator[str]:

@@ -250,3 +250,42 @@ def test_a_followed_log_catches_up_by_a_plain_read_when_its_stream_breaks() -> N
     assert [c.text for c in items] == ["step 1\n", "step 2\n"] and items[-1].complete
     assert read_at == [7]  # from where the stream stopped
     assert Sleep(0.25) in steps
+
+
+def test_a_followed_log_rides_out_a_server_restart_and_reads_on_from_where_it_was() -> None:
+    # The stream drops, the server refuses the reopened stream and the first catch-up read while it
+    # restarts, then answers: the follow goes on from the offset it had, with nothing read twice.
+    lines = iter(["event: log", 'data: {"offset": 0, "next_offset": 7, "text": "step 1\\n"}', ""])
+    opens: list[Any] = [None, ConnectionFailed(URL, "connection refused")]
+    reads: list[Any] = [
+        LogChunk(offset=7, next_offset=7, text="", complete=False),  # caught up: the stream reopens
+        ConnectionFailed(URL, "connection refused"),
+        LogChunk(offset=7, next_offset=14, text="step 2\n", complete=True),
+    ]
+    read_at: list[int] = []
+
+    def answer(step: Step) -> Any:
+        if isinstance(step, Open):
+            got = opens.pop(0)
+        elif isinstance(step, Next):
+            got = next(lines, ConnectionLost(URL, "peer closed"))
+        elif isinstance(step, Call):
+            read_at.append(step.params["offset"])
+            got = reads.pop(0)
+        else:
+            return None  # Sleep
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    items, _, _ = drive(_api.log_chunks("job_1", 0, True, 0.25), answer)
+    assert [c.text for c in items] == ["step 1\n", "step 2\n"] and items[-1].complete
+    assert read_at == [7, 7, 7] and opens == [] and reads == []
+
+
+def test_a_followed_log_of_a_server_never_reached_fails_at_once() -> None:
+    def refused(step: Step) -> Any:
+        raise ConnectionFailed(URL, "connection refused")
+
+    with pytest.raises(ConnectionFailed):
+        drive(_api.log_chunks("job_1", 0, True, 0.25), refused)
