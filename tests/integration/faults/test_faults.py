@@ -9,6 +9,7 @@ mid-run and a POST while Redis is down are in tests/integration/worker/test_runt
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ftq.client import Client
 from tests.harness import Deployment, postgres, proc_groups, run_pids, tiny_spec, wait_gone
 from tests.harness.api import TERMINAL_NAMES as TERMINAL
 
@@ -134,19 +136,43 @@ def test_production_job_trains_through_pg_redis_and_api_restarts(
 UP_STEPS = 1500
 
 
+class Answered(httpx.HTTPTransport):
+    """A transport that notes the first answer it got."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        self.answered.set()
+        return response
+
+
 def _through_kill9_of_ftq_up(stack: Deployment, tiny_dir: Path) -> None:
     job_id = post_until_created(stack, tiny_spec(tiny_dir, max_steps=UP_STEPS, name="through-up"), "up-job")
     stack.wait_for(job_id, lambda j: (j["progress"]["step"] or 0) >= 1, 300, "first point")
     up_pid = stack.pid("up")
     worker_pids = [p for p in proc_groups().get(up_pid, []) if p != up_pid]
     still_running(stack, job_id)
-    stack.kill9("up")
-    wait_gone(worker_pids)  # the worker follows `ftq up` down; the run does not
-    stack.start_server()
-    # Tokens still guard the restarted server, and the job is still its owner's.
-    assert httpx.get(f"{stack.url}/jobs/{job_id}").status_code == 401
-    assert stack.job(job_id)["owner"] == "faults"
-    assert_whole_run(stack, job_id, UP_STEPS)
+    # An internal tool waits for the job and follows its log through the restart, with the SDK alone.
+    seen = [Answered(), Answered()]
+    waiter, follower = (Client(stack.url, stack.token or "", transport=t) for t in seen)
+    with waiter, follower, ThreadPoolExecutor(max_workers=2) as pool:
+        waited = pool.submit(waiter.jobs.wait, job_id, timeout=600, poll=0.5)
+        followed = pool.submit(lambda: list(follower.jobs.logs(job_id, follow=True, poll=0.5)))
+        # Both have had an answer (a first refusal would rightly be a wrong URL to them, not a restart).
+        assert all(t.answered.wait(60) for t in seen)
+        stack.kill9("up")
+        wait_gone(worker_pids)  # the worker follows `ftq up` down; the run does not
+        stack.start_server()
+        # Tokens still guard the restarted server, and the job is still its owner's.
+        assert httpx.get(f"{stack.url}/jobs/{job_id}").status_code == 401
+        assert stack.job(job_id)["owner"] == "faults"
+        assert_whole_run(stack, job_id, UP_STEPS)
+        assert waited.result(timeout=120).status == "succeeded"
+        # Every line once, in order, across the dropped stream and the refused reconnects.
+        assert followed.result(timeout=120) == list(waiter.jobs.logs(job_id))
 
 
 @pytest.fixture(scope="module")
