@@ -8,11 +8,12 @@ compare-and-set from `validating`, so a task delivered twice changes nothing the
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, func, or_, select, update
+from sqlalchemy import Select, delete, false, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from ftq.files import FileStatus, Validation
@@ -40,6 +41,18 @@ class FileRepository:
         if before_seq is not None:
             stmt = stmt.where(UploadedFile.seq < before_seq)
         return list(self.session.scalars(stmt.order_by(UploadedFile.seq.desc()).limit(limit)))
+
+    def hold_quota(self) -> None:
+        """Hold this owner's quota until the transaction ends, so that two uploads finishing together
+        cannot both fit in room that only one of them fits in: a transaction-scoped advisory lock per
+        owner on PostgreSQL; on SQLite, the database's write lock, taken now (by a write that changes no
+        row) instead of at the insert that follows the check."""
+        if self.session.get_bind().dialect.name == "postgresql":
+            digest = hashlib.sha256(f"ftq:file-quota:{self.owner}".encode()).digest()
+            key = int.from_bytes(digest[:8], "big", signed=True)
+            self.session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+        else:
+            self.session.execute(update(UploadedFile).where(false()).values(bytes=UploadedFile.bytes))
 
     def bytes_used(self) -> int:
         """What this owner's files hold, for the quota."""

@@ -62,7 +62,8 @@ def record(
     sha256: str,
 ) -> UploadedFile:
     """The received bytes become the file `file_id` (status validating), within the owner's quota as it
-    is now (another upload may have finished meanwhile)."""
+    is now (another upload may have finished meanwhile), checked and taken under the owner's quota lock."""
+    repo.hold_quota()
     used = repo.bytes_used()
     if used + size > settings.file_quota_bytes:
         part.unlink(missing_ok=True)
