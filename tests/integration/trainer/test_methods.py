@@ -1,6 +1,7 @@
 """Every training method as a real `accelerate launch` of the trainer on two CPU processes (trainer/train.py
 `build_trainer`): DPO with LoRA (its reward margin rises on the tiny preference set), KTO, a reward model,
-SFT on prompt/completion data with the loss on the completion, and DPO with LoRA under FSDP2."""
+SFT on prompt/completion data with the loss on the completion, and DPO with LoRA under FSDP2 and under
+ZeRO-3."""
 
 from __future__ import annotations
 
@@ -126,6 +127,23 @@ def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
     assert [p["step"] for p in pts] == [1, 2, 3]
     assert all(name in pts[-1]["extra"] for name in DPO_METRICS)
     assert (out / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_dpo_with_lora_under_zero3_saves_the_whole_adapter(tiny_dir: Path, tmp_path: Path) -> None:
+    # The Falcon article's setup (LoRA under ZeRO-3) with DPO: the reference is the base with the adapter
+    # off, and the final adapter is gathered from the shards, not saved as ZeRO-3's empty placeholders.
+    from safetensors.torch import load_file
+
+    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", max_steps=3)
+    spec["distributed"] = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+    out, log = launch(spec, tmp_path)
+    assert "engaged deepspeed" in log and "no second copy loaded" in log
+    pts = train_points(out)
+    assert [p["step"] for p in pts] == [1, 2, 3]
+    assert all(name in pts[-1]["extra"] for name in DPO_METRICS)
+    adapter = load_file(out / "final" / "adapter_model.safetensors")
+    assert adapter and all(t.numel() > 0 and 8 in t.shape for t in adapter.values())
+    assert any(float(t.abs().sum()) > 0 for k, t in adapter.items() if "lora_B" in k)  # it trained
 
 
 def test_assistant_only_loss_on_a_template_without_markers_fails_naming_the_fix(
