@@ -146,6 +146,37 @@ def test_dpo_with_lora_under_zero3_saves_the_whole_adapter(tiny_dir: Path, tmp_p
     assert any(float(t.abs().sum()) > 0 for k, t in adapter.items() if "lora_B" in k)  # it trained
 
 
+def test_full_dpo_under_fsdp_and_zero3_shards_a_reference_equal_to_the_start(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    # Full fine-tuning: the reference is a second copy of the model, sharded like the policy. DPO's
+    # first loss is ln 2 only when that copy equals the starting policy, and both shardings of the same
+    # run must train alike.
+    import math
+
+    from safetensors.torch import load_file
+
+    base = load_file(tiny_dir / "model" / "model.safetensors")
+    losses = {}
+    for strategy, said in (("fsdp", "sharded by FSDP"), ("zero3", "prepared by DeepSpeed")):
+        spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", max_steps=3, learning_rate=1e-4)
+        del spec["lora"]
+        spec["distributed"] = (
+            {"strategy": "fsdp"}
+            if strategy == "fsdp"
+            else {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+        )
+        (tmp_path / strategy).mkdir()
+        out, log = launch(spec, tmp_path / strategy)
+        assert f"reference model: a second copy of the model, {said}" in log
+        losses[strategy] = [p["loss"] for p in train_points(out)]
+        saved = load_file(out / "final" / "model.safetensors")
+        assert saved.keys() == base.keys() and all(saved[k].shape == base[k].shape for k in base)
+        assert any(not saved[k].equal(base[k]) for k in base)  # trained, and saved whole
+    assert math.isclose(losses["fsdp"][0], math.log(2), abs_tol=1e-4)
+    assert losses["fsdp"] == pytest.approx(losses["zero3"], abs=1e-3)
+
+
 def test_assistant_only_loss_on_a_template_without_markers_fails_naming_the_fix(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
