@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ftq.client import (
+    OUTAGE_ERRORS,
     OUTAGE_PATIENCE_SECONDS,
     ChecksumMismatch,
     Client,
@@ -30,9 +30,9 @@ from ftq.client import (
     JobPublic,
     ServerTimeout,
     SpecFileError,
-    Unavailable,
     UnexpectedResponse,
 )
+from ftq.client._core import Outage
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUS_STYLE = {
@@ -275,31 +275,27 @@ def fmt_progress(job: JobPublic) -> str:
     return str(step)
 
 
-# A followed job or export is polled through a slow or restarting server as long as the SDK's waits are:
-# following is watching, and one slow answer from a busy server must not end it. A follow starts from an
-# answer (the job or export it follows), so a refused connection in it is a restart, not a wrong URL.
-FOLLOW_PATIENCE_SECONDS = OUTAGE_PATIENCE_SECONDS
-TRANSIENT = (ConnectionFailed, Unavailable)
+# A followed job or export is polled through a slow or restarting server as the SDK's waits are (the
+# same `Outage`): following is watching, and one slow answer from a busy server must not end it. A follow
+# starts from an answer (the job or export it follows), so a refused connection in it is a restart.
+TRANSIENT = OUTAGE_ERRORS
 
 
 class Patience:
-    """Counts a follow loop's transient failures: the first is said once on stderr, a run of them longer
-    than `seconds` is raised, and the next answer says the server is back."""
+    """A follow loop's outage: the first failure is said once on stderr, one the `Outage` will not wait
+    out is raised, and the next answer says the server is back."""
 
-    def __init__(self, seconds: float = FOLLOW_PATIENCE_SECONDS) -> None:
-        self.seconds = seconds
-        self.since: float | None = None
+    def __init__(self, seconds: float = OUTAGE_PATIENCE_SECONDS) -> None:
+        self.outage = Outage(seconds)
 
     def failed(self, exc: FtqClientError) -> None:
-        now = time.monotonic()
-        if self.since is None:
-            self.since = now
+        first = self.outage.since is None
+        if not self.outage.endure(exc):
+            raise exc
+        if first:
             message, _ = describe_failure(exc)
             err.print(f"ftq: {escape(message)}; still following, trying again", soft_wrap=True)
-        elif now - self.since > self.seconds:
-            raise exc
 
     def answered(self) -> None:
-        if self.since is not None:
+        if self.outage.over():
             err.print("ftq: the server answers again", soft_wrap=True)
-            self.since = None

@@ -15,7 +15,7 @@ Responses are the API's own models (`ftq.schemas`), failures typed exceptions (`
 from __future__ import annotations
 
 from ftq.client._async import AsyncClient, AsyncJobs
-from ftq.client._core import DEFAULT_URL, OUTAGE_PATIENCE_SECONDS, Downloaded, SpecInput
+from ftq.client._core import DEFAULT_URL, OUTAGE_ERRORS, OUTAGE_PATIENCE_SECONDS, Downloaded, SpecInput
 from ftq.client._files import AsyncFiles, Files
 from ftq.client._sync import Client, Jobs
 from ftq.client.errors import (
@@ -63,6 +63,7 @@ from ftq.status import TERMINAL, JobStatus
 
 __all__ = [
     "DEFAULT_URL",
+    "OUTAGE_ERRORS",
     "OUTAGE_PATIENCE_SECONDS",
     "TERMINAL",
     "ApiError",

@@ -31,7 +31,7 @@ from ftq.client._plan import (
     open_stream,
     sleep,
 )
-from ftq.client.errors import ConnectionFailed, ConnectionLost, Unavailable, WaitTimeout
+from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
 
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)
@@ -206,7 +206,7 @@ def follow_log(job_id: str, offset: int, poll: float) -> Flow[schemas.LogChunk, 
                 offset = chunk.next_offset
         except ConnectionLost:
             pass
-        except (ConnectionFailed, Unavailable):
+        except _core.OUTAGE_ERRORS:
             if not answered:
                 raise  # the server was never reached: a wrong URL, or one not started
         yield from sleep(poll)
@@ -447,21 +447,17 @@ def riding_out(
     """`call`'s answer, with an outage of the server waited out, every `poll` seconds, until `deadline`
     and for at most OUTAGE_PATIENCE_SECONDS: a 503 (its store restarting) at once, and timeouts and
     dropped or refused connections once it has `answered` (before that, a wrong URL looks the same)."""
-    outage_since: float | None = None
+    outage = _core.Outage()
     while True:
         try:
             return (yield from fetch(call))
-        except (Unavailable, ConnectionFailed) as exc:
-            now = time.monotonic()
-            outage_since = now if outage_since is None else outage_since
-            if (
-                (isinstance(exc, ConnectionFailed) and not answered)
-                or (deadline is not None and now >= deadline)
-                or now - outage_since > _core.OUTAGE_PATIENCE_SECONDS
-            ):
+        except _core.OUTAGE_ERRORS as exc:
+            if not outage.endure(exc, answered=answered, deadline=deadline):
                 raise
             wait = exc.retry_after if isinstance(exc, Unavailable) and exc.retry_after else poll
-            yield from sleep(wait if deadline is None else max(0.0, min(wait, deadline - now)))
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            yield from sleep(wait)
 
 
 def wait_until(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -30,6 +31,8 @@ DEFAULT_TIMEOUT = 30.0
 # How long a wait or a follow rides out a server that stopped answering (timeouts, dropped or refused
 # connections while it restarts, 503s) before it gives up: watching a job outlives one restart.
 OUTAGE_PATIENCE_SECONDS = 300.0
+# What a server that stopped answering looks like: no answer at all, or a 503 while its store restarts.
+OUTAGE_ERRORS = (errors.ConnectionFailed, errors.Unavailable)
 # Bytes of train.log per read: large enough that a finished log comes in a request or two.
 LOG_READ_BYTES = 262_144
 
@@ -283,6 +286,33 @@ def transport_error(exc: httpx.HTTPError, url: str, path: str) -> errors.FtqClie
 
 
 # Decoders ------------------------------------------------------------------------------------------------
+
+
+class Outage:
+    """One run of failed requests to a server that stopped answering, and whether to keep waiting it out:
+    the SDK's waits and follows and the CLI's follow loops all decide by this."""
+
+    def __init__(self, seconds: float = OUTAGE_PATIENCE_SECONDS) -> None:
+        self.seconds = seconds
+        self.since: float | None = None  # when this run of failures began; None while the server answers
+
+    def endure(self, exc: Exception, *, answered: bool = True, deadline: float | None = None) -> bool:
+        """True to wait on after `exc`: an outage error, no longer than `seconds` so far and not past
+        `deadline`; a timeout or a dropped or refused connection only once the server has `answered`
+        (before that, a wrong URL looks the same)."""
+        if not isinstance(exc, OUTAGE_ERRORS):
+            return False
+        if isinstance(exc, errors.ConnectionFailed) and not answered:
+            return False
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        return (deadline is None or now < deadline) and now - self.since <= self.seconds
+
+    def over(self) -> bool:
+        """The server answered: the outage (if one was under way) is over; True when one was."""
+        was, self.since = self.since is not None, None
+        return was
 
 
 class LineBuffer:

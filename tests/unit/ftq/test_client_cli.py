@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ftq import cli_output, client_cli
-from ftq.client import ExportPublic
+from ftq import client_cli
+from ftq.client import ExportPublic, _core
 from ftq.client.errors import ConnectionFailed, ServerTimeout, Unavailable
 
 URL = "http://127.0.0.1:1"
@@ -66,11 +66,11 @@ def test_a_followed_export_is_polled_through_timeouts_and_503s(capsys: pytest.Ca
 
 def test_an_outage_longer_than_the_patience_ends_the_follow(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(float(t) for t in range(0, 10_000, 100))
-    monkeypatch.setattr(cli_output.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(_core.time, "monotonic", lambda: next(clock))
     answers: list[Any] = [ServerTimeout(URL) for _ in range(10)]
     with pytest.raises(ServerTimeout):
         client_cli.follow_export(FakeClient(answers), "job_1", _export("running"))  # type: ignore[arg-type]
-    assert len(answers) == 10 - 5  # 0, 100, 200, 300 s within FOLLOW_PATIENCE_SECONDS; raised at 400 s
+    assert len(answers) == 10 - 5  # 0, 100, 200, 300 s within OUTAGE_PATIENCE_SECONDS; raised at 400 s
 
 
 def test_a_followed_export_rides_out_refused_connections_while_the_server_restarts() -> None:
