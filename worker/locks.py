@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import os
 import threading
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,15 +23,10 @@ from sqlalchemy.orm import Session
 
 from ftq import runs
 from ftq.settings import get_settings
-from ftq.store.db import get_engine
+from ftq.store.db import advisory_key, get_engine, lock_for_transaction
 
 _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
-
-
-def _key(name: str) -> int:
-    # A stable 31-bit key per lock name for pg_advisory_lock; "ftq:" keeps clear of other apps' keys.
-    return zlib.crc32(f"ftq:{name}".encode()) & 0x7FFFFFFF
 
 
 def _is_postgres() -> bool:
@@ -69,8 +63,7 @@ def _flock(path: Path, *, blocking: bool) -> Iterator[bool]:
 
 def scheduler_lock(session: Session) -> contextlib.AbstractContextManager[object]:
     """Serialise resource claims. On PostgreSQL the lock lasts until `session` commits."""
-    if _is_postgres():
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _key("scheduler")})
+    if lock_for_transaction(session, "scheduler"):
         return contextlib.nullcontext()
     return _sqlite_scheduler_lock()
 
@@ -91,13 +84,14 @@ def singleton(name: str) -> Iterator[bool]:
     try:
         if _is_postgres():
             with get_engine().connect() as conn:
-                got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _key(name)}).scalar())
+                key = {"k": advisory_key(name)}
+                got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), key).scalar())
                 conn.commit()
                 try:
                     yield got
                 finally:
                     if got:
-                        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _key(name)})
+                        conn.execute(text("SELECT pg_advisory_unlock(:k)"), key)
                         conn.commit()
         else:
             with _flock(_lock_path(name), blocking=False) as got:

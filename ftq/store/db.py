@@ -8,13 +8,14 @@ import logging
 import os
 import stat
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -256,3 +257,18 @@ def open_async_read_pool() -> AsyncReadPool | None:
     kwargs.setdefault("connect_timeout", 5)
     kwargs.setdefault("application_name", READ_POOL_APPLICATION_NAME)
     return AsyncReadPool(dict(kwargs))
+
+
+def advisory_key(name: str) -> int:
+    """A stable 31-bit PostgreSQL advisory-lock key for the lock `name` ("ftq:" keeps clear of other
+    applications' keys)."""
+    return zlib.crc32(f"ftq:{name}".encode()) & 0x7FFFFFFF
+
+
+def lock_for_transaction(session: Session, name: str) -> bool:
+    """On PostgreSQL, take the advisory lock `name` until `session`'s transaction ends, and say True;
+    elsewhere False, and the caller serialises its own way."""
+    if session.get_bind().dialect.name != "postgresql":
+        return False
+    session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key(name)})
+    return True

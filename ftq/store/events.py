@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import builtins
 import secrets
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, exists, func, insert, select, text, update
+from sqlalchemy import Select, delete, exists, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from ftq.events import EventType
+from ftq.store.db import lock_for_transaction
 from ftq.store.models import Job, JobEvent, Webhook, WebhookDelivery
 
 PENDING, SUCCEEDED, FAILED = "pending", "succeeded", "failed"
 
 # Event inserts take this transaction-scoped lock on PostgreSQL, so they commit in the order of their
 # ids and `?after=<id>` never skips an event that a slower transaction commits later with a smaller id.
-_EVENT_LOCK_KEY = zlib.crc32(b"ftq:job_events")
+EVENT_LOCK = "job_events"
 
 
 def _now() -> datetime:
@@ -50,9 +50,7 @@ def record(
 ) -> int | None:
     """Insert an event (and its webhook deliveries) in the caller's transaction; its id, or None when
     an event with this `key` was already recorded for the job (a run-directory event read again)."""
-    bind = session.get_bind()
-    if bind.dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _EVENT_LOCK_KEY})
+    lock_for_transaction(session, EVENT_LOCK)
     if owner is None:
         owner = session.scalar(select(Job.owner).where(Job.id == job_id))
         if owner is None:

@@ -8,16 +8,16 @@ compare-and-set from `validating`, so a task delivered twice changes nothing the
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, false, func, or_, select, text, update
+from sqlalchemy import Select, delete, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ftq.files import FileStatus, Validation
 from ftq.status import ACTIVE
+from ftq.store.db import lock_for_transaction
 from ftq.store.models import Job, UploadedFile
 
 
@@ -47,11 +47,7 @@ class FileRepository:
         cannot both fit in room that only one of them fits in: a transaction-scoped advisory lock per
         owner on PostgreSQL; on SQLite, the database's write lock, taken now (by a write that changes no
         row) instead of at the insert that follows the check."""
-        if self.session.get_bind().dialect.name == "postgresql":
-            digest = hashlib.sha256(f"ftq:file-quota:{self.owner}".encode()).digest()
-            key = int.from_bytes(digest[:8], "big", signed=True)
-            self.session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-        else:
+        if not lock_for_transaction(self.session, f"file-quota:{self.owner}"):
             self.session.execute(update(UploadedFile).where(false()).values(bytes=UploadedFile.bytes))
 
     def bytes_used(self) -> int:
