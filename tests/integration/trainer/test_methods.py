@@ -43,7 +43,12 @@ def method_spec(
             **training,
         },
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
-        "distributed": {"strategy": strategy},
+        # "zero3": DeepSpeed ZeRO stage 3, as the Falcon article runs it.
+        "distributed": (
+            {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+            if strategy == "zero3"
+            else {"strategy": strategy}
+        ),
         "resources": {"launcher": "local", "device": "cpu", "processes_per_node": processes},
     }
     if processes == 1:
@@ -134,8 +139,7 @@ def test_dpo_with_lora_under_zero3_saves_the_whole_adapter(tiny_dir: Path, tmp_p
     # off, and the final adapter is gathered from the shards, not saved as ZeRO-3's empty placeholders.
     from safetensors.torch import load_file
 
-    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", max_steps=3)
-    spec["distributed"] = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", strategy="zero3", max_steps=3)
     out, log = launch(spec, tmp_path)
     assert "engaged deepspeed" in log and "no second copy loaded" in log
     pts = train_points(out)
@@ -159,13 +163,10 @@ def test_full_dpo_under_fsdp_and_zero3_shards_a_reference_equal_to_the_start(
     base = load_file(tiny_dir / "model" / "model.safetensors")
     losses = {}
     for strategy, said in (("fsdp", "sharded by FSDP"), ("zero3", "prepared by DeepSpeed")):
-        spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", max_steps=3, learning_rate=1e-4)
-        del spec["lora"]
-        spec["distributed"] = (
-            {"strategy": "fsdp"}
-            if strategy == "fsdp"
-            else {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+        spec = method_spec(
+            tiny_dir, "dpo", "preference/train.jsonl", strategy=strategy, max_steps=3, learning_rate=1e-4
         )
+        del spec["lora"]
         (tmp_path / strategy).mkdir()
         out, log = launch(spec, tmp_path / strategy)
         assert f"reference model: a second copy of the model, {said}" in log
