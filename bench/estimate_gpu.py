@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ftq.estimate import estimate_memory
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
+from ftq.planning.estimate import estimate_memory
 
 GiB = 1024**3
 

@@ -3,7 +3,8 @@
     python -m bench.gpu_jobs --out DIR                 # on the GPU machine, about 10 minutes on an H200
     python -m bench.gpu_jobs --out DIR --dry-run       # on CPU with the tiny model: the same code paths
 
-Every job is the real thing: a JobSpec rendered by ftq.render into the accelerate config and command the
+Every job is the real thing: a JobSpec rendered by ftq.planning.render into the accelerate config and command
+the
 worker would run (`accelerate launch -m trainer`), on models built from a config with random weights
 and saved in bf16 to local disk once (no hub). Measured per job:
 
@@ -43,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO
-from ftq.estimate import estimate_memory, parse_arch
-from ftq.render import render_plan
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
+from ftq.planning.estimate import estimate_memory, parse_arch
+from ftq.planning.render import render_plan
+from ftq.runtime.settings import Settings
 
 GiB = 1024**3
 # Dense bf16 peak (TFLOP/s) by device name fragment; the first match wins.

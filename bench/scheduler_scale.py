@@ -46,7 +46,7 @@ _COLUMNS = (
 
 
 def _spec() -> str:
-    from ftq.spec import JobSpec
+    from ftq.contract.spec import JobSpec
 
     return JobSpec.model_validate(
         {
@@ -65,10 +65,10 @@ PLACEHOLDER = "job_PLACEHOLDER0000"
 def plan_template(data_dir: Path) -> str:
     """The rendered plan of the bench spec as JSON, its job id a placeholder to replace per job (what POST
     /jobs stores; rendering 10,000 plans would take longer than the bench)."""
-    from ftq import runs
-    from ftq.render import render_plan
-    from ftq.settings import Settings
-    from ftq.spec import JobSpec
+    from ftq.contract import runs
+    from ftq.contract.spec import JobSpec
+    from ftq.planning.render import render_plan
+    from ftq.runtime.settings import Settings
 
     # The launch runs the stand-in interpreter (it sleeps), not accelerate: launch.sh names it.
     settings = Settings(data_dir=data_dir, python=str(data_dir / "stub-python"))
@@ -183,7 +183,7 @@ def tick_figures(url: str, data_dir: Path, args: argparse.Namespace, stand_in: i
 
 
 def decide_figure(args: argparse.Namespace) -> None:
-    from ftq.settings import Settings
+    from ftq.runtime.settings import Settings
     from worker import scheduling
 
     now = time.time()
@@ -243,7 +243,7 @@ def dispatch_figures(url: str, data_dir: Path, args: argparse.Namespace, stand_i
             try:
                 time.sleep(15 if workers == 1 else 20)  # the workers' start-up (imports), not measured
                 configure(url, data_dir, broker_url=redis.url())
-                from ftq import queue
+                from ftq.runtime import queue
 
                 ids = [f"job_{args.running + i + 1:016x}" for i in range(args.dispatch)]
                 t = time.perf_counter()

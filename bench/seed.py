@@ -23,7 +23,7 @@ def api_server(database_url: str, data_dir: Path | None = None) -> Deployment:
 
 
 def spec_json(name: str = "bench") -> str:
-    from ftq.spec import JobSpec
+    from ftq.contract.spec import JobSpec
 
     spec = JobSpec.model_validate(
         {

@@ -18,9 +18,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ftq import __version__, logs
-from ftq.settings import get_settings
-from ftq.spec import JobSpec
+from ftq import __version__
+from ftq.contract.spec import JobSpec
+from ftq.runtime import logs
+from ftq.runtime.settings import get_settings
 from ftq.store.db import get_engine, open_async_read_pool
 from service.artifacts.router import router as artifacts_router
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import yaml
 
-from ftq.yaml_errors import describe
+from ftq.contract.yaml_errors import describe
 from service.errors import BadRequest, SpecError, UnsupportedMediaType
 
 # A job spec nests about five levels and holds a few hundred values; these leave room for growth.

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from ftq.settings import Settings, get_settings
+from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import new_session
 from ftq.store.repository import JobRepository
 from service.errors import Unauthorized

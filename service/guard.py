@@ -1,7 +1,7 @@
 """Checks every request passes before any route sees it: header limits, the Host, and the origin.
 
 - Header count and size over FTQ_MAX_HEADER_COUNT / FTQ_MAX_HEADER_BYTES: 431. (`ftq api` also stops a
-  longer head while it is read, in `ftq.http_protocol`; this covers any other server.)
+  longer head while it is read, in `ftq.runtime.http_protocol`; this covers any other server.)
 - Host: with auth off (or FTQ_ALLOWED_HOSTS set) the Host header must name this server: the loopback
   names, FTQ_HOST, FTQ_ALLOWED_HOSTS, or the address the request came in on. Anything else is a 421, so
   a page on attacker.example whose name was rebound to 127.0.0.1 is not served.
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ftq.settings import Settings
+from ftq.runtime.settings import Settings
 from service.errors import Forbidden, FtqError, HeadersTooLarge, MisdirectedRequest
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

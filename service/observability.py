@@ -33,8 +33,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ftq.settings import get_settings
-from ftq.status import JobStatus
+from ftq.contract.status import JobStatus
+from ftq.runtime.settings import get_settings
 from ftq.store.db import new_session
 from ftq.store.models import Dispatch, Job, MetricPoint
 from ftq.store.repository import count_by_status, queue_reasons, usage_totals, utcnow

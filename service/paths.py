@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ftq.spec import looks_local
+from ftq.contract.spec import looks_local
 
 # ftq's own files at the top of the data dir (besides runs/): the SQLite store, the embedded broker,
 # the beat schedule. A spec never reads them, even when the data dir is one of the allowed roots.

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import Path
 
-from ftq.schemas import ErrorBody
+from ftq.contract.schemas import ErrorBody
 
 Responses = dict[int | str, dict[str, Any]]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftq.spec import JobSpec, SpecFieldError
+from ftq.contract.spec import JobSpec, SpecFieldError
 
 USAGE_EXAMPLE = """\
 examples:

@@ -1,6 +1,7 @@
 """Datasets: load from the hub, a local folder or one file, pick the splits, hand them to TRL.
 
-Which columns a job reads follows its method and data format (ftq.spec.METHOD_FORMATS, FORMAT_COLUMNS):
+Which columns a job reads follows its method and data format (ftq.contract.spec.METHOD_FORMATS,
+FORMAT_COLUMNS):
 prompt/completion, preference (prompt/chosen/rejected) and unpaired preference (prompt/completion/label)
 rows reach TRL with those columns only. For text and chat, what reaches TRL is a dataset with one
 column: `text` (from `dataset.text_field`), to which TRL appends EOS and which the tokenizer encodes
@@ -21,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftq.spec import FORMAT_COLUMNS, METHOD_FORMATS, DatasetSpec, auto_format, format_columns, looks_local
+from ftq.contract.spec import (
+    FORMAT_COLUMNS,
+    METHOD_FORMATS,
+    DatasetSpec,
+    auto_format,
+    format_columns,
+    looks_local,
+)
 
 from . import hub
 from .errors import DatasetError
@@ -41,7 +49,7 @@ _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "
 class Splits:
     train: Dataset
     eval: Dataset | None
-    format: str  # the data format (ftq.spec.FORMAT_COLUMNS) the rows were read as
+    format: str  # the data format (ftq.contract.spec.FORMAT_COLUMNS) the rows were read as
     eval_note: str  # where the eval rows came from, for the log
 
 
@@ -155,7 +163,7 @@ def _as_dict(loaded: Any) -> DatasetDict:
 
 
 def detect_format(spec: DatasetSpec, columns: list[str], method: str = "sft") -> str:
-    """The data format the job trains on (ftq.spec's table), checking that its columns are there."""
+    """The data format the job trains on (ftq.contract.spec's table), checking that its columns are there."""
     fmt = str(spec.format)
     if fmt == "auto":
         fmt = auto_format(method, columns, spec.text_field, spec.messages_field)

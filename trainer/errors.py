@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from ftq.errors import EXIT_USER_ERROR, ErrorCode
-from ftq.errors import USER_ERROR_PREFIX as PREFIX
+from ftq.contract.errors import EXIT_USER_ERROR, ErrorCode
+from ftq.contract.errors import USER_ERROR_PREFIX as PREFIX
 
 __all__ = ["EXIT_USER_ERROR", "PREFIX", "DatasetError", "FtqError", "ModelError", "SpecError"]
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftq import runs
-from ftq.errors import ErrorCode
-from ftq.modelcard import ExportFacts, RunFacts, render_model_card
-from ftq.spec import JobSpec
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.modelcard import ExportFacts, RunFacts, render_model_card
+from ftq.contract.spec import JobSpec
 
 from .errors import FtqError, ModelError, report_and_exit
 from .hub import DEFAULT_ENDPOINT, PROBE_TIMEOUT_S
@@ -64,7 +64,7 @@ class HubError(FtqError):
 
 @dataclass(frozen=True)
 class HubTarget:
-    """Where `push_to_hub` sends the export (validated by the API: `ftq.schemas`)."""
+    """Where `push_to_hub` sends the export (validated by the API: `ftq.contract.schemas`)."""
 
     repo_id: str
     private: bool = True

@@ -17,8 +17,8 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftq import runs
-from ftq.spec import JobSpec, LoraSpec, ModelSpec, looks_local
+from ftq.contract import runs
+from ftq.contract.spec import JobSpec, LoraSpec, ModelSpec, looks_local
 
 from . import hub
 from .errors import ModelError

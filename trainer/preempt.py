@@ -26,8 +26,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ftq import runs
-from ftq.errors import USER_ERROR_PREFIX, ErrorCode
+from ftq.contract import runs
+from ftq.contract.errors import USER_ERROR_PREFIX, ErrorCode
 
 log = logging.getLogger("trainer")
 

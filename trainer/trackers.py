@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ftq import runs
-from ftq.spec import IntegrationsSpec
+from ftq.contract import runs
+from ftq.contract.spec import IntegrationsSpec
 
 log = logging.getLogger("trainer")
 

@@ -14,7 +14,7 @@ or with the source articles' flags (local paths on an offline machine):
         --weight_decay 0.0 --warmup_ratio 0.1 --use_flash_attn False --use_peft_lora True \\
         --lora_r 8 --lora_alpha 16 --lora_dropout 0.0 --lora_target_modules q_proj,k_proj,v_proj,o_proj
 
-RUN_DIR receives metrics.jsonl, checkpoints/checkpoint-<step>/ and final/ (see ftq.runs).
+RUN_DIR receives metrics.jsonl, checkpoints/checkpoint-<step>/ and final/ (see ftq.contract.runs).
 `--resume_from_checkpoint latest|PATH` continues a run at a checkpoint's step.
 """
 
@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ftq import runs
-from ftq.modelcard import RunFacts, render_model_card
-from ftq.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec
+from ftq.contract import runs
+from ftq.contract.modelcard import RunFacts, render_model_card
+from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec
 
 from . import trackers
 from .args import TrainerArgs

@@ -15,7 +15,8 @@ every rank decides the same) and the throughput the metrics writer measured:
   steps in a row: a `straggler` warning (a slow node, a throttled GPU, a noisy neighbour).
 
 A warning is said once per episode: the next of its kind comes after the run was back to normal. Each is
-a line in `warnings.jsonl` in the run directory (ftq.runs.WARNINGS; the service makes it a job.warning
+a line in `warnings.jsonl` in the run directory (ftq.contract.runs.WARNINGS; the service makes it a
+job.warning
 event) and a warning line in train.log.
 """
 
@@ -31,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftq import runs
-from ftq.errors import ErrorCode
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
 
 from .errors import FtqError
 

@@ -19,9 +19,9 @@ from celery import Celery
 from celery.exceptions import SecurityWarning
 from celery.signals import beat_embedded_init, setup_logging
 
-from ftq import logs
-from ftq.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_WEBHOOKS, make_celery
-from ftq.settings import get_settings
+from ftq.runtime import logs
+from ftq.runtime.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_WEBHOOKS, make_celery
+from ftq.runtime.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ setup_logging.connect(_configure_logging, weak=False)
 
 
 def make_worker_app() -> Celery:
-    """The broker app of `ftq.queue` with the worker's tasks and the periodic sweeps."""
+    """The broker app of `ftq.runtime.queue` with the worker's tasks and the periodic sweeps."""
     settings = get_settings()
     app = make_celery(settings, include=["worker.tasks"])
     app.conf.update(

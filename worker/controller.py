@@ -26,12 +26,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ftq import limits, logs, runs
-from ftq.errors import ErrorCode
-from ftq.render import Plan
-from ftq.settings import get_settings
-from ftq.spec import JobSpec
-from ftq.status import LAUNCHED, JobStatus
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.plans import Plan
+from ftq.contract.spec import JobSpec
+from ftq.contract.status import LAUNCHED, JobStatus
+from ftq.runtime import limits, logs
+from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Job

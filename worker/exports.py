@@ -22,12 +22,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ftq import limits, runs
-from ftq.errors import ErrorCode
-from ftq.render import render_export_plan
-from ftq.settings import get_settings
-from ftq.spec import JobSpec
-from ftq.status import LAUNCHED, JobStatus
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.spec import JobSpec
+from ftq.contract.status import LAUNCHED, JobStatus
+from ftq.planning.render import render_export_plan
+from ftq.runtime import limits
+from ftq.runtime.settings import get_settings
 from ftq.store import exports as store
 from ftq.store import repository
 from ftq.store.db import session_scope

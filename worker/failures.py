@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftq.errors import USER_ERROR_PREFIX, ErrorCode
+from ftq.contract.errors import USER_ERROR_PREFIX, ErrorCode
 
 KNOWN_CODES = frozenset(c.value for c in ErrorCode)
 

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ftq import files, runs
-from ftq.files import FileStatus
-from ftq.settings import get_settings
+from ftq.contract import runs
+from ftq.contract.status import FileStatus
+from ftq.runtime import files
+from ftq.runtime.settings import get_settings
 from ftq.store import files_repository
 from ftq.store.db import session_scope
 

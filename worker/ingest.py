@@ -15,11 +15,12 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from ftq import logs, runs
-from ftq.events import EventType
-from ftq.metrics import EXTRA_NAME_RE, MAX_EXTRA, POINT_FIELDS
-from ftq.settings import get_settings
-from ftq.status import JobStatus
+from ftq.contract import runs
+from ftq.contract.events import EventType
+from ftq.contract.metrics import EXTRA_NAME_RE, MAX_EXTRA, POINT_FIELDS
+from ftq.contract.status import JobStatus
+from ftq.runtime import logs
+from ftq.runtime.settings import get_settings
 from ftq.store import events, repository
 from ftq.store.db import session_scope
 from ftq.store.models import Job

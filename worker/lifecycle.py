@@ -22,9 +22,10 @@ from typing import Any, Protocol, Self, TypeVar
 
 from sqlalchemy.orm import Session
 
-from ftq import logs, runs
-from ftq.errors import ErrorCode
-from ftq.status import JobStatus
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.status import JobStatus
+from ftq.runtime import logs
 from ftq.store.db import session_scope
 from ftq.store.models import Export, Job
 from worker import locks, recovery
@@ -111,7 +112,7 @@ class Kind(Protocol[Row, View]):
         ...
 
     def job_id(self, v: View) -> str:
-        """The job the row is about: every log record about it carries this id (`ftq.logs`)."""
+        """The job the row is about: every log record about it carries this id (`ftq.runtime.logs`)."""
         ...
 
     def read(self, session: Session, row_id: str) -> tuple[Row, View] | None: ...

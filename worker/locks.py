@@ -21,8 +21,8 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ftq import runs
-from ftq.settings import get_settings
+from ftq.contract import runs
+from ftq.runtime.settings import get_settings
 from ftq.store.db import advisory_key, get_engine, lock_for_transaction
 
 _thread_locks: dict[str, threading.Lock] = {}

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from ftq import runs
-from ftq.errors import ErrorCode
-from ftq.render import Plan, render_plan
-from ftq.settings import get_settings
-from ftq.spec import JobSpec
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.plans import Plan
+from ftq.contract.spec import JobSpec
+from ftq.planning.render import render_plan
+from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.models import Job
 from worker import failures

@@ -42,9 +42,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftq import limits
-from ftq.errors import ErrorCode
-from ftq.settings import Settings
+from ftq.contract.errors import ErrorCode
+from ftq.runtime import limits
+from ftq.runtime.settings import Settings
 
 GPUS = "gpus"
 CPU_SLOTS = "cpu_slots"

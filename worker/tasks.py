@@ -1,10 +1,11 @@
-"""The Celery tasks, registered under the names in `ftq.queue`. Each is short and safe to run twice; the
+"""The Celery tasks, registered under the names in `ftq.runtime.queue`. Each is short and safe to run twice;
+the
 work is in `worker.controller` (submit, cancel, reconcile), `worker.ingest`, `worker.files` (validating
 an upload) and the store's outbox."""
 
 from __future__ import annotations
 
-from ftq.queue import (
+from ftq.runtime.queue import (
     TASK_CANCEL,
     TASK_EXPORTS,
     TASK_INGEST,

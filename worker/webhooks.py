@@ -9,7 +9,7 @@ the store hands out a job's next event only once the one before it succeeded or 
 
 Each request is signed as Standard Webhooks says (`webhook-id` is the event's stable id, the same on
 every retry; `webhook-timestamp`; `webhook-signature: v1,<base64 HMAC-SHA256>`). The address is checked
-again before every send (ftq.events.check_url: the name may resolve elsewhere by now), plain-http
+again before every send (ftq.contract.events.check_url: the name may resolve elsewhere by now), plain-http
 requests go to the very address that was checked, and redirects are not followed. A failure is retried
 with exponential backoff and jitter until FTQ_WEBHOOK_RETRY_TOTAL_SECONDS after the first try; then the
 delivery fails, and FTQ_WEBHOOK_DISABLE_AFTER_FAILURES such failures in a row disable the endpoint.
@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from ftq import events as ev
-from ftq.settings import Settings, get_settings
+from ftq.contract import events as ev
+from ftq.runtime.settings import Settings, get_settings
 from ftq.store import events as store
 from ftq.store.db import session_scope
 from worker import locks

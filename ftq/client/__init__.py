@@ -8,7 +8,7 @@
             print(line)
         print(ftq.jobs.wait(job.id).status, [p.loss for p in ftq.jobs.iter_metrics(job.id)])
 
-Responses are the API's own models (`ftq.schemas`), failures typed exceptions (`ftq.client.errors`).
+Responses are the API's own models (`ftq.contract.schemas`), failures typed exceptions (`ftq.client.errors`).
 `AsyncClient` has the same surface for async code.
 """
 
@@ -41,7 +41,7 @@ from ftq.client.errors import (
     ValidationError,
     WaitTimeout,
 )
-from ftq.schemas import (
+from ftq.contract.schemas import (
     Artifact,
     ArtifactList,
     Checkpoint,
@@ -58,8 +58,8 @@ from ftq.schemas import (
     SamplePublic,
     SamplesPage,
 )
-from ftq.spec import JobSpec
-from ftq.status import TERMINAL, JobStatus
+from ftq.contract.spec import JobSpec
+from ftq.contract.status import TERMINAL, JobStatus
 
 __all__ = [
     "DEFAULT_URL",

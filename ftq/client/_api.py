@@ -15,7 +15,6 @@ from urllib.parse import quote
 
 import httpx
 
-from ftq import schemas
 from ftq.client import _core
 from ftq.client._core import Downloaded, M, SpecInput, StatusFilter, job_path
 from ftq.client._plan import (
@@ -32,6 +31,7 @@ from ftq.client._plan import (
     sleep,
 )
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
+from ftq.contract import schemas
 
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)

@@ -20,10 +20,10 @@ import yaml
 
 from ftq import __version__
 from ftq.client import errors
-from ftq.schemas import Artifact, LogChunk
-from ftq.spec import JobSpec
-from ftq.status import TERMINAL, JobStatus
-from ftq.yaml_errors import describe as describe_yaml_error
+from ftq.contract.schemas import Artifact, LogChunk
+from ftq.contract.spec import JobSpec
+from ftq.contract.status import TERMINAL, JobStatus
+from ftq.contract.yaml_errors import describe as describe_yaml_error
 
 DEFAULT_PORT = 8000
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"

@@ -9,7 +9,7 @@ from typing import Never, Protocol
 
 from ftq.client import _api
 from ftq.client._plan import A, Call, Flow, Progress, R, T
-from ftq.schemas import FileList, FilePublic
+from ftq.contract.schemas import FileList, FilePublic
 
 
 # What `client.files` needs of its client: the transport that runs calls and flows. Typed as protocols,

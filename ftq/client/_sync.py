@@ -13,11 +13,11 @@ from typing import Any, Literal, Never, overload
 
 import httpx
 
-from ftq import schemas
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._files import Files
 from ftq.client._plan import A, R, T
+from ftq.contract import schemas
 
 
 class Client:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftq.schemas import JobPublic
+from ftq.contract.schemas import JobPublic
 
 __all__ = [
     "ApiError",

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
-from ftq.settings import Settings, get_settings
+from ftq.runtime.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

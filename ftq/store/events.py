@@ -20,7 +20,7 @@ from sqlalchemy import Select, delete, exists, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
-from ftq.events import EventType
+from ftq.contract.events import EventType
 from ftq.store.db import lock_for_transaction
 from ftq.store.models import Job, JobEvent, Webhook, WebhookDelivery
 

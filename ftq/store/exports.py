@@ -2,7 +2,7 @@
 
 `ExportRepository(session, owner)` is what the API uses: every read goes through `_readable()`, which
 joins the export's job and filters on its owner, the one place the owner filter is applied to exports.
-The module-level functions are the worker's: compare-and-set transitions along `ftq.status`'s edges,
+The module-level functions are the worker's: compare-and-set transitions along `ftq.contract.status`'s edges,
 named after the transition, so a sweep or task that runs twice changes nothing the second time. They are
 the job repository's own (`move_status`, `record_handle`, `ended`, `ask_to_cancel`) on this table.
 """
@@ -16,12 +16,12 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from ftq.status import LAUNCHED, JobStatus, sources_of
+from ftq.contract.status import LAUNCHED, JobStatus, sources_of
 from ftq.store import repository
 from ftq.store.models import Dispatch, Export, Job
 from ftq.store.repository import utcnow
 
-# The outbox's dispatch kind that wakes the worker's export sweep (`ftq.queue.TASK_EXPORTS`).
+# The outbox's dispatch kind that wakes the worker's export sweep (`ftq.runtime.queue.TASK_EXPORTS`).
 DISPATCH_KIND = "export"
 # An export that is one of these is what a second identical request gets back instead of a new one.
 REUSABLE = (JobStatus.queued, JobStatus.starting, JobStatus.running, JobStatus.succeeded)

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Select, delete, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from ftq.files import FileStatus, Validation
-from ftq.status import ACTIVE
+from ftq.contract.status import ACTIVE, FileStatus
+from ftq.runtime.files import Validation
 from ftq.store.db import lock_for_transaction
 from ftq.store.models import Job, UploadedFile
 

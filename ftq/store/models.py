@@ -206,7 +206,8 @@ class Dispatch(Base):
 
 class Export(Base):
     """One export of a succeeded job's `final/` (merged weights or the adapter, in a dtype), run as a
-    launch of its own through the job's launcher. Statuses and transitions are a job's (`ftq.status`);
+    launch of its own through the job's launcher. Statuses and transitions are a job's
+    (`ftq.contract.status`);
     whose it is comes from its job (the owner filter joins `jobs`)."""
 
     __tablename__ = "exports"
@@ -244,7 +245,8 @@ _EventId = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class JobEvent(Base):
-    """A job's event log (ftq.events.EventType), written in the transaction of the change it describes.
+    """A job's event log (ftq.contract.events.EventType), written in the transaction of the change it
+    describes.
 
     `id` is the cursor of `GET /events?after=`: events are inserted one transaction at a time
     (ftq.store.events takes a lock on PostgreSQL), so a reader that saw id N never later finds a smaller
@@ -314,7 +316,7 @@ class WebhookDelivery(Base):
 
 
 class UploadedFile(Base):
-    """A dataset file uploaded through `POST /files`; its bytes are at `ftq.files.file_path`.
+    """A dataset file uploaded through `POST /files`; its bytes are at `ftq.runtime.files.file_path`.
 
     The row is also its own outbox entry: `validation_sent_at` is null until the validation task went to
     the broker, so the relay sends what the API could not (as `dispatches` do for jobs)."""

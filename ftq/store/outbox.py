@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from ftq import logs, queue
+from ftq.runtime import logs, queue
 from ftq.store import files_repository, repository
 from ftq.store.db import session_scope
 

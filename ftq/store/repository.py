@@ -34,10 +34,10 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, defer
 
-from ftq.events import EventType
-from ftq.metrics import POINT_FIELDS
-from ftq.redact import redact
-from ftq.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
+from ftq.contract.events import EventType
+from ftq.contract.metrics import POINT_FIELDS
+from ftq.contract.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
+from ftq.runtime.redact import redact
 from ftq.store import events
 from ftq.store.db import AsyncReadPool
 from ftq.store.models import Dispatch, Export, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage, Sample
@@ -282,7 +282,7 @@ def _rowcount(result: Result[Any]) -> int:
 
 # Compare-and-set: every status change of a job or of an export (ftq.store.exports) --------------------
 
-# The tables whose rows go through ftq.status's states: jobs, and the exports launched like them.
+# The tables whose rows go through ftq.contract.status's states: jobs, and the exports launched like them.
 Tracked = type[Job] | type[Export]
 # A table's own compare-and-set: (session, row id, from, to, **values) -> moved.
 CompareAndSet = Callable[..., bool]
@@ -294,11 +294,11 @@ def move_status(
     session: Session, table: Tracked, row_id: str, from_: Iterable[str], to: str, **values: Any
 ) -> bool:
     """Move one row from any of `from_` to `to`, or change nothing: True when this call moved it. An edge
-    `ftq.status.TRANSITIONS` lacks is a ValueError before any SQL, so no caller can write one."""
+    `ftq.contract.status.TRANSITIONS` lacks is a ValueError before any SQL, so no caller can write one."""
     from_ = list(from_)
     illegal = [s for s in from_ if not can_move(s, to)]
     if illegal:
-        raise ValueError(f"no transition {illegal[0]} -> {to} (see ftq.status.TRANSITIONS)")
+        raise ValueError(f"no transition {illegal[0]} -> {to} (see ftq.contract.status.TRANSITIONS)")
     stmt = (
         update(table)
         .where(table.id == row_id, table.status.in_([str(s) for s in from_]))
@@ -394,7 +394,7 @@ def _cas(
 def _transition_event(
     session: Session, job_id: str, to: JobStatus, values: dict[str, Any], *, reason: str | None = None
 ) -> None:
-    """The event a status change is (ftq.events.EventType), recorded with it; `starting` and
+    """The event a status change is (ftq.contract.events.EventType), recorded with it; `starting` and
     `cancelling` are steps on the way to one and have none."""
     if to == JobStatus.queued:
         row = session.execute(select(Job.attempt, Job.owner).where(Job.id == job_id)).first()
@@ -501,7 +501,7 @@ def mark_finished(
     run_started: datetime | None = None,
     run_ended: datetime | None = None,
 ) -> bool:
-    """-> succeeded | failed | cancelled, from every state that may end so (ftq.status.TRANSITIONS: a
+    """-> succeeded | failed | cancelled, from every state that may end so (ftq.contract.status.TRANSITIONS: a
     queued job fails or is cancelled, never succeeds); releases held resources and accounts the run
     (`account_run`; `run_started`/`run_ended`: the scheduler's own times of the run, where known)."""
     values = ended(status, error_code=error_code, error_message=error_message, exit_code=exit_code)
@@ -605,7 +605,7 @@ def account_run(
 ) -> float | None:
     """Devices held x wall time of an ended run, on the job (`device_seconds`, `run_seconds`) and in its
     owner's usage. A job that never started is not accounted. Returns the device-seconds."""
-    from ftq.settings import get_settings  # the store module is imported by migrations: settings late
+    from ftq.runtime.settings import get_settings  # the store module is imported by migrations: settings late
 
     row = session.execute(
         select(Job.owner, Job.started_at, Job.finished_at, Job.devices, Job.device, Job.spec).where(

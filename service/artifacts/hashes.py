@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ftq import runs
+from ftq.contract import runs
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ftq.settings import Settings, get_settings
+from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import read_session
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository

@@ -2,7 +2,7 @@
 secrets of train.log masked), how a folder becomes a tar stream in bounded memory.
 
 Which paths are artifacts and how they are opened (component by component, never through a symlink) is
-the run layout's rule (`ftq.runs`); this module only serves what that lets through.
+the run layout's rule (`ftq.contract.runs`); this module only serves what that lets through.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import anyio
 
-from ftq import runs
-from ftq.settings import Settings, get_settings
+from ftq.contract import runs
+from ftq.runtime.settings import Settings, get_settings
 from ftq.store.models import Job
 from service.artifacts.hashes import HashCache, Reader
 from service.artifacts.schemas import Artifact, ArtifactList

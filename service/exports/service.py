@@ -7,11 +7,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from ftq import runs
-from ftq.errors import ErrorCode
-from ftq.redact import redact
-from ftq.settings import Settings
-from ftq.status import JobStatus
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.status import JobStatus
+from ftq.runtime.redact import redact
+from ftq.runtime.settings import Settings
 from ftq.store import exports as store
 from ftq.store.exports import ExportRepository, new_export_id
 from ftq.store.models import Export, Job

@@ -9,8 +9,8 @@ from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Respons
 from fastapi.responses import FileResponse
 from starlette.requests import ClientDisconnect
 
-from ftq import files
-from ftq.settings import get_settings
+from ftq.runtime import files
+from ftq.runtime.settings import get_settings
 from ftq.store import outbox
 from ftq.store.db import new_session, read_session
 from ftq.store.files_repository import FileRepository

@@ -1,7 +1,8 @@
-"""The files API's models: the contract's models live in the core (`ftq.schemas`), shared with the SDK."""
+"""The files API's models: the contract's models live in the core (`ftq.contract.schemas`), shared with the
+SDK."""
 
 from __future__ import annotations
 
-from ftq.schemas import ErrorBody, FileError, FileList, FilePublic
+from ftq.contract.schemas import ErrorBody, FileError, FileList, FilePublic
 
 __all__ = ["ErrorBody", "FileError", "FileList", "FilePublic"]

@@ -9,11 +9,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ftq import datasets, files
-from ftq.files import FileStatus
-from ftq.schemas import FileError, FilePublic
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract import datasets
+from ftq.contract.schemas import FileError, FilePublic
+from ftq.contract.spec import JobSpec
+from ftq.contract.status import FileStatus
+from ftq.runtime import files
+from ftq.runtime.settings import Settings
 from ftq.store.files_repository import FileRepository, utcnow
 from ftq.store.models import UploadedFile
 from service.errors import Conflict, NotFound, SpecError, TooManyRequests
@@ -140,7 +141,7 @@ def files_of_spec(spec: JobSpec, repo: FileRepository) -> dict[str, UploadedFile
     train = found.get("file_id")
     if train is not None:
         # The method's columns (preference, unpaired preference, ...) and what loss_on can mask: the
-        # same rule as for a local file (ftq.datasets.format_problem).
+        # same rule as for a local file (ftq.contract.datasets.format_problem).
         method_problem = datasets.format_problem(
             spec.dataset,
             spec.training,

@@ -1,11 +1,11 @@
 """A job's checkpoints as the API lists them, and the checkpoint a new job resumes from (`resume_from`).
-Which folders are checkpoints and which can be resumed is the run layout's rule (`ftq.runs`)."""
+Which folders are checkpoints and which can be resumed is the run layout's rule (`ftq.contract.runs`)."""
 
 from __future__ import annotations
 
-from ftq import runs
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract import runs
+from ftq.contract.spec import JobSpec
+from ftq.runtime.settings import Settings
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.errors import spec_field_error

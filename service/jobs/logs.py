@@ -6,9 +6,9 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from ftq import runs
-from ftq.settings import Settings
-from ftq.status import TERMINAL, JobStatus
+from ftq.contract import runs
+from ftq.contract.status import TERMINAL, JobStatus
+from ftq.runtime.settings import Settings
 from ftq.store.models import Job
 from service.errors import TooManyRequests
 from service.jobs.schemas import LogChunk

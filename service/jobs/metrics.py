@@ -10,8 +10,8 @@ from typing import Any
 import pydantic_core
 from sqlalchemy import Engine
 
-from ftq.metrics import POINT_FIELDS
-from ftq.status import TERMINAL, JobStatus
+from ftq.contract.metrics import POINT_FIELDS
+from ftq.contract.status import TERMINAL, JobStatus
 from ftq.store.db import AsyncReadPool, get_engine
 from ftq.store.repository import MetricsPoll
 from service.errors import NotFound

@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftq import runs, userfiles
-from ftq.status import JobStatus
+from ftq.contract import runs
+from ftq.contract.status import JobStatus
+from ftq.runtime import userfiles
 from ftq.store.models import Job
 
 # What the log's ends hold: the markers come early (head) or late (tail), never in a long middle.

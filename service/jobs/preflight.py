@@ -1,5 +1,5 @@
 """Checks made before a job is accepted: local paths resolved inside the allowed roots, the files they
-name looked at as ftq.userfiles allows (regular files, never blocking, never read whole), and the
+name looked at as ftq.runtime.userfiles allows (regular files, never blocking, never read whole), and the
 memory and disk estimate against what the job asks for and the host has.
 
 Every step that touches the file system runs in a small pool of its own against one deadline for the
@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ftq import dataset_preflight as dataset_preflight_mod
-from ftq import estimate as est
-from ftq import limits, userfiles
-from ftq.dataset_preflight import DatasetPreflight
-from ftq.datasets import detect_formats, format_problem
-from ftq.estimate import DiskEstimate, Estimate
-from ftq.settings import Settings
-from ftq.spec import DatasetSpec, JobSpec, TrainingSpec, looks_local
+from ftq.contract.datasets import detect_formats, format_problem
+from ftq.contract.plans import DatasetPreflight, DiskEstimate, Estimate
+from ftq.contract.spec import DatasetSpec, JobSpec, TrainingSpec, looks_local
+from ftq.planning import dataset_preflight as dataset_preflight_mod
+from ftq.planning import estimate as est
+from ftq.runtime import limits, userfiles
+from ftq.runtime.settings import Settings
 from ftq.store.repository import JobRepository
 from service.errors import SpecError, spec_field_error
 from service.paths import PathRefused, refuse_ftq_state, resolve_local
@@ -197,7 +196,8 @@ def missing_dataset_field(
     dataset: DatasetSpec, training: TrainingSpec | None = None
 ) -> tuple[tuple[str, ...], str] | None:
     """(field, why) when the first rows of a local .jsonl file lack a column the job's method and format
-    need (ftq.spec.FORMAT_COLUMNS, with dataset.text_field / messages_field for text and chat), as the
+    need (ftq.contract.spec.FORMAT_COLUMNS, with dataset.text_field / messages_field for text and chat), as
+    the
     trainer resolves `format: auto`; or when the format found cannot be masked as training.loss_on asks.
     `field` is the spec's path: the dataset field to rename, dataset.format when it was given, else
     training.method. None when the rows fit, or the file is not one this looks into (a folder, another
@@ -371,7 +371,7 @@ def _does_not_fit(estimate: Estimate) -> str:
 def dataset_preflight(
     spec: JobSpec, settings: Settings, deadline: Deadline, upload: tuple[Path, int | None] | None
 ) -> DatasetPreflight:
-    """`plan.dataset` (ftq.dataset_preflight): the training data's rows and tokens, read within the
+    """`plan.dataset` (ftq.planning.dataset_preflight): the training data's rows and tokens, read within the
     request's deadline. `upload` is the (path, rows) of the file `dataset.file_id` names."""
     if upload is not None:
         path: Path | None = upload[0]

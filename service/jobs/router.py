@@ -20,8 +20,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from ftq.logs import job_context
-from ftq.settings import get_settings
+from ftq.runtime.logs import job_context
+from ftq.runtime.settings import get_settings
 from ftq.store import outbox
 from ftq.store.db import read_session
 from ftq.store.repository import JobRepository
@@ -50,7 +50,7 @@ T = TypeVar("T")
 
 class JobLogRoute(APIRoute):
     """A route under /jobs/{job_id}: what is logged while it runs (its dependencies, the endpoint, the
-    response and its background tasks) carries the job id (ftq.logs)."""
+    response and its background tasks) carries the job id (ftq.runtime.logs)."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         job_id = scope.get("path_params", {}).get("job_id")

@@ -3,7 +3,7 @@ pages them: whole steps after `after_step`, every prompt of a step on the same p
 
 from __future__ import annotations
 
-from ftq.status import TERMINAL, JobStatus
+from ftq.contract.status import TERMINAL, JobStatus
 from ftq.store.repository import JobRepository
 from service.errors import NotFound
 from service.jobs.schemas import SamplePublic, SamplesPage

@@ -1,9 +1,10 @@
-"""The jobs API's request and response models: the contract's models live in the core (`ftq.schemas`),
+"""The jobs API's request and response models: the contract's models live in the core
+(`ftq.contract.schemas`),
 shared with the client SDK; this module names them for the routes."""
 
 from __future__ import annotations
 
-from ftq.schemas import (
+from ftq.contract.schemas import (
     Checkpoint,
     CheckpointList,
     ErrorBody,
@@ -19,7 +20,7 @@ from ftq.schemas import (
     SamplePublic,
     SamplesPage,
 )
-from ftq.status import TERMINAL, JobStatus
+from ftq.contract.status import TERMINAL, JobStatus
 
 __all__ = [
     "TERMINAL",

@@ -17,17 +17,17 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ftq import files, limits, runs
-from ftq.dataset_preflight import DatasetPreflight
-from ftq.errors import ErrorCode
-from ftq.estimate import Estimate
-from ftq.metrics import Point
-from ftq.redact import redact
-from ftq.render import Plan, render_plan
-from ftq.schemas import EstimateVsActual, QueueInfo, Usage
-from ftq.settings import Settings
-from ftq.spec import PRIORITY_RANK, JobSpec, Priority, SpecFieldError
-from ftq.status import TERMINAL, JobStatus
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.metrics import Point
+from ftq.contract.plans import DatasetPreflight, Estimate, Plan
+from ftq.contract.schemas import EstimateVsActual, QueueInfo, Usage
+from ftq.contract.spec import PRIORITY_RANK, JobSpec, Priority, SpecFieldError
+from ftq.contract.status import TERMINAL, JobStatus
+from ftq.planning.render import render_plan
+from ftq.runtime import files, limits
+from ftq.runtime.redact import redact
+from ftq.runtime.settings import Settings
 from ftq.store import repository
 from ftq.store.files_repository import FileRepository
 from ftq.store.models import Job, JobQueue

@@ -1,5 +1,5 @@
 """The tracker runs a job made (spec `integrations`), as the API shows them: what the trainer recorded
-in the run directory's trackers.json once training started (ftq.runs.TRACKERS)."""
+in the run directory's trackers.json once training started (ftq.contract.runs.TRACKERS)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from ftq import runs
-from ftq.schemas import TrackerRun
-from ftq.spec import JobSpec
-from ftq.status import JobStatus
+from ftq.contract import runs
+from ftq.contract.schemas import TrackerRun
+from ftq.contract.spec import JobSpec
+from ftq.contract.status import JobStatus
 from ftq.store.models import Job
 
 RECORD_LIMIT = 64 * 1024  # a few names and URLs; the run wrote it, so it is not read whole if larger

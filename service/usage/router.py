@@ -8,7 +8,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Query
 
-from ftq.schemas import UsagePage
+from ftq.contract.schemas import UsagePage
 from service.deps import RepoDep
 from service.errors import SpecError
 from service.jobs.schemas import ErrorBody

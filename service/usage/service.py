@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ftq.schemas import UsagePage, UsageRow
+from ftq.contract.schemas import UsagePage, UsageRow
 from ftq.store.repository import JobRepository
 
 

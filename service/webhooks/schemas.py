@@ -1,8 +1,8 @@
-"""The webhooks API's models: defined in the core (`ftq.schemas`), shared with the client SDK."""
+"""The webhooks API's models: defined in the core (`ftq.contract.schemas`), shared with the client SDK."""
 
 from __future__ import annotations
 
-from ftq.schemas import (
+from ftq.contract.schemas import (
     Delivery,
     DeliveryPage,
     ErrorBody,

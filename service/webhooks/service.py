@@ -3,8 +3,8 @@ secret is shown when made and when rotated, never again."""
 
 from __future__ import annotations
 
-from ftq import events as ev
-from ftq.settings import Settings
+from ftq.contract import events as ev
+from ftq.runtime.settings import Settings
 from ftq.store.events import WebhookRepository
 from ftq.store.models import Webhook
 from service.errors import Conflict, NotFound, spec_field_error

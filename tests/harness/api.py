@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ftq.client import Client, ConnectionFailed, JobStatus, Unavailable
-from ftq.status import ACTIVE, TERMINAL
+from ftq.contract.status import ACTIVE, TERMINAL
 
 Job = dict[str, Any]
 TERMINAL_NAMES = frozenset(str(s) for s in TERMINAL)

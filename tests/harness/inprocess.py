@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ftq.settings import Settings, get_settings
+from ftq.runtime.settings import Settings, get_settings
 from tests.harness.env import ftq_settings
 
 if TYPE_CHECKING:

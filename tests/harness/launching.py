@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ftq.render import Plan
-from ftq.spec import JobSpec
+from ftq.contract.plans import Plan
+from ftq.contract.spec import JobSpec
 from worker.launchers.base import LaunchRequest
 
 _SPEC = {

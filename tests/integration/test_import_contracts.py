@@ -56,14 +56,24 @@ def test_clean_copy_keeps_every_contract(tmp_path: Path) -> None:
     [
         ("service/deps.py", "import worker", "service and worker are independent of each other"),
         ("worker/tasks.py", "import service.app", "service and worker are independent of each other"),
-        ("ftq/status.py", "import service", "core: ftq imports none of service, worker, trainer"),
-        ("trainer/data.py", "import ftq.store.db", "trainer: from the core only ftq.spec"),
-        ("trainer/args.py", "import worker", "trainer: from the core only ftq.spec"),
-        ("ftq/runs.py", "import ftq.settings", "the trainer's part of the core"),
+        ("ftq/contract/status.py", "import service", "core: ftq imports none of service, worker, trainer"),
+        ("trainer/data.py", "import ftq.store.db", "trainer: of the core, only the contract"),
+        ("trainer/args.py", "import ftq.planning.render", "trainer: of the core, only the contract"),
+        ("trainer/args.py", "import worker", "trainer: of the core, only the contract"),
+        ("ftq/contract/runs.py", "import ftq.runtime.settings", "the contract (spec, statuses"),
+        ("ftq/contract/spec.py", "import sqlalchemy", "the contract (spec, statuses"),
+        (
+            "ftq/client/_core.py",
+            "import ftq.planning.estimate",
+            "the SDK and the client commands load no server",
+        ),
+        ("ftq/cli/output.py", "import fastapi", "the SDK and the client commands load no server"),
+        ("ftq/client/errors.py", "import ftq.store.db", "the SDK and the client commands load no server"),
+        ("ftq/runtime/settings.py", "import ftq.store.db", "the core in layers"),
         ("migrations/env.py", "import service.app", "migrations import only the core"),
         # A cycle, even inside one package: the CLI modules once imported each other.
-        ("ftq/files_cli.py", "import ftq.client_cli", "no import cycles"),
-        ("ftq/status.py", "import ftq.store.repository", "no import cycles"),
+        ("ftq/cli/files.py", "import ftq.cli.client", "no import cycles"),
+        ("ftq/contract/status.py", "import ftq.contract.schemas", "no import cycles"),
     ],
 )
 def test_planted_import_breaks_its_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ftq.settings import Settings, get_settings
+from ftq.runtime.settings import Settings, get_settings
 from worker.launchers.base import Launcher
 
 

@@ -12,9 +12,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from ftq.render import Plan
-from ftq.settings import REPO_ROOT, Settings
-from ftq.spec import JobSpec
+from ftq.contract.plans import Plan
+from ftq.contract.spec import JobSpec
+from ftq.runtime.settings import REPO_ROOT, Settings
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ class LaunchRequest:
     job_id: str
     run_dir: Path
     spec: JobSpec  # validated, local paths already resolved
-    plan: Plan  # rendered for this attempt (see ftq.render)
+    plan: Plan  # rendered for this attempt (see ftq.planning.render)
     resources: dict[str, Any] = field(default_factory=dict)  # e.g. {"gpus": [0, 1]} or {"cpu_slots": 2}
     env: dict[str, str] = field(default_factory=dict)  # secrets and site env, never stored
     owner: str | None = None  # whose job: picks the user a local run starts as (FTQ_RUN_AS_USER)

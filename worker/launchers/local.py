@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftq import runs
-from ftq.settings import Settings, get_settings
+from ftq.contract import runs
+from ftq.runtime.settings import Settings, get_settings
 from worker.launchers.base import (
     LaunchHandle,
     LaunchRequest,

@@ -46,8 +46,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from ftq import runs
-from ftq.settings import Settings, get_settings
+from ftq.contract import runs
+from ftq.runtime.settings import Settings, get_settings
 from worker.failures import read_tail
 from worker.launchers.base import (
     LaunchHandle,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq import runs
+from ftq.contract import runs
 from tests.harness import REPO, Deployment, clean_env, free_port, run_ftq, tiny_spec
 from trainer.callbacks import read_points
 

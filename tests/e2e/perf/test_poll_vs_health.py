@@ -28,7 +28,7 @@ def _store_job(db_url: str) -> None:
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    from ftq.spec import JobSpec
+    from ftq.contract.spec import JobSpec
     from ftq.store import repository
     from ftq.store.migrate import upgrade
     from tests.harness.rows import job_row

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
 from tests.e2e.security.common import TOKENS
 from tests.harness import Deployment, config_only_model, text_dataset
 

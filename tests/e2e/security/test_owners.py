@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ftq.settings import Settings
+from ftq.runtime.settings import Settings
 from tests.e2e.security.common import TOKENS, base_spec
 from tests.harness import FTQ, REPO, Deployment, clean_env, free_port
 

@@ -190,7 +190,7 @@ def test_compose_services_volumes_and_commands_fit_together() -> None:
 
 
 def test_compose_environment_is_a_valid_production_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ftq.settings import Settings
+    from ftq.runtime.settings import Settings
 
     env = load(COMPOSE)["services"]["api"]["environment"]
     with pytest.raises(KeyError, match="FTQ_API_TOKENS"):

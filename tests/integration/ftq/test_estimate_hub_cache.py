@@ -21,7 +21,7 @@ def test_load_model_config_from_the_hub_cache_only(tmp_path: Path) -> None:
     (tmp_path / "hub" / "models--tiiuae--falcon-180B" / "refs").mkdir()
     (tmp_path / "hub" / "models--tiiuae--falcon-180B" / "refs" / "main").write_text("abc123")
     code = (
-        "import json; from ftq.estimate import load_model_config as f\n"
+        "import json; from ftq.planning.estimate import load_model_config as f\n"
         "print(json.dumps([f('tiiuae/falcon-180B')[0]['num_kv_heads'], f('meta-llama/Llama-2-70b-hf')]))"
     )
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}

@@ -10,7 +10,7 @@ from tests.harness import REPO
 
 
 def test_no_heavy_imports() -> None:
-    code = "import sys, ftq.render, ftq.estimate\n"
+    code = "import sys, ftq.planning.render, ftq.planning.estimate\n"
     code += "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

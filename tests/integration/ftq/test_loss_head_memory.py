@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ftq.estimate import estimate_memory
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
+from ftq.planning.estimate import estimate_memory
 from tests.harness import REPO
 
 pytestmark = pytest.mark.slow

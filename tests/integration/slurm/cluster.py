@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ftq.render import Plan
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract.plans import Plan
+from ftq.contract.spec import JobSpec
+from ftq.runtime.settings import Settings
 from tests.harness import example_spec, wait_until
 from worker.launchers.base import LaunchRequest, RunPhase, RunRef, RunState
 from worker.launchers.slurm import SlurmLauncher

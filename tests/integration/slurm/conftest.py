@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.settings import Settings
+from ftq.runtime.settings import Settings
 from tests.harness import EXAMPLES, QUICK_SETTINGS, Deployment, Job
 from tests.integration.slurm.cluster import slurm_spec
 from worker.launchers.slurm import SlurmLauncher

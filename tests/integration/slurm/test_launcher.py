@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.runs import LAUNCH_RECORD
+from ftq.contract.runs import LAUNCH_RECORD
 from tests.harness import procs_with
 from tests.harness import wait_until as wait_for
 from tests.harness.launching import launch_request
@@ -144,7 +144,7 @@ def test_sbatch_refusal_is_an_error(launcher: SlurmLauncher, tmp_path: Path) -> 
 
 
 def test_missing_commands_are_reported(tmp_path: Path) -> None:
-    from ftq.settings import Settings
+    from ftq.runtime.settings import Settings
 
     launcher = SlurmLauncher(Settings(data_dir=tmp_path, slurm_bin_dir=str(tmp_path / "no-bin")))
     with pytest.raises(SlurmError, match="FTQ_SLURM_BIN_DIR"):

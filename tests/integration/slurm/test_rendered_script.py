@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ftq.render import render_plan
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
+from ftq.planning.render import render_plan
+from ftq.runtime.settings import Settings
 from tests.harness import wait_until as wait_for
 from tests.integration.slurm.cluster import poll_one, submit, wait_phase
 from tests.integration.worker.test_launch_scripts import argv_file, fake_python

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ftq.render import render_plan
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
+from ftq.planning.render import render_plan
+from ftq.runtime.settings import Settings
 from tests.integration.slurm.cluster import submit, wait_phase
 from worker.launchers.base import RunPhase
 

@@ -19,8 +19,8 @@ ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 
 def rendered_config(spec: dict[str, Any]) -> str:
     """The accelerate config ftq renders for this spec, as a launch of the trainer reads it."""
-    from ftq import render
-    from ftq.spec import JobSpec
+    from ftq.contract.spec import JobSpec
+    from ftq.planning import render
 
     return render.config_yaml(render.accelerate_config(JobSpec.model_validate(spec)))
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ftq import runs
-from ftq.render import accelerate_config, config_yaml
-from ftq.spec import JobSpec
+from ftq.contract import runs
+from ftq.contract.spec import JobSpec
+from ftq.planning.render import accelerate_config, config_yaml
 from tests.harness import REPO, free_port, tiny_spec, wait_until
 from tests.integration.trainer.helpers import ACCELERATE, explain, points, trainer_env, write_spec
 from trainer.preempt import EXIT_CHECKPOINTED

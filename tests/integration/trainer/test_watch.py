@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq import runs
-from ftq.errors import ErrorCode
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
 from tests.harness import tiny_spec
 from tests.integration.trainer.helpers import explain, launch_spec
 from worker import failures

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ftq.render import render_plan
+from ftq.planning.render import render_plan
 from tests.unit.ftq.test_render import settings, spec_for
 
 PROBE = """

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ftq import runs
+from ftq.contract import runs
 from ftq.store.models import Export
 from tests.harness import rows
 from tests.integration.worker.test_reconcile import SCRIPT_SLEEP, add_job, job, store
@@ -22,7 +22,7 @@ __all__ = ["store"]  # the fixture, shared with test_reconcile
 def add_export(
     export_id: str, job_id: str, status: str = "queued", *, run_dir: bool = True, **values: Any
 ) -> None:
-    from ftq.settings import get_settings
+    from ftq.runtime.settings import get_settings
 
     if run_dir:  # the succeeded job's run directory (its final/ is left out: the export fails at once)
         runs.run_dir(get_settings().runs_dir, job_id).mkdir(parents=True, exist_ok=True)
@@ -56,7 +56,7 @@ def test_an_export_is_launched_in_its_folder_and_settled_with_its_error(store: P
 def test_every_record_about_an_export_carries_its_job_id(
     store: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ftq.logs import JobIdFilter
+    from ftq.runtime.logs import JobIdFilter
 
     caplog.handler.addFilter(JobIdFilter())
     add_job("j_logged", "exit 0\n", status="succeeded")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq import files
-from ftq.settings import Settings
+from ftq.runtime import files
+from ftq.runtime.settings import Settings
 from ftq.store.db import session_scope
 from ftq.store.files_repository import FileRepository, get_file, utcnow
 from ftq.store.models import UploadedFile

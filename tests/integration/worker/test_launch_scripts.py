@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq.render import Plan, default_port, launch_argv, render_plan
+from ftq.contract.plans import Plan
+from ftq.planning.render import default_port, launch_argv, render_plan
 from tests.unit.ftq.test_render import example, settings, spec_for
 
 # Quoting ----------

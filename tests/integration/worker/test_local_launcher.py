@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ftq import runs
-from ftq.render import render_plan
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract import runs
+from ftq.contract.spec import JobSpec
+from ftq.planning.render import render_plan
+from ftq.runtime.settings import Settings
 from tests.harness import tiny_spec
 from tests.harness.launching import launch_request
 from trainer.callbacks import read_points

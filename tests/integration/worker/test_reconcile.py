@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ftq import runs
+from ftq.contract import runs
 from ftq.store.models import Job
 from tests.harness import rows
 from tests.harness.inprocess import migrate, quiesce_controller, reset_caches, use_settings
@@ -137,7 +137,7 @@ def test_a_launch_the_dead_worker_did_not_record_is_adopted_not_repeated(store: 
     )
     run_dir = store / "j_adopt"
     # What the dead worker got done: the run dir written and the process started, no pid in the store.
-    from ftq.render import Plan
+    from ftq.contract.plans import Plan
     from tests.harness.launching import launch_request
 
     adopt = job("j_adopt")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq import runs
-from ftq.status import TERMINAL
+from ftq.contract import runs
+from ftq.contract.status import TERMINAL
 from ftq.store.models import Job
 from tests.harness import rows, tiny_spec
 from tests.harness.assets import checkpoint_dir
@@ -59,16 +59,16 @@ def store(tmp_path: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 def retries(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
-    from ftq.settings import get_settings
+    from ftq.runtime.settings import get_settings
 
     monkeypatch.setenv("FTQ_RETRY_PREEMPTED", str(n))
     get_settings.cache_clear()
 
 
 def add_job(job_id: str, tiny: Path, *, requeue_on_timeout: bool = False) -> Path:
-    from ftq.render import render_plan
-    from ftq.settings import get_settings
-    from ftq.spec import JobSpec
+    from ftq.contract.spec import JobSpec
+    from ftq.planning.render import render_plan
+    from ftq.runtime.settings import get_settings
 
     settings = get_settings()
     body = tiny_spec(tiny, max_steps=4, save_steps=2)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.settings import Settings
+from ftq.runtime.settings import Settings
 from tests.harness.launching import launch_request
 from tests.harness.users import RUN_USERS
 from tests.harness.users import run_users as harness_run_users

@@ -18,7 +18,7 @@ from bench.gpu_jobs import (
     ram_check,
     table,
 )
-from ftq.estimate import estimate_memory, parse_arch
+from ftq.planning.estimate import estimate_memory, parse_arch
 
 H200 = 141 * 10**9
 

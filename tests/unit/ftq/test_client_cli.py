@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ftq import client_cli
+from ftq.cli import client as client_cli
 from ftq.client import ExportPublic, _core
 from ftq.client.errors import ConnectionFailed, ServerTimeout, Unavailable
 

@@ -20,7 +20,7 @@ from ftq.client.errors import (
     Unavailable,
     WaitTimeout,
 )
-from ftq.schemas import LogChunk, MetricsPage, Point, SamplePublic, SamplesPage
+from ftq.contract.schemas import LogChunk, MetricsPage, Point, SamplePublic, SamplesPage
 
 
 def drive(flow: Flow[Any, Any], answer: Callable[[Step], Any]) -> tuple[list[Any], Any, list[Step]]:

@@ -1,4 +1,5 @@
-"""ftq.dataset_preflight: the statistics and the batch arithmetic, on the tiny model's own tokenizer."""
+"""ftq.planning.dataset_preflight: the statistics and the batch arithmetic, on the tiny model's own
+tokenizer."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ftq.dataset_preflight import analyse, token_stats
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
+from ftq.planning.dataset_preflight import analyse, token_stats
 from tests.harness import tiny_assets, tiny_spec
 
 

@@ -1,4 +1,5 @@
-"""ftq.estimate: the acceptance figures for the two article jobs from their config.json alone, parameter
+"""ftq.planning.estimate: the acceptance figures for the two article jobs from their config.json alone,
+parameter
 counts checked against real (tiny) transformers models and PEFT, and the sanity of the memory model."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ftq.estimate import (
+from ftq.contract.spec import JobSpec
+from ftq.planning.estimate import (
     USABLE_DEVICE_FRACTION,
     estimate_disk,
     estimate_memory,
@@ -19,7 +21,6 @@ from ftq.estimate import (
     suggest_alternatives,
     suggest_fix,
 )
-from ftq.spec import JobSpec
 from tests.harness import EXAMPLES, MODEL_CONFIGS
 
 FIXTURES = MODEL_CONFIGS

@@ -1,4 +1,5 @@
-"""ftq.events: the Standard Webhooks signature, the retry schedule and the receiver address check (SSRF)."""
+"""ftq.contract.events: the Standard Webhooks signature, the retry schedule and the receiver address check
+(SSRF)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import hmac
 
 import pytest
 
-from ftq import events as ev
+from ftq.contract import events as ev
 
 
 def reference_signature(secret: str, msg_id: str, timestamp: int, payload: bytes) -> str:

@@ -1,4 +1,5 @@
-"""ftq.render's export launch: one process, `python -m trainer.export` with the server's paths, quoted;
+"""ftq.planning.render's export launch: one process, `python -m trainer.export` with the server's paths,
+quoted;
 on SLURM a one-task batch script in the export's folder that records its exit status."""
 
 from __future__ import annotations
@@ -7,10 +8,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ftq import runs
-from ftq.render import render_export_plan
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract import runs
+from ftq.contract.spec import JobSpec
+from ftq.planning.render import render_export_plan
+from ftq.runtime.settings import Settings
 
 EXPORT_DIR = Path("/shared/ftq runs/job_1/exports/exp_1")
 

@@ -1,4 +1,4 @@
-"""ftq.files: server-chosen paths, and the line-by-line validation of an uploaded JSON Lines file."""
+"""ftq.runtime.files: server-chosen paths, and the line-by-line validation of an uploaded JSON Lines file."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq import files
-from ftq.datasets import detect_formats
+from ftq.contract.datasets import detect_formats
+from ftq.runtime import files
 
 
 def _write(tmp_path: Path, lines: list[str]) -> Path:

@@ -2,7 +2,7 @@
 
 kombu's own filesystem transport creates a message file and then writes it; a consumer that lists the
 folder in between takes the empty file and the Celery worker dies on a JSONDecodeError. ftq's transport
-(ftq/fsbroker.py) renames whole files into place.
+(ftq/runtime/fsbroker.py) renames whole files into place.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kombu import Connection
 
-from ftq.fsbroker import Transport
+from ftq.runtime.fsbroker import Transport
 
 MESSAGES = 1000
 

@@ -1,11 +1,11 @@
-"""ftq.limits: SLURM's time forms in seconds, and the operator's cap."""
+"""ftq.runtime.limits: SLURM's time forms in seconds, and the operator's cap."""
 
 from __future__ import annotations
 
 import pytest
 
-from ftq.limits import max_seconds, slurm_time_seconds
-from ftq.settings import Settings
+from ftq.runtime.limits import max_seconds, slurm_time_seconds
+from ftq.runtime.settings import Settings
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""ftq.logs: one format for the API and the worker, with the job id on every record about a job."""
+"""ftq.runtime.logs: one format for the API and the worker, with the job id on every record about a job."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
-from ftq import logs
+from ftq.runtime import logs
 
 log = logging.getLogger("ftq.test_logs")
 
@@ -136,7 +136,7 @@ def test_a_job_route_logs_with_its_job_id(captured: io.StringIO) -> None:
 def test_the_celery_worker_logs_through_ftq(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from celery.signals import setup_logging
 
-    from ftq.settings import get_settings
+    from ftq.runtime.settings import get_settings
 
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)

@@ -1,4 +1,5 @@
-"""The worker's logging (worker/celery_app.py through ftq.logs): the periodic sweeps' task lines are DEBUG,
+"""The worker's logging (worker/celery_app.py through ftq.runtime.logs): the periodic sweeps' task lines are
+DEBUG,
 so `ftq up` at INFO prints what happens to jobs and not three lines a second."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ftq import logs
-from ftq.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_WEBHOOKS
+from ftq.runtime import logs
+from ftq.runtime.queue import TASK_INGEST, TASK_RECONCILE, TASK_RELAY, TASK_WEBHOOKS
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""Training methods and data formats in the spec (ftq/spec.py: TrainingSpec, METHOD_FORMATS, auto_format)
-and what a row of data is (ftq/datasets.py: detect_formats, methods_for)."""
+"""Training methods and data formats in the spec (ftq/contract/spec.py: TrainingSpec, METHOD_FORMATS,
+auto_format)
+and what a row of data is (ftq/contract/datasets.py: detect_formats, methods_for)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ftq.datasets import detect_formats, methods_for
-from ftq.spec import (
+from ftq.contract.datasets import detect_formats, methods_for
+from ftq.contract.spec import (
     FORMAT_COLUMNS,
     METHOD_FORMATS,
     METHOD_TRAINERS,

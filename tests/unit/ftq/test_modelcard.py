@@ -1,4 +1,4 @@
-"""ftq.modelcard: the README.md of final/ and of exports, pinned by golden files a reviewer can read
+"""ftq.contract.modelcard: the README.md of final/ and of exports, pinned by golden files a reviewer can read
 (tests/unit/ftq/golden/modelcard-*.md; FTQ_UPDATE_GOLDEN=1 rewrites them)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ftq.modelcard import ExportFacts, RunFacts, render_model_card
-from ftq.spec import JobSpec
+from ftq.contract.modelcard import ExportFacts, RunFacts, render_model_card
+from ftq.contract.spec import JobSpec
 from tests.harness import EXAMPLES
 
 GOLDEN = Path(__file__).parent / "golden"

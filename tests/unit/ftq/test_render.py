@@ -1,4 +1,5 @@
-"""ftq.render in process: golden files for the article jobs, every config through accelerate's own loader
+"""ftq.planning.render in process: golden files for the article jobs, every config through accelerate's own
+loader
 and launch-argument handling, what reaches sbatch. The rendered scripts run for real (and one real
 2-process `accelerate launch`) in tests/integration/worker/test_launch_scripts.py and
 test_accelerate_launch.py."""
@@ -19,11 +20,10 @@ import yaml
 from accelerate.commands.config.config_args import ClusterConfig
 from pydantic import ValidationError
 
-from ftq.dataset_preflight import DatasetPreflight
-from ftq.estimate import Estimate
-from ftq.render import Plan, default_port, render_plan
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract.plans import DatasetPreflight, Estimate, Plan
+from ftq.contract.spec import JobSpec
+from ftq.planning.render import default_port, render_plan
+from ftq.runtime.settings import Settings
 from tests.harness import EXAMPLES as EXAMPLES_DIR
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -605,7 +605,7 @@ def test_every_shipped_example_validates_renders_and_loads_with_accelerates_load
 ) -> None:
     """Each examples/*.yaml as shipped: a valid spec, a plan naming its method's trainer, a config accelerate
     loads."""
-    from ftq.spec import METHOD_TRAINERS
+    from ftq.contract.spec import METHOD_TRAINERS
 
     spec = JobSpec.model_validate(yaml.safe_load(path.read_text()))
     plan = render_plan(spec, job_id="example", run_dir=tmp_path, settings=settings())

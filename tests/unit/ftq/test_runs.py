@@ -1,4 +1,5 @@
-"""The run layout's checkpoint rules (ftq.runs): which folders are checkpoints, and which can be resumed.
+"""The run layout's checkpoint rules (ftq.contract.runs): which folders are checkpoints, and which can be
+resumed.
 
 The folders are laid out as the trainer writes them for one process with LoRA, DeepSpeed ZeRO (global_step
 folders of per-rank partitions) and FSDP sharded state (torch.distributed.checkpoint folders whose
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq import runs
+from ftq.contract import runs
 from tests.harness.assets import checkpoint_dir
 
 

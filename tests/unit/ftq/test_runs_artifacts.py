@@ -1,4 +1,4 @@
-"""The run layout's artifact rules (ftq.runs): which paths a user may download, their kinds, and that
+"""The run layout's artifact rules (ftq.contract.runs): which paths a user may download, their kinds, and that
 every walk and open refuses symlinks, wherever in the path they are."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq import runs
+from ftq.contract import runs
 
 
 def write(path: Path, content: bytes = b"x") -> Path:

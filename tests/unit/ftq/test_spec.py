@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from ftq.spec import JobSpec, looks_local
+from ftq.contract.spec import JobSpec, looks_local
 
 EXAMPLE = Path(__file__).resolve().parent / "fixtures" / "design_example.yaml"
 

@@ -1,4 +1,5 @@
-"""A job's statuses and transitions (ftq.status), and the store's compare-and-set functions that follow
+"""A job's statuses and transitions (ftq.contract.status), and the store's compare-and-set functions that
+follow
 them (ftq/store/repository.py for jobs, ftq/store/exports.py for exports): every edge a function uses is
 allowed, nothing leaves a terminal status."""
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ftq.status import ACTIVE, LAUNCHED, TERMINAL, TRANSITIONS, JobStatus, can_move, sources_of
+from ftq.contract.status import ACTIVE, LAUNCHED, TERMINAL, TRANSITIONS, JobStatus, can_move, sources_of
 from ftq.store import exports, repository
 from ftq.store.models import Export
 

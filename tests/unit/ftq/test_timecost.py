@@ -1,4 +1,4 @@
-"""The time and cost estimate every plan carries (ftq/timecost.py): tokens over a measured throughput
+"""The time and cost estimate every plan carries (ftq/planning/timecost.py): tokens over a measured throughput
 where the operator set one, else tokens x FLOPs per token per parameter x parameters over the devices'
 peak FLOP/s x the assumed utilisation."""
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ftq.settings import Settings
-from ftq.spec import JobSpec
-from ftq.timecost import time_estimate
+from ftq.contract.spec import JobSpec
+from ftq.planning.timecost import time_estimate
+from ftq.runtime.settings import Settings
 
 
 def spec(**over: Any) -> JobSpec:

@@ -1,4 +1,5 @@
-"""ftq.userfiles on the files a hostile spec names: a FIFO, a device, a 1 GiB sparse file, a symlink. Each
+"""ftq.runtime.userfiles on the files a hostile spec names: a FIFO, a device, a 1 GiB sparse file, a symlink.
+Each
 is answered at once (a plain open() of the FIFO would block forever) without reading the file whole."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq import userfiles
-from ftq.userfiles import Missing, NotReadable, read_capped, read_ends
+from ftq.runtime import userfiles
+from ftq.runtime.userfiles import Missing, NotReadable, read_capped, read_ends
 
 GiB = 1024**3
 

@@ -1,4 +1,5 @@
-"""ftq/yaml_errors.py as `ftq submit` meets it: a spec file whose YAML does not parse is named with the
+"""ftq/contract/yaml_errors.py as `ftq submit` meets it: a spec file whose YAML does not parse is named with
+the
 line and column of the problem, and a tab is called a tab."""
 
 from __future__ import annotations

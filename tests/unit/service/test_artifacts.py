@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from ftq import runs
-from ftq.settings import Settings
+from ftq.contract import runs
+from ftq.runtime.settings import Settings
 from service.artifacts import hashes
 from service.artifacts import service as artifacts
 

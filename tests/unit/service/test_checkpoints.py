@@ -7,9 +7,9 @@ from typing import Any, cast
 
 import pytest
 
-from ftq import runs
-from ftq.settings import Settings
-from ftq.spec import JobSpec
+from ftq.contract import runs
+from ftq.contract.spec import JobSpec
+from ftq.runtime.settings import Settings
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.errors import SpecError

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq import files
-from ftq.settings import get_settings
+from ftq.runtime import files
+from ftq.runtime.settings import get_settings
 from ftq.store.db import session_scope
 from ftq.store.files_repository import FileRepository
 from tests.harness.inprocess import migrate, reset_caches, use_settings

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ftq.settings import Settings
-from ftq.status import JobStatus
+from ftq.contract.status import JobStatus
+from ftq.runtime.settings import Settings
 from ftq.store.models import Job
 from service.jobs.logs import LOG_CHUNK_MAX, mask, read_log
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ftq.estimate import local_model_problem
-from ftq.settings import Settings
-from ftq.spec import DatasetFormat, DatasetSpec, JobSpec, TrainingSpec
+from ftq.contract.spec import DatasetFormat, DatasetSpec, JobSpec, TrainingSpec
+from ftq.planning.estimate import local_model_problem
+from ftq.runtime.settings import Settings
 from service.errors import SpecError
 from service.jobs.preflight import (
     Deadline,
@@ -98,8 +98,8 @@ def test_a_node_without_the_host_ram_for_every_ranks_copy_is_refused(tmp_path: P
     of 1 TiB is refused with the change that loads it once per node, which trains the same job."""
     import yaml
 
-    from ftq.settings import Settings
-    from ftq.spec import JobSpec
+    from ftq.contract.spec import JobSpec
+    from ftq.runtime.settings import Settings
     from service.jobs.preflight import preflight
     from tests.harness import EXAMPLES, model_config
 

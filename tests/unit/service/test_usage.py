@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ftq.status import JobStatus
+from ftq.contract.status import JobStatus
 from ftq.store import repository
 from ftq.store.db import session_scope
 from tests.harness.inprocess import MakeClient

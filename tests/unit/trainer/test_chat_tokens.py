@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ftq.spec import DatasetFormat, DatasetSpec, JobSpec
+from ftq.contract.spec import DatasetFormat, DatasetSpec, JobSpec
 from trainer.data import load_splits, trl_rows
 from trainer.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
 from trainer.train import sft_config

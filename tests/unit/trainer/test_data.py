@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.spec import DatasetSpec
+from ftq.contract.spec import DatasetSpec
 from trainer.data import load_splits
 from trainer.errors import DatasetError
 

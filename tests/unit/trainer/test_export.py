@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.errors import ErrorCode
+from ftq.contract.errors import ErrorCode
 from tests.harness import free_port
 from trainer import export as exp
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
 from trainer.data import load_splits, trl_rows
 from trainer.errors import ModelError, SpecError
 from trainer.model import load_model, load_tokenizer, lora_config

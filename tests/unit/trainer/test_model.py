@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
 from trainer.model import load_model
 
 

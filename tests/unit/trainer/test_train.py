@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ftq.spec import JobSpec
+from ftq.contract.spec import JobSpec
 from trainer.train import sft_config
 
 

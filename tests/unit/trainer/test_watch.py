@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from ftq import runs
-from ftq.errors import ErrorCode
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
 from trainer.watch import STRAGGLER_STEPS, DivergedError, Watch, raise_if_diverged, write_warnings
 
 

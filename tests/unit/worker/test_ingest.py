@@ -32,7 +32,7 @@ def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pyt
     that reads them again, in this process or a fresh one, records nothing twice."""
     import json
 
-    from ftq import runs
+    from ftq.contract import runs
     from ftq.store import repository
     from ftq.store.db import session_scope
     from ftq.store.models import Job, JobEvent

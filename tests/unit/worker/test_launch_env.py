@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ftq.settings import Settings
+from ftq.runtime.settings import Settings
 from worker.launchers.base import launch_environment
 
 WORKER_ENV = {
@@ -95,7 +95,7 @@ def test_a_bad_run_user_setting_is_refused_at_start(value: str) -> None:
 
 
 def test_trackers_get_the_operators_settings_and_only_when_the_spec_asks() -> None:
-    from ftq.spec import JobSpec
+    from ftq.contract.spec import JobSpec
     from worker.launchers.base import tracker_environment
 
     base = {

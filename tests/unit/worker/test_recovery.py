@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.errors import ErrorCode
+from ftq.contract.errors import ErrorCode
 from worker.launchers.base import RunPhase, RunState
 from worker.recovery import RETRYABLE, should_retry, why_it_failed
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftq.errors import ErrorCode
-from ftq.settings import Settings
+from ftq.contract.errors import ErrorCode
+from ftq.runtime.settings import Settings
 from worker import scheduling
 from worker.scheduling import QueuedJob, RunningJob, Usage
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ftq.events import EventType
-from ftq.status import JobStatus
+from ftq.contract.events import EventType
+from ftq.contract.status import JobStatus
 from ftq.store import events, repository
 from ftq.store.db import session_scope
 from ftq.store.models import JobEvent, WebhookDelivery
@@ -102,7 +102,7 @@ def run_to_success(job_id: str) -> None:
 
 
 def add_webhook(url: str, types: list[str], owner: str = "alice") -> tuple[str, str]:
-    from ftq.events import new_secret
+    from ftq.contract.events import new_secret
 
     with session_scope() as session:
         hook = events.WebhookRepository(session, owner).add(url=url, events=types, secret=new_secret())
@@ -208,7 +208,7 @@ def test_receiver_down_then_up_loses_nothing(
 ) -> None:
     monkeypatch.setenv("FTQ_WEBHOOK_RETRY_TOTAL_SECONDS", "30")
     monkeypatch.setenv("FTQ_WEBHOOK_DISABLE_AFTER_FAILURES", "5")
-    from ftq.settings import get_settings
+    from ftq.runtime.settings import get_settings
 
     get_settings.cache_clear()
     add_webhook(receiver.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
@@ -237,7 +237,7 @@ def test_a_loopback_receiver_is_refused_at_send_time_outside_development(
 ) -> None:
     add_webhook(receiver.url, ["job.queued"])
     monkeypatch.setenv("FTQ_ENV", "test")
-    from ftq.settings import get_settings
+    from ftq.runtime.settings import get_settings
 
     get_settings.cache_clear()
     new_job("job_g")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from ftq.settings import Settings
+from ftq.runtime.settings import Settings
 from ftq.store.db import ensure_data_dir
 
 

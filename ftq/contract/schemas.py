@@ -9,12 +9,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ftq.errors import ErrorCode
-from ftq.files import FileStatus
-from ftq.metrics import Point
-from ftq.render import Plan
-from ftq.spec import HUB_ID_RE, JobSpec
-from ftq.status import JobStatus
+from ftq.contract.errors import ErrorCode
+from ftq.contract.metrics import Point
+from ftq.contract.plans import Plan
+from ftq.contract.spec import HUB_ID_RE, JobSpec
+from ftq.contract.status import FileStatus, JobStatus
 
 # The plan is rendered by the core's pure renderer; the API serves that same model.
 PlanPublic = Plan

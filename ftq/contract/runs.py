@@ -28,7 +28,7 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint-"  # checkpoints/checkpoint-<step>/, as transformers' Trainer names them
 FINAL = "final"
 # The model card every final/ and export holds, and the facts the trainer measured for it (beside final/,
-# so an export renders its own card from them; see ftq.modelcard).
+# so an export renders its own card from them; see ftq.contract.modelcard).
 MODEL_CARD = "README.md"
 CARD_FACTS = "card_facts.json"
 # exports/<export id>/: one export's launch (launch.sh or job.sbatch, export.json, its log and records)

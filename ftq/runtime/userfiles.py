@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from ftq import runs
+from ftq.contract import runs
 
 # What a format sniff reads from the start of a dataset file.
 HEAD_BYTES = 4096

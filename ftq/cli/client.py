@@ -38,7 +38,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from ftq.cli_output import (
+from ftq.cli.files import print_dataset, upload_spec_files
+from ftq.cli.output import (
     EXIT_INPUT,
     EXIT_REFUSED,
     POLL_SECONDS,
@@ -70,7 +71,6 @@ from ftq.client import (
     PlanPublic,
     Point,
 )
-from ftq.files_cli import print_dataset, upload_spec_files
 
 client_app = typer.Typer(add_completion=False)
 

@@ -16,11 +16,10 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ftq.datasets import FORMATS, detect_formats, methods_for
+from ftq.contract.datasets import FORMATS, detect_formats, methods_for
 
 FILE_ID_RE = r"^file_[0-9a-f]{24}$"
 _FILE_ID = re.compile(FILE_ID_RE)
@@ -32,12 +31,6 @@ MAX_ERRORS = 20
 MAX_COLUMNS = 100
 # A line longer than this is an error of its own (and is skipped, not read into memory).
 MAX_LINE_BYTES = 64 * 1024 * 1024
-
-
-class FileStatus(StrEnum):
-    validating = "validating"
-    ready = "ready"
-    invalid = "invalid"
 
 
 def new_file_id() -> str:

@@ -25,7 +25,8 @@ from typing import IO, ParamSpec, TypeVar
 FORMAT = "%(asctime)s %(levelname)s %(name)s [job=%(job_id)s] %(message)s"
 NO_JOB = "-"
 
-# The periodic sweeps (ftq.queue's TASK_INGEST, TASK_RECONCILE, TASK_RELAY) run every second or two: at
+# The periodic sweeps (ftq.runtime.queue's TASK_INGEST, TASK_RECONCILE, TASK_RELAY) run every second or two:
+# at
 # INFO, Celery's three lines for each (sent, received, succeeded) would bury what happens to jobs.
 SWEEP_TASKS = ("ftq.ingest", "ftq.reconcile", "ftq.relay", "ftq.webhooks")
 _SWEEP = re.compile("|".join(rf"\b{re.escape(t)}\b" for t in SWEEP_TASKS))

@@ -1,4 +1,5 @@
-"""What a row of training data is: which of the data formats (ftq.spec.FORMAT_COLUMNS) it can be read as.
+"""What a row of training data is: which of the data formats (ftq.contract.spec.FORMAT_COLUMNS) it can be
+read as.
 
 Pure functions on parsed rows (no I/O): the submit-time check of a local .jsonl file and the Files API's
 validation both ask `detect_formats` about each row they read, `methods_for` which training methods a
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ftq.spec import (
+from ftq.contract.spec import (
     FORMAT_COLUMNS,
     LOSS_ON_FORMATS,
     METHOD_FORMATS,
@@ -72,7 +73,8 @@ def detect_formats(row: dict[str, Any]) -> set[str]:
 
 
 def methods_for(formats: Iterable[str]) -> list[str]:
-    """The training methods that train on at least one of `formats`, in ftq.spec.METHOD_FORMATS order."""
+    """The training methods that train on at least one of `formats`, in ftq.contract.spec.METHOD_FORMATS
+    order."""
     have = set(formats)
     return [method for method, accepted in METHOD_FORMATS.items() if have & set(accepted)]
 

@@ -83,11 +83,12 @@ def bounded_http_protocol(max_header_bytes: int, max_header_count: int) -> type[
 
 
 def __getattr__(name: str) -> Any:
-    """`ftq.http_protocol:FromSettings`: the bounded protocol for this process's settings, by import string,
+    """`ftq.runtime.http_protocol:FromSettings`: the bounded protocol for this process's settings, by import
+    string,
     which is how `uvicorn.run(workers=N)` hands a protocol class to its worker processes (a class made at
     run time cannot be pickled to them)."""
     if name == "FromSettings":
-        from ftq.settings import get_settings
+        from ftq.runtime.settings import get_settings
 
         settings = get_settings()
         cls = bounded_http_protocol(settings.max_header_bytes, settings.max_header_count)

@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field
 
-from ftq import runs
-from ftq.dataset_preflight import DatasetPreflight
-from ftq.estimate import Estimate
-from ftq.settings import Settings, slurm_env_lines
-from ftq.spec import METHOD_TRAINERS, JobSpec
-from ftq.timecost import TimeEstimate, time_estimate
+from ftq.contract import runs
+from ftq.contract.plans import DatasetPreflight, Estimate, Plan
+from ftq.contract.spec import METHOD_TRAINERS, JobSpec
+from ftq.planning.timecost import time_estimate
+from ftq.runtime.settings import Settings, slurm_env_lines
 
 ACCELERATE_LAUNCH = ["-m", "accelerate.commands.launch"]
 TRAINER_MODULE = "trainer"
@@ -37,43 +35,6 @@ PORT_BASE = 20000
 PORT_SPAN = 9500
 # What torch's elastic agent forwards to its ranks: its defaults plus SLURM's time-limit warning.
 ELASTIC_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-
-
-class Plan(BaseModel):
-    """Everything rendered for one job; what `GET /jobs/{id}/plan` and a dry run return."""
-
-    accelerate_config: dict[str, Any]
-    accelerate_config_yaml: str
-    command: list[str] = Field(
-        description="The launch as argv: for a local job, the one `accelerate launch` on this host; for "
-        "SLURM, what job.sbatch runs on every node under srun (`$SLURM_NODEID` and `$MASTER_ADDR` are "
-        "each node's, set by SLURM and the script)."
-    )
-    sbatch_script: str | None
-    trainer: str = Field(
-        "trl.SFTTrainer",
-        description="The TRL trainer the job runs, from training.method: trl.SFTTrainer, trl.DPOTrainer, "
-        "trl.KTOTrainer or trl.RewardTrainer.",
-    )
-    trainer_args: dict[str, Any]
-    estimate: Estimate | None = None
-    time_estimate: TimeEstimate | None = Field(
-        None,
-        description="How long the training should take and what it costs, with every assumption stated "
-        "(ftq/timecost.py); in every plan rendered (null only in plans stored before it existed).",
-    )
-    dataset: DatasetPreflight | None = Field(
-        None,
-        description="The dataset preflight: rows, tokens per sample with the job's tokenizer, truncation at "
-        "max_seq_len, total tokens, steps per epoch and the run's tokens (null for a plan rendered "
-        "without it).",
-    )
-    launch_script: str
-    warnings: list[str] = Field(
-        default_factory=list,
-        description="What submitting this spec would be refused for (a dry run answers with the plan "
-        "anyway), each as `field.path: why and what to change`; empty when it would be accepted.",
-    )
 
 
 # Accelerate config ----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """What the `ftq` client commands print and how they exit: the consoles, the exit codes, one line on
 stderr for every expected failure (never a traceback), and the formats of numbers, times and statuses.
-Shared by `ftq.client_cli` and `ftq.files_cli`."""
+Shared by `ftq.cli.client` and `ftq.cli.files`."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Rows, tokens per sample with the job's own tokenizer (min, median, p95, max), how many samples
 `max_seq_len` truncates, total tokens, steps per epoch at the job's effective batch size, and the tokens
-the whole run trains on, from which `ftq.timecost` makes the plan's one time estimate.
+the whole run trains on, from which `ftq.planning.timecost` makes the plan's one time estimate.
 
 Only `.jsonl` files are read (a local one, or an upload), and only their first `sample_rows` rows: a
 larger file is extrapolated from those by its size, and says so (`sampled: true`). Only local tokenizers
@@ -23,63 +23,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
-from ftq.spec import JobSpec, looks_local
-from ftq.timecost import TimeEstimate
+from ftq.contract.plans import DatasetPreflight, TokenStats
+from ftq.contract.spec import JobSpec, looks_local
 
 # A rendered chat template or text longer than this (characters) is cut before tokenizing: a preflight
 # never spends seconds on one row.
 _MAX_SAMPLE_CHARS = 4_000_000
-
-
-class TokenStats(BaseModel):
-    min: int
-    median: int
-    p95: int
-    max: int
-    mean: float
-
-
-class DatasetPreflight(BaseModel):
-    """`plan.dataset`: what the dry run and the submit found in the job's training data."""
-
-    source: str = Field(description="The dataset: the file id, or the resolved local path or hub id.")
-    rows: int | None = Field(
-        None, description="Rows of the training data (estimated when `rows_exact` is false)."
-    )
-    rows_exact: bool = False
-    sampled: bool = Field(False, description="Only the first `sample_rows` rows were tokenized.")
-    sample_rows: int = 0
-    tokenizer: str | None = Field(None, description="Where the tokenizer came from; null when skipped.")
-    skipped: str | None = Field(None, description="Why token statistics are missing, if they are.")
-    tokens_per_sample: TokenStats | None = None
-    max_seq_len: int
-    truncated_samples: int | None = Field(
-        None, description="Samples (of the whole data, extrapolated when sampled) longer than max_seq_len."
-    )
-    truncated_fraction: float | None = None
-    total_tokens: int | None = Field(None, description="Tokens in the training data, before truncation.")
-    train_tokens_per_epoch: int | None = Field(
-        None, description="Tokens one epoch trains on: each sample cut at max_seq_len (what the time uses)."
-    )
-    effective_batch_size: int = Field(
-        description="per_device_train_batch_size x gradient_accumulation_steps x processes."
-    )
-    steps_per_epoch: int | None = Field(
-        None, description="Optimizer steps per epoch (sequences of max_seq_len when packing)."
-    )
-    epochs: float | None = Field(
-        None, description="Epochs the run covers (from num_train_epochs or max_steps)."
-    )
-    run_tokens: int | None = Field(
-        None,
-        description="Tokens the whole run trains on: every epoch's, or max_steps' worth at the data's mean "
-        "sequence length (null when the data could not be tokenized).",
-    )
-    time_estimate: TimeEstimate | None = Field(
-        None, description="The plan's `time_estimate` (the same object), next to the numbers it rests on."
-    )
 
 
 def _percentile(sorted_values: list[int], q: float) -> int:

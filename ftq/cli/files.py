@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from ftq.cli_output import (
+from ftq.cli.output import (
     EXIT_INPUT,
     EXIT_REFUSED,
     api,
@@ -23,9 +23,9 @@ from ftq.cli_output import (
     out,
 )
 from ftq.client import Client
-from ftq.dataset_preflight import DatasetPreflight
-from ftq.schemas import FilePublic
-from ftq.spec import looks_local
+from ftq.contract.plans import DatasetPreflight
+from ftq.contract.schemas import FilePublic
+from ftq.contract.spec import looks_local
 
 files_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Uploaded dataset files.")
 

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 # What useradd accepts (a name, not a uid): a run user is looked up by name when a run starts.
 _USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
@@ -257,7 +257,7 @@ class Settings(BaseSettings):
         "", description="--qos of SLURM jobs with priority low (empty: FTQ_SLURM_QOS)."
     )
 
-    # Time and cost estimate of every plan (ftq/timecost.py)
+    # Time and cost estimate of every plan (ftq/planning/timecost.py)
     gpu_type: str = Field("A100", description="What the GPUs are: a key of FTQ_GPU_PEAK_TFLOPS.")
     gpu_peak_tflops: str = Field(
         "H200:989,H100:989,A100:312,L40S:362,A10G:125,L4:121,V100:125,T4:65",
@@ -281,7 +281,7 @@ class Settings(BaseSettings):
     reconcile_interval_seconds: float = Field(2.0, gt=0)
     ingest_interval_seconds: float = Field(1.0, gt=0)
 
-    # Webhooks (worker.webhooks sends; ftq.events checks the receiver's address)
+    # Webhooks (worker.webhooks sends; ftq.contract.events checks the receiver's address)
     webhook_interval_seconds: float = Field(
         1.0, gt=0, description="How often the worker looks for webhook deliveries that are due."
     )

@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ftq import logs
-from ftq.settings import get_settings
+from ftq.runtime import logs
+from ftq.runtime.settings import get_settings
 
 server_app = typer.Typer(add_completion=False)
 _MIGRATE_LOCK_KEY = 0x66747100  # "ftq\0": the advisory lock that serialises schema migrations
@@ -193,7 +193,7 @@ class WorkerSupervisor:
 def _serve(host: str, port: int, log_level: str, workers: int = 1) -> None:
     import uvicorn
 
-    from ftq.http_protocol import bounded_http_protocol
+    from ftq.runtime.http_protocol import bounded_http_protocol
 
     settings = get_settings()
     # uvicorn's own records go through the same root handler as the app's (log_config=None).
@@ -203,7 +203,7 @@ def _serve(host: str, port: int, log_level: str, workers: int = 1) -> None:
     if workers > 1:
         # Worker processes get the protocol by import string (a class cannot be pickled to them); each
         # builds the same one from the same FTQ_ settings.
-        protocol = "ftq.http_protocol:FromSettings"
+        protocol = "ftq.runtime.http_protocol:FromSettings"
     uvicorn.run(
         "service.app:create_app",
         factory=True,

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
-from ftq import runs, userfiles
-from ftq.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local
+from ftq.contract import runs
+from ftq.contract.plans import DiskEstimate, Estimate
+from ftq.contract.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local
+from ftq.runtime import userfiles
 
 GiB = 1024**3
 # The largest model config.json preflight reads (FTQ_MAX_CONFIG_BYTES); real ones are a few KiB.
@@ -57,62 +57,6 @@ CPU_TILE_BYTES = 33
 # Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
 ADAM_MASTER_AND_MOMENTS = 12
 ADAM_MOMENTS = 8
-
-
-class DiskEstimate(BaseModel):
-    """Bytes the run writes where runs are stored; None where it cannot be known before the run."""
-
-    checkpoint_bytes: int | None = None
-    final_bytes: int | None = None
-    num_checkpoints: int | None = None
-    checkpoints_on_disk: int | None = None
-    checkpoints_total_bytes: int | None = None
-    total_bytes: int | None = None
-    free_bytes: int | None = None
-    reason: str | None = None
-
-
-class Estimate(BaseModel):
-    """Preflight: memory per device, host RAM per node and the disk the run needs; None when skipped."""
-
-    per_device_bytes: int | None = None
-    device_memory_bytes: int | None = None
-    fits: bool | None = Field(
-        None,
-        description="per_device_bytes within usable_device_bytes, and host_bytes_per_node within "
-        "host_memory_bytes where that is known.",
-    )
-    breakdown: dict[str, int] = Field(default_factory=dict)
-    usable_device_bytes: int | None = Field(
-        None,
-        description="The share of device_memory_bytes a job may plan for (95 %); the rest is left to the "
-        "caching allocator.",
-    )
-    host_bytes_per_node: int | None = Field(
-        None, description="Peak host RAM per node: runtime + max(loading, offload + final gather)."
-    )
-    host_breakdown: dict[str, int] = Field(
-        default_factory=dict,
-        description="runtime (every rank), loading (the copies of the weights read at start), offload "
-        "(ZeRO / FSDP CPU offload), final_gather (the full state dict rank 0 gathers for final/).",
-    )
-    host_memory_bytes: int | None = Field(None, description="Host RAM per node, when the operator set it.")
-    host_fits: bool | None = None
-    fix: str | None = Field(
-        None, description="The smallest change that makes the job fit without changing what it trains."
-    )
-    alternatives: list[str] = Field(
-        default_factory=list,
-        description="Changes that would fit but change what the job trains (e.g. LoRA instead of full "
-        "fine-tuning); never applied or offered as the fix.",
-    )
-    reason: str | None = None
-    model_type: str | None = None
-    num_parameters: int | None = None
-    trainable_parameters: int | None = None
-    world_size: int | None = None
-    note: str | None = None
-    disk: DiskEstimate | None = None
 
 
 LLAMA_LIKE = {
@@ -867,7 +811,7 @@ def local_model_problem(name_or_path: str, max_config_bytes: int = CONFIG_MAX_BY
 
     Checked at POST, so a folder holding only a config.json fails in the request, not minutes later
     after the job waited in a queue and the trainer started. Nothing is read but a config.json that is
-    a regular file of at most `max_config_bytes` (ftq.userfiles).
+    a regular file of at most `max_config_bytes` (ftq.runtime.userfiles).
     """
     if not looks_local(name_or_path):
         return None
@@ -903,7 +847,7 @@ def load_model_config(
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(config, None), or (None, reason) when the config is not on this machine or cannot be read.
 
-    Read as ftq.userfiles reads a user's file: a regular file only, without blocking, at most
+    Read as ftq.runtime.userfiles reads a user's file: a regular file only, without blocking, at most
     `max_bytes` of it.
     """
     path: Path | None

@@ -4,7 +4,7 @@ The API sends tasks by name (`send`), so it never imports the worker; the worker
 under the same names and adds the periodic schedule (`worker.celery_app`).
 
 Broker: `FTQ_BROKER_URL` (Redis in production); by default kombu's filesystem transport in the data
-dir (`ftq.fsbroker`), which needs no server.
+dir (`ftq.runtime.fsbroker`), which needs no server.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Celery
 
-from ftq.settings import Settings, get_settings
+from ftq.runtime.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def make_celery(settings: Settings | None = None, *, include: list[str] | None =
     app = Celery("ftq", broker=settings.celery_broker_url, include=include or [])
     transport_options: dict[str, object] = {}
     if settings.uses_embedded_broker:
-        from ftq.fsbroker import Transport
+        from ftq.runtime.fsbroker import Transport
 
         # kombu's filesystem transport, but a consumer never reads a message file half written.
         app.conf.broker_transport = Transport

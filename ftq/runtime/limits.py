@@ -4,7 +4,7 @@ stop it, so the worker stops one that runs longer than the cap, as SLURM stops a
 
 from __future__ import annotations
 
-from ftq.settings import Settings
+from ftq.runtime.settings import Settings
 
 
 def slurm_time_seconds(value: str) -> int:

@@ -40,3 +40,11 @@ def can_move(src: JobStatus | str, dst: JobStatus | str) -> bool:
 def sources_of(dst: JobStatus) -> list[JobStatus]:
     """The statuses a job may be in to move to `dst` (the WHERE of a compare-and-set)."""
     return [s for s, targets in TRANSITIONS.items() if dst in targets]
+
+
+class FileStatus(StrEnum):
+    """An uploaded file's validation: `validating` until the worker has read every line."""
+
+    validating = "validating"
+    ready = "ready"
+    invalid = "invalid"

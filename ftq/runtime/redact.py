@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ftq.settings import get_settings
+from ftq.runtime.settings import get_settings
 
 MASK = "***"
 

@@ -25,31 +25,9 @@ Model loading, evaluation and saving are not counted.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
-from ftq.settings import Settings
-from ftq.spec import JobSpec
-
-
-class TimeEstimate(BaseModel):
-    seconds: float | None = Field(
-        description="Expected training time in seconds; null when tokens or parameters are unknown "
-        "(the assumptions say which)."
-    )
-    tokens: int | None = Field(description="Tokens the run trains on (all epochs, all processes).")
-    assumptions: list[str] = Field(description="Every number the estimate rests on, and where it came from.")
-    flops: float | None = Field(None, description="Training FLOPs: tokens x factor x parameters.")
-    devices: int = Field(description="GPUs (cuda) or CPU processes the run uses.")
-    device_hours: float | None = Field(None, description="seconds / 3600 x devices.")
-    cost: float | None = Field(
-        None, description="device_hours x the operator's FTQ_PRICE_PER_DEVICE_HOUR; null when none is set."
-    )
-    tokens_per_second_per_device: float | None = Field(
-        None,
-        description="The operator's measured throughput (FTQ_TOKENS_PER_SECOND_PER_DEVICE) where set: the "
-        "seconds are then tokens / (this x devices) rather than FLOPs at an assumed utilisation.",
-    )
-    reason: str | None = Field(None, description="Why `seconds` is null, in one sentence; null otherwise.")
+from ftq.contract.plans import TimeEstimate
+from ftq.contract.spec import JobSpec
+from ftq.runtime.settings import Settings
 
 
 def flops_factor(spec: JobSpec) -> tuple[int, str]:

@@ -2,7 +2,7 @@
 and what its run measured, so a reviewer can read the golden files in tests/unit/golden/.
 
 The trainer writes `final/README.md` at the final save (rank 0) and the facts it measured beside it in
-the run directory (`ftq.runs.CARD_FACTS`); an export renders the card again from the same facts, for
+the run directory (`ftq.contract.runs.CARD_FACTS`); an export renders the card again from the same facts, for
 what it wrote (merged weights or an adapter, in its dtype). Nothing here reads a file or a clock.
 
 The front matter is the Hugging Face Hub's model card metadata: `base_model` (only for a Hub id; a
@@ -39,7 +39,8 @@ HYPERPARAMETERS = (
 
 @dataclass
 class RunFacts:
-    """What the run measured, as the trainer saw it at the final save. JSON in `ftq.runs.CARD_FACTS`."""
+    """What the run measured, as the trainer saw it at the final save. JSON in
+    `ftq.contract.runs.CARD_FACTS`."""
 
     job_id: str | None = None
     train_rows: int | None = None
