@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import ipaddress
 import os
 import signal
@@ -12,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -21,7 +18,6 @@ from ftq.runtime import logs
 from ftq.runtime.settings import get_settings
 
 server_app = typer.Typer(add_completion=False)
-_MIGRATE_LOCK_KEY = 0x66747100  # "ftq\0": the advisory lock that serialises schema migrations
 
 HostOpt = Annotated[str | None, typer.Option("--host", help="Address to listen on (FTQ_HOST).")]
 PortOpt = Annotated[int | None, typer.Option("--port", help="Port to listen on (FTQ_PORT).")]
@@ -71,43 +67,15 @@ def _owner_only() -> None:
 
 def _migrate() -> None:
     from ftq.store.db import ensure_data_dir
+    from ftq.store.locks import named_lock
     from ftq.store.migrate import upgrade
 
     _owner_only()
     settings = get_settings()
     ensure_data_dir(settings)
-    with _migration_lock(settings.sqlalchemy_url):
+    # One migration at a time: `ftq api` and several `ftq worker`s may start together on a fresh store.
+    with named_lock("migrate", blocking=True):
         upgrade(settings.sqlalchemy_url)
-
-
-@contextlib.contextmanager
-def _migration_lock(url: str) -> Iterator[None]:
-    """One migration at a time: `ftq api` and several `ftq worker`s may start together on a fresh store."""
-    if url.startswith("postgresql"):
-        from sqlalchemy import create_engine, text
-        from sqlalchemy.pool import NullPool
-
-        engine = create_engine(url, poolclass=NullPool)
-        try:
-            with engine.connect() as conn:
-                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATE_LOCK_KEY})
-                conn.commit()
-                try:
-                    yield
-                finally:
-                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATE_LOCK_KEY})
-                    conn.commit()
-        finally:
-            engine.dispose()
-        return
-    lock_dir = get_settings().data_path / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_dir / "migrate.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _die_with_parent() -> None:
