@@ -79,7 +79,7 @@ lint: install ## ruff check, ruff format --check, lint-imports
 	$(BIN)/lint-imports --no-logo
 
 typecheck: install ## strict mypy
-	$(BIN)/mypy ftq service worker trainer migrations tests bench
+	$(BIN)/mypy ftq service worker trainer migrations tests bench docs/hooks.py
 
 openapi: install ## regenerate openapi/openapi.json
 	$(BIN)/python -m service.openapi_dump > openapi/openapi.json

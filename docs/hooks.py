@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def cell(text: str) -> str:
-    """Text for one table cell: one line, pipes escaped, and `<...>` outside code shown, not parsed as HTML."""
+    """One table cell: one line, pipes escaped, `<...>` outside code shown rather than read as HTML."""
     parts = " ".join(text.split()).split("`")
     for i in range(0, len(parts), 2):  # even parts lie outside code spans
         parts[i] = parts[i].replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
@@ -50,7 +50,7 @@ def code(value: Any) -> str:
     return "`" + json.dumps(value) + "`"
 
 
-def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return [*lines, ""]
@@ -94,7 +94,8 @@ def object_of(schema: Schema, defs: dict[str, Schema]) -> Schema | None:
 
 def bounds(schema: Schema) -> list[str]:
     out = []
-    for key, sign in (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<")):
+    signs = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"))
+    for key, sign in signs:
         if key in schema:
             out.append(f"{sign} {schema[key]}")
     for key, words in (("minLength", "min length"), ("maxLength", "max length")):
@@ -127,7 +128,7 @@ def type_of(schema: Schema, defs: dict[str, Schema], link: bool = False) -> str:
     if "const" in schema:
         kind += " " + code(schema["const"])
     limits = bounds(schema)
-    return kind + (f" ({', '.join(limits)})" if limits else "")
+    return str(kind) + (f" ({', '.join(limits)})" if limits else "")
 
 
 def allowed(schema: Schema, defs: dict[str, Schema]) -> list[Any]:
@@ -244,7 +245,7 @@ def operations(openapi: Schema, key: str = "paths") -> Iterator[tuple[str, str, 
 
 def body_schemas(content: Schema, defs: dict[str, Schema]) -> str:
     """`application/json`: JobSpec; one line per media type."""
-    parts = [f"`{media}`: {type_of(spec.get('schema', {}), defs, link=True)}" for media, spec in content.items()]
+    parts = [f"`{media}`: {type_of(s.get('schema', {}), defs, link=True)}" for media, s in content.items()]
     return "; ".join(parts)
 
 
@@ -269,7 +270,8 @@ def operation(method: str, path: str, op: Schema, defs: dict[str, Schema], level
         for p in op.get("parameters", [])
     ]
     if params:
-        lines += ["Parameters:", ""] + table(("name", "in", "type", "required", "default", "description"), params)
+        header = ("name", "in", "type", "required", "default", "description")
+        lines += ["Parameters:", "", *table(header, params)]
     if "requestBody" in op:
         body = op["requestBody"]
         need = "required" if body.get("required") else "optional"
@@ -280,7 +282,7 @@ def operation(method: str, path: str, op: Schema, defs: dict[str, Schema], level
         (f"`{status}`", answer.get("description", ""), body_schemas(answer.get("content", {}), defs))
         for status, answer in op.get("responses", {}).items()
     ]
-    lines += ["Responses:", ""] + table(("status", "meaning", "body"), responses)
+    lines += ["Responses:", "", *table(("status", "meaning", "body"), responses)]
     return lines
 
 
