@@ -208,7 +208,7 @@ def spec_reference(schema: Schema) -> str:
         "",
         "Every field of a job spec (`POST /jobs`, as JSON or YAML), generated from the JSON schema of",
         "`ftq.contract.spec.JobSpec` when the site is built. A section that may be left out (`lora`,",
-        "`resume_from`) says so in its own row; [Writing a job spec](../spec/index.md) explains how the",
+        "`resume_from`) says so under its heading; [Writing a job spec](../spec/index.md) explains how the",
         "fields work together. Unknown fields are refused (a 422 naming the nearest valid one).",
         "",
     ]
