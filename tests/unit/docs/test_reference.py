@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import importlib.util
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -134,3 +135,13 @@ def test_the_settings_page_names_every_setting() -> None:
     page = (ROOT / "docs" / "operating" / "settings.md").read_text()
     missing = [f"FTQ_{name.upper()}" for name in Settings.model_fields if f"`FTQ_{name.upper()}`" not in page]
     assert not missing, f"settings not on docs/operating/settings.md: {missing}"
+
+
+def test_the_readme_links_resolve() -> None:
+    # mkdocs checks the links inside the site; the README is outside it, read on the forge as Markdown.
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert "docs/getting-started.md" in local
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
