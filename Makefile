@@ -15,7 +15,7 @@ HOST ?=
 PORT ?=
 LOG_LEVEL ?=
 
-.PHONY: help install up test test-fast lint typecheck openapi openapi-check bench clean lock
+.PHONY: help install up test test-fast lint typecheck openapi openapi-check docs bench clean lock
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -79,7 +79,7 @@ lint: install ## ruff check, ruff format --check, lint-imports
 	$(BIN)/lint-imports --no-logo
 
 typecheck: install ## strict mypy
-	$(BIN)/mypy ftq service worker trainer migrations tests bench
+	$(BIN)/mypy ftq service worker trainer migrations tests bench docs/hooks.py
 
 openapi: install ## regenerate openapi/openapi.json
 	$(BIN)/python -m service.openapi_dump > openapi/openapi.json
@@ -88,8 +88,14 @@ openapi-check: install ## fail if openapi/openapi.json is stale
 	$(BIN)/python -m service.openapi_dump | diff -u openapi/openapi.json - \
 		|| (echo "openapi/openapi.json is stale: run 'make openapi'" && exit 1)
 
-# Everything: lint, types, the OpenAPI document, then tests/unit, tests/integration and tests/e2e.
-test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check ## everything: lint, types, OpenAPI, the whole test suite
+# The docs site (mkdocs.yml, docs/) into build/site; strict: a broken link or any other warning fails it.
+# docs/hooks.py writes the HTTP and spec references from openapi/openapi.json and the spec's schema.
+# Not --quiet: it hides the warnings that strict mode counts. NO_MKDOCS_2_WARNING: the theme's banner.
+docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs serve)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e.
+test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The unit tests alone (in process: no subprocess, server or training), in well under two minutes.

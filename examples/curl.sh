@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's curl walkthrough, runnable. With `ftq up` (or `make up`) serving on 127.0.0.1:$FTQ_PORT:
+# The curl walkthrough of docs/getting-started.md, runnable. With `ftq up` (or `make up`) serving on
+# 127.0.0.1:$FTQ_PORT:
 #
 #   examples/curl.sh
 #
