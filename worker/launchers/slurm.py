@@ -29,8 +29,8 @@ Secrets reach the job through the environment of `sbatch` (its default `--export
 the script, the plan or the store. That environment is `launch_environment`'s allowlist (never the API
 tokens, the database or the broker URL). SLURM keeps it in the controller's state directory (owned by
 SlurmUser), and in accounting only where `AccountingStoreFlags=job_env` asks it to. The job runs as the
-account that submitted it, the worker's: FTQ_RUN_AS_USER is the local launcher's (see the README's
-"Run isolation" for what to set on a cluster).
+account that submitted it, the worker's: FTQ_RUN_AS_USER is the local launcher's (see "Run isolation"
+in docs/operating/security.md for what to set on a cluster).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ class SlurmLauncher:
         if self.settings.run_users:
             log.warning(
                 "FTQ_RUN_AS_USER applies to local runs: SLURM jobs run as the account that submits them "
-                "(this worker's); see the README's Run isolation"
+                "(this worker's); see Run isolation in docs/operating/security.md"
             )
         # None: not asked yet; False: this cluster keeps no accounting (sacct is skipped from then on).
         self._sacct_ok: bool | None = None
