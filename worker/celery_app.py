@@ -91,7 +91,8 @@ def make_worker_app() -> Celery:
 
 
 # Celery's multi-line warning is about pickle, which ftq does not accept (json only); a worker as root
-# is how FTQ_RUN_AS_USER runs jobs as other users, and docs/operating/security.md says how to run one without it.
+# is how FTQ_RUN_AS_USER runs jobs as other users, and docs/operating/security.md says how to run one
+# without it.
 warnings.filterwarnings(
     "ignore", message="You're running the worker with superuser", category=SecurityWarning
 )
