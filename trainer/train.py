@@ -67,7 +67,8 @@ def main(args: TrainerArgs) -> None:
 
 def run(args: TrainerArgs) -> None:
     """One run, step by step. Some lines the steps log are the markers the service reads back from
-    train.log for a job's phase (service/jobs/phase.py): their wording and their order are kept."""
+    train.log for a job's phase (service/jobs/phase.py `_MARKERS`): a change to their wording or order
+    is a change to that parser too."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
     configure_logging()
