@@ -1,9 +1,10 @@
-"""Command-line arguments: `--spec spec.json`, or the source articles' `train.py` flags.
+"""Command-line arguments: `--spec spec.json`, or the flags of the `train.py` that the Llama 2 70B (FSDP)
+and Falcon 180B (LoRA, ZeRO-3) fine-tuning guides launch, so that their command lines run unchanged.
 
-Both forms end as one `JobSpec`, so there is a single training code path. The article flags are
-mapped onto the spec field by field (see `ArticleFlags.to_job_spec`); what the articles left to the
-launcher (which strategy, how many processes) is read back from the environment `accelerate launch`
-sets. Nothing heavy is imported here, so `python -m trainer --help` is instant.
+Both forms end as one `JobSpec`, so there is a single training code path. The train.py flags are
+mapped onto the spec field by field (see `TrainPyFlags.to_job_spec`); what they leave to the launcher
+(which strategy, how many processes) is read back from the environment `accelerate launch` sets.
+Nothing heavy is imported here, so `python -m trainer --help` is instant.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ examples:
 
 
 def str2bool(value: str) -> bool:
-    """The articles write booleans as `True`/`False`; accept the usual spellings too."""
+    """Booleans as train.py command lines write them (`True`/`False`), and the usual other spellings."""
     lowered = value.strip().lower()
     if lowered in ("true", "1", "yes", "y", "on"):
         return True
@@ -42,8 +43,8 @@ def str2bool(value: str) -> bool:
 
 
 @dataclass
-class ArticleFlags:
-    """The flags of the articles' `train.py` (None: not given on the command line)."""
+class TrainPyFlags:
+    """The flags `train.py` takes, with its names and meanings (None: not given on the command line)."""
 
     model_name: str | None = field(default=None, metadata={"help": "Hub id or local model folder."})
     dataset_name: str | None = field(
@@ -105,7 +106,7 @@ class ArticleFlags:
             if (value := getattr(self, key)) is not None
         }
         if self.max_steps is None and self.num_train_epochs is None:
-            training["num_train_epochs"] = 1.0  # the articles' train.py default
+            training["num_train_epochs"] = 1.0  # train.py's default: one pass over the data
         training["mixed_precision"] = "bf16" if self.bf16 else "no"
         training["gradient_checkpointing"] = bool(self.use_gradient_checkpointing)
 
@@ -113,7 +114,7 @@ class ArticleFlags:
         if self.dataset_text_field is not None:
             dataset.update(format="text", text_field=self.dataset_text_field)
         if self.eval_steps is not None:
-            # The articles' train.py evaluates on the dataset's `test` split.
+            # train.py evaluates on the dataset's `test` split, so --eval_steps means that one.
             dataset["eval_split"] = "test"
 
         lora: dict[str, Any] | None = None
@@ -157,7 +158,7 @@ def launch_environment() -> dict[str, Any]:
     return {
         "distributed": distributed,
         "resources": {
-            # Several nodes only happen under SLURM in the articles; the spec insists on saying so.
+            # A launch over several nodes is a SLURM one here; the spec insists on saying so.
             "launcher": "slurm" if nodes > 1 else "local",
             # Whether CUDA is there is settled in train.run (torch is not imported while parsing).
             "device": "cpu" if env.get("ACCELERATE_USE_CPU", "false").lower() == "true" else "cuda",
@@ -174,13 +175,13 @@ class TrainerArgs:
     spec: JobSpec
     output_dir: Path
     resume_from_checkpoint: str | None = None
-    from_article_flags: bool = False
+    from_train_py_flags: bool = False  # parsed from train.py's flags, not --spec
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer",
-        description="Fine-tune a causal LM (TRL SFT, optional LoRA) from an ftq job spec or article flags.",
+        description="Fine-tune a causal LM (TRL SFT, optional LoRA) from an ftq job spec or train.py flags.",
         epilog=USAGE_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -200,15 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Let transformers run code from the model repo, when the spec also sets "
         "model.trust_remote_code (ftq's plan adds it only where the operator allows remote code).",
     )
-    article = parser.add_argument_group("source articles' train.py flags (instead of --spec)")
+    train_py = parser.add_argument_group("train.py flags (instead of --spec)")
     hints = {"str": str, "int": int, "float": float, "bool": str2bool}
-    for f in dataclasses.fields(ArticleFlags):
+    for f in dataclasses.fields(TrainPyFlags):
         kind = str(f.type).split(" | ")[0]
         kwargs: dict[str, Any] = {"type": hints[kind], "default": None, "help": f.metadata.get("help")}
         if kind == "bool":
             # `--packing` alone means True, as with HfArgumentParser; `--packing False` is explicit.
             kwargs.update(nargs="?", const=True, metavar="True|False")
-        article.add_argument(f"--{f.name}", **kwargs)
+        train_py.add_argument(f"--{f.name}", **kwargs)
     return parser
 
 
@@ -216,19 +217,19 @@ def parse_args(argv: list[str] | None = None) -> TrainerArgs:
     """Parse and validate; a bad combination ends here with one sentence (argparse exit status 2)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
-    flags = ArticleFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ArticleFlags)})
+    flags = TrainPyFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainPyFlags)})
     given = flags.given()
 
     if ns.spec is not None:
         if given:
             parser.error(
-                f"--spec and the article flags ({', '.join('--' + g for g in given)}) are exclusive; "
+                f"--spec and the train.py flags ({', '.join('--' + g for g in given)}) are exclusive; "
                 "put those settings in the spec"
             )
         spec = _load_spec(parser, Path(ns.spec))
     else:
         if flags.model_name is None or flags.dataset_name is None:
-            parser.error("give --spec spec.json, or --model_name and --dataset_name with the article flags")
+            parser.error("give --spec spec.json, or --model_name and --dataset_name with the train.py flags")
         if flags.max_steps is not None and flags.num_train_epochs is not None:
             parser.error("set --max_steps or --num_train_epochs, not both")
         if not flags.use_peft_lora and any(g.startswith("lora_") for g in given):
@@ -256,7 +257,7 @@ def parse_args(argv: list[str] | None = None) -> TrainerArgs:
         spec=spec,
         output_dir=Path(ns.output_dir),
         resume_from_checkpoint=resume,
-        from_article_flags=ns.spec is None,
+        from_train_py_flags=ns.spec is None,
     )
 
 

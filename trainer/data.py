@@ -180,7 +180,7 @@ def detect_format(spec: DatasetSpec, columns: list[str], method: str = "sft") ->
         setting = "dataset.messages_field" if fmt == "messages" else "dataset.text_field"
         raise DatasetError(
             f"dataset {spec.name_or_path} has no {what} column {missing[0]!r} "
-            f"(columns: {', '.join(columns)}); set {setting} (article flag --dataset_text_field) "
+            f"(columns: {', '.join(columns)}); set {setting} (train.py flag --dataset_text_field) "
             "to one of them"
         )
     raise DatasetError(

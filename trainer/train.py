@@ -4,7 +4,7 @@ Run it the way the ftq worker does:
 
     accelerate launch --config_file accelerate_config.yaml -m trainer --spec spec.json --output_dir RUN_DIR
 
-or with the source articles' flags (local paths on an offline machine):
+or with the `train.py` flags that trainer/args.py maps onto a spec (local paths on an offline machine):
 
     accelerate launch --config_file fsdp_config.yaml -m trainer \\
         --model_name ./tiny/model --dataset_name ./tiny/data/train.jsonl --dataset_text_field text \\
@@ -37,7 +37,7 @@ from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec
 from . import trackers
 from .args import TrainerArgs
 from .callbacks import metrics_callback
-from .data import TEXT_COLUMN, load_splits, trl_rows
+from .data import TEXT_COLUMN, Splits, load_splits, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
 from .memory import peak_rss
 from .model import (
@@ -49,7 +49,7 @@ from .model import (
     lora_config,
     resolve_attn,
 )
-from .preempt import exit_if_stopped, stop_callback
+from .preempt import StopOnSignal, exit_if_stopped, stop_callback
 from .preempt import start as listen_for_stop
 from .samples import every_steps, samples_callback
 from .watch import Watch, raise_if_diverged, watch_callback
@@ -66,18 +66,69 @@ def main(args: TrainerArgs) -> None:
 
 
 def run(args: TrainerArgs) -> None:
+    """One run, step by step. Some lines the steps log are the markers the service reads back from
+    train.log for a job's phase (service/jobs/phase.py `_MARKERS`): a change to their wording or order
+    is a change to that parser too."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
     configure_logging()
     _quiet_progress_bars(heavy=False)
     stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
 
-    # Inputs a user can get wrong are checked before torch is even imported: a typo fails in seconds.
-    check_model_path(spec.model)
-    method = str(spec.training.method)
-    _, splits = load_splits(spec.dataset, seed=spec.training.seed, method=method)
-    check_loss_on(spec, splits.format)
+    splits = check_inputs(spec)
+    launch = set_up_launch(args, splits)
+    data = prepare_data(spec, splits, launch)
+    model, peft_config = load_policy(spec, launch, splits.format)
+    job = build_job(spec, out, launch, data, model, peft_config, stop)
+    train(job, spec, out, args.resume_from_checkpoint, stop)
+    evaluate_and_sample_last_step(job, spec)
+    save_run(job, spec, out, run_started)
+    _leave_process_group(job.trainer)
 
+
+@dataclasses.dataclass
+class Launch:
+    """What `accelerate launch` set up for this process, and the method's TRL config made under it."""
+
+    state: Any  # accelerate's PartialState: this process's device, rank and the number of processes
+    strategy: str  # fsdp, deepspeed, ddp or none (_strategy)
+    config: Any  # the method's TRL config (training_config)
+    report_to: list[str]  # the trackers (trainer.trackers.configure)
+    ram_efficient: bool  # FSDP's RAM-efficient loading: only rank 0 reads the weights
+
+
+@dataclasses.dataclass
+class Data:
+    """The tokenizer, and the splits as read from the dataset and in the columns TRL reads."""
+
+    splits: Splits
+    tokenizer: Any
+    train: Any
+    eval: Any | None
+
+
+@dataclasses.dataclass
+class Job:
+    """The TRL trainer, with what the steps after training read back."""
+
+    trainer: Any
+    launch: Launch
+    data: Data
+    watch: Watch
+    sampler: Any | None  # a SampleWriter (trainer.samples), when the spec asks for sample completions
+
+
+def check_inputs(spec: JobSpec) -> Splits:
+    """The inputs a user can get wrong, checked before torch is even imported: a typo fails in seconds."""
+    check_model_path(spec.model)
+    _, splits = load_splits(spec.dataset, seed=spec.training.seed, method=str(spec.training.method))
+    check_loss_on(spec, splits.format)
+    return splits
+
+
+def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
+    """Read what the launch set up and make the method's TRL config; logs the `strategy` line."""
+    spec, out = args.spec, args.output_dir
     import torch
 
     if not torch.cuda.is_available():
@@ -85,8 +136,8 @@ def run(args: TrainerArgs) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from accelerate import PartialState
 
-    if args.from_article_flags and not torch.cuda.is_available():
-        spec.resources.device = Device.cpu  # the articles' flags leave the device to the machine
+    if args.from_train_py_flags and not torch.cuda.is_available():
+        spec.resources.device = Device.cpu  # train.py's flags name no device: use what the machine has
 
     _quiet_progress_bars(heavy=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -110,23 +161,33 @@ def run(args: TrainerArgs) -> None:
         state.device,
         splits.eval_note,
     )
+    return Launch(state, strategy, config, report_to, ram_efficient)
 
+
+def prepare_data(spec: JobSpec, splits: Splits, launch: Launch) -> Data:
+    """The tokenizer, and the splits in TRL's columns (rank 0 first; the other ranks reuse its cache)."""
     tokenizer = load_tokenizer(spec.model)
     if spec.training.loss_on == "assistant":
         check_assistant_template(tokenizer, spec.model.name_or_path)
-    with config.main_process_first(desc="prepare dataset"):
+    with launch.config.main_process_first(desc="prepare dataset"):
         train_ds = trl_rows(splits.train, spec.dataset, splits.format, tokenizer)
         eval_ds = trl_rows(splits.eval, spec.dataset, splits.format, tokenizer) if splits.eval else None
+    return Data(splits, tokenizer, train_ds, eval_ds)
 
+
+def load_policy(spec: JobSpec, launch: Launch, fmt: str) -> tuple[Any, Any]:
+    """The model to train, and its LoRA config (None: full fine-tuning); logs the `model` line."""
+    method = str(spec.training.method)
+    state = launch.state
     attn = resolve_attn(
         str(spec.model.attn_implementation), state.device.type, str(spec.training.mixed_precision)
     )
     # Only rank 0 reads the weights; FSDP hands every other rank its shard of them when it wraps.
     placeholders = None
-    if ram_efficient and state.process_index != 0:
+    if launch.ram_efficient and state.process_index != 0:
         placeholders = "cpu" if os.environ.get("FSDP_VERSION", "1") == "2" else "meta"
     with peak_rss("loading" if placeholders is None else f"loading ({placeholders} placeholders)"):
-        model = load_model(spec, load_dtype(spec, strategy), attn, placeholders=placeholders)
+        model = load_model(spec, load_dtype(spec, launch.strategy), attn, placeholders=placeholders)
     peft_config = None
     if spec.lora is not None:
         check_target_modules(model, spec.lora)
@@ -139,77 +200,116 @@ def run(args: TrainerArgs) -> None:
         "LoRA" if peft_config else "full fine-tuning",
         method,
         METHOD_TRAINERS[method],
-        splits.format,
+        fmt,
     )
+    return model, peft_config
 
-    metrics_writer = metrics_callback(out / runs.METRICS)
+
+def build_job(
+    spec: JobSpec,
+    out: Path,
+    launch: Launch,
+    data: Data,
+    model: Any,
+    peft_config: Any,
+    stop: StopOnSignal,
+) -> Job:
+    """The TRL trainer of the job's method with ftq's callbacks, checked against the launch's strategy."""
     watch = Watch(spike_factor=spec.training.loss_spike_factor, stop_on_nan=spec.training.stop_on_nan)
-    # The watch after the metrics writer: it reads the throughput of the point just written.
-    callbacks = [metrics_writer, watch_callback(watch, out, metrics_writer), stop_callback(stop)]
-    sampler = None
-    if spec.eval.sample_prompts and method == "reward":
-        log.warning("eval.sample_prompts: a reward model scores text and generates none; no samples")
-    elif spec.eval.sample_prompts:
-        # With an eval split: at each evaluation; without: on the eval_steps (else save_steps) cadence.
-        sampler = samples_callback(
-            out / runs.SAMPLES,
-            spec.eval.sample_prompts,
-            spec.eval.sample_max_new_tokens,
-            tokenizer=tokenizer,
-            chat=splits.format == "messages",
-            every_steps=None
-            if eval_ds is not None
-            else every_steps(spec.training.eval_steps, spec.training.save_steps),
-        )
-        callbacks.append(sampler)
-    if report_to:
-        callbacks.append(trackers.recorder_callback(spec.integrations, out))
+    sampler = sample_writer(spec, out, data)
+    callbacks = run_callbacks(spec, out, watch, sampler, stop, trackers_on=bool(launch.report_to))
     trainer = build_trainer(
-        spec, model, config, train_ds, eval_ds, tokenizer, peft_config, callbacks=callbacks
+        spec, model, launch.config, data.train, data.eval, data.tokenizer, peft_config, callbacks=callbacks
     )
     if sampler is not None:
         sampler.attach(trainer)
-    if method in ("dpo", "kto"):
-        log.info("reference model: %s", reference_note(trainer, strategy))
+    if str(spec.training.method) in ("dpo", "kto"):
+        log.info("reference model: %s", reference_note(trainer, launch.strategy))
     # The metrics callback logs one line per logging step; transformers' printer would add its dict.
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)
-
+    strategy = launch.strategy
     if (strategy == "fsdp") != trainer.is_fsdp_enabled or (
         strategy == "deepspeed"
     ) != trainer.is_deepspeed_enabled:
         raise RuntimeError(f"launch environment says {strategy}, but the trainer did not set it up")
+    return Job(trainer, launch, data, watch, sampler)
 
+
+def sample_writer(spec: JobSpec, out: Path, data: Data) -> Any | None:
+    """The callback writing samples.jsonl, when the spec asks for samples and the model generates text."""
+    if not spec.eval.sample_prompts:
+        return None
+    if str(spec.training.method) == "reward":
+        log.warning("eval.sample_prompts: a reward model scores text and generates none; no samples")
+        return None
+    # With an eval split: at each evaluation; without: on the eval_steps (else save_steps) cadence.
+    return samples_callback(
+        out / runs.SAMPLES,
+        spec.eval.sample_prompts,
+        spec.eval.sample_max_new_tokens,
+        tokenizer=data.tokenizer,
+        chat=data.splits.format == "messages",
+        every_steps=None
+        if data.eval is not None
+        else every_steps(spec.training.eval_steps, spec.training.save_steps),
+    )
+
+
+def run_callbacks(
+    spec: JobSpec, out: Path, watch: Watch, sampler: Any | None, stop: StopOnSignal, trackers_on: bool
+) -> list[Any]:
+    """ftq's TrainerCallbacks, in the order they must run at each step."""
+    metrics_writer = metrics_callback(out / runs.METRICS)
+    # The watch after the metrics writer: it reads the throughput of the point just written.
+    callbacks = [metrics_writer, watch_callback(watch, out, metrics_writer), stop_callback(stop)]
+    if sampler is not None:
+        callbacks.append(sampler)
+    if trackers_on:
+        callbacks.append(trackers.recorder_callback(spec.integrations, out))
+    return callbacks
+
+
+def train(job: Job, spec: JobSpec, out: Path, resume_from: str | None, stop: StopOnSignal) -> None:
+    """trainer.train, from the checkpoint asked for; a run stopped by a signal or a diverged loss ends here
+    (checkpointed, or as `diverged`); logs the `resuming` and `trained to step` lines."""
+    trainer = job.trainer
     started = time.time()
-    resume = resume_path(args.resume_from_checkpoint, out)
+    resume = resume_path(resume_from, out)
     if resume is not None:
         # Said once per run so the log shows where a continued run picked up (the service greps it).
         log.info("resuming from %s", resume)
-    trackers.start(spec.integrations, out, is_main=state.is_main_process)
+    trackers.start(spec.integrations, out, is_main=job.launch.state.is_main_process)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
-    if watch.diverged_at is not None:
+    if job.watch.diverged_at is not None:
         _leave_process_group(trainer)
-        raise_if_diverged(watch, out)  # the loss became NaN: no final save; ends as `diverged`
+        raise_if_diverged(job.watch, out)  # the loss became NaN: no final save; ends as `diverged`
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
 
-    # The last step was not an eval step: evaluate once more, so the run ends with its final eval loss.
-    eval_steps = spec.training.eval_steps
-    if eval_ds is not None and (eval_steps is None or trainer.state.global_step % eval_steps != 0):
-        trainer.evaluate()
-    if sampler is not None:
-        sampler.final()  # every rank, where the model is sharded; a no-op when the last eval sampled
-    trackers.finish(spec.integrations, is_main=state.is_main_process)  # after the final eval's report
 
+def evaluate_and_sample_last_step(job: Job, spec: JobSpec) -> None:
+    """The last step was not an eval step: evaluate once more, so the run ends with its final eval loss
+    (and its last samples); then close the trackers, which report that eval too."""
+    trainer = job.trainer
+    eval_steps = spec.training.eval_steps
+    if job.data.eval is not None and (eval_steps is None or trainer.state.global_step % eval_steps != 0):
+        trainer.evaluate()
+    if job.sampler is not None:
+        job.sampler.final()  # every rank, where the model is sharded; a no-op when the last eval sampled
+    trackers.finish(spec.integrations, is_main=job.launch.state.is_main_process)
+
+
+def save_run(job: Job, spec: JobSpec, out: Path, run_started: float) -> None:
+    """final/ (every rank takes part in the gather), then its model card on rank 0; logs `saved`."""
+    trainer = job.trainer
     with peak_rss("final save"):
-        save_final(trainer, out / runs.FINAL, tokenizer, strategy)
+        save_final(trainer, out / runs.FINAL, job.data.tokenizer, job.launch.strategy)
     if trainer.accelerator.is_main_process:
-        facts = run_facts(trainer, splits, state, time.time() - run_started)
+        facts = run_facts(trainer, job.data.splits, job.launch.state, time.time() - run_started)
         write_model_card(spec, facts, out)
     log.info("saved %s", out / runs.FINAL)
-
-    _leave_process_group(trainer)
 
 
 def _leave_process_group(trainer: Any) -> None:
@@ -476,7 +576,7 @@ def reference_note(trainer: Any, strategy: str) -> str:
 def checkpointing_args(enabled: bool, reentrant: bool) -> dict[str, Any]:
     """Activation checkpointing as SFTConfig fields, `use_reentrant` always explicit.
 
-    Non-reentrant checkpointing works with frozen inputs and FSDP (article challenge 3). LoRA under
+    Non-reentrant checkpointing is the kind that works with frozen inputs and FSDP's sharding. LoRA under
     ZeRO-3 (the Falcon job) needs reentrant: non-reentrant recomputation re-checks the frozen weights,
     which ZeRO-3 has partitioned back to empty by then (DeepSpeed fixed that only in 0.19.3). TRL forces
     reentrant there too, but into the deprecated `gradient_checkpointing_kwargs`, a fresh dict when none
@@ -516,7 +616,7 @@ def resume_path(resume: str | None, out: Path) -> str | None:
 def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> None:
     """Write `final/`: the LoRA adapter, or a full model that from_pretrained loads, plus the tokenizer.
 
-    Intermediate checkpoints stay sharded under FSDP (fast, resumable, article challenge 2); only this
+    Intermediate checkpoints stay sharded under FSDP (each rank writes its shard: fast, resumable); only this
     save gathers a full state dict, and under LoRA only the adapter's: the frozen base is what the job
     started from, and gathering it to rank 0's CPU would take ~276 GB for 70B in float32. Under ZeRO-3
     the 16-bit weights are gathered whatever the config's `zero3_save_16bit_model` says, so `final/` is

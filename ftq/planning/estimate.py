@@ -43,7 +43,7 @@ CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # CUDA/NCCL context and cuBLAS workspaces
 # PyTorch's caching allocator reserves more than it hands out (blocks rounded up, fragments too small
 # to reuse), and a card sold as "80 GB" shows CUDA ~79.3 GiB: a job that needs 79.5 of 80 GiB dies of
 # OOM after hours. The estimate must stay within this share of the device memory to fit; 5 % keeps the
-# articles' jobs (both ran on 80 GB A100s) fitting while refusing what has no room left.
+# Llama 2 70B and Falcon 180B examples (both on 80 GB A100s) fitting while refusing what has no room left.
 USABLE_DEVICE_FRACTION = 0.95
 # Host RAM of one rank besides model state: Python, torch and CUDA libraries, pinned buffers, the data
 # loader; measured at 1.5-3 GB for the trainer's processes.

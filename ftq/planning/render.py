@@ -88,7 +88,8 @@ def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
     state_dict = "SHARDED_STATE_DICT" if fsdp.state_dict_type == "sharded" else "FULL_STATE_DICT"
     common = {
         "fsdp_activation_checkpointing": fsdp.activation_checkpointing,
-        # Wraps each decoder layer (the model's `_no_split_modules`), as the Llama 2 70B article did.
+        # One FSDP unit per decoder layer (the model's `_no_split_modules`): the full weights are gathered a
+        # layer at a time as it runs, never the whole model on one rank.
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         # Meta-device init on every rank, real weights on rank 0 only: the 70B CPU RAM fix.
         "fsdp_cpu_ram_efficient_loading": fsdp.cpu_ram_efficient_loading,

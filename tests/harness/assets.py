@@ -21,7 +21,8 @@ EXAMPLES = REPO / "examples"
 TINY = EXAMPLES / "tiny"
 # The same folder as a spec names it relative to the service's default roots (examples/ is one).
 TINY_RELATIVE = "./tiny"
-# The articles' models as their config.json only (all the memory estimate reads): llama-2-70b-hf, falcon-180B.
+# The examples' large models as their config.json only (all the memory estimate reads): llama-2-70b-hf,
+# falcon-180B.
 MODEL_CONFIGS = Path(__file__).resolve().parent / "data" / "models"
 _TINY_FILES = (
     "model/config.json",
@@ -113,7 +114,7 @@ def example_spec(name: str = "tiny-cpu.yaml", **training: Any) -> dict[str, Any]
 
 
 def model_config(name: str) -> dict[str, Any]:
-    """config.json of one of the articles' models (MODEL_CONFIGS: llama-2-70b-hf, falcon-180B)."""
+    """config.json of one of the examples' large models (MODEL_CONFIGS: llama-2-70b-hf, falcon-180B)."""
     return dict(json.loads((MODEL_CONFIGS / name / "config.json").read_text()))
 
 

@@ -1,7 +1,7 @@
-"""Preflight and failures through a real `ftq up`: its data dir holds the articles' model configs (no
-weights) next to what the runs write; the tiny assets are an allowed root too. Mounts and cgroups a test
-makes are removed by that test. The checkpoint and failure tests share one plain `ftq up` (`quick_up`):
-each reads only the jobs it posted."""
+"""Preflight and failures through a real `ftq up`: its data dir holds the Llama 2 70B and Falcon 180B
+config.json files (no weights) next to what the runs write; the tiny assets are an allowed root too.
+Mounts and cgroups a test makes are removed by that test. The checkpoint and failure tests share one
+plain `ftq up` (`quick_up`): each reads only the jobs it posted."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.integration.preflight.deployments import running_up
 
 @pytest.fixture(scope="module")
 def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir holding only config.json files for the articles' models (no weights)."""
+    """A data dir holding only the config.json files of the 70B and 180B example models (no weights)."""
     data = tmp_path_factory.mktemp("ftq-pf") / "data"
     for name, fixture in (("llama-2-70b", "llama-2-70b-hf"), ("falcon-180B", "falcon-180B")):
         folder = data / "models" / name
@@ -29,7 +29,7 @@ def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stack(models_root: Path, tiny_dir: Path) -> Iterator[Deployment]:
     # allow_oversubscribe skips the disk check too here, as the test of launching anyway needs (a 70B
     # full fine-tune's checkpoints do not fit this disk).
-    # Eight GPUs in the local pool, as the articles' one-node jobs ask for (a local cuda job is refused
+    # Eight GPUs in the local pool, as the 70B and 180B examples ask for per node (a local cuda job is refused
     # at POST where the pool has fewer).
     with running_up(
         models_root.parent,

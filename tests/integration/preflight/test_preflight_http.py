@@ -1,6 +1,6 @@
 """Preflight over HTTP against a real `ftq up`: memory and disk, decided before anything is launched.
 
-The articles' models are present only as their `config.json` (no weights): that is all the estimate
+The 70B and 180B example models are present only as their `config.json` (no weights): that is all the estimate
 reads, so a 180B job is checked on a machine without a GPU.
 """
 
@@ -24,7 +24,8 @@ GB = 1000**3
 GiB = 1024**3
 
 
-def article(name: str, models_root: Path, local_name: str) -> dict[str, Any]:
+def example_spec(name: str, models_root: Path, local_name: str) -> dict[str, Any]:
+    """examples/NAME with its model pointed at the config-only copy under `models_root`."""
     spec = yaml.safe_load((EXAMPLES / name).read_text())
     spec["model"]["name_or_path"] = str(models_root / "models" / local_name)
     return dict(spec)
@@ -32,7 +33,7 @@ def article(name: str, models_root: Path, local_name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def llama(models_root: Path) -> dict[str, Any]:
-    return article("llama2-70b-fsdp.yaml", models_root, "llama-2-70b")
+    return example_spec("llama2-70b-fsdp.yaml", models_root, "llama-2-70b")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_allow_oversubscribe_launches_anyway(stack: Deployment, llama_one_gpu: d
 
 
 def test_falcon_180b_lora_zero3_over_16_gpus_fits(stack: Deployment, models_root: Path) -> None:
-    spec = article("falcon-180b-lora-zero3.yaml", models_root, "falcon-180B")
+    spec = example_spec("falcon-180b-lora-zero3.yaml", models_root, "falcon-180B")
     est = stack.dry_run(spec)["estimate"]
     assert est["model_type"] == "falcon" and 175e9 < est["num_parameters"] < 185e9
     assert est["fits"] is True, est

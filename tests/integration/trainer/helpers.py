@@ -25,7 +25,7 @@ def rendered_config(spec: dict[str, Any]) -> str:
     return render.config_yaml(render.accelerate_config(JobSpec.model_validate(spec)))
 
 
-# Hand-written configs for launches that do not go through a spec (the article's command line), or that
+# Hand-written configs for launches that do not go through a spec (train.py's command line), or that
 # pin a setting ftq renders otherwise (ZeRO-3 without 16-bit gathering).
 _TWO_CPU_PROCESSES = """\
 compute_environment: LOCAL_MACHINE

@@ -43,7 +43,7 @@ def method_spec(
             **training,
         },
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
-        # "zero3": DeepSpeed ZeRO stage 3, as the Falcon article runs it.
+        # "zero3": DeepSpeed ZeRO stage 3, as the Falcon 180B example (LoRA) runs it.
         "distributed": (
             {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
             if strategy == "zero3"
@@ -135,7 +135,7 @@ def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
 
 
 def test_dpo_with_lora_under_zero3_saves_the_whole_adapter(tiny_dir: Path, tmp_path: Path) -> None:
-    # The Falcon article's setup (LoRA under ZeRO-3) with DPO: the reference is the base with the adapter
+    # The Falcon 180B example's setup (LoRA under ZeRO-3) with DPO: the reference is the base with the adapter
     # off, and the final adapter is gathered from the shards, not saved as ZeRO-3's empty placeholders.
     from safetensors.torch import load_file
 

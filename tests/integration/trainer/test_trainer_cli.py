@@ -28,7 +28,7 @@ def _ftq_error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("ftq-error: ")]
 
 
-def test_help_is_instant_and_lists_the_article_flags() -> None:
+def test_help_is_instant_and_lists_the_train_py_flags() -> None:
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
@@ -96,11 +96,11 @@ def test_invalid_flag_combinations_fail_at_parse_time(tmp_path: Path, argv: list
     assert "Traceback" not in proc.stderr
 
 
-def test_spec_and_article_flags_are_exclusive(tiny_dir: Path, tmp_path: Path) -> None:
+def test_spec_and_train_py_flags_are_exclusive(tiny_dir: Path, tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "spec.json", _spec(tiny_dir))
     proc = run_trainer(["--spec", str(spec), "--max_steps", "3", "--output_dir", str(tmp_path / "out")])
     assert proc.returncode == 2
-    assert "--spec and the article flags (--max_steps) are exclusive" in proc.stderr
+    assert "--spec and the train.py flags (--max_steps) are exclusive" in proc.stderr
 
 
 def test_invalid_spec_names_the_field(tmp_path: Path) -> None:
@@ -143,7 +143,7 @@ def test_missing_dataset_is_a_dataset_error(tiny_dir: Path, tmp_path: Path) -> N
     ]
 
 
-def test_model_dir_without_weights_is_a_model_error_with_article_flags(
+def test_model_dir_without_weights_is_a_model_error_with_train_py_flags(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
     proc = run_trainer(

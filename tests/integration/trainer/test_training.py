@@ -60,8 +60,8 @@ def load_and_generate(model_dir: Path, base: Path | None = None) -> tuple[Any, A
     return model, tok, tok.decode(out[0])
 
 
-def test_article_command_line_under_fsdp2_on_two_cpu_processes(tiny_dir: Path, tmp_path: Path) -> None:
-    """The acceptance check: the article's flags, FSDP2, LoRA on attention, cosine with warmup, 40 steps."""
+def test_train_py_command_line_under_fsdp2_on_two_cpu_processes(tiny_dir: Path, tmp_path: Path) -> None:
+    """The acceptance check: train.py's flags, FSDP2, LoRA on attention, cosine with warmup, 40 steps."""
     out = tmp_path / "run"
     argv = (
         f"--model_name {tiny_dir / 'model'} --dataset_name {tiny_dir / 'data' / 'train.jsonl'} "
@@ -87,7 +87,7 @@ def test_article_command_line_under_fsdp2_on_two_cpu_processes(tiny_dir: Path, t
             lr_at(p["step"], 1e-3, 40, 0.1, "cosine"), rel=1e-6, abs=1e-12
         )
 
-    # Intermediate checkpoints are sharded (article challenge 2); final/ is the gathered adapter.
+    # Intermediate checkpoints are sharded (each rank writes its own); final/ is the gathered adapter.
     assert (out / "checkpoints" / "checkpoint-20" / "pytorch_model_fsdp_0").is_dir()
     final = out / "final"
     adapter = json.loads((final / "adapter_config.json").read_text())

@@ -1,6 +1,6 @@
-"""ftq.planning.estimate: the acceptance figures for the two article jobs from their config.json alone,
-parameter
-counts checked against real (tiny) transformers models and PEFT, and the sanity of the memory model."""
+"""ftq.planning.estimate: the acceptance figures for the 70B and 180B example jobs from their config.json
+alone, parameter counts checked against real (tiny) transformers models and PEFT, and the sanity of the
+memory model."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def one_gpu(spec_name: str, **changes: Any) -> JobSpec:
     )
 
 
-# Acceptance: the two article jobs ----------
+# Acceptance: the Llama 2 70B and Falcon 180B example jobs ----------
 
 
 @pytest.mark.parametrize("name", ["llama2-70b-fsdp", "llama2-70b-fsdp1"])
@@ -97,7 +97,7 @@ def test_falcon_180b_lora_zero3_over_16_gpus_fits_80gb() -> None:
     assert est.trainable_parameters < 0.002 * est.num_parameters
 
 
-def test_parameter_counts_of_the_article_models() -> None:
+def test_parameter_counts_of_llama_2_70b_and_falcon_180b() -> None:
     llama = parse_arch(config(LLAMA))
     falcon = parse_arch(config(FALCON))
     assert llama is not None and falcon is not None
@@ -405,12 +405,12 @@ def test_a_job_that_needs_nearly_all_device_memory_does_not_fit() -> None:
     assert estimate_memory(spec, config(LLAMA), device_memory_bytes=int(need / 79.5 * 80)).fits is False
     roomy = int(need / USABLE_DEVICE_FRACTION) + 1
     assert estimate_memory(spec, config(LLAMA), device_memory_bytes=roomy).fits is True
-    # The Llama article job on a card of 80 decimal GB (74.5 GiB) has no such room.
+    # The Llama 2 70B example job on a card of 80 decimal GB (74.5 GiB) has no such room.
     assert estimate_memory(spec, config(LLAMA), device_memory_bytes=80 * GB).fits is False
 
 
 def meta_model(name: str) -> Any:
-    """The article model with every parameter on `meta`: shapes without memory, as accelerate's
+    """The model of config folder NAME with every parameter on `meta`: shapes without memory, as accelerate's
     estimate-memory builds it."""
     import torch
     from accelerate import init_empty_weights

@@ -1,4 +1,4 @@
-"""ftq.planning.render in process: golden files for the article jobs, every config through accelerate's own
+"""ftq.planning.render in process: golden files for the example jobs, every config through accelerate's own
 loader
 and launch-argument handling, what reaches sbatch. The rendered scripts run for real (and one real
 2-process `accelerate launch`) in tests/integration/worker/test_launch_scripts.py and
@@ -35,8 +35,8 @@ EXAMPLES = {
 GOLDEN_JOB = "job_0123456789abcdef"
 GOLDEN_RUN_DIR = Path("/shared/ftq/runs") / GOLDEN_JOB
 
-# The Falcon article's accelerate config, verbatim (single node: 1 machine, 8 processes).
-FALCON_ARTICLE_CONFIG = yaml.safe_load(
+# The accelerate config the Falcon 180B guide launches with, verbatim (single node: 1 machine, 8 processes).
+FALCON_GUIDE_CONFIG = yaml.safe_load(
     textwrap.dedent("""\
     compute_environment: LOCAL_MACHINE
     debug: false
@@ -142,17 +142,17 @@ def test_render_is_deterministic_for_dry_and_real_runs() -> None:
     assert default_port("job_a") != default_port("job_b")
 
 
-# The article settings ----------
+# The settings of the 70B and 180B guides' own configs ----------
 
 
-def test_falcon_config_is_the_articles_with_two_nodes() -> None:
+def test_falcon_config_is_the_guides_with_two_nodes() -> None:
     plan = golden_plan("falcon-180b-lora-zero3")
-    expected = {**FALCON_ARTICLE_CONFIG, "num_machines": 2, "num_processes": 16, "enable_cpu_affinity": False}
+    expected = {**FALCON_GUIDE_CONFIG, "num_machines": 2, "num_processes": 16, "enable_cpu_affinity": False}
     assert plan.accelerate_config == expected
     assert yaml.safe_load(plan.accelerate_config_yaml) == expected
 
 
-def test_llama_fsdp1_config_has_every_article_key() -> None:
+def test_llama_fsdp1_config_has_every_key_of_the_guides() -> None:
     cfg = golden_plan("llama2-70b-fsdp1").accelerate_config
     assert cfg["distributed_type"] == "FSDP"
     assert cfg["fsdp_config"] == {

@@ -1,4 +1,4 @@
-"""The trainer's command line (trainer/args.py): the articles' flags map onto one job spec."""
+"""The trainer's command line (trainer/args.py): train.py's flags map onto one job spec."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ FALCON_FLAGS = (
 )
 
 
-def test_falcon_article_flags_map_onto_one_job_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_falcon_train_py_flags_map_onto_one_job_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ACCELERATE_USE_FSDP"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     args = parse_args(FALCON_FLAGS.split())
     spec = args.spec
-    assert args.from_article_flags and args.output_dir == Path("./out")
+    assert args.from_train_py_flags and args.output_dir == Path("./out")
     assert spec.model.name_or_path == "./falcon" and spec.model.attn_implementation == "auto"
     assert (spec.dataset.format, spec.dataset.text_field, spec.dataset.eval_split) == (
         "text",
@@ -49,7 +49,7 @@ def test_falcon_article_flags_map_onto_one_job_spec(monkeypatch: pytest.MonkeyPa
     assert spec.distributed.strategy == "deepspeed" and spec.distributed.deepspeed.zero_stage == 3
 
 
-def test_llama_article_flags_full_finetune_under_fsdp(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_llama_train_py_flags_full_finetune_under_fsdp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
     monkeypatch.setenv("WORLD_SIZE", "16")
