@@ -265,7 +265,6 @@ MASKED_FILES = (TRAIN_LOG,)
 MAX_ARTIFACTS = 20_000
 MAX_ARTIFACT_DEPTH = 16
 
-ARTIFACT_KINDS = ("adapter", "model", "tokenizer", "checkpoint", "export", "log", "card", "other")
 _TOKENIZER_FILES = frozenset(
     {
         "special_tokens_map.json",

@@ -328,106 +328,12 @@ def estimate_memory(
             f"model type {kind!r} is not one the estimate can count" if model_config else "no model config"
         )
         return Estimate(device_memory_bytes=device_memory_bytes, reason=f"{reason}; estimate skipped")
-    res, dist = spec.resources, spec.distributed
-    world = res.num_nodes * res.processes_per_node
-    cb = _compute_bytes(spec)
-    total = arch.num_params
-    strategy = str(dist.strategy)
-    zero3 = strategy == "deepspeed" and dist.deepspeed.zero_stage == 3
-    trainable = total if spec.lora is None else lora_params(arch, spec.lora)
-
-    # Load dtypes as the trainer chooses them (trainer.model.load_dtype): FSDP and full fine-tuning
-    # outside DeepSpeed keep fp32 weights (the compute dtype comes from FSDP's policy or autocast);
-    # DeepSpeed and LoRA elsewhere load in the half dtype.
-    if zero3:
-        # DeepSpeed's own arithmetic (deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs):
-        # 18 bytes per parameter over the world (16-bit weight, and 16 bytes of gradient, fp32 master
-        # and Adam moments), 2 of them when the optimizer is offloaded, none when the parameters are too.
-        # Under LoRA only the adapters carry the 16; the frozen base keeps its 16-bit weight.
-        p_bytes = cb
-        state_bytes = 16 if cb == 2 else 12  # fp32 training has no master copy
-        params = (
-            0
-            if dist.deepspeed.offload_params != "none"
-            else int(p_bytes * (total + _adapters(spec, arch)) / world)
-        )
-        states = 0 if dist.deepspeed.offload_optimizer != "none" else int(state_bytes * trainable / world)
-        grads = states * p_bytes // state_bytes
-        optimizer = states - grads
-    elif spec.lora is None:
-        if strategy == "deepspeed" and cb == 2:
-            # 16-bit weights and gradients; DeepSpeed's optimizer holds the fp32 master copy.
-            p_bytes, g_bytes, o_bytes = cb, cb, ADAM_MASTER_AND_MOMENTS
-        else:
-            p_bytes, g_bytes, o_bytes = 4, 4, ADAM_MOMENTS
-        params = total * p_bytes
-        grads = trainable * g_bytes
-        optimizer = trainable * o_bytes
-    else:
-        # Frozen base weights; adapters in fp32 (PEFT keeps them so) with fp32 grads and Adam moments.
-        base_bytes = 4 if strategy == "fsdp" else cb
-        params = total * base_bytes + trainable * 4
-        grads = trainable * 4
-        optimizer = trainable * ADAM_MOMENTS
-
-    # Sharding: which of the three is divided over the world, and what is offloaded off the device.
-    shard_params = shard_grads = shard_opt = False
-    if strategy == "deepspeed" and not zero3:
-        stage = dist.deepspeed.zero_stage
-        shard_opt, shard_grads = stage >= 1, stage >= 2
-    elif strategy == "fsdp":
-        shard_params = shard_grads = shard_opt = True
-    if shard_params:
-        params //= world
-    if shard_grads:
-        grads //= world
-    if shard_opt:
-        optimizer //= world
-    host_offload = 0
-    if strategy == "deepspeed" and not zero3 and dist.deepspeed.offload_optimizer != "none":
-        optimizer = 0
-    elif strategy == "fsdp" and dist.fsdp.offload_params:
-        # FSDP CPU offload keeps parameter shards and gradients on the host; the optimizer steps there.
-        host_offload = (params + grads + optimizer) * res.processes_per_node
-        params = grads = optimizer = 0
-
-    # Communication buffers: the layers gathered at once under FSDP, DeepSpeed's buckets otherwise.
-    largest_unit = max(arch.layer_params, arch.embedding_params + arch.head_params)
-    trainable_layer = arch.layer_params if spec.lora is None else trainable // max(arch.layers, 1)
-    largest_layer = 0
-    if zero3:
-        # DeepSpeed's term for the largest layer (its 16-bit weight and gradient, gathered whole), then
-        # the prefetch and reduce buckets that transformers sizes from the hidden size (0.9 h^2, h^2).
-        largest_layer = 4 * arch.largest_module_params
-        comm = int(1.9 * arch.hidden * arch.hidden * cb)
-    elif shard_params:
-        # The layer being computed plus the one being prefetched, in the compute dtype, and the
-        # unsharded gradients of one layer before they are reduce-scattered.
-        comm = 2 * largest_unit * cb + trainable_layer * cb
-        if strategy == "fsdp" and not dist.fsdp.reshard_after_forward:
-            # Without resharding after forward, every gathered layer stays until its backward.
-            comm += total * cb
-    elif strategy == "deepspeed" and dist.deepspeed.zero_stage in (1, 2):
-        comm = 2 * arch.hidden * arch.hidden * cb + min(trainable, int(5e8)) * cb
-    elif strategy == "ddp" and world > 1:
-        # DDP's gradient buckets are a second copy of the gradients.
-        comm = trainable * (4 if spec.lora is not None or cb == 4 else cb)
-    else:
-        comm = 0
-
-    breakdown = {
-        "params": int(params),
-        **({"reference_model": ref} if (ref := _reference_bytes(spec, total, cb, world)) else {}),
-        "grads": int(grads),
-        "optimizer": int(optimizer),
-        **({"largest_layer": largest_layer} if zero3 else {}),
-        **_activation_bytes(spec, arch),
-        "comm_buffers": int(comm),
-        "cuda_context": CUDA_CONTEXT_BYTES if res.device == "cuda" else 0,
-    }
+    job = _Job.of(spec, arch)
+    states, host_offload = _placed(job, _model_states(job))
+    breakdown = _device_breakdown(job, states)
     per_device = sum(breakdown.values())
     usable = int(device_memory_bytes * USABLE_DEVICE_FRACTION)
-    host = _host_breakdown(spec, arch, per_device, trainable, host_offload)
+    host = _host_breakdown(spec, arch, per_device, job.trainable, host_offload)
     host_bytes = host["runtime"] + max(host["loading"], host["offload"] + host["final_gather"])
     host_fits = None if not host_memory_bytes else host_bytes <= host_memory_bytes
     return Estimate(
@@ -441,11 +347,145 @@ def estimate_memory(
         host_memory_bytes=host_memory_bytes or None,
         host_fits=host_fits,
         model_type=arch.model_type,
-        num_parameters=total,
-        trainable_parameters=trainable,
-        world_size=world,
+        num_parameters=job.total,
+        trainable_parameters=job.trainable,
+        world_size=job.world,
         note=arch.note or None,
     )
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What each step of the memory estimate reads: the spec, its model's architecture, the world size,
+    the compute dtype's bytes (`cb`) and the parameter counts."""
+
+    spec: JobSpec
+    arch: Arch
+    world: int
+    cb: int
+    total: int
+    trainable: int
+    strategy: str
+    zero3: bool
+
+    @classmethod
+    def of(cls, spec: JobSpec, arch: Arch) -> _Job:
+        res, dist = spec.resources, spec.distributed
+        strategy = str(dist.strategy)
+        return cls(
+            spec=spec,
+            arch=arch,
+            world=res.num_nodes * res.processes_per_node,
+            cb=_compute_bytes(spec),
+            total=arch.num_params,
+            trainable=arch.num_params if spec.lora is None else lora_params(arch, spec.lora),
+            strategy=strategy,
+            zero3=strategy == "deepspeed" and dist.deepspeed.zero_stage == 3,
+        )
+
+
+@dataclass(frozen=True)
+class _States:
+    """The model states on one device: weights, gradients and optimizer state (bytes)."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+
+def _model_states(job: _Job) -> _States:
+    """Weights, gradients and Adam state before sharding (ZeRO-3: DeepSpeed's own, already per device)."""
+    spec, dist, cb, total, trainable = job.spec, job.spec.distributed, job.cb, job.total, job.trainable
+    # Load dtypes as the trainer chooses them (trainer.model.load_dtype): FSDP and full fine-tuning
+    # outside DeepSpeed keep fp32 weights (the compute dtype comes from FSDP's policy or autocast);
+    # DeepSpeed and LoRA elsewhere load in the half dtype.
+    if job.zero3:
+        # DeepSpeed's own arithmetic (deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs):
+        # 18 bytes per parameter over the world (16-bit weight, and 16 bytes of gradient, fp32 master
+        # and Adam moments), 2 of them when the optimizer is offloaded, none when the parameters are too.
+        # Under LoRA only the adapters carry the 16; the frozen base keeps its 16-bit weight.
+        state_bytes = 16 if cb == 2 else 12  # fp32 training has no master copy
+        params = (
+            0
+            if dist.deepspeed.offload_params != "none"
+            else int(cb * (total + _adapters(spec, job.arch)) / job.world)
+        )
+        states = 0 if dist.deepspeed.offload_optimizer != "none" else int(state_bytes * trainable / job.world)
+        grads = states * cb // state_bytes
+        return _States(params, grads, states - grads)
+    if spec.lora is None:
+        if job.strategy == "deepspeed" and cb == 2:
+            # 16-bit weights and gradients; DeepSpeed's optimizer holds the fp32 master copy.
+            p_bytes, g_bytes, o_bytes = cb, cb, ADAM_MASTER_AND_MOMENTS
+        else:
+            p_bytes, g_bytes, o_bytes = 4, 4, ADAM_MOMENTS
+        return _States(total * p_bytes, trainable * g_bytes, trainable * o_bytes)
+    # Frozen base weights; adapters in fp32 (PEFT keeps them so) with fp32 grads and Adam moments.
+    base_bytes = 4 if job.strategy == "fsdp" else cb
+    return _States(total * base_bytes + trainable * 4, trainable * 4, trainable * ADAM_MOMENTS)
+
+
+def _placed(job: _Job, states: _States) -> tuple[_States, int]:
+    """The model states left on one device once ZeRO-1/2 or FSDP shards them and what is offloaded is
+    taken off, and the host RAM per node that FSDP's CPU offload holds instead."""
+    dist = job.spec.distributed
+    params, grads, optimizer = states.params, states.grads, states.optimizer
+    if job.strategy == "deepspeed" and not job.zero3:
+        stage = dist.deepspeed.zero_stage
+        if stage >= 2:
+            grads //= job.world
+        if stage >= 1:
+            optimizer //= job.world
+        if dist.deepspeed.offload_optimizer != "none":
+            optimizer = 0
+    elif job.strategy == "fsdp":
+        params, grads, optimizer = params // job.world, grads // job.world, optimizer // job.world
+        if dist.fsdp.offload_params:
+            # FSDP CPU offload keeps parameter shards and gradients on the host; the optimizer steps there.
+            host_offload = (params + grads + optimizer) * job.spec.resources.processes_per_node
+            return _States(0, 0, 0), host_offload
+    return _States(params, grads, optimizer), 0
+
+
+def _comm_bytes(job: _Job) -> int:
+    """Communication buffers: the layers gathered at once under FSDP, DeepSpeed's buckets otherwise."""
+    spec, arch, cb, dist = job.spec, job.arch, job.cb, job.spec.distributed
+    if job.zero3:
+        # The prefetch and reduce buckets that transformers sizes from the hidden size (0.9 h^2, h^2).
+        return int(1.9 * arch.hidden * arch.hidden * cb)
+    if job.strategy == "fsdp":
+        # The layer being computed plus the one being prefetched, in the compute dtype, and the
+        # unsharded gradients of one layer before they are reduce-scattered.
+        largest_unit = max(arch.layer_params, arch.embedding_params + arch.head_params)
+        trainable_layer = arch.layer_params if spec.lora is None else job.trainable // max(arch.layers, 1)
+        comm = 2 * largest_unit * cb + trainable_layer * cb
+        if not dist.fsdp.reshard_after_forward:
+            # Without resharding after forward, every gathered layer stays until its backward.
+            comm += job.total * cb
+        return comm
+    if job.strategy == "deepspeed" and dist.deepspeed.zero_stage in (1, 2):
+        return 2 * arch.hidden * arch.hidden * cb + min(job.trainable, int(5e8)) * cb
+    if job.strategy == "ddp" and job.world > 1:
+        # DDP's gradient buckets are a second copy of the gradients.
+        return job.trainable * (4 if spec.lora is not None or cb == 4 else cb)
+    return 0
+
+
+def _device_breakdown(job: _Job, states: _States) -> dict[str, int]:
+    """Bytes per device by what holds them; their sum is the estimate's per_device_bytes."""
+    spec = job.spec
+    ref = _reference_bytes(spec, job.total, job.cb, job.world)
+    return {
+        "params": int(states.params),
+        **({"reference_model": ref} if ref else {}),
+        "grads": int(states.grads),
+        "optimizer": int(states.optimizer),
+        # DeepSpeed's term for the largest layer: its 16-bit weight and gradient, gathered whole.
+        **({"largest_layer": 4 * job.arch.largest_module_params} if job.zero3 else {}),
+        **_activation_bytes(spec, job.arch),
+        "comm_buffers": int(_comm_bytes(job)),
+        "cuda_context": CUDA_CONTEXT_BYTES if spec.resources.device == "cuda" else 0,
+    }
 
 
 def _reference_bytes(spec: JobSpec, total: int, cb: int, world: int) -> int:

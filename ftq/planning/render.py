@@ -3,16 +3,21 @@
 Pure functions: no I/O, no torch, no clock. The same spec, job id, run dir and settings always give the
 same plan, so a dry run shows exactly what a real run will start, and golden files can pin it.
 
+The scripts' text is in templates/ (`launch.sh`, `job.sbatch`, `export.sbatch`), to be read next to the
+golden files it renders to (tests/unit/ftq/golden); this module computes the values it is filled with.
+
 Safety: every value that reaches a script is quoted (`shlex.quote` in shell lines, sbatch's own quoting
-in `#SBATCH` lines). Spec text becomes argv words or YAML data, never a script line of its own. The only
-verbatim script text is operator-owned (`FTQ_SLURM_SETUP`).
+in `#SBATCH` lines) before it is filled in. Spec text becomes argv words or YAML data, never a script line
+of its own. The only verbatim script text is operator-owned (`FTQ_SLURM_SETUP`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import shlex
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -226,29 +231,14 @@ def _pairs(words: list[str]) -> list[list[str]]:
 
 
 def launch_script(run_dir: Path, argv: list[str]) -> str:
-    """`launch.sh`: run the launch, log to train.log, then record its exit status atomically.
-
-    The environment (CUDA_VISIBLE_DEVICES, secrets) comes from the launcher's process, never this file.
-    """
-    rd = shlex.quote(str(run_dir))
-    status, tmp = runs.EXIT_STATUS, f".{runs.EXIT_STATUS}.tmp"
-    return f"""#!/usr/bin/env bash
-# Rendered by ftq; the launcher runs it in its own process group with the job's environment.
-set -u
-cd -- {rd} || exit 1
-rm -f -- {status}
-
-# A cancel sends SIGTERM to the whole process group, so the launch gets it directly. This shell must
-# outlive the launch to record how it ended: with a trap, bash lets the foreground launch finish,
-# then runs the trap, and $? is still the launch's own status.
-trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
-{_argv_lines(argv, 1 + len(ACCELERATE_LAUNCH))} \\
-  >> {runs.TRAIN_LOG} 2>&1
-status=$?
-
-printf '%s\\n' "$status" > {tmp} && mv -f -- {tmp} {status}
-exit "$status"
-"""
+    """`launch.sh` (templates/launch.sh): run the launch, log to train.log, then record its exit status."""
+    return _fill(
+        "launch.sh",
+        run_dir=shlex.quote(str(run_dir)),
+        exit_status=runs.EXIT_STATUS,
+        train_log=runs.TRAIN_LOG,
+        command=_argv_lines(argv, 1 + len(ACCELERATE_LAUNCH)),
+    )
 
 
 # job.sbatch -------------------------------------------------------------------------------------------------
@@ -307,157 +297,131 @@ def sbatch_script(
     port: int,
     resume_from_checkpoint: str | None,
 ) -> str:
-    """`job.sbatch`: one `accelerate launch` per node under srun, as an expert writes it by hand."""
-    res, slurm = spec.resources, spec.resources.slurm
-    world = res.num_nodes * res.processes_per_node
+    """`job.sbatch` (templates/job.sbatch): one `accelerate launch` per node under srun."""
+    res = spec.resources
     cpus_per_task = settings.slurm_cpus_per_task or (
         res.processes_per_node * (settings.slurm_cpus_per_gpu if res.device == "cuda" else 1)
     )
-    grace = settings.slurm_signal_grace_seconds
+    resume = "()"
+    if resume_from_checkpoint:
+        resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
+    trainer_args = _pairs(trainer_argv(run_dir, None, trust_remote_code=spec.model.trust_remote_code))
+    return _fill(
+        "job.sbatch",
+        sbatch_header=_sbatch_header(_job_sbatch_args(spec, job_id, run_dir, settings, cpus_per_task)),
+        run_dir=shlex.quote(str(run_dir)),
+        exit_status=runs.EXIT_STATUS,
+        site_setup=_site_setup(settings),
+        nccl_env=_nccl_env(settings),
+        port=str(port),
+        elastic_signals=ELASTIC_SIGNALS,
+        shutdown_timeout=str(max(settings.slurm_signal_grace_seconds, 30)),
+        resume_args=resume,
+        checkpoints=runs.CHECKPOINTS,
+        checkpoint_prefix=runs.CHECKPOINT_PREFIX,
+        num_nodes=str(res.num_nodes),
+        cpus_per_task=str(cpus_per_task),
+        python=shlex.quote(settings.python),
+        accelerate_config=shlex.quote(str(run_dir / runs.ACCELERATE_CONFIG)),
+        world_size=str(res.num_nodes * res.processes_per_node),
+        trainer_args=" \\\n  ".join(_q(pair) for pair in trainer_args),
+    )
+
+
+def _job_sbatch_args(
+    spec: JobSpec, job_id: str, run_dir: Path, settings: Settings, cpus_per_task: int
+) -> list[str]:
+    """A job's `#SBATCH` options: its nodes and devices, where it runs, its priority, its requeue and
+    time-limit warning, then the operator's extra options."""
+    res = spec.resources
+    args = [f"--job-name={_sbatch_value('ftq-' + job_id)}", f"--nodes={res.num_nodes}", "--ntasks-per-node=1"]
+    if res.device == "cuda":
+        args.append(f"--gres=gpu:{res.processes_per_node}")
+    args.append(f"--cpus-per-task={cpus_per_task}")
+    if settings.slurm_mem:
+        args.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
+    if settings.slurm_exclusive:
+        args.append("--exclusive")
+    args += _placement_args(spec, settings)
+    args += _priority_args(spec, settings)
+    args += _output_args(run_dir)
+    # Preempted or failed-node jobs go back in the queue and resume from their newest checkpoint.
+    args.append("--requeue")
+    if settings.slurm_signal_grace_seconds:
+        # A warning before the time limit, to this script only (B:): it asks the trainer to checkpoint.
+        args.append(f"--signal=B:USR1@{settings.slurm_signal_grace_seconds}")
+    return args + _extra_sbatch_args(settings.slurm_extra_args)
+
+
+def _placement_args(spec: JobSpec, settings: Settings) -> list[str]:
+    """The time limit, partition and account: the spec's, else the operator's defaults."""
+    slurm = spec.resources.slurm
     partition = slurm.partition or settings.slurm_partition
     account = slurm.account or settings.slurm_account
-
-    header = [
-        f"--job-name={_sbatch_value('ftq-' + job_id)}",
-        f"--nodes={res.num_nodes}",
-        "--ntasks-per-node=1",
-    ]
-    if res.device == "cuda":
-        header.append(f"--gres=gpu:{res.processes_per_node}")
-    header.append(f"--cpus-per-task={cpus_per_task}")
-    if settings.slurm_mem:
-        header.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
-    if settings.slurm_exclusive:
-        header.append("--exclusive")
+    args = []
     if slurm.time_limit:
-        header.append(f"--time={_sbatch_value(slurm.time_limit)}")
+        args.append(f"--time={_sbatch_value(slurm.time_limit)}")
     if partition:
-        header.append(f"--partition={_sbatch_value(partition)}")
+        args.append(f"--partition={_sbatch_value(partition)}")
     if account:
-        header.append(f"--account={_sbatch_value(account)}")
-    header += _priority_args(spec, settings)
-    header += [
+        args.append(f"--account={_sbatch_value(account)}")
+    return args
+
+
+def _output_args(run_dir: Path) -> list[str]:
+    """The script runs in its folder and appends its output to the train.log there."""
+    return [
         f"--chdir={_sbatch_value(str(run_dir))}",
         f"--output={_sbatch_path(run_dir / runs.TRAIN_LOG)}",
         "--open-mode=append",
-        # Preempted or failed-node jobs go back in the queue and resume from their newest checkpoint.
-        "--requeue",
     ]
-    if grace:
-        # A warning before the time limit, to this script only (B:): it asks the trainer to checkpoint.
-        header.append(f"--signal=B:USR1@{grace}")
-    header += _extra_sbatch_args(settings.slurm_extra_args)
 
-    rd = shlex.quote(str(run_dir))
-    default_resume = "()"
-    if resume_from_checkpoint:
-        default_resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
-    # srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05).
-    srun_opts = [
-        f"--nodes={res.num_nodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
-        f"--cpus-per-task={cpus_per_task}",
-    ]
-    accel_args = [
-        "--config_file", str(run_dir / runs.ACCELERATE_CONFIG),
-        "--num_processes", str(world),
-        "--num_machines", str(res.num_nodes),
-    ]  # fmt: skip
-    # The launch ignores SIGUSR1 (a single process launch would die of it); the ranks, and torchrun's
-    # agent through PET_SIGNALS_TO_HANDLE, install their own handlers.
-    per_node = 'trap "" USR1; exec "$0" -m accelerate.commands.launch --machine_rank "$SLURM_NODEID" "$@"'
-    srun_words = [
-        "srun " + _q(srun_opts),
-        "bash -c " + shlex.quote(per_node),
-        shlex.quote(settings.python),
-        *(_q(pair) for pair in _pairs(accel_args)),
-        '--main_process_ip "$MASTER_ADDR"',
-        '--main_process_port "$MASTER_PORT"',
-        "--rdzv_backend static",
-        "--same_network",
-        *(
-            _q(pair)
-            for pair in _pairs(trainer_argv(run_dir, None, trust_remote_code=spec.model.trust_remote_code))
-        ),
-        # bash < 4.4 calls an empty array unbound under `set -u`: expand it only when it has words.
-        '${RESUME_ARGS[@]+"${RESUME_ARGS[@]}"} &',
-    ]
-    lines = [
-        "#!/bin/bash",
-        *(f"#SBATCH {h}" for h in header),
-        "# Rendered by ftq.",
-        "",
-        "set -euo pipefail",
-        f"RUN_DIR={rd}",
-        "",
-        "write_exit_status() {",
-        "  # Atomic, so the service never reads a half-written file; how it learns the end without sacct.",
-        f'  printf \'%s\\n\' "$1" > "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" \\',
-        f'    && mv -f "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" "$RUN_DIR/{runs.EXIT_STATUS}"',
-        "}",
-        "trap 'write_exit_status $?' EXIT",
-        "",
-        "# srun runs in the background so that a signal's trap runs at once, not after srun has ended.",
-        "LAUNCH_PID=",
-        "SIGNALLED=",
-        "STOP_REQUESTED=",
-        "# SLURM's warning before the time limit (--signal=B:USR1) reaches this script alone: srun",
-        "# forwards USR1 to every node's launch, and the trainer checkpoints at its next step and stops.",
-        "stop_with_checkpoint() {",
-        "  SIGNALLED=1 STOP_REQUESTED=1",
-        '  echo "ftq: SIGUSR1 (time limit near): asking the trainer to checkpoint and stop" >&2',
-        '  if [ -n "$LAUNCH_PID" ]; then kill -USR1 "$LAUNCH_PID" 2> /dev/null || true; fi',
-        "}",
-        "trap stop_with_checkpoint USR1",
-        "# scancel and the time limit send SIGTERM to every step and to this script: srun must not get a",
-        "# second one (it would SIGKILL the steps); wait, so the EXIT trap records the launch's status.",
-        "trap 'SIGNALLED=1; echo \"ftq: SIGTERM received, waiting for srun\" >&2' TERM",
-        f'rm -f "$RUN_DIR/{runs.EXIT_STATUS}"',
-        "",
-    ]
+
+def _sbatch_header(args: list[str]) -> str:
+    return "\n".join(f"#SBATCH {a}" for a in args)
+
+
+def _site_setup(settings: Settings) -> str:
+    """The operator's FTQ_SLURM_SETUP under its heading, then a blank line; empty without one."""
     setup = settings.slurm_setup.strip("\n")
-    if setup:
-        lines += ["# Site setup (FTQ_SLURM_SETUP)", setup, ""]
+    return f"# Site setup (FTQ_SLURM_SETUP)\n{setup}\n" if setup else ""
+
+
+def _nccl_env(settings: Settings) -> str:
+    """FTQ_SLURM_NCCL_ENV as quoted exports under their heading, then a blank line; empty without it."""
     nccl = slurm_env_lines(settings.slurm_nccl_env)
-    if nccl:
-        lines += [
-            "# Network settings for NCCL (FTQ_SLURM_NCCL_ENV); srun hands them to every node",
-            *(f"export {name}={shlex.quote(value)}" for name, value in nccl),
-            "",
-        ]
-    lines += [
-        "# The first node hosts the rendezvous (awk, not head: head would SIGPIPE scontrol under pipefail).",
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk \'NR == 1\')"',
-        'export MASTER_ADDR="${MASTER_ADDR:?could not resolve the first node of $SLURM_JOB_NODELIST}"',
-        f"export MASTER_PORT={port}",
-        "",
-        "# torchrun's agents pass SIGUSR1 on to the ranks and give them the grace to save before SIGKILL.",
-        f"export PET_SIGNALS_TO_HANDLE={ELASTIC_SIGNALS}",
-        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={max(grace, 30)}",
-        "",
-        f"RESUME_ARGS={default_resume}",
-        "# A requeued job (preemption, node failure) continues from this run's newest checkpoint.",
-        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] \\',
-        f'    && ls -d "$RUN_DIR"/{runs.CHECKPOINTS}/{runs.CHECKPOINT_PREFIX}* > /dev/null 2>&1; then',
-        "  RESUME_ARGS=(--resume_from_checkpoint latest)",
-        "fi",
-        "",
-        "# One `accelerate launch` per node. The single-quoted part runs on each node, so $SLURM_NODEID",
-        "# is that node's rank; every other word is a plain argument ($0 is the interpreter).",
-        " \\\n  ".join(srun_words),
-        "LAUNCH_PID=$!",
-        '[ -z "$STOP_REQUESTED" ] || kill -USR1 "$LAUNCH_PID" 2> /dev/null || true',
-        "# A trapped signal ends `wait` early: wait again until srun itself has ended, for its status.",
-        "while :; do",
-        "  SIGNALLED=",
-        '  status=0 && wait "$LAUNCH_PID" || status=$?',
-        '  [ -n "$SIGNALLED" ] || break',
-        "done",
-        'exit "$status"',
-        "",
+    if not nccl:
+        return ""
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in nccl)
+    return "# Network settings for NCCL (FTQ_SLURM_NCCL_ENV); srun hands them to every node\n" + exports
+
+
+# Templates ----------------------------------------------------------------------------------------------
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+@functools.cache
+def _template(name: str) -> str:
+    """templates/<name> without its `##` notes for the reader."""
+    text = (resources.files(__package__) / "templates" / name).read_text(encoding="utf-8")
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("##"))
+
+
+def _fill(name: str, **values: str) -> str:
+    """templates/<name> with each {{name}} replaced by its value, once (a value is never read as a
+    template). A line that is only a placeholder whose value is empty is left out. Every placeholder
+    needs a value and every value a placeholder, so a renamed one cannot go unnoticed."""
+    text = _template(name)
+    names = set(_PLACEHOLDER.findall(text))
+    if names != set(values):
+        raise KeyError(f"templates/{name} has {sorted(names)}, given {sorted(values)}")
+    lines = [
+        line
+        for line in text.splitlines(keepends=True)
+        if not ((m := _PLACEHOLDER.fullmatch(line.rstrip("\n"))) and values[m[1]] == "")
     ]
-    return "\n".join(lines)
+    return _PLACEHOLDER.sub(lambda m: values[m[1]], "".join(lines))
 
 
 # Plan ---------------------------------------------------------------------------------------------------
@@ -536,53 +500,32 @@ def export_argv(export_dir: Path, settings: Settings) -> list[str]:
 
 
 def export_sbatch_script(spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings) -> str:
-    """`job.sbatch` of an export: one task on one node (one GPU for a cuda job), under the job's partition,
-    account and time limit, recording its exit status as a job's script does."""
-    slurm = spec.resources.slurm
-    partition = slurm.partition or settings.slurm_partition
-    account = slurm.account or settings.slurm_account
-    header = [f"--job-name={_sbatch_value('ftq-' + export_id)}", "--nodes=1", "--ntasks=1"]
+    """`job.sbatch` of an export (templates/export.sbatch): one task on one node (one GPU for a cuda
+    job), under the job's partition, account and time limit, recording its exit status as a job's does."""
+    return _fill(
+        "export.sbatch",
+        sbatch_header=_sbatch_header(_export_sbatch_args(spec, export_id, export_dir, settings)),
+        run_dir=shlex.quote(str(export_dir)),
+        exit_status=runs.EXIT_STATUS,
+        site_setup=_site_setup(settings),
+        command=_argv_lines(export_argv(export_dir, settings), 3),
+    )
+
+
+def _export_sbatch_args(spec: JobSpec, export_id: str, export_dir: Path, settings: Settings) -> list[str]:
+    args = [f"--job-name={_sbatch_value('ftq-' + export_id)}", "--nodes=1", "--ntasks=1"]
     if spec.resources.device == "cuda":
-        header.append("--gres=gpu:1")
+        args.append("--gres=gpu:1")
     # As a one-process job of this spec asks: a GPU's share of CPUs on cuda, one CPU on cpu.
     cpus = settings.slurm_cpus_per_task or (
         settings.slurm_cpus_per_gpu if spec.resources.device == "cuda" else 1
     )
-    header.append(f"--cpus-per-task={cpus}")
+    args.append(f"--cpus-per-task={cpus}")
     if settings.slurm_mem:
-        header.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
-    if slurm.time_limit:
-        header.append(f"--time={_sbatch_value(slurm.time_limit)}")
-    if partition:
-        header.append(f"--partition={_sbatch_value(partition)}")
-    if account:
-        header.append(f"--account={_sbatch_value(account)}")
-    header += [
-        f"--chdir={_sbatch_value(str(export_dir))}",
-        f"--output={_sbatch_path(export_dir / runs.TRAIN_LOG)}",
-        "--open-mode=append",
-    ]
-    header += _extra_sbatch_args(settings.slurm_extra_args)
-    lines = [
-        "#!/bin/bash",
-        *(f"#SBATCH {h}" for h in header),
-        "# Rendered by ftq: one export of a job's final/.",
-        "",
-        "set -uo pipefail",
-        f"RUN_DIR={shlex.quote(str(export_dir))}",
-        "write_exit_status() {",
-        f'  printf \'%s\\n\' "$1" > "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" \\',
-        f'    && mv -f "$RUN_DIR/.{runs.EXIT_STATUS}.tmp" "$RUN_DIR/{runs.EXIT_STATUS}"',
-        "}",
-        "trap 'write_exit_status $?' EXIT",
-        f'rm -f "$RUN_DIR/{runs.EXIT_STATUS}"',
-        "",
-    ]
-    setup = settings.slurm_setup.strip("\n")
-    if setup:
-        lines += ["# Site setup (FTQ_SLURM_SETUP)", setup, ""]
-    lines += [_argv_lines(export_argv(export_dir, settings), 3), ""]
-    return "\n".join(lines)
+        args.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
+    args += _placement_args(spec, settings)
+    args += _output_args(export_dir)
+    return args + _extra_sbatch_args(settings.slurm_extra_args)
 
 
 def render_export_plan(spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings) -> Plan:

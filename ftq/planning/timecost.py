@@ -51,83 +51,31 @@ def time_estimate(
     run_tokens: int | None = None,
 ) -> TimeEstimate:
     """The estimate for `spec`; `parameters` from the memory preflight, `run_tokens` (the whole run's)
-    from the dataset preflight where it tokenized the data."""
-    res, tr = spec.resources, spec.training
-    devices = res.world_size
-    notes: list[str] = []
-
-    tokens: int | None = None
-    if run_tokens is not None:
-        tokens = run_tokens
-        notes.append(
-            "tokens: the dataset preflight's count with the job's tokenizer ("
-            + (
-                f"{tr.max_steps} steps at the data's mean sequence length"
-                if tr.max_steps is not None
-                else f"{tr.num_train_epochs or 1.0:g} epochs"
-            )
-            + ")"
-        )
-    elif tr.max_steps is not None:
-        tokens = tr.max_steps * tr.per_device_train_batch_size * tr.gradient_accumulation_steps * devices
-        tokens *= tr.max_seq_len
-        notes.append(
-            f"tokens: max_steps {tr.max_steps} x batch {tr.per_device_train_batch_size} x gradient "
-            f"accumulation {tr.gradient_accumulation_steps} x {devices} processes x max_seq_len "
-            f"{tr.max_seq_len} (full-length sequences"
-            + ("" if tr.packing else "; without packing an upper bound")
-            + ")"
-        )
-    else:
-        notes.append("tokens unknown: num_train_epochs without a dataset token count")
-
-    factor, why = flops_factor(spec)
-    notes.append(why)
+    from the dataset preflight where it tokenized the data. `assumptions` says what each number rests on."""
+    devices = spec.resources.world_size
+    tokens, tokens_note = _tokens(spec, run_tokens)
+    factor, factor_note = flops_factor(spec)
+    notes = [tokens_note, factor_note]
     if parameters:
         notes.append(f"parameters: {parameters} (from the model's config)")
     else:
         notes.append("parameters unknown: the model's config could not be read")
-
     tps = settings.tokens_per_second_per_device or None
     if tps is not None:
         notes.append(
             f"throughput: {tps:g} tokens/s per device, measured on this hardware "
             "(FTQ_TOKENS_PER_SECOND_PER_DEVICE); the FLOPs below are for reference"
         )
-    peak: float | None
-    if res.device == "cuda":
-        gpu = settings.gpu_type.upper()
-        peak_t = settings.peak_tflops_by_gpu.get(gpu)
-        if peak_t is None:
-            peak = None
-            notes.append(f"peak FLOP/s unknown: FTQ_GPU_TYPE {settings.gpu_type} not in FTQ_GPU_PEAK_TFLOPS")
-        else:
-            peak = peak_t * 1e12
-            notes.append(f"peak: {peak_t:g} TFLOP/s per {gpu} (FTQ_GPU_TYPE, FTQ_GPU_PEAK_TFLOPS)")
-    else:
-        peak = settings.cpu_peak_gflops * 1e9
-        notes.append(f"peak: {settings.cpu_peak_gflops:g} GFLOP/s per CPU process (FTQ_CPU_PEAK_GFLOPS)")
+    peak, peak_note = _peak_flops(spec, settings)
+    notes.append(peak_note)
     if tps is None:
-        mfu = settings.assumed_mfu
-        notes.append(f"utilisation: {mfu:g} of peak (FTQ_ASSUMED_MFU) on {devices} device(s)")
+        notes.append(
+            f"utilisation: {settings.assumed_mfu:g} of peak (FTQ_ASSUMED_MFU) on {devices} device(s)"
+        )
     notes.append("not counted: model loading, evaluation, checkpoint and final saves")
 
     flops = float(tokens) * factor * parameters if tokens is not None and parameters else None
-    seconds: float | None = None
-    reason: str | None = None
-    if tokens is None:
-        reason = "the token count is unknown: num_train_epochs without a dataset the preflight could read"
-    elif tps is not None:
-        seconds = tokens / (tps * devices)
-    elif not parameters:
-        reason = "the parameter count is unknown: the model's config could not be read"
-    elif not peak:
-        reason = (
-            f"the peak FLOP/s of a {settings.gpu_type} is unknown (FTQ_GPU_PEAK_TFLOPS); "
-            "or set FTQ_TOKENS_PER_SECOND_PER_DEVICE"
-        )
-    elif flops is not None:
-        seconds = flops / (devices * peak * settings.assumed_mfu)
+    seconds, reason = _seconds(spec, settings, tokens=tokens, parameters=parameters, flops=flops, peak=peak)
     device_hours = seconds / 3600 * devices if seconds is not None else None
     cost = None
     if device_hours is not None and settings.price_per_device_hour is not None:
@@ -144,3 +92,69 @@ def time_estimate(
         tokens_per_second_per_device=tps,
         reason=reason,
     )
+
+
+def _tokens(spec: JobSpec, run_tokens: int | None) -> tuple[int | None, str]:
+    """The tokens the run trains on, and where the count comes from."""
+    tr, devices = spec.training, spec.resources.world_size
+    if run_tokens is not None:
+        counted = (
+            f"{tr.max_steps} steps at the data's mean sequence length"
+            if tr.max_steps is not None
+            else f"{tr.num_train_epochs or 1.0:g} epochs"
+        )
+        return run_tokens, f"tokens: the dataset preflight's count with the job's tokenizer ({counted})"
+    if tr.max_steps is None:
+        return None, "tokens unknown: num_train_epochs without a dataset token count"
+    tokens = tr.max_steps * tr.per_device_train_batch_size * tr.gradient_accumulation_steps * devices
+    tokens *= tr.max_seq_len
+    return tokens, (
+        f"tokens: max_steps {tr.max_steps} x batch {tr.per_device_train_batch_size} x gradient "
+        f"accumulation {tr.gradient_accumulation_steps} x {devices} processes x max_seq_len "
+        f"{tr.max_seq_len} (full-length sequences"
+        + ("" if tr.packing else "; without packing an upper bound")
+        + ")"
+    )
+
+
+def _peak_flops(spec: JobSpec, settings: Settings) -> tuple[float | None, str]:
+    """One device's peak FLOP/s (None for a GPU type the operator gave none for), and where it comes from."""
+    if spec.resources.device != "cuda":
+        return (
+            settings.cpu_peak_gflops * 1e9,
+            f"peak: {settings.cpu_peak_gflops:g} GFLOP/s per CPU process (FTQ_CPU_PEAK_GFLOPS)",
+        )
+    gpu = settings.gpu_type.upper()
+    peak_t = settings.peak_tflops_by_gpu.get(gpu)
+    if peak_t is None:
+        return None, f"peak FLOP/s unknown: FTQ_GPU_TYPE {settings.gpu_type} not in FTQ_GPU_PEAK_TFLOPS"
+    return peak_t * 1e12, f"peak: {peak_t:g} TFLOP/s per {gpu} (FTQ_GPU_TYPE, FTQ_GPU_PEAK_TFLOPS)"
+
+
+def _seconds(
+    spec: JobSpec,
+    settings: Settings,
+    *,
+    tokens: int | None,
+    parameters: int | None,
+    flops: float | None,
+    peak: float | None,
+) -> tuple[float | None, str | None]:
+    """The run's seconds: from the measured throughput where there is one, else from the FLOPs at the
+    assumed utilisation; or None and the reason."""
+    devices = spec.resources.world_size
+    tps = settings.tokens_per_second_per_device or None
+    if tokens is None:
+        return None, "the token count is unknown: num_train_epochs without a dataset the preflight could read"
+    if tps is not None:
+        return tokens / (tps * devices), None
+    if not parameters:
+        return None, "the parameter count is unknown: the model's config could not be read"
+    if not peak:
+        return None, (
+            f"the peak FLOP/s of a {settings.gpu_type} is unknown (FTQ_GPU_PEAK_TFLOPS); "
+            "or set FTQ_TOKENS_PER_SECOND_PER_DEVICE"
+        )
+    if flops is None:
+        return None, None
+    return flops / (devices * peak * settings.assumed_mfu), None

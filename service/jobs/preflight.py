@@ -283,64 +283,100 @@ def preflight(
     """The memory and disk estimate for the plan, and the refusals it implies (empty when it fits)."""
     files = deadline.run(functools.partial(_look_at_files, spec, settings))
     refusals = pool_refusals(spec, settings) + files.refusals
-    cpu = spec.resources.device == "cpu"
-    if cpu:
-        # A CPU job's "devices" are its processes, which share the host's RAM.
-        memory = settings.host_memory_bytes // spec.resources.processes_per_node
-    else:
-        memory = settings.gpu_memory_bytes_for(spec.resources.slurm.partition or settings.slurm_partition)
+    memory = _device_memory(spec, settings)
     if files.config is None:
         return Estimate(device_memory_bytes=memory, reason=files.reason), refusals
-    config = files.config
+    room = _Room.of(spec, settings, owner)
+    estimate = est.estimate_memory(
+        spec, files.config, device_memory_bytes=memory, host_memory_bytes=room.node_bytes
+    )
+    if estimate.fits is False and not room.cpu:
+        # On the plan too, so a dry run shows what would fit before anything is submitted.
+        estimate.fix = est.suggest_fix(spec, files.config, memory, room.node_bytes)
+        estimate.alternatives = est.suggest_alternatives(spec, files.config, memory, room.node_bytes)
+    refusals += _memory_refusals(spec, settings, estimate, room)
+    estimate.disk = est.estimate_disk(spec, files.config)
+    estimate.disk.free_bytes = files.disk_free
+    refusals += _disk_refusals(estimate.disk, room)
+    return estimate, refusals
+
+
+def _device_memory(spec: JobSpec, settings: Settings) -> int:
+    """What one of the job's devices has: a GPU of its partition, or a CPU process's share of the host."""
+    if spec.resources.device == "cpu":
+        # A CPU job's "devices" are its processes, which share the host's RAM.
+        return settings.host_memory_bytes // spec.resources.processes_per_node
+    return settings.gpu_memory_bytes_for(spec.resources.slurm.partition or settings.slurm_partition)
+
+
+@dataclass
+class _Room:
+    """Which limits past the device's memory bind this job: the node's RAM (cuda jobs), and whether
+    allow_oversubscribe may skip the host's RAM and disk for this owner."""
+
+    cpu: bool
+    node_bytes: int | None
     # What allow_oversubscribe skips: the GPU estimate always; the host's RAM and disk only where the
     # operator lets this owner (a job past them fails for others too: swap, a full disk).
-    skip_host = spec.allow_oversubscribe and settings.oversubscribe_host_allowed(owner)
-    not_skipped = (
-        " (allow_oversubscribe does not skip this check on this server: FTQ_ALLOW_OVERSUBSCRIBE)"
-        if spec.allow_oversubscribe and not skip_host
-        else ""
-    )
-    node_bytes = (int(settings.node_memory_gb * 1024**3) or None) if not cpu else None
-    estimate = est.estimate_memory(spec, config, device_memory_bytes=memory, host_memory_bytes=node_bytes)
-    if estimate.fits is False and cpu and not skip_host:
+    skip_host: bool
+    # Said after a host refusal that allow_oversubscribe did not skip.
+    not_skipped: str
+
+    @classmethod
+    def of(cls, spec: JobSpec, settings: Settings, owner: str) -> _Room:
+        cpu = spec.resources.device == "cpu"
+        skip_host = spec.allow_oversubscribe and settings.oversubscribe_host_allowed(owner)
+        return cls(
+            cpu=cpu,
+            node_bytes=(int(settings.node_memory_gb * 1024**3) or None) if not cpu else None,
+            skip_host=skip_host,
+            not_skipped=(
+                " (allow_oversubscribe does not skip this check on this server: FTQ_ALLOW_OVERSUBSCRIBE)"
+                if spec.allow_oversubscribe and not skip_host
+                else ""
+            ),
+        )
+
+
+def _memory_refusals(
+    spec: JobSpec, settings: Settings, estimate: Estimate, room: _Room
+) -> list[dict[str, Any]]:
+    """A job whose estimate does not fit: a CPU job the host's RAM, a cuda job its GPUs or its node."""
+    if estimate.fits is not False:
+        return []
+    if room.cpu:
+        if room.skip_host:
+            return []
         procs = spec.resources.processes_per_node
         need = (estimate.per_device_bytes or 0) * procs / 1024**3
         have = settings.host_memory_bytes / 1024**3
-        refusals.append(
-            {
-                "loc": ["body", "resources", "device"],
-                "msg": f"estimated {need:.1f} GiB of host RAM for {procs} CPU process(es) does not fit "
-                f"the host's {have:.1f} GiB (FTQ_HOST_MEMORY_GB); use fewer processes, a smaller "
-                f"max_seq_len or batch, LoRA, or cuda{not_skipped}",
-                "type": "does_not_fit",
-            }
+        msg = (
+            f"estimated {need:.1f} GiB of host RAM for {procs} CPU process(es) does not fit "
+            f"the host's {have:.1f} GiB (FTQ_HOST_MEMORY_GB); use fewer processes, a smaller "
+            f"max_seq_len or batch, LoRA, or cuda{room.not_skipped}"
         )
-    elif estimate.fits is False and not cpu:
-        # On the plan too, so a dry run shows what would fit before anything is submitted.
-        estimate.fix = est.suggest_fix(spec, config, memory, node_bytes)
-        estimate.alternatives = est.suggest_alternatives(spec, config, memory, node_bytes)
-        # allow_oversubscribe launches past the GPU estimate; past the node's RAM only where the
-        # operator lets this owner (an OOM-killed node takes other jobs down with it).
-        gpu_over = (estimate.per_device_bytes or 0) > (estimate.usable_device_bytes or 0)
-        host_over = estimate.host_fits is False
-        if (gpu_over and not spec.allow_oversubscribe) or (host_over and not skip_host):
-            msg = _does_not_fit(estimate) + (not_skipped if host_over else "")
-            refusals.append({"loc": ["body", "resources"], "msg": msg, "type": "does_not_fit"})
-    disk: DiskEstimate = est.estimate_disk(spec, config)
-    disk.free_bytes = files.disk_free
-    estimate.disk = disk
-    need_disk = disk.total_bytes or 0
-    if need_disk > files.disk_free and not skip_host:
-        refusals.append(
-            {
-                "loc": ["body", "training", "save_steps"],
-                "msg": f"checkpoints and final model need about {need_disk / 1024**3:.1f} GiB but "
-                f"{files.disk_free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or "
-                f"set save_total_limit{not_skipped}",
-                "type": "disk_full",
-            }
-        )
-    return estimate, refusals
+        return [{"loc": ["body", "resources", "device"], "msg": msg, "type": "does_not_fit"}]
+    # allow_oversubscribe launches past the GPU estimate; past the node's RAM only where the operator
+    # lets this owner (an OOM-killed node takes other jobs down with it).
+    gpu_over = (estimate.per_device_bytes or 0) > (estimate.usable_device_bytes or 0)
+    host_over = estimate.host_fits is False
+    if (gpu_over and not spec.allow_oversubscribe) or (host_over and not room.skip_host):
+        msg = _does_not_fit(estimate) + (room.not_skipped if host_over else "")
+        return [{"loc": ["body", "resources"], "msg": msg, "type": "does_not_fit"}]
+    return []
+
+
+def _disk_refusals(disk: DiskEstimate, room: _Room) -> list[dict[str, Any]]:
+    """Checkpoints and the final model that would not fit the free space where runs are stored."""
+    need, free = disk.total_bytes or 0, disk.free_bytes or 0
+    if need <= free or room.skip_host:
+        return []
+    msg = (
+        f"checkpoints and final model need about {need / 1024**3:.1f} GiB but "
+        f"{free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or "
+        f"set save_total_limit{room.not_skipped}"
+    )
+    return [{"loc": ["body", "training", "save_steps"], "msg": msg, "type": "disk_full"}]
 
 
 def _does_not_fit(estimate: Estimate) -> str:

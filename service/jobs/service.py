@@ -1,6 +1,6 @@
-"""The rules of the jobs API: validate a spec, plan it, create a job (with its idempotency key and
-outbox record), cancel it, and shape it for responses. Preflight, logs, checkpoints and the metrics
-poll have modules of their own beside this one."""
+"""The rules of the jobs API: validate a spec, plan it (`service.jobs.planning`), create a job (with its
+idempotency key and outbox record), cancel it, and shape it for responses. Planning, logs, checkpoints
+and the metrics poll have modules of their own beside this one."""
 
 from __future__ import annotations
 
@@ -17,19 +17,16 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
 from ftq.contract.metrics import Point
-from ftq.contract.plans import DatasetPreflight, Estimate, Plan
+from ftq.contract.plans import Plan
 from ftq.contract.schemas import EstimateVsActual, QueueInfo, Usage
-from ftq.contract.spec import PRIORITY_RANK, JobSpec, Priority, SpecFieldError
+from ftq.contract.spec import JobSpec, SpecFieldError
 from ftq.contract.status import TERMINAL, JobStatus
-from ftq.planning.render import render_plan
-from ftq.runtime import files, limits
+from ftq.runtime import limits
 from ftq.runtime.redact import redact
 from ftq.runtime.settings import Settings
 from ftq.store import repository
-from ftq.store.files_repository import FileRepository
 from ftq.store.models import Job, JobQueue
 from ftq.store.repository import JobRepository, utcnow
 from service.errors import (
@@ -40,8 +37,7 @@ from service.errors import (
     spec_field_error,
     suggest_fields,
 )
-from service.files import service as file_service
-from service.jobs import checkpoints, phase, preflight, trackers
+from service.jobs import phase, planning, trackers
 from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
 
@@ -81,149 +77,20 @@ def request_hash(body: Any) -> str:
 # Create -----------------------------------------------------------------------------------------------
 
 
-def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
-    """What the operator allows one owner's job to do, beyond what the schema allows anyone."""
-    if spec.model.trust_remote_code and not settings.remote_code_allowed(owner):
-        # Code from a model repo runs inside the launch, with everything the launch can read.
-        raise spec_field_error(
-            ["model", "trust_remote_code"],
-            "running code from the model repo is not allowed on this server; use a model that "
-            "transformers supports natively, or ask the operator (FTQ_ALLOW_REMOTE_CODE)",
-            "not_allowed",
-        )
-    if spec.integrations.mlflow is not None and not settings.mlflow_tracking_uri:
-        # MLflow's default is a folder next to the process: the run would log where nobody looks.
-        raise spec_field_error(
-            ["integrations", "mlflow"],
-            "this server has no MLflow tracking server to log to; ask the operator to set "
-            "FTQ_MLFLOW_TRACKING_URI, or leave integrations.mlflow out",
-            "not_configured",
-        )
-    if spec.integrations.wandb is not None and not _wandb_usable(settings):
-        raise spec_field_error(
-            ["integrations", "wandb"],
-            "this server has no W&B key for runs (WANDB_API_KEY through FTQ_PASS_ENV) and does not log W&B "
-            "offline (FTQ_WANDB_MODE); ask the operator, or leave integrations.wandb out",
-            "not_configured",
-        )
-    cap = settings.max_priority_for(owner)
-    if PRIORITY_RANK[Priority(spec.priority)] > PRIORITY_RANK[Priority(cap)]:
-        raise spec_field_error(
-            ["priority"],
-            f"{owner} may ask for priority {cap} at most on this server (FTQ_MAX_PRIORITY); "
-            f"use priority: {cap}",
-            "operator_cap",
-        )
-    errors = [
-        {"loc": ["body", "resources", *loc], "msg": msg, "type": "operator_cap"}
-        for loc, msg in _over_caps(spec, settings)
-    ]
-    if errors:
-        raise SpecError(errors)
-
-
-def _wandb_usable(settings: Settings) -> bool:
-    """Whether a W&B run can start: offline or disabled needs no key; online needs the operator's."""
-    import os
-
-    if settings.wandb_mode in ("offline", "disabled"):
-        return True
-    return "WANDB_API_KEY" in settings.pass_env_names and bool(os.environ.get("WANDB_API_KEY"))
-
-
-def _over_caps(spec: JobSpec, settings: Settings) -> list[tuple[list[str], str]]:
-    """The operator's caps on one job (FTQ_MAX_*) this spec goes beyond: (field under resources, why)."""
-    res = spec.resources
-    over: list[tuple[list[str], str]] = []
-    if res.num_nodes > settings.max_nodes_per_job:
-        over.append(
-            (
-                ["num_nodes"],
-                f"{res.num_nodes} nodes exceeds the operator's cap "
-                f"FTQ_MAX_NODES_PER_JOB={settings.max_nodes_per_job}",
-            )
-        )
-    world = f"{res.num_nodes} node(s) x {res.processes_per_node} = {res.world_size}"
-    if res.device == "cuda" and res.world_size > settings.max_gpus_per_job:
-        over.append(
-            (
-                ["processes_per_node"],
-                f"{world} GPUs exceeds the operator's cap FTQ_MAX_GPUS_PER_JOB={settings.max_gpus_per_job}",
-            )
-        )
-    if res.world_size > settings.max_processes_per_job:
-        over.append(
-            (
-                ["processes_per_node"],
-                f"{world} processes exceeds the operator's cap "
-                f"FTQ_MAX_PROCESSES_PER_JOB={settings.max_processes_per_job}",
-            )
-        )
-    asked = res.slurm.time_limit
-    if asked and limits.slurm_time_seconds(asked) > limits.max_seconds(settings):
-        over.append(
-            (
-                ["slurm", "time_limit"],
-                f"{asked} exceeds the operator's cap "
-                f"FTQ_MAX_TIME_LIMIT_HOURS={settings.max_time_limit_hours:g}; ask for less and resume "
-                "from a checkpoint with resume_from",
-            )
-        )
-    return over
-
-
-def _planned(
-    spec: JobSpec, repo: JobRepository, settings: Settings
-) -> tuple[JobSpec, Estimate, list[dict[str, Any]], str | None, DatasetPreflight]:
-    """The policy, the paths and the preflight of a spec: (resolved spec, estimate, refusals, resume,
-    dataset preflight)."""
-    check_policy(spec, settings, repo.owner)
-    deadline = preflight.Deadline(settings.preflight_timeout_seconds)
-    spec = preflight.resolve_paths(spec, settings, repo, deadline)
-    # Uploaded files: the owner's and ready, or a 422 naming dataset.file_id (the same for a file that
-    # is another owner's as for one that does not exist).
-    uploads = file_service.files_of_spec(spec, FileRepository(repo.session, repo.owner))
-    resume = checkpoints.resume_checkpoint(spec, repo, settings)
-    estimate, refusals = preflight.preflight(spec, settings, repo.owner, deadline)
-    train = uploads.get("file_id")
-    upload = (
-        (files.file_path(settings.data_path, repo.owner, train.id), train.rows) if train is not None else None
-    )
-    data = preflight.dataset_preflight(spec, settings, deadline, upload)
-    return spec, estimate, refusals, resume, data
-
-
 def plan_for(body: Any, repo: JobRepository, settings: Settings, *, job_id: str) -> tuple[JobSpec, Plan]:
-    spec, estimate, refusals, resume, data = _planned(parse_spec(body), repo, settings)
-    if refusals:
-        raise SpecError(refusals)
-    plan = render_plan(
-        spec,
-        job_id=job_id,
-        run_dir=runs.run_dir(settings.runs_dir, job_id),
-        settings=settings,
-        estimate=estimate,
-        resume_from_checkpoint=resume,
-        dataset=data,
-    )
-    return spec, plan
+    """The resolved spec and plan of a job to create, or a 422 with every reason it would not run."""
+    planned = planning.plan_submission(parse_spec(body), repo, settings, job_id=job_id)
+    if planned.refusals:
+        raise SpecError(planned.refusals)
+    return planned.spec, planned.plan
 
 
 def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
     # A dry run always answers with the plan, fits or not, so the user can see why.
-    spec, estimate, refusals, resume, data = _planned(parse_spec(body), repo, settings)
-    plan = render_plan(
-        spec,
-        job_id="dry-run",
-        run_dir=runs.run_dir(settings.runs_dir, "dry-run"),
-        settings=settings,
-        estimate=estimate,
-        resume_from_checkpoint=resume,
-        dataset=data,
-    )
+    planned = planning.plan_submission(parse_spec(body), repo, settings, job_id="dry-run")
     # Not a green plan for a job that submit would refuse: the same reasons, on the plan.
-    plan.warnings = [".".join(str(p) for p in r["loc"][1:]) + f": {r['msg']}" for r in refusals]
-    return plan
+    planned.plan.warnings = planned.warnings
+    return planned.plan
 
 
 def create_job(

@@ -659,3 +659,13 @@ def test_a_plan_has_one_time_estimate_which_its_dataset_section_repeats() -> Non
     assert plan.time_estimate is not None and plan.time_estimate.tokens == 4321
     assert plan.dataset is not None and plan.dataset.time_estimate == plan.time_estimate
     assert data.time_estimate is None  # rendering does not write into its inputs
+
+
+def test_a_value_written_like_a_template_placeholder_is_filled_in_as_written() -> None:
+    # The scripts are templates (ftq/planning/templates); what fills them is never read as one.
+    spec = spec_for(resources={"launcher": "slurm"})
+    settings_ = settings(slurm_setup="echo {{run_dir}}")
+    plan = render_plan(spec, job_id="j{{port}}", run_dir=Path("/r/{{port}}"), settings=settings_)
+    sb = plan.sbatch_script or ""
+    assert "RUN_DIR='/r/{{port}}'\n" in sb and "cd -- '/r/{{port}}' ||" in plan.launch_script
+    assert '#SBATCH --job-name="ftq-j{{port}}"\n' in sb and "\necho {{run_dir}}\n" in sb
