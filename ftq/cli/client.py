@@ -26,7 +26,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.cells import cell_len
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -384,13 +384,12 @@ def jobs_table(jobs: list[JobPublic], width: int) -> tuple[Table, list[str]]:
     columns = {"ID": fixed["ID"], "NAME": names, **{k: v for k, v in fixed.items() if k != "ID"}}
     for header in columns:
         size = name_width if header == "NAME" else widths[header]
-        justify = "right" if header == "LOSS" else "left"
+        justify: JustifyMethod = "right" if header == "LOSS" else "left"
         table.add_column(header, no_wrap=True, overflow="ellipsis", width=size, justify=justify)
     if with_error:
         table.add_column("ERROR", no_wrap=True, overflow="ellipsis", width=error_width)
-    for i in range(len(jobs)):
-        row = [cells[i] for cells in columns.values()]
-        table.add_row(*row, *([errors[i]] if with_error else []))
+    for row, error in zip(zip(*columns.values(), strict=True), errors, strict=True):
+        table.add_row(*row, *([error] if with_error else []))
     beneath = [] if with_error else [f"{j.id}: {e}" for j, e in zip(jobs, errors, strict=True) if e]
     return table, beneath
 
