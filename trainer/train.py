@@ -352,8 +352,9 @@ def write_model_card(spec: JobSpec, facts: RunFacts, out: Path) -> None:
 
 
 def configure_logging() -> None:
-    """train.log is read by people: INFO from rank 0 alone (the others said the same), warnings from all.
-    Every rank's memory lines stay (trainer.memory): they differ by rank and the memory tests read them."""
+    """train.log is read by people: INFO from rank 0 alone (the others said the same), warnings from all,
+    and none of accelerate's INFO. Every rank's memory lines stay (trainer.memory): they differ by rank
+    and the memory tests read them."""
     import warnings
 
     main_rank = os.environ.get("RANK", "0") == "0"
@@ -362,6 +363,10 @@ def configure_logging() -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     logging.getLogger("trainer.memory").setLevel(logging.INFO)
+    # accelerate narrates each shard and optimizer file it saves or loads (four lines per FSDP checkpoint,
+    # with their paths); a checkpoint is a job.checkpoint event once whole, and a resume is the trainer's
+    # own `resuming from` line. Its warnings and errors stay.
+    logging.getLogger("accelerate").setLevel(logging.WARNING)
     # transformers 5 calls its own deprecated name from inside; nothing the job could change.
     warnings.filterwarnings(
         "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning

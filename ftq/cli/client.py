@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
+from rich.cells import cell_len
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -37,6 +39,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from ftq.cli.files import print_dataset, upload_spec_files
 from ftq.cli.output import (
@@ -209,10 +212,6 @@ def _print_time_estimate(plan: PlanPublic) -> None:
 
 def follow_job(client: Client, job_id: str) -> int:
     """Progress bar, streamed log and final status of a job; returns the exit code."""
-    offset = 0
-    partial = ""
-    last_status: str | None = None
-    after = 0
     columns = [
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -224,6 +223,7 @@ def follow_job(client: Client, job_id: str) -> int:
     ]
     with Progress(*columns, console=out, transient=False, refresh_per_second=4) as bar:
         task = bar.add_task(job_id, total=None, max_steps="?", loss="-", lr="-", eta="-")
+        shown = JobFeed(client, job_id, bar.console)
         patience = Patience()
         while True:
             try:
@@ -233,31 +233,12 @@ def follow_job(client: Client, job_id: str) -> int:
                 time.sleep(POLL_SECONDS)
                 continue
             patience.answered()
-            status = job.status
-            if status != last_status:
-                bar.console.print(f"{job_id}: {fmt_status(status)}")
-                last_status = status
+            ended = job.status in TERMINAL
             complete = False
             try:
-                # The job's events since the last look (started, checkpoint, eval, warning...).
-                while True:
-                    page = client.jobs.events(job_id, after=after)
-                    for event in page.data:
-                        bar.console.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
-                    after = page.next_after
-                    if len(page.data) < 100:
-                        break
-                # What the log holds now: the status and the bar are refreshed between reads.
-                for chunk in client.jobs.log_chunks(job_id, offset=offset):
-                    offset = chunk.next_offset
-                    complete = chunk.complete
-                    # Print whole lines only, so the bar never splits a line of the log.
-                    lines = (partial + chunk.text).split("\n")
-                    partial = lines.pop()
-                    for line in lines:
-                        bar.console.print(escape(line), soft_wrap=True, highlight=False)
+                complete = shown.catch_up(job.status, ended)
             except TRANSIENT as exc:
-                patience.failed(exc)  # what was read is kept (after, offset); the rest next time
+                patience.failed(exc)  # what was read is kept (events, log offset); the rest next time
             latest = job.latest_metrics or Point(step=0)
             bar.update(
                 task,
@@ -266,14 +247,63 @@ def follow_job(client: Client, job_id: str) -> int:
                 max_steps=job.progress.max_steps or "?",
                 loss=fmt_loss(latest.loss),
                 lr=fmt_sci(latest.learning_rate),
-                eta=fmt_duration(job.progress.eta_seconds) if status == "running" else "-",
+                eta=fmt_duration(job.progress.eta_seconds) if job.status == "running" else "-",
             )
-            if status in TERMINAL and complete:
+            if ended and complete:
                 break
             time.sleep(POLL_SECONDS)
-        if partial:
-            bar.console.print(escape(partial), soft_wrap=True, highlight=False)
+        shown.end(job.status)
     return report_end(job)
+
+
+class JobFeed:
+    """What `submit --follow` prints above its bar, in the order it happened: each status the job
+    enters, its events and its log, in whole lines. The job's end comes last: once the job has ended,
+    the rest of the log is printed first (the trainer wrote it before the job ended), then the last
+    events, then the status it ended in."""
+
+    def __init__(self, client: Client, job_id: str, console: Console) -> None:
+        self.client, self.job_id, self.console = client, job_id, console
+        self.after = 0  # the last event printed
+        self.offset = 0  # of the log read so far
+        self.partial = ""  # a line of the log not yet ended
+        self.status: str | None = None
+
+    def catch_up(self, status: str, ended: bool) -> bool:
+        """Prints what is new since the last look; True once the job's whole log was read."""
+        if ended:
+            complete = self.log()
+            self.events()
+            return complete
+        if status != self.status:
+            self.console.print(f"{self.job_id}: {fmt_status(status)}")
+            self.status = status
+        self.events()
+        return self.log()
+
+    def end(self, status: str) -> None:
+        if self.partial:
+            self.line(self.partial)
+        self.console.print(f"{self.job_id}: {fmt_status(status)}")
+
+    def events(self) -> None:
+        for event in self.client.jobs.iter_events(self.job_id, after=self.after):
+            self.line(fmt_event(event))
+            self.after = event.id
+
+    def log(self) -> bool:
+        complete = False
+        for chunk in self.client.jobs.log_chunks(self.job_id, offset=self.offset):
+            self.offset, complete = chunk.next_offset, chunk.complete
+            # Whole lines only, so the bar never splits a line of the log.
+            lines = (self.partial + chunk.text).split("\n")
+            self.partial = lines.pop()
+            for line in lines:
+                self.line(line)
+        return complete
+
+    def line(self, text: str) -> None:
+        self.console.print(escape(text), soft_wrap=True, highlight=False)
 
 
 def report_end(job: JobPublic) -> int:
@@ -303,29 +333,73 @@ def ls(
     if not page.data:
         out.print("no jobs" + (f" with status {status}" if status else ""))
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    # In a narrow terminal the name and the error give way: an id cut short would be copied into a 404.
-    table.add_column("ID", no_wrap=True, min_width=max(len(j.id) for j in page.data))
-    table.add_column("NAME", no_wrap=True, overflow="ellipsis", max_width=28)
-    table.add_column("STATUS", no_wrap=True, min_width=max(len(j.status) for j in page.data))
-    table.add_column("PROGRESS", no_wrap=True)
-    table.add_column("LOSS", no_wrap=True, justify="right", min_width=6)
-    table.add_column("CREATED", no_wrap=True)
-    # Why a failed job failed, at a glance (the whole message is in `ftq status`).
-    table.add_column("ERROR", no_wrap=True, overflow="ellipsis", max_width=60)
-    for job in page.data:
-        table.add_row(
-            job.id,
-            escape(job.name),
-            fmt_status(job.status),
-            fmt_progress(job),
-            fmt_loss(job.latest_metrics.loss if job.latest_metrics else None),
-            fmt_age(job.created_at),
-            f"[red]{escape(str(job.error.code))}[/]: {escape(job.error.message)}" if job.error else "",
-        )
+    table, beneath = jobs_table(page.data, out.width)
     out.print(table)
+    for line in beneath:
+        out.print(line, soft_wrap=True)
     if page.next_cursor:
         out.print(f"(more than {limit}; use --limit)")
+
+
+# `ftq ls` fits the terminal without cutting what a user copies or reads: the id, status, progress, loss and
+# age are whole, with their headers; the name gives way first (down to LS_NAME_MIN), then the error.
+# Where less than LS_ERROR_MIN would be left for the error, each failed job's error is a line under the
+# table instead (the whole message is in `ftq status`); a terminal narrower still loses the age, the loss
+# and the progress before the name is cut below LS_NAME_MIN.
+LS_NAME_MIN, LS_NAME_MAX = 12, 28
+LS_ERROR_MIN, LS_ERROR_MAX = 24, 60
+LS_GAP = 2  # between two columns
+LS_DROPPED_FIRST = ("CREATED", "LOSS", "PROGRESS")
+
+
+def jobs_table(jobs: list[JobPublic], width: int) -> tuple[Table, list[str]]:
+    """The table of `jobs` for a terminal `width` columns wide, and the lines to print under it."""
+    fixed = {
+        "ID": [j.id for j in jobs],
+        "STATUS": [fmt_status(j.status) for j in jobs],
+        "PROGRESS": [fmt_progress(j) for j in jobs],
+        "LOSS": [fmt_loss(j.latest_metrics.loss if j.latest_metrics else None) for j in jobs],
+        "CREATED": [fmt_age(j.created_at) for j in jobs],
+    }
+    names = [escape(j.name) for j in jobs]
+    errors = [
+        f"[red]{escape(str(j.error.code))}[/]: {escape(j.error.message)}" if j.error else "" for j in jobs
+    ]
+    widths = {header: _cells_width(header, cells) for header, cells in fixed.items()}
+    for dropped in LS_DROPPED_FIRST:  # a terminal too narrow for the name: these go, in this order
+        if _room(width, widths) >= LS_NAME_MIN:
+            break
+        del fixed[dropped], widths[dropped]
+    room = _room(width, widths)  # what is left for the name (and the error)
+    name_width = min(_cells_width("NAME", names), LS_NAME_MAX)
+    error_width = min(_cells_width("ERROR", errors), LS_ERROR_MAX)
+    with_error = room - LS_GAP - min(name_width, LS_NAME_MIN) >= LS_ERROR_MIN
+    if with_error:
+        name_width = max(min(name_width, LS_NAME_MIN), min(name_width, room - LS_GAP - error_width))
+        error_width = min(error_width, room - LS_GAP - name_width)
+    else:
+        name_width = max(len("NAME"), min(name_width, room))
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    columns = {"ID": fixed["ID"], "NAME": names, **{k: v for k, v in fixed.items() if k != "ID"}}
+    for header in columns:
+        size = name_width if header == "NAME" else widths[header]
+        justify: JustifyMethod = "right" if header == "LOSS" else "left"
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=size, justify=justify)
+    if with_error:
+        table.add_column("ERROR", no_wrap=True, overflow="ellipsis", width=error_width)
+    for row, error in zip(zip(*columns.values(), strict=True), errors, strict=True):
+        table.add_row(*row, *([error] if with_error else []))
+    beneath = [] if with_error else [f"{j.id}: {e}" for j, e in zip(jobs, errors, strict=True) if e]
+    return table, beneath
+
+
+def _room(width: int, widths: dict[str, int]) -> int:
+    return width - sum(widths.values()) - LS_GAP * len(widths)
+
+
+def _cells_width(header: str, cells: list[str]) -> int:
+    return max(cell_len(Text.from_markup(c).plain) for c in [header, *cells])
 
 
 @_command("status")
@@ -414,13 +488,9 @@ class EventPrinter:
 
     def print_new(self) -> None:
         try:
-            while True:
-                page = self.client.jobs.events(self.job_id, after=self.after, limit=1000)
-                for event in page.data:
-                    err.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
-                self.after = page.next_after
-                if len(page.data) < 1000:
-                    return
+            for event in self.client.jobs.iter_events(self.job_id, after=self.after):
+                err.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                self.after = event.id
         except FtqClientError:
             return  # the log is what was asked for: a missed poll is shown at the next
 
@@ -491,25 +561,13 @@ def events(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
 ) -> None:
     """Print the job's events (queued, started, checkpoint, eval, warning, the end), oldest first."""
-    after = 0
     with api() as client:
-        while True:
-            job = client.jobs.get(job_id) if follow else None
-            while True:
-                page = client.jobs.events(job_id, after=after, limit=1000)
-                for event in page.data:
-                    if as_json:
-                        sys.stdout.write(event.model_dump_json() + "\n")
-                    else:
-                        out.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
-                after = page.next_after
-                if len(page.data) < 1000:
-                    break
-            sys.stdout.flush()
-            # The status was read before the events: a terminal job's last event is in what was read.
-            if job is None or job.status in TERMINAL:
-                return
-            time.sleep(POLL_SECONDS)
+        for event in client.jobs.iter_events(job_id, follow=follow, poll=POLL_SECONDS):
+            if as_json:
+                sys.stdout.write(event.model_dump_json() + "\n")
+                sys.stdout.flush()
+            else:
+                out.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
 
 
 @_command("metrics")

@@ -116,6 +116,25 @@ def job_events(job_id: str, *, after: int, limit: int) -> Call[schemas.EventPage
     return get(job_path(job_id, "events"), schemas.EventPage, after=after, limit=limit)
 
 
+def iter_events(
+    job_id: str, after: int, follow: bool, poll: float, page_size: int
+) -> Flow[schemas.Event, None]:
+    """Every event of the job with id > after, page by page; with follow, also those added later, until
+    the job has ended and its last event was read."""
+    while True:
+        job = (yield from fetch(get_job(job_id))) if follow else None
+        while True:
+            got = yield from fetch(job_events(job_id, after=after, limit=page_size))
+            yield from got.data
+            after = got.next_after
+            if len(got.data) < page_size:
+                break
+        # The status was read before the events, so a job that had ended then has its last event read.
+        if job is None or ended(job):
+            return
+        yield from sleep(poll)
+
+
 def wait_job(job_id: str, timeout: float | None, poll: float) -> Flow[Never, schemas.JobPublic]:
     def timed_out(job: schemas.JobPublic) -> WaitTimeout:
         return WaitTimeout(job, timeout or 0.0)

@@ -242,6 +242,13 @@ class AsyncJobs:
     async def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         return await self._client._call(_api.job_events(job_id, after=after, limit=limit))
 
+    def iter_events(
+        self, job_id: str, *, after: int = 0, follow: bool = False, poll: float = 1.0, page_size: int = 1000
+    ) -> AsyncIterator[schemas.Event]:
+        """Every event of the job with id > after, oldest first, page by page; with follow, also those
+        added later, until the job has ended and its last event was read."""
+        return self._client._iterate(_api.iter_events(job_id, after, follow, poll, page_size))
+
     async def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> schemas.MetricsPage:
         return await self._client._call(_api.metrics(job_id, after_step=after_step, limit=limit))
 

@@ -254,6 +254,13 @@ class Jobs:
         """One page of the job's events with id > after, oldest first; pass `next_after` on."""
         return self._client._call(_api.job_events(job_id, after=after, limit=limit))
 
+    def iter_events(
+        self, job_id: str, *, after: int = 0, follow: bool = False, poll: float = 1.0, page_size: int = 1000
+    ) -> Iterator[schemas.Event]:
+        """Every event of the job with id > after, oldest first, page by page; with follow, also those
+        added later, until the job has ended and its last event was read."""
+        return self._client._iterate(_api.iter_events(job_id, after, follow, poll, page_size))
+
     # Metrics
 
     def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> schemas.MetricsPage:

@@ -5,6 +5,7 @@ tests/e2e/client run them against real servers."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
@@ -20,7 +21,15 @@ from ftq.client.errors import (
     Unavailable,
     WaitTimeout,
 )
-from ftq.contract.schemas import LogChunk, MetricsPage, Point, SamplePublic, SamplesPage
+from ftq.contract.schemas import (
+    Event,
+    EventPage,
+    LogChunk,
+    MetricsPage,
+    Point,
+    SamplePublic,
+    SamplesPage,
+)
 
 
 def drive(flow: Flow[Any, Any], answer: Callable[[Step], Any]) -> tuple[list[Any], Any, list[Step]]:
@@ -98,6 +107,30 @@ def test_samples_pages_count_steps_not_samples() -> None:
     )
     assert items == two_prompts
     assert len(steps) == 1  # one step of the two a page may hold: what is there was read
+
+
+def test_events_pages_stop_at_a_short_page_and_follow_reads_once_more_after_the_job_ended() -> None:
+    def page(*ids: int) -> EventPage:
+        at = datetime(2026, 1, 1, tzinfo=UTC)
+        return EventPage(
+            data=[Event(id=i, job_id="job_1", type="job.eval", time=at, data={}) for i in ids],
+            next_after=max(ids, default=0),
+        )
+
+    def asked(steps: list[Step]) -> list[Any]:
+        return [s.params.get("after", s.path) for s in steps if isinstance(s, Call)]
+
+    answers: list[Any] = [page(1, 2), page(3)]
+    items, _, steps = drive(_api.iter_events("job_1", 0, False, 0.5, page_size=2), answering(answers))
+    assert [e.id for e in items] == [1, 2, 3] and answers == []
+    assert asked(steps) == [0, 2]  # a full page, then a short one: what is there was read
+
+    # The status is read before the events, so the events read after the job was seen ended hold its last.
+    answers = [Thing(status="running"), page(4), Thing(status="succeeded"), page(5, 6), page()]
+    items, _, steps = drive(_api.iter_events("job_1", 3, True, 0.5, page_size=2), answering(answers))
+    assert [e.id for e in items] == [4, 5, 6] and answers == []
+    assert asked(steps) == ["/jobs/job_1", 3, "/jobs/job_1", 4, 6]
+    assert [s.seconds for s in steps if isinstance(s, Sleep)] == [0.5]
 
 
 def test_wait_until_waits_out_a_503_and_returns_what_is_done() -> None:
