@@ -70,14 +70,14 @@ def test_every_record_about_an_export_carries_its_job_id(
 
 
 def test_an_export_waits_for_the_slot_a_job_holds(store: Path) -> None:
-    from worker import controller, exports
+    from worker import controller
 
     add_job("j_busy", SCRIPT_SLEEP.replace("sleep 30", "sleep 3"))
     add_job("j_done", "exit 0\n", status="succeeded")
     controller.submit("j_busy")
     assert job("j_busy").status == "running"  # it holds the one CPU slot (cpu_slots=1)
     add_export("exp_wait", "j_done")
-    assert exports.schedule() == []
+    assert controller.schedule() == []
     assert export("exp_wait").status == "queued"
     settle("exp_wait", {"failed"})  # once the job ended, the export got the slot and ran
     assert job("j_busy").status == "succeeded"
