@@ -1,6 +1,7 @@
-"""The job controller: drives each job through its states. Claim resources (`schedule`), then launch,
-cancel and settle each job's run through `worker.lifecycle`, which exports share; what is a job's own is
-`JobKind` here: its run directory, the operator's time limit on a local run, SLURM's pending reason, the
+"""The job controller: drives each job through its states. One scheduler tick (`schedule`) claims devices
+for every kind of run (`KINDS`: jobs, and exports of `worker.exports`) through `worker.scheduling.decide`;
+then each claim is launched, cancelled and settled through `worker.lifecycle`, the same for every kind.
+What is a job's own is `JobKind` here: its run directory, the operator's time limit on a local run, SLURM's pending reason, the
 metrics ingested before the end, the cancel's last line in train.log. What to do after a failure (retry,
 requeue, resume from a checkpoint) is `worker.recovery`'s.
 

@@ -8,7 +8,7 @@ from typing import Any
 from ftq.contract.errors import ErrorCode
 from ftq.runtime.settings import Settings
 from worker import scheduling
-from worker.scheduling import RunRequest, Running, Usage
+from worker.scheduling import Running, RunRequest, Usage
 
 NOW = 1_000_000.0
 
@@ -222,3 +222,72 @@ def test_a_running_job_past_its_estimate_is_expected_to_run_as_long_again() -> N
     assert scheduling.expected_end(on_time, NOW, cap=3600) == NOW + 30
     no_limit = Running("r", "alice", {"cpu_slots": 1}, started_at=NOW - 100, estimate_seconds=80)
     assert scheduling.expected_end(no_limit, NOW, cap=3600) == NOW + 100
+
+
+# Exports: the same scheduler, one process of their job's launcher and device ---------------------------
+
+
+def export(export_id: str, submitted: float, *, owner: str = "alice", device: str = "cpu") -> RunRequest:
+    """A queued export as `worker.exports` asks for one: one device, no time limit of its own."""
+    need = scheduling.Need(scheduling.GPUS if device == "cuda" else scheduling.CPU_SLOTS, 1)
+    return RunRequest(
+        export_id, owner, need, estimate_seconds=600, kind=scheduling.EXPORT, submitted=submitted, seq=1
+    )
+
+
+def test_an_export_does_not_take_the_devices_reserved_for_the_job_at_the_head_of_the_queue() -> None:
+    """Two slots, one held until NOW+100: the 2-slot job at the head reserves both then. An export fits
+    the free slot, but with no time limit it could hold it past the reserved start: it waits."""
+    s = Settings(cpu_slots=2)
+    running = [run("r", owner="carol", slots=1, started=NOW - 20, limit=120)]
+    job = RunRequest.from_spec("two", "alice", spec(procs=2), seq=1, submitted=NOW - 60)
+    out = decide([job, export("exp", NOW - 30, owner="bob")], running, s)
+    assert out.started == {}
+    assert out.reservations == {"cpu_slots": ("two", NOW + 100)}
+    waiting = {w.id: w for w in out.waiting}
+    assert (waiting["exp"].kind, waiting["exp"].reason) == (scheduling.EXPORT, scheduling.RESERVATION)
+    assert [w.position for w in out.waiting] == [1, 2]
+    # A device spare at the reserved start (4 GPUs, the job needs 3): the export may take it.
+    s = Settings(gpu_pool="0,1,2,3")
+    running = [run("r", gpus=[0, 1], limit=110)]
+    job = RunRequest.from_spec("three", "alice", spec("cuda", 3), seq=1, submitted=NOW - 60)
+    out = decide([job, export("exp", NOW - 30, device="cuda")], running, s)
+    assert out.started == {"exp": {"gpus": [2]}}
+    assert [d.kind for d in out.decisions] == [scheduling.EXPORT]
+
+
+def test_an_export_past_its_owners_quota_waits_with_the_reason() -> None:
+    """Alice's quota is one slot and her job holds it: her export waits (quota), bob's starts."""
+    s = Settings(cpu_slots=4, quota_cpu_slots="alice:1")
+    running = [run("r", owner="alice", slots=1)]
+    out = decide([export("exp_a", NOW - 50), export("exp_b", NOW - 40, owner="bob")], running, s)
+    assert out.started == {"exp_b": {"cpu_slots": 1}}
+    assert [(w.id, w.kind, w.reason, w.estimated_start) for w in out.waiting] == [
+        ("exp_a", scheduling.EXPORT, scheduling.QUOTA, None)
+    ]
+    # An export that holds the slot counts in the quota as a job does: alice's next job waits.
+    running = [Running("exp_running", "alice", {"cpu_slots": 1}, started_at=NOW - 5)]
+    out = decide([q("j", 1, owner="alice")], running, s)
+    assert [(w.id, w.reason) for w in out.waiting] == [("j", scheduling.QUOTA)]
+
+
+def test_fair_share_orders_exports_and_jobs_together() -> None:
+    """One slot free. Alice holds one (her running export); her older export and job wait behind bob's
+    newer job; among alice's own, the oldest request first, whatever its kind."""
+    s = Settings(cpu_slots=2)
+    running = [Running("exp_running", "alice", {"cpu_slots": 1}, started_at=NOW - 5)]
+    queued = [
+        RunRequest.from_spec("a_job", "alice", spec(), seq=7, submitted=NOW - 20),
+        export("a_exp", NOW - 30),
+        RunRequest.from_spec("b_job", "bob", spec(), seq=9, submitted=NOW - 10),
+    ]
+    out = decide(queued, running, s)
+    assert out.started == {"b_job": {"cpu_slots": 1}}
+    assert [(w.id, w.kind, w.position) for w in out.waiting] == [
+        ("a_exp", scheduling.EXPORT, 1),
+        ("a_job", scheduling.JOB, 2),
+    ]
+    # Bob's usage of late outweighs alice's running export: her oldest request, the export, goes first.
+    usage = Usage(recent_device_seconds={"bob": 4 * 3600.0})
+    out = decide(queued, running, Settings(cpu_slots=2, fair_share_half_life_hours=1), usage=usage)
+    assert out.started == {"a_exp": {"cpu_slots": 1}}
