@@ -209,16 +209,8 @@ class ExportKind:
         return [_run_request(r) for r in store.queued_for_scheduling(session)]
 
     def holding(self, session: Session) -> list[scheduling.Running]:
-        return [
-            scheduling.Running(
-                id=r.id,
-                owner=r.owner,
-                resources=r.resources,
-                started_at=r.started_at.timestamp() if r.started_at else None,
-                estimate_seconds=ESTIMATE_SECONDS,
-            )
-            for r in store.holding_devices(session)
-        ]
+        held = store.holding_devices(session)
+        return [scheduling.Running.of(r, estimate_seconds=ESTIMATE_SECONDS) for r in held]
 
     def prepare(self, session: Session, v: ExportView) -> bool:
         try:

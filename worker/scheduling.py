@@ -142,6 +142,12 @@ class Running:
     estimate_seconds: float | None = None
     eta_seconds: float | None = None  # what the trainer's progress says is left
 
+    @classmethod
+    def of(cls, row: Any, **more: Any) -> Running:
+        """From a stored row's id, owner, resources and started_at (a datetime), and what else is known."""
+        started = row.started_at.timestamp() if row.started_at else None
+        return cls(row.id, row.owner, row.resources, started, **more)
+
     @property
     def pool(self) -> str | None:
         if self.resources.get(GPUS):

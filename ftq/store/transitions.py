@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from sqlalchemy import CursorResult, Result, update
 from sqlalchemy.orm import Session
@@ -27,6 +27,14 @@ from ftq.store.models import Dispatch, Export, Job
 Tracked = type[Job] | type[Export]
 # What a row claimed but never launched gives back: its claim and any launch handle.
 UNCLAIMED: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
+
+
+class Handle(TypedDict):
+    """How to find a launched run again: the scheduler's job id, or the local process and its start."""
+
+    external_id: str | None
+    pid: int | None
+    pid_start_ticks: int | None
 
 
 def utcnow() -> datetime:
@@ -105,35 +113,18 @@ class RunTable:
         other copy backs off."""
         return self.move(session, row_id, [JobStatus.queued], JobStatus.starting, resources=resources)
 
-    def record_launch(
-        self,
-        session: Session,
-        row_id: str,
-        *,
-        external_id: str | None,
-        pid: int | None,
-        pid_start_ticks: int | None,
-    ) -> bool:
+    def record_launch(self, session: Session, row_id: str, **handle: Unpack[Handle]) -> bool:
         """Store the launch handle, status unchanged, while the row may already be `cancelling` (a cancel
         raced the launch)."""
         stmt = (
             update(self.table)
             .where(self.table.id == row_id, self.table.status.in_([str(s) for s in LAUNCHED]))
-            .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
+            .values(**handle, updated_at=utcnow())
         )
         return rowcount(session.execute(stmt)) == 1
 
-    def mark_running(
-        self,
-        session: Session,
-        row_id: str,
-        *,
-        external_id: str | None,
-        pid: int | None,
-        pid_start_ticks: int | None,
-    ) -> bool:
+    def mark_running(self, session: Session, row_id: str, **handle: Unpack[Handle]) -> bool:
         """starting -> running, with its launch handle; its start is now."""
-        handle: dict[str, Any] = {"external_id": external_id, "pid": pid, "pid_start_ticks": pid_start_ticks}
         return self.move(
             session, row_id, [JobStatus.starting], JobStatus.running, started_at=utcnow(), **handle
         )
