@@ -150,7 +150,9 @@ def start_claimed(claimed: list[Claim]) -> None:
             else:
                 lifecycle.launch(KINDS[c.kind], c.id, get_launcher)
         except Exception:
-            log.exception("launching %s %s failed", c.kind, c.id, extra={"job_id": c.id})
+            # A record about a job carries its id (an export's job is not known here).
+            about = {"job_id": c.id} if c.kind == scheduling.JOB else {}
+            log.exception("launching %s %s failed", c.kind, c.id, extra=about)
 
 
 def _queued_jobs(session: Session) -> list[scheduling.RunRequest]:

@@ -4,11 +4,11 @@ worker died mid-launch, bring it in line with what its launcher reports, and rec
 
 What differs between the kinds is a `Kind`: how to read its row, its table's transitions (one
 `ftq.store.transitions.RunTable` each), what it asks of the scheduler, what its launch request is, and its
-own steps (a job's retries, time limit, ingest before the end, the cancel line
-in train.log and SLURM's pending reason; an export's request file and Hub token). Everything here is safe
-to run twice or concurrently: the store's compare-and-set transitions decide who acts, the run lock keeps
-two launches of one run from both starting, and what a launch left behind (the run's folder, /proc, the
-scheduler) is looked at before anything new is started.
+own steps (a job's retries, time limit, ingest before the end, the cancel line in train.log and SLURM's
+pending reason; an export's request file and Hub token). Everything here is safe to run twice or
+concurrently: the store's compare-and-set transitions decide who acts, the run lock keeps two launches of
+one run from both starting, and what a launch left behind (the run's folder, /proc, the scheduler) is
+looked at before anything new is started.
 """
 
 from __future__ import annotations
