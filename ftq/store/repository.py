@@ -2,8 +2,9 @@
 
 `JobRepository(session, owner)` is what the API uses: every read goes through `_readable()`, the one
 place the owner filter is applied, so a new query cannot forget it. The module-level functions below
-it are the system's own operations (worker, relay, ingest): state changes are compare-and-set
-updates named after their transition, so a task delivered twice changes nothing the second time.
+it are the system's own operations (worker, relay, ingest). A job's state changes are `JOBS`, the
+compare-and-set transitions every kind of run shares (`ftq.store.transitions.RunTable`) with the job's
+events and the accounting of its end as hooks, so a task delivered twice changes nothing the second time.
 """
 
 from __future__ import annotations
