@@ -189,11 +189,11 @@ def decide_figure(args: argparse.Namespace) -> None:
     now = time.time()
     need = scheduling.Need("cpu_slots", 1)
     queued = [
-        scheduling.QueuedJob(f"q{i}", OWNERS[i % 20], need, ("low", "normal", "high")[i % 3], i, 3600, 1800)
+        scheduling.RunRequest(f"q{i}", OWNERS[i % 20], need, ("low", "normal", "high")[i % 3], i, 3600, 1800)
         for i in range(args.queued)
     ]
     running = [
-        scheduling.RunningJob(f"r{i}", OWNERS[i % 20], {"cpu_slots": 1}, now - i, 3600, 1800)
+        scheduling.Running(f"r{i}", OWNERS[i % 20], {"cpu_slots": 1}, now - i, 3600, 1800)
         for i in range(args.running)
     ]
     settings = Settings(cpu_slots=args.running)

@@ -1,8 +1,9 @@
-"""The job controller: drives each job through its states. Claim resources (`schedule`), then launch,
-cancel and settle each job's run through `worker.lifecycle`, which exports share; what is a job's own is
-`JobKind` here: its run directory, the operator's time limit on a local run, SLURM's pending reason, the
-metrics ingested before the end, the cancel's last line in train.log. What to do after a failure (retry,
-requeue, resume from a checkpoint) is `worker.recovery`'s.
+"""The job controller: drives each job through its states. One scheduler tick (`schedule`) claims devices
+for every kind of run (`KINDS`: jobs, and exports of `worker.exports`) through `worker.scheduling.decide`;
+then each claim is launched, cancelled and settled through `worker.lifecycle`, the same for every kind.
+What is a job's own is `JobKind` here: its run directory, the operator's time limit on a local run,
+SLURM's pending reason, the metrics ingested before the end, the cancel's last line in train.log. What to
+do after a failure (retry, requeue, resume from a checkpoint) is `worker.recovery`'s.
 
 Every function here is safe to run twice or concurrently: the store's compare-and-set transitions
 decide who acts, `worker.locks` locks keep two claims from handing out one GPU and two launches of
@@ -18,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -39,7 +40,7 @@ from ftq.store.models import Job
 from worker import exports, failures, ingest, lifecycle, locks, recovery, scheduling
 from worker.files import FileUnavailable, spec_for_run
 from worker.launchers import make_launcher
-from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunState
+from worker.launchers.base import Launcher, LaunchRequest, RunPhase, RunState
 from worker.lifecycle import RunView
 
 log = logging.getLogger(__name__)
@@ -94,53 +95,45 @@ def _view(job: Job, runs_dir: Path | None = None) -> JobView:
 # Scheduling ---------------------------------------------------------------------------------------------
 
 
-def schedule() -> list[str]:
-    """One scheduler tick: claim resources for the queued jobs `worker.scheduling.decide` starts, fail the
-    ones it refuses, and write every other queued job's position, reason and estimated start for the API.
-    Returns the ids now `starting` to launch."""
+@dataclass(frozen=True)
+class Claim:
+    """A run the scheduler claimed devices for (now `starting`): which kind, which row."""
+
+    kind: str  # a `worker.scheduling` kind: "job", "export"
+    id: str
+
+
+def schedule() -> list[Claim]:
+    """One scheduler tick over every kind of run: claim devices for the queued runs
+    `worker.scheduling.decide` starts, fail the ones it refuses, and write every other queued job's
+    position, reason and estimated start for the API. Returns the runs now `starting` to launch."""
     settings = get_settings()
-    claimed: list[str] = []
+    claimed: list[Claim] = []
     with session_scope() as session, locks.scheduler_lock(session):
         now = datetime.now(UTC)
-        queued_rows = repository.queued_for_scheduling(session)
-        if not queued_rows:
+        queued = [r for kind in KINDS.values() for r in kind.queued(session)]
+        if not queued:
             repository.save_queue(session, {})
             session.commit()
             return claimed
-        queued = _queued_jobs(session, queued_rows)
-        running = [
-            scheduling.RunningJob(
-                id=r.id,
-                owner=r.owner,
-                resources=r.resources,
-                started_at=r.started_at.timestamp() if r.started_at else None,
-                limit_seconds=r.limit_seconds,
-                estimate_seconds=r.estimated_seconds,
-                eta_seconds=r.eta_seconds,
-            )
-            for r in repository.holding_devices(session)
-        ]
-        # Exports take slots of the same pool (worker.exports): what they hold is not free for jobs.
-        running += exports.running_exports(session)
+        running = [r for kind in KINDS.values() for r in kind.holding(session)]
         outcome = scheduling.decide(
             queued, running, settings, now=now.timestamp(), usage=_usage(session, running, now)
         )
         for d in outcome.decisions:
+            transitions = KINDS[d.kind].transitions
             if d.impossible is not None:
-                repository.mark_finished(
-                    session, d.job_id, JobStatus.failed, error_code=d.error_code, error_message=d.impossible
-                )
-            elif repository.mark_starting(session, d.job_id, resources=d.resources):
-                claimed.append(d.job_id)
+                end = lifecycle.End(JobStatus.failed, d.error_code, d.impossible)
+                end.record(session, transitions, d.id)
+            elif transitions.mark_starting(session, d.id, resources=d.resources):
+                claimed.append(Claim(d.kind, d.id))
+        # The API shows a queue for jobs (a waiting export has none to show).
         repository.save_queue(
             session,
             {
-                w.job_id: (
-                    w.position,
-                    w.reason,
-                    datetime.fromtimestamp(round(w.estimated_start), UTC) if w.estimated_start else None,
-                )
+                w.id: (w.position, w.reason, lifecycle.utc(round(w.estimated_start or 0)))
                 for w in outcome.waiting
+                if w.kind == scheduling.JOB
             },
         )
         # Commit inside the lock: the next claimant must see these resources as held.
@@ -148,19 +141,35 @@ def schedule() -> list[str]:
     return claimed
 
 
-def _queued_jobs(session: Session, rows: list[Any]) -> list[scheduling.QueuedJob]:
+def start_claimed(claimed: list[Claim]) -> None:
+    """Launch what a tick claimed; one that fails to launch is logged and left to the sweep."""
+    for c in claimed:
+        try:
+            if c.kind == scheduling.JOB:
+                launch(c.id)
+            else:
+                lifecycle.launch(KINDS[c.kind], c.id, get_launcher)
+        except Exception:
+            # A record about a job carries its id (an export's job is not known here).
+            about = {"job_id": c.id} if c.kind == scheduling.JOB else {}
+            log.exception("launching %s %s failed", c.kind, c.id, extra=about)
+
+
+def _queued_jobs(session: Session) -> list[scheduling.RunRequest]:
+    rows = repository.queued_for_scheduling(session)
     # Rows stored before the scheduling columns existed: read from their specs.
     old = repository.specs_of(session, [r.id for r in rows if r.devices is None])
     out = []
     for r in rows:
+        submitted = r.created_at.timestamp()
         if r.id in old:
-            out.append(scheduling.QueuedJob.from_spec(r.id, r.owner, old[r.id], seq=r.seq))
+            out.append(
+                scheduling.RunRequest.from_spec(r.id, r.owner, old[r.id], seq=r.seq, submitted=submitted)
+            )
             continue
-        pool = None
-        if r.launcher == "local":
-            pool = scheduling.GPUS if r.device == "cuda" else scheduling.CPU_SLOTS
+        pool = scheduling.pool_of(r.launcher, r.device)
         out.append(
-            scheduling.QueuedJob(
+            scheduling.RunRequest(
                 id=r.id,
                 owner=r.owner,
                 need=scheduling.Need(pool, r.devices if pool else 0),
@@ -168,14 +177,24 @@ def _queued_jobs(session: Session, rows: list[Any]) -> list[scheduling.QueuedJob
                 seq=r.seq,
                 limit_seconds=r.limit_seconds,
                 estimate_seconds=r.estimated_seconds,
+                submitted=submitted,
             )
         )
     return out
 
 
-def _usage(session: Session, running: list[scheduling.RunningJob], now: datetime) -> scheduling.Usage:
+def _jobs_holding(session: Session) -> list[scheduling.Running]:
+    return [
+        scheduling.Running.of(
+            r, limit_seconds=r.limit_seconds, estimate_seconds=r.estimated_seconds, eta_seconds=r.eta_seconds
+        )
+        for r in repository.holding_devices(session)
+    ]
+
+
+def _usage(session: Session, running: list[scheduling.Running], now: datetime) -> scheduling.Usage:
     """Owners' decayed usage and their GPU-seconds this quota period (ended runs, plus what the running
-    GPU jobs have used so far)."""
+    GPU runs of every kind have used so far)."""
     settings = get_settings()
     half_life = settings.fair_share_half_life_hours * 3600
     period = settings.quota_period_hours * 3600
@@ -225,13 +244,19 @@ def launch(job_id: str) -> None:
 
 
 def submit(job_id: str) -> None:
-    """The `ftq.submit` task: schedule (this job and whatever else fits, oldest first), then launch what
-    was claimed. A redelivered submit of a job left `starting` (its worker died) is for reconcile."""
+    """The `ftq.submit` task: schedule (this job and whatever else fits), then launch what was claimed. A
+    redelivered submit of a job left `starting` (its worker died) is for reconcile."""
     claimed = schedule()
-    for claimed_id in claimed:
-        launch(claimed_id)
-    if job_id not in claimed:
+    start_claimed(claimed)
+    if Claim(scheduling.JOB, job_id) not in claimed:
         log.debug("job %s: not claimed by this submit (it waits for resources, or was already)", job_id)
+
+
+def exports_changed(job_id: str) -> None:
+    """The `ftq.exports` task (an export of this job was requested or cancelled): cancel its `cancelling`
+    exports, then schedule and launch what fits."""
+    exports.cancel_requested(job_id, get_launcher)
+    start_claimed(schedule())
 
 
 # Cancel ---------------------------------------------------------------------------------------------------
@@ -247,8 +272,8 @@ def cancel(job_id: str) -> None:
 
 
 def reconcile() -> bool:
-    """The periodic sweep: settle launched jobs, then start queued ones as resources allow. False when
-    another sweep was under way (this one did nothing)."""
+    """The periodic sweep: settle launched jobs and exports, then start queued ones as resources allow.
+    False when another sweep was under way (this one did nothing)."""
     with locks.singleton("reconcile") as mine:
         if not mine:
             return False
@@ -256,16 +281,12 @@ def reconcile() -> bool:
             runs_dir = get_settings().runs_dir  # resolved once, not once per job
             views = [_view(j, runs_dir) for j in repository.jobs_in(session, LAUNCHED, lean=True)]
         lifecycle.sweep(views, get_launcher, _reconcile_one, "job")
-        for claimed in schedule():
-            try:
-                launch(claimed)
-            except Exception:
-                log.exception("launching job %s failed", claimed, extra={"job_id": claimed})
-        # Exports run through the same launchers and draw on the same pool, after the jobs' turn.
+        # Exports run through the same launchers; what they free is scheduled in the same tick.
         try:
-            exports.reconcile(get_launcher)
+            exports.sweep(get_launcher)
         except Exception:
             log.exception("the export sweep failed; trying again next sweep")
+        start_claimed(schedule())
     return True
 
 
@@ -330,10 +351,6 @@ def _note_pending(v: JobView, state: RunState) -> None:
         _noted_pending.discard(v.id)
 
 
-def _utc(ts: float | None) -> datetime | None:
-    return datetime.fromtimestamp(ts, UTC) if ts else None
-
-
 def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
     """train.log's last line says what a cancel left, for a person reading it: the step, and the
     checkpoint a continued run would start from (the newest complete one, as resume_from: latest takes)."""
@@ -352,17 +369,19 @@ def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
         f.write(line + "\n")
 
 
-@logs.about_job
-def finish(v: JobView, launcher: Launcher, state: RunState) -> None:
-    """The run has ended: take in its last metrics, then record how it ended (or, for a failure the
-    recovery policy retries, queue it again)."""
-    lifecycle.finish(JOBS, v, launcher, state)
-
-
 class JobKind:
-    """What `worker.lifecycle` needs of a job: its row in `ftq.store.repository`, and its own steps."""
+    """What `worker.lifecycle` needs of a job: its row in `ftq.store.repository` (its transitions
+    `repository.JOBS`), what it asks of the scheduler, and its own steps."""
 
+    name = scheduling.JOB
     run_noun = "run"
+    transitions = repository.JOBS
+
+    def queued(self, session: Session) -> list[scheduling.RunRequest]:
+        return _queued_jobs(session)
+
+    def holding(self, session: Session) -> list[scheduling.Running]:
+        return _jobs_holding(session)
 
     def label(self, v: JobView) -> str:
         return f"job {v.id}"
@@ -393,22 +412,6 @@ class JobKind:
             owner=row.owner,
         )
 
-    def record_launch(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
-        repository.record_launch(session, row_id, **asdict(handle))
-
-    def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
-        repository.mark_running(session, row_id, **asdict(handle))
-
-    def mark_finished(self, session: Session, row_id: str, end: lifecycle.End) -> None:
-        # The run's own start and end where the scheduler knows them (SLURM), else launch and now.
-        started, ended = (end.run.started_at, end.run.ended_at) if end.run is not None else (None, None)
-        repository.mark_finished(
-            session, row_id, end.status, **end.errors(), run_started=_utc(started), run_ended=_utc(ended)
-        )
-
-    def requeue(self, session: Session, row_id: str) -> bool:
-        return repository.requeue(session, row_id, reason="claimed but never launched (its worker stopped)")
-
     def while_running(self, v: JobView, launcher: Launcher, state: RunState) -> None:
         if (
             v.status == JobStatus.running
@@ -436,3 +439,5 @@ class JobKind:
 
 
 JOBS = JobKind()
+# Every kind of run the scheduler places, by its `worker.scheduling` kind.
+KINDS: dict[str, lifecycle.Kind[Any, Any]] = {JOBS.name: JOBS, exports.EXPORTS.name: exports.EXPORTS}

@@ -1,13 +1,15 @@
 """The export controller: drives each export through a job's states (queued -> starting -> running ->
-succeeded | failed | cancelled) through `worker.lifecycle`, as `worker.controller` drives jobs: the
-scheduler lock and `worker.scheduling` for the one slot an export takes of the local pool, the job's
-launcher, and `worker.recovery.why_it_failed` for why it failed. What is an export's own is
-`ExportKind` here: its row in `ftq.store.exports`, its folder, its request file (export.json) and the
-operator's Hub token. An export never runs in the worker: it is `python -m trainer.export` launched into
-`<run dir>/exports/<export id>/` (launch.sh locally, job.sbatch on SLURM).
+succeeded | failed | cancelled) through `worker.lifecycle`, as `worker.controller` drives jobs: the one
+scheduler (`worker.controller.schedule`, `worker.scheduling.decide`) places the one slot an export takes of
+the local pool with the jobs, under the same quotas, fair share and reservation; the job's launcher, and
+`worker.recovery.why_it_failed` for why it failed. What is an export's own is `ExportKind` here: its row
+in `ftq.store.exports` (its transitions `EXPORTS`), what it asks of the scheduler, its folder, its request
+file (export.json) and the operator's Hub token. An export never runs in the worker: it is
+`python -m trainer.export` launched into `<run dir>/exports/<export id>/` (launch.sh locally, job.sbatch
+on SLURM).
 
 Every function is safe to run twice or concurrently, for the same reasons as the controller's:
-compare-and-set transitions in the store (`ftq.store.exports`), and a launch adopted from the export
+compare-and-set transitions in the store (`ftq.store.transitions`), and a launch adopted from the export
 directory's records when its worker died before storing the handle.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +29,14 @@ from ftq.contract.errors import ErrorCode
 from ftq.contract.spec import JobSpec
 from ftq.contract.status import LAUNCHED, JobStatus
 from ftq.planning.render import render_export_plan
-from ftq.runtime import limits
 from ftq.runtime.settings import get_settings
 from ftq.store import exports as store
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Export, Job
-from worker import lifecycle, locks, scheduling
+from worker import lifecycle, scheduling
 from worker.failures import Failure
-from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunState
+from worker.launchers.base import Launcher, LaunchRequest, RunState
 from worker.lifecycle import LauncherFor, RunView
 
 log = logging.getLogger(__name__)
@@ -60,74 +61,26 @@ def _view(export: Export, job: Job) -> ExportView:
     )
 
 
-def need_spec(job_spec: dict[str, Any]) -> dict[str, Any]:
-    """What an export asks of the pool, in a spec's words: one process on the job's launcher and device."""
-    res = job_spec.get("resources") or {}
-    return {
-        "resources": {
-            "launcher": res.get("launcher", "local"),
-            "device": res.get("device", "cuda"),
-            "num_nodes": 1,
-            "processes_per_node": 1,
-        }
-    }
+# An export loads the model and writes it out again: minutes, whatever the training took. What the scheduler
+# expects it to hold its slot for, so a reservation behind it can be told; it has no time limit of its
+# own, so it backfills only onto devices a reservation leaves spare.
+ESTIMATE_SECONDS = 600.0
 
 
-# Scheduling -----------------------------------------------------------------------------------------------
-
-
-def schedule() -> list[str]:
-    """Claim one slot for each queued export that fits, oldest first; the ids now `starting`. Jobs and
-    exports draw on one pool: what either holds is taken (`held`), and the jobs' scheduler counts what
-    exports hold (`worker.controller.schedule`)."""
-    settings = get_settings()
-    claimed: list[str] = []
-    with session_scope() as session, locks.scheduler_lock(session):
-        queued = store.exports_in(session, [JobStatus.queued])
-        if not queued:
-            return claimed
-        held = [r.resources for r in repository.holding_devices(session)] + store.held_resources(session)
-        free_gpus, free_slots = scheduling.free_resources(settings, held)
-        for e in queued:
-            job = repository.get_job(session, e.job_id)
-            need = scheduling.need_of(need_spec(job.spec if job is not None else {}))
-            resources: dict[str, Any] | None = None
-            if need.pool is None:
-                resources = {}
-            elif (beyond := limits.beyond_local_pool(_device(need), need.count, settings)) is not None:
-                store.mark_finished(
-                    session,
-                    e.id,
-                    JobStatus.failed,
-                    error_code=ErrorCode.launch_error,
-                    error_message=beyond[1],
-                )
-                continue
-            elif need.pool == scheduling.GPUS and free_gpus:
-                resources, free_gpus = {scheduling.GPUS: free_gpus[:1]}, free_gpus[1:]
-            elif need.pool == scheduling.CPU_SLOTS and free_slots >= 1:
-                resources, free_slots = {scheduling.CPU_SLOTS: 1}, free_slots - 1
-            if resources is not None and store.mark_starting(session, e.id, resources=resources):
-                claimed.append(e.id)
-        session.commit()
-    return claimed
-
-
-def _device(need: scheduling.Need) -> str:
-    return "cuda" if need.pool == scheduling.GPUS else "cpu"
-
-
-def running_exports(session: Any) -> list[scheduling.RunningJob]:
-    """Exports holding devices, as the jobs' scheduler sees what holds the pool (their owner's, for usage)."""
-    out = []
-    for e in store.exports_in(session, list(LAUNCHED)):
-        job = repository.get_job(session, e.job_id)
-        if e.resources and job is not None:
-            started = e.started_at.timestamp() if e.started_at else None
-            out.append(
-                scheduling.RunningJob(id=e.id, owner=job.owner, resources=e.resources, started_at=started)
-            )
-    return out
+def _run_request(row: Any) -> scheduling.RunRequest:
+    """A queued export as the scheduler weighs it: one process on its job's launcher and device, its
+    job's owner and priority, submitted when it was requested."""
+    pool = scheduling.pool_of(row.launcher, row.device)
+    return scheduling.RunRequest(
+        id=row.id,
+        owner=row.owner,
+        need=scheduling.Need(pool, 1 if pool else 0),
+        priority=row.priority or "normal",
+        seq=row.seq,
+        estimate_seconds=ESTIMATE_SECONDS,
+        kind=scheduling.EXPORT,
+        submitted=row.created_at.timestamp(),
+    )
 
 
 # Launch ---------------------------------------------------------------------------------------------------
@@ -213,42 +166,31 @@ def _views(statuses: tuple[str, ...] | list[str], job_id: str | None = None) -> 
         return out
 
 
-def reconcile(launcher_for: LauncherFor) -> None:
-    """Settle launched exports, then start queued ones as the pool allows. The caller holds the
-    reconcile singleton (`worker.controller.reconcile`)."""
+def sweep(launcher_for: LauncherFor) -> None:
+    """Settle launched exports. The caller holds the reconcile singleton (`worker.controller.reconcile`),
+    and starts queued ones with the jobs (`worker.controller.schedule`)."""
     lifecycle.sweep(_views(list(LAUNCHED)), launcher_for, _reconcile_one, "export")
-    start_claimed(launcher_for)
 
 
-def start_claimed(launcher_for: LauncherFor) -> None:
-    for claimed in schedule():
-        try:
-            launch(claimed, launcher_for)
-        except Exception:
-            log.exception("launching export %s failed", claimed)
-
-
-def wake(job_id: str, launcher_for: LauncherFor) -> None:
-    """The `ftq.exports` task: cancel this job's `cancelling` exports and start what fits, now."""
+def cancel_requested(job_id: str, launcher_for: LauncherFor) -> None:
+    """Cancel this job's `cancelling` exports now
+    (the `ftq.exports` task: `worker.controller.exports_changed`)."""
     for v in _views([JobStatus.cancelling], job_id):
         cancel(v.id, launcher_for)
-    start_claimed(launcher_for)
 
 
 def _reconcile_one(v: ExportView, launcher: Launcher, state: RunState | None) -> None:
     lifecycle.reconcile_one(EXPORTS, v, launcher, state)
 
 
-def finish(v: ExportView, launcher: Launcher, state: RunState) -> None:
-    """The export's process has ended: record how."""
-    lifecycle.finish(EXPORTS, v, launcher, state)
-
-
 class ExportKind:
     """What `worker.lifecycle` needs of an export: its row in `ftq.store.exports` (with its job's, whose
-    launcher and owner it takes), its folder and request; no retries, time limit or metrics of its own."""
+    launcher, owner and priority it takes), its folder and request; no retries, time limit or metrics of
+    its own."""
 
+    name = scheduling.EXPORT
     run_noun = "export"
+    transitions = store.EXPORTS
 
     def label(self, v: ExportView) -> str:
         return f"export {v.id} of job {v.job_id}"
@@ -263,35 +205,25 @@ class ExportKind:
             return None
         return (export, job), _view(export, job)
 
+    def queued(self, session: Session) -> list[scheduling.RunRequest]:
+        return [_run_request(r) for r in store.queued_for_scheduling(session)]
+
+    def holding(self, session: Session) -> list[scheduling.Running]:
+        held = store.holding_devices(session)
+        return [scheduling.Running.of(r, estimate_seconds=ESTIMATE_SECONDS) for r in held]
+
     def prepare(self, session: Session, v: ExportView) -> bool:
         try:
             _make_dirs(v.run_dir)
         except OSError as exc:
             # No run directory (removed by hand, or a data dir restored without it): nothing to export.
-            store.mark_finished(
-                session,
-                v.id,
-                JobStatus.failed,
-                error_code=ErrorCode.launch_error,
-                error_message=f"the job's run directory cannot hold the export: {exc}"[:2000],
-            )
+            why = f"the job's run directory cannot hold the export: {exc}"[:2000]
+            lifecycle.End(JobStatus.failed, ErrorCode.launch_error, why).record(session, store.EXPORTS, v.id)
             return False
         return True
 
     def request(self, row: tuple[Export, Job], v: ExportView) -> LaunchRequest:
         return write_export_dir(*row, v.run_dir)
-
-    def record_launch(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
-        store.record_launch(session, row_id, **asdict(handle))
-
-    def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None:
-        store.mark_running(session, row_id)  # the handle is recorded already (record_launch)
-
-    def mark_finished(self, session: Session, row_id: str, end: lifecycle.End) -> None:
-        store.mark_finished(session, row_id, end.status, **end.errors())
-
-    def requeue(self, session: Session, row_id: str) -> bool:
-        return store.requeue(session, row_id)
 
     def while_running(self, v: ExportView, launcher: Launcher, state: RunState) -> None:
         return None

@@ -2,12 +2,13 @@
 (`worker.exports`). Launch it or adopt the launch a dead worker left, cancel it, settle a claim whose
 worker died mid-launch, bring it in line with what its launcher reports, and record how it ended.
 
-What differs between the kinds is a `Kind`: how to read, record and move its row in the store, what its
-launch request is, and its own steps (a job's retries, time limit, ingest before the end, the cancel line
-in train.log and SLURM's pending reason; an export's request file and Hub token). Everything here is safe
-to run twice or concurrently: the store's compare-and-set transitions decide who acts, the run lock keeps
-two launches of one run from both starting, and what a launch left behind (the run's folder, /proc, the
-scheduler) is looked at before anything new is started.
+What differs between the kinds is a `Kind`: how to read its row, its table's transitions (one
+`ftq.store.transitions.RunTable` each), what it asks of the scheduler, what its launch request is, and its
+own steps (a job's retries, time limit, ingest before the end, the cancel line in train.log and SLURM's
+pending reason; an export's request file and Hub token). Everything here is safe to run twice or
+concurrently: the store's compare-and-set transitions decide who acts, the run lock keeps two launches of
+one run from both starting, and what a launch left behind (the run's folder, /proc, the scheduler) is
+looked at before anything new is started.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
@@ -28,9 +29,11 @@ from ftq.contract.status import JobStatus
 from ftq.runtime import logs
 from ftq.store.db import session_scope
 from ftq.store.models import Export, Job
+from ftq.store.transitions import RunTable
 from worker import locks, recovery
 from worker.failures import Failure
 from worker.launchers.base import Launcher, LaunchHandle, LaunchRequest, RunPhase, RunRef, RunState
+from worker.scheduling import Running, RunRequest
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +83,29 @@ class End:
     error_message: str | None = None
     run: RunState | None = None
 
-    def errors(self) -> dict[str, Any]:
-        """The columns every kind records of its end: the error and the run's exit code."""
-        exit_code = self.run.exit_code if self.run is not None else None
-        return {"error_code": self.error_code, "error_message": self.error_message, "exit_code": exit_code}
+    def record(self, session: Session, transitions: RunTable, row_id: str) -> bool:
+        """Move the row to its end: the error, the run's exit code, and its own start and end where its
+        scheduler knows them (SLURM; else the launch and now)."""
+        run = self.run
+        return transitions.mark_finished(
+            session,
+            row_id,
+            self.status,
+            error_code=self.error_code,
+            error_message=self.error_message,
+            exit_code=run.exit_code if run is not None else None,
+            run_started=utc(run.started_at) if run is not None else None,
+            run_ended=utc(run.ended_at) if run is not None else None,
+        )
 
 
+def utc(ts: float | None) -> datetime | None:
+    """A unix time as a datetime (None for none)."""
+    return datetime.fromtimestamp(ts, UTC) if ts else None
+
+
+# Why a claim goes back to the queue when its worker stopped before launching it (a job's retried event).
+NEVER_LAUNCHED = "claimed but never launched (its worker stopped)"
 CANCELLED_BEFORE_START = End(JobStatus.cancelled, ErrorCode.cancelled, "cancelled before it started")
 
 
@@ -103,9 +123,11 @@ View = TypeVar("View", bound=RunView)
 
 
 class Kind(Protocol[Row, View]):
-    """How the lifecycle reads, records and moves one kind of launched row, and that kind's own steps."""
+    """How the lifecycle reads, moves and schedules one kind of run, and that kind's own steps."""
 
+    name: str  # its `worker.scheduling` kind: "job", "export"
     run_noun: str  # what could not be started: "run" or "export"
+    transitions: RunTable  # its table's compare-and-set transitions
 
     def label(self, v: View) -> str:
         """The row in a log line: `job j_1`, `export exp_1 of job j_1`."""
@@ -125,14 +147,12 @@ class Kind(Protocol[Row, View]):
         """Write the folder's files for this attempt and say what to launch; `Refused` to fail it."""
         ...
 
-    def record_launch(self, session: Session, row_id: str, handle: LaunchHandle) -> None: ...
+    def queued(self, session: Session) -> list[RunRequest]:
+        """Its queued rows, as the scheduler weighs them."""
+        ...
 
-    def mark_running(self, session: Session, row_id: str, handle: LaunchHandle) -> None: ...
-
-    def mark_finished(self, session: Session, row_id: str, end: End) -> None: ...
-
-    def requeue(self, session: Session, row_id: str) -> bool:
-        """starting -> queued: claimed, but its worker stopped before launching it."""
+    def holding(self, session: Session) -> list[Running]:
+        """Its rows that hold local devices now."""
         ...
 
     def while_running(self, v: View, launcher: Launcher, state: RunState) -> None:
@@ -201,25 +221,25 @@ def launch(kind: Kind[Row, View], row_id: str, launcher_for: LauncherFor) -> Non
         handle = v.handle() if v.launched else launcher.find(v.run_dir)
         if handle is None:
             if v.status == JobStatus.cancelling:
-                kind.mark_finished(session, row_id, CANCELLED_BEFORE_START)
+                CANCELLED_BEFORE_START.record(session, kind.transitions, row_id)
                 return
             try:
                 handle = launcher.submit(kind.request(row, v))
             except Refused as exc:
-                kind.mark_finished(session, row_id, End(JobStatus.failed, exc.code, str(exc)))
+                End(JobStatus.failed, exc.code, str(exc)).record(session, kind.transitions, row_id)
                 return
             except Exception as exc:
                 log.exception("launch of %s failed", kind.label(v))
                 why = f"the {kind.run_noun} could not be started: {exc}"[:2000]
-                kind.mark_finished(session, row_id, End(JobStatus.failed, ErrorCode.launch_error, why))
+                End(JobStatus.failed, ErrorCode.launch_error, why).record(session, kind.transitions, row_id)
                 return
             log.info("%s launched: %s", kind.label(v), handle)
         else:
             log.info("%s: adopting the launch found in its run directory: %s", kind.label(v), handle)
-        kind.record_launch(session, row_id, handle)
+        kind.transitions.record_launch(session, row_id, **asdict(handle))
         # Commit the handle before anything else can fail: it is what makes the run adoptable.
         session.commit()
-        kind.mark_running(session, row_id, handle)
+        kind.transitions.mark_running(session, row_id, **asdict(handle))
         session.commit()
         found = kind.read(session, row_id)
         if found is not None and found[1].status == JobStatus.cancelling:
@@ -293,7 +313,7 @@ def _reconcile_one(kind: Kind[Row, View], v: View, launcher: Launcher, state: Ru
     if state.phase in (RunPhase.pending, RunPhase.running):
         if v.status == JobStatus.starting:
             with session_scope() as session:
-                kind.mark_running(session, v.id, v.handle())
+                kind.transitions.mark_running(session, v.id, **asdict(v.handle()))
         elif v.status == JobStatus.cancelling:
             launcher.cancel(v.ref())
         kind.while_running(v, launcher, state)
@@ -318,14 +338,12 @@ def settle_unlaunched(kind: Kind[Row, View], v: View, launcher: Launcher) -> Non
         with session_scope() as session:
             if handle is not None:
                 log.info("%s: adopting a launch its worker did not record: %s", kind.label(v), handle)
-                kind.record_launch(session, v.id, handle)
-                kind.mark_running(session, v.id, handle)
+                kind.transitions.record_launch(session, v.id, **asdict(handle))
+                kind.transitions.mark_running(session, v.id, **asdict(handle))
             elif v.status == JobStatus.cancelling:
-                kind.mark_finished(session, v.id, CANCELLED_BEFORE_START)
-            elif kind.requeue(session, v.id):
-                log.info(
-                    "%s was claimed but never launched (its worker stopped); queued again", kind.label(v)
-                )
+                CANCELLED_BEFORE_START.record(session, kind.transitions, v.id)
+            elif kind.transitions.requeue(session, v.id, reason=NEVER_LAUNCHED):
+                log.info("%s was %s; queued again", kind.label(v), NEVER_LAUNCHED)
 
 
 def finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState) -> None:
@@ -345,13 +363,14 @@ def _finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState)
         stopped = kind.stopped_by_worker(v)
         if current.status == JobStatus.cancelling:
             cancelled = End(JobStatus.cancelled, ErrorCode.cancelled, "cancelled on request", state)
-            kind.mark_finished(session, v.id, cancelled)
+            cancelled.record(session, kind.transitions, v.id)
             kind.after_cancelled(row, v)
         elif stopped is None and state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
-            kind.mark_finished(session, v.id, End(JobStatus.succeeded, run=state))
+            End(JobStatus.succeeded, run=state).record(session, kind.transitions, v.id)
         elif current.status in (JobStatus.starting, JobStatus.running):
             failure = stopped or recovery.why_it_failed(v.run_dir, state)
             if stopped is None and kind.retried(session, row, v, failure):
                 return
-            kind.mark_finished(session, v.id, End(JobStatus.failed, failure.code, failure.message, state))
+            failed = End(JobStatus.failed, failure.code, failure.message, state)
+            failed.record(session, kind.transitions, v.id)
     log.info("%s ended: %s", kind.label(v), state)

@@ -70,7 +70,10 @@ def retry(session: Session, job: Job, run_dir: Path, failure: failures.Failure) 
     else:
         return False
     runs.set_attempt_aside(run_dir, job.attempt)
-    if not repository.requeue(session, job.id, attempt_increment=1, reason=f"{failure.code}: {why}"):
+    requeued = repository.JOBS.requeue(
+        session, job.id, reason=f"{failure.code}: {why}", attempt=Job.attempt + 1
+    )
+    if not requeued:
         return False
     log.info(
         "job %s ended %s; queued again (%s) to resume from its newest checkpoint", job.id, failure.code, why

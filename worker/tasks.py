@@ -17,7 +17,7 @@ from ftq.runtime.queue import (
 )
 from ftq.store import outbox, repository
 from ftq.store.db import session_scope
-from worker import controller, exports, files, locks, webhooks
+from worker import controller, files, locks, webhooks
 from worker.celery_app import celery_app
 from worker.ingest import ingest_all
 
@@ -34,7 +34,7 @@ def cancel(job_id: str) -> None:
 
 @celery_app.task(name=TASK_EXPORTS)
 def export(job_id: str) -> None:
-    exports.wake(job_id, controller.get_launcher)
+    controller.exports_changed(job_id)
 
 
 @celery_app.task(name=TASK_RECONCILE)

@@ -2,9 +2,9 @@
 
 `ExportRepository(session, owner)` is what the API uses: every read goes through `_readable()`, which
 joins the export's job and filters on its owner, the one place the owner filter is applied to exports.
-The module-level functions are the worker's: compare-and-set transitions along `ftq.contract.status`'s edges,
-named after the transition, so a sweep or task that runs twice changes nothing the second time. They are
-the job repository's own (`move_status`, `record_handle`, `ended`, `ask_to_cancel`) on this table.
+The module-level functions are the worker's (and the scheduler's reads); an export's transitions are
+`EXPORTS`, the one compare-and-set mechanism of every kind of run (`ftq.store.transitions.RunTable`) on
+this table.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from ftq.contract.status import LAUNCHED, JobStatus, sources_of
-from ftq.store import repository
+from ftq.contract.status import LAUNCHED, JobStatus
 from ftq.store.models import Dispatch, Export, Job
-from ftq.store.repository import utcnow
+from ftq.store.transitions import RunTable
 
 # The outbox's dispatch kind that wakes the worker's export sweep (`ftq.runtime.queue.TASK_EXPORTS`).
 DISPATCH_KIND = "export"
@@ -86,59 +85,31 @@ def exports_in(session: Session, statuses: Iterable[str]) -> list[Export]:
     return list(session.scalars(stmt.order_by(Export.seq)))
 
 
-def held_resources(session: Session) -> list[dict[str, Any]]:
-    """What launched exports hold of the local pool (GPUs or CPU slots)."""
-    stmt = select(Export.resources).where(
-        Export.status.in_([str(s) for s in LAUNCHED]), Export.resources.is_not(None)
+def queued_for_scheduling(session: Session) -> list[Any]:
+    """Every queued export with what the scheduler weighs of it and of its job: (id, seq, created_at,
+    owner, launcher, device, priority), oldest first."""
+    stmt = (
+        select(Export.id, Export.seq, Export.created_at, Job.owner, Job.launcher, Job.device, Job.priority)
+        .join(Job, Job.id == Export.job_id)
+        .where(Export.status == JobStatus.queued)
     )
-    return [r for r in session.scalars(stmt) if r]
+    return list(session.execute(stmt.order_by(Export.seq)))
 
 
-def _cas(session: Session, export_id: str, from_: Iterable[str], to: str, **values: Any) -> bool:
-    """An export's compare-and-set: the jobs' `move_status` on this table (exports record no events)."""
-    return repository.move_status(session, Export, export_id, from_, to, **values)
-
-
-def mark_starting(session: Session, export_id: str, *, resources: dict[str, Any] | None) -> bool:
-    """queued -> starting: the worker that wins this owns the launch."""
-    return _cas(session, export_id, [JobStatus.queued], JobStatus.starting, resources=resources)
-
-
-def record_launch(
-    session: Session, export_id: str, *, external_id: str | None, pid: int | None, pid_start_ticks: int | None
-) -> bool:
-    """Store the launch handle while the export may already be `cancelling`."""
-    return repository.record_handle(
-        session, Export, export_id, external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks
+def holding_devices(session: Session) -> list[Any]:
+    """Exports holding local devices: (id, owner, resources, started_at), the owner their job's."""
+    stmt = (
+        select(Export.id, Job.owner, Export.resources, Export.started_at)
+        .join(Job, Job.id == Export.job_id)
+        .where(Export.status.in_([str(s) for s in LAUNCHED]), Export.resources.is_not(None))
     )
+    return [r for r in session.execute(stmt) if r.resources]
 
 
-def mark_running(session: Session, export_id: str) -> bool:
-    return _cas(session, export_id, [JobStatus.starting], JobStatus.running, started_at=utcnow())
-
-
-def requeue(session: Session, export_id: str) -> bool:
-    """starting -> queued: claimed, but its worker stopped before launching it."""
-    return _cas(session, export_id, [JobStatus.starting], JobStatus.queued, **repository.UNCLAIMED)
-
-
-def mark_finished(
-    session: Session,
-    export_id: str,
-    status: JobStatus,
-    *,
-    error_code: str | None = None,
-    error_message: str | None = None,
-    exit_code: int | None = None,
-) -> bool:
-    """-> succeeded | failed | cancelled from every state that may end so; releases held resources."""
-    values = repository.ended(status, error_code=error_code, error_message=error_message, exit_code=exit_code)
-    return _cas(session, export_id, sources_of(status), status, **values)
+# An export's transitions (no events of its own; its cancel's dispatch wakes the export sweep).
+EXPORTS = RunTable(Export, cancel_dispatch=DISPATCH_KIND)
 
 
 def request_cancel(session: Session, export: Export) -> str | None:
-    """queued -> cancelled at once; starting/running -> cancelling (with a dispatch that wakes the
-    worker). None when it was already cancelling or finished: cancel is idempotent."""
-    return repository.ask_to_cancel(
-        _cas, session, export.id, job_id=export.job_id, dispatch_kind=DISPATCH_KIND
-    )
+    """The API's cancel of an export: its dispatch is about the export's job."""
+    return EXPORTS.request_cancel(session, export.id, job_id=export.job_id)

@@ -2,22 +2,21 @@
 
 `JobRepository(session, owner)` is what the API uses: every read goes through `_readable()`, the one
 place the owner filter is applied, so a new query cannot forget it. The module-level functions below
-it are the system's own operations (worker, relay, ingest): state changes are compare-and-set
-updates named after their transition, so a task delivered twice changes nothing the second time.
+it are the system's own operations (worker, relay, ingest). A job's state changes are `JOBS`, the
+compare-and-set transitions every kind of run shares (`ftq.store.transitions.RunTable`) with the job's
+events and the accounting of its end as hooks, so a task delivered twice changes nothing the second time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
     JSON,
-    CursorResult,
     Engine,
     Integer,
-    Result,
     Select,
     bindparam,
     case,
@@ -36,16 +35,11 @@ from sqlalchemy.orm import Session, defer
 
 from ftq.contract.events import EventType
 from ftq.contract.metrics import POINT_FIELDS
-from ftq.contract.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
-from ftq.runtime.redact import redact
+from ftq.contract.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus
 from ftq.store import events
 from ftq.store.db import AsyncReadPool
-from ftq.store.models import Dispatch, Export, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage, Sample
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
+from ftq.store.models import Dispatch, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage, Sample
+from ftq.store.transitions import RunTable, rowcount, utcnow
 
 # The metrics poll, built once: building a statement and matching its result columns to the cached
 # compiled form costs more CPU than PostgreSQL spends answering it. One round trip: the owner-filtered
@@ -273,122 +267,15 @@ def get_job(session: Session, job_id: str) -> Job | None:
     return session.scalars(select(Job).where(Job.id == job_id)).first()
 
 
-def _rowcount(result: Result[Any]) -> int:
-    """Rows an UPDATE or DELETE matched: only a cursor result carries the count."""
-    if not isinstance(result, CursorResult):
-        raise TypeError(f"expected the result of an UPDATE or DELETE, got {type(result).__name__}")
-    return int(result.rowcount or 0)
+# Compare-and-set: every status change of a job, through the one mechanism of every kind of run -----------
 
 
-# Compare-and-set: every status change of a job or of an export (ftq.store.exports) --------------------
-
-# The tables whose rows go through ftq.contract.status's states: jobs, and the exports launched like them.
-Tracked = type[Job] | type[Export]
-# A table's own compare-and-set: (session, row id, from, to, **values) -> moved.
-CompareAndSet = Callable[..., bool]
-# What a row claimed but never launched gives back: its claim and any launch handle.
-UNCLAIMED: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
-
-
-def move_status(
-    session: Session, table: Tracked, row_id: str, from_: Iterable[str], to: str, **values: Any
-) -> bool:
-    """Move one row from any of `from_` to `to`, or change nothing: True when this call moved it. An edge
-    `ftq.contract.status.TRANSITIONS` lacks is a ValueError before any SQL, so no caller can write one."""
-    from_ = list(from_)
-    illegal = [s for s in from_ if not can_move(s, to)]
-    if illegal:
-        raise ValueError(f"no transition {illegal[0]} -> {to} (see ftq.contract.status.TRANSITIONS)")
-    stmt = (
-        update(table)
-        .where(table.id == row_id, table.status.in_([str(s) for s in from_]))
-        .values(status=to, updated_at=utcnow(), **values)
-        .execution_options(synchronize_session=False)
-    )
-    return _rowcount(session.execute(stmt)) == 1
-
-
-def record_handle(
-    session: Session,
-    table: Tracked,
-    row_id: str,
-    *,
-    external_id: str | None,
-    pid: int | None,
-    pid_start_ticks: int | None,
-) -> bool:
-    """Store a launch handle, status unchanged, while the row may already be `cancelling` (a cancel
-    raced the launch)."""
-    stmt = (
-        update(table)
-        .where(table.id == row_id, table.status.in_([str(s) for s in LAUNCHED]))
-        .values(external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks, updated_at=utcnow())
-    )
-    return _rowcount(session.execute(stmt)) == 1
-
-
-def ended(
-    status: JobStatus, *, error_code: str | None, error_message: str | None, exit_code: int | None
-) -> dict[str, Any]:
-    """What a move to a terminal status writes besides the status: the end, the error, and the released
-    resources."""
-    if status not in TERMINAL:
-        raise ValueError(f"mark_finished needs a terminal status, not {status}")
-    return {
-        "finished_at": utcnow(),
-        "error_code": error_code,
-        # The message may quote the run's output, which may print a secret the launch was given.
-        "error_message": redact(error_message) if error_message else error_message,
-        "exit_code": exit_code,
-        "resources": None,
-    }
-
-
-def ask_to_cancel(
-    cas: CompareAndSet, session: Session, row_id: str, *, job_id: str, dispatch_kind: str
-) -> str | None:
-    """queued -> cancelled at once (nothing runs yet); starting/running -> cancelling, with the dispatch
-    (of `dispatch_kind`, for `job_id`) that wakes the worker. Returns the new status, or None when the
-    row was already cancelling or finished (cancel is idempotent)."""
-    now = utcnow()
-    if cas(
-        session,
-        row_id,
-        [JobStatus.queued],
-        JobStatus.cancelled,
-        finished_at=now,
-        cancel_requested_at=now,
-        error_code="cancelled",
-        error_message="cancelled before it started",
-    ):
-        return JobStatus.cancelled
-    if cas(
-        session,
-        row_id,
-        [JobStatus.starting, JobStatus.running],
-        JobStatus.cancelling,
-        cancel_requested_at=now,
-    ):
-        session.add(Dispatch(job_id=job_id, kind=dispatch_kind, created_at=now, attempts=0))
-        return JobStatus.cancelling
-    return None
-
-
-def _cas(
-    session: Session,
-    job_id: str,
-    from_: Iterable[str],
-    to: str,
-    *,
-    reason: str | None = None,
-    **values: Any,
-) -> bool:
-    """A job's compare-and-set: `move_status`, and the event the change is, in its transaction."""
-    moved = move_status(session, Job, job_id, from_, to, **values)
-    if moved:
-        # The event in the transaction of the change: both commit, or neither.
-        _transition_event(session, job_id, JobStatus(to), values, reason=reason)
-    return moved
+def _settle_end(
+    session: Session, job_id: str, *, run_started: datetime | None, run_ended: datetime | None
+) -> None:
+    """An ended job waits no more, and its run counts in its owner's usage (`account_run`)."""
+    session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
+    account_run(session, job_id, run_started=run_started, run_ended=run_ended)
 
 
 def _transition_event(
@@ -440,82 +327,10 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
-def mark_starting(session: Session, job_id: str, *, resources: dict[str, Any] | None) -> bool:
-    """queued -> starting: the worker that wins this owns the launch; any other copy backs off."""
-    return _cas(session, job_id, [JobStatus.queued], JobStatus.starting, resources=resources)
-
-
-def mark_running(
-    session: Session,
-    job_id: str,
-    *,
-    external_id: str | None,
-    pid: int | None,
-    pid_start_ticks: int | None,
-    plan: dict[str, Any] | None = None,
-) -> bool:
-    values: dict[str, Any] = {
-        "external_id": external_id,
-        "pid": pid,
-        "pid_start_ticks": pid_start_ticks,
-        "started_at": utcnow(),
-    }
-    if plan is not None:
-        values["plan"] = plan
-    return _cas(session, job_id, [JobStatus.starting], JobStatus.running, **values)
-
-
-def record_launch(
-    session: Session, job_id: str, *, external_id: str | None, pid: int | None, pid_start_ticks: int | None
-) -> bool:
-    """Store the launch handle while the job may already be `cancelling` (cancel raced the launch)."""
-    return record_handle(
-        session, Job, job_id, external_id=external_id, pid=pid, pid_start_ticks=pid_start_ticks
-    )
-
-
-def requeue(session: Session, job_id: str, *, attempt_increment: int = 0, reason: str | None = None) -> bool:
-    """starting/running -> queued: no resources free yet, or a preempted run going round again (its
-    job.retried event says `reason`)."""
-    values = dict(UNCLAIMED)
-    if attempt_increment:
-        values["attempt"] = Job.attempt + attempt_increment
-    return _cas(
-        session,
-        job_id,
-        [JobStatus.starting, JobStatus.running],
-        JobStatus.queued,
-        reason=reason or "queued again",
-        **values,
-    )
-
-
-def mark_finished(
-    session: Session,
-    job_id: str,
-    status: JobStatus,
-    *,
-    error_code: str | None = None,
-    error_message: str | None = None,
-    exit_code: int | None = None,
-    run_started: datetime | None = None,
-    run_ended: datetime | None = None,
-) -> bool:
-    """-> succeeded | failed | cancelled, from every state that may end so (ftq.contract.status.TRANSITIONS: a
-    queued job fails or is cancelled, never succeeds); releases held resources and accounts the run
-    (`account_run`; `run_started`/`run_ended`: the scheduler's own times of the run, where known)."""
-    values = ended(status, error_code=error_code, error_message=error_message, exit_code=exit_code)
-    moved = _cas(session, job_id, sources_of(status), status, **values)
-    if moved:
-        session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
-        account_run(session, job_id, run_started=run_started, run_ended=run_ended)
-    return moved
-
-
-def request_cancel(session: Session, job_id: str) -> str | None:
-    """queued -> cancelled at once (nothing runs yet); starting/running -> cancelling. Returns the new
-    status, or None when the job was already cancelling or finished (cancel is idempotent)."""
-    return ask_to_cancel(_cas, session, job_id, job_id=job_id, dispatch_kind="cancel")
+# A job's transitions: the event each change is, in its transaction; an end settles its queue row and
+# its usage. `request_cancel` is the API's cancel of a job.
+JOBS = RunTable(Job, cancel_dispatch="cancel", on_moved=_transition_event, on_ended=_settle_end)
+request_cancel = JOBS.request_cancel
 
 
 def jobs_in(
@@ -540,12 +355,13 @@ def jobs_in(
 
 
 def queued_for_scheduling(session: Session) -> list[Any]:
-    """Every queued job, narrow: (id, owner, seq, priority, devices, limit_seconds, estimated_seconds,
-    launcher, device); `spec_of` fills in rows stored before these columns existed."""
+    """Every queued job, narrow: (id, owner, seq, created_at, priority, devices, limit_seconds,
+    estimated_seconds, launcher, device); `specs_of` fills in rows stored before these columns existed."""
     stmt = select(
         Job.id,
         Job.owner,
         Job.seq,
+        Job.created_at,
         Job.priority,
         Job.devices,
         Job.limit_seconds,
@@ -763,7 +579,7 @@ def mark_dispatch_failed(session: Session, dispatch_id: int) -> None:
 
 def purge_expired_idempotency(session: Session) -> int:
     res = session.execute(delete(IdempotencyKey).where(IdempotencyKey.expires_at < utcnow()))
-    return _rowcount(res)
+    return rowcount(res)
 
 
 # Ingest ------------------------------------------------------------------------------------------------

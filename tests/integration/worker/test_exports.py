@@ -70,14 +70,14 @@ def test_every_record_about_an_export_carries_its_job_id(
 
 
 def test_an_export_waits_for_the_slot_a_job_holds(store: Path) -> None:
-    from worker import controller, exports
+    from worker import controller
 
     add_job("j_busy", SCRIPT_SLEEP.replace("sleep 30", "sleep 3"))
     add_job("j_done", "exit 0\n", status="succeeded")
     controller.submit("j_busy")
     assert job("j_busy").status == "running"  # it holds the one CPU slot (cpu_slots=1)
     add_export("exp_wait", "j_done")
-    assert exports.schedule() == []
+    assert controller.schedule() == []
     assert export("exp_wait").status == "queued"
     settle("exp_wait", {"failed"})  # once the job ended, the export got the slot and ran
     assert job("j_busy").status == "succeeded"
@@ -102,3 +102,29 @@ def test_a_claimed_export_its_worker_never_launched_is_queued_again(store: Path)
     e = settle("exp_orphan", {"failed"})
     assert e.error_code == "model_error"
     assert (store / "j_done" / runs.EXPORTS / "exp_orphan" / runs.LAUNCH_RECORD).is_file()
+
+
+def test_an_export_waits_for_its_owners_quota_and_is_claimed_by_the_one_scheduler(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two slots, the owner's quota one, and their job holds one: the export waits though a slot is free,
+    as a job would; once the job ends, the scheduler's tick claims the export with the jobs."""
+    from ftq.contract.status import JobStatus
+    from ftq.store import repository
+    from ftq.store.db import session_scope
+    from ftq.store.transitions import utcnow
+    from tests.harness.inprocess import use_settings
+    from worker import controller
+
+    use_settings(monkeypatch, data_dir=store.parent, cpu_slots=2, quota_cpu_slots=f"{rows.OWNER}:1")
+    add_job("j_done", "exit 0\n", status="succeeded")
+    add_job("j_holds", SCRIPT_SLEEP, status="running", resources={"cpu_slots": 1}, started_at=utcnow())
+    add_export("exp_quota", "j_done")
+    controller.exports_changed("j_done")  # the task a new export sends
+    assert export("exp_quota").status == "queued"
+    assert controller.schedule() == []
+    with session_scope() as s:
+        assert repository.JOBS.mark_finished(s, "j_holds", JobStatus.succeeded, exit_code=0)
+    assert controller.schedule() == [controller.Claim("export", "exp_quota")]
+    e = export("exp_quota")
+    assert e.status == "starting" and e.resources == {"cpu_slots": 1}

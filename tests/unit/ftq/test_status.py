@@ -1,6 +1,5 @@
-"""A job's statuses and transitions (ftq.contract.status), and the store's compare-and-set functions that
-follow
-them (ftq/store/repository.py for jobs, ftq/store/exports.py for exports): every edge a function uses is
+"""A job's statuses and transitions (ftq.contract.status), and the store's compare-and-set transitions that
+follow them (ftq/store/transitions.py, for jobs and exports alike): every edge a transition uses is
 allowed, nothing leaves a terminal status."""
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from typing import Any
 import pytest
 
 from ftq.contract.status import ACTIVE, LAUNCHED, TERMINAL, TRANSITIONS, JobStatus, can_move, sources_of
-from ftq.store import exports, repository
-from ftq.store.models import Export
+from ftq.store import exports, repository, transitions
+from ftq.store.transitions import RunTable
 
 ALL = set(JobStatus)
 
@@ -51,71 +50,57 @@ def test_sources_of_is_the_reverse_of_the_table() -> None:
     assert can_move("running", "cancelling") and not can_move("cancelled", "queued")
 
 
-# The store's compare-and-set functions --------------------------------------------------------------------
-# Jobs (ftq/store/repository.py) and exports (ftq/store/exports.py) move along the same edges, through the
-# one `repository.move_status` that each table's `_cas` calls.
+# The store's compare-and-set transitions ------------------------------------------------------------------
+# Jobs (`repository.JOBS`) and exports (`exports.EXPORTS`) move along the same edges, through the one
+# `RunTable` of ftq/store/transitions.py, whose `move` alone writes a status.
 
 
 class Recorder:
-    """Stands in for repository.move_status: records each (table, from, to) and answers that no row
+    """Stands in for transitions._update: records each (table, from, to) and answers that no row
     changed."""
 
     def __init__(self) -> None:
         self.edges: list[tuple[str, str, str]] = []
 
     def __call__(
-        self, session: Any, table: Any, row_id: str, from_: Iterable[str], to: str, **values: Any
+        self, session: Any, table: Any, row_id: str, from_: Iterable[str], to: str, values: dict[str, Any]
     ) -> bool:
         self.edges += [(table.__tablename__, str(s), str(to)) for s in from_]
         return False
 
 
-EXPORT = Export(id="e", job_id="j")
-
-CAS_CALLS: dict[ModuleType, dict[str, Callable[[], Any]]] = {
-    repository: {
-        "mark_starting": lambda: repository.mark_starting(None, "j", resources=None),  # type: ignore[arg-type]
-        "mark_running": lambda: repository.mark_running(
-            None,  # type: ignore[arg-type]
-            "j",
-            external_id=None,
-            pid=None,
-            pid_start_ticks=None,
-        ),
-        "requeue": lambda: repository.requeue(None, "j", attempt_increment=1),  # type: ignore[arg-type]
-        "mark_finished": lambda: [
-            repository.mark_finished(None, "j", status)  # type: ignore[arg-type]
-            for status in sorted(TERMINAL)
-        ],
-        "request_cancel": lambda: repository.request_cancel(None, "j"),  # type: ignore[arg-type]
-    },
-    exports: {
-        "mark_starting": lambda: exports.mark_starting(None, "e", resources=None),  # type: ignore[arg-type]
-        "mark_running": lambda: exports.mark_running(None, "e"),  # type: ignore[arg-type]
-        "requeue": lambda: exports.requeue(None, "e"),  # type: ignore[arg-type]
-        "mark_finished": lambda: [
-            exports.mark_finished(None, "e", status)  # type: ignore[arg-type]
-            for status in sorted(TERMINAL)
-        ],
-        "request_cancel": lambda: exports.request_cancel(None, EXPORT),  # type: ignore[arg-type]
-    },
+TABLES = {repository.JOBS: "jobs", exports.EXPORTS: "exports"}
+CALLS: dict[str, Callable[[RunTable], Any]] = {
+    "mark_starting": lambda t: t.mark_starting(None, "j", resources=None),  # type: ignore[arg-type]
+    "mark_running": lambda t: t.mark_running(
+        None,  # type: ignore[arg-type]
+        "j",
+        external_id=None,
+        pid=None,
+        pid_start_ticks=None,
+    ),
+    "requeue": lambda t: t.requeue(None, "j", reason="again"),  # type: ignore[arg-type]
+    "mark_finished": lambda t: [
+        t.mark_finished(None, "j", status)  # type: ignore[arg-type]
+        for status in sorted(TERMINAL)
+    ],
+    "request_cancel": lambda t: t.request_cancel(None, "j"),  # type: ignore[arg-type]
 }
-TABLES = {repository: "jobs", exports: "exports"}
 
 
-@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
+@pytest.mark.parametrize("table", list(TABLES), ids=lambda t: TABLES[t])
 def test_every_edge_the_store_moves_a_row_along_is_allowed(
-    store: ModuleType, monkeypatch: pytest.MonkeyPatch
+    table: RunTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recorder = Recorder()
-    monkeypatch.setattr(repository, "move_status", recorder)
+    monkeypatch.setattr(transitions, "_update", recorder)
     used: dict[str, list[tuple[str, str]]] = {}
-    for name, call in CAS_CALLS[store].items():
+    for name, call in CALLS.items():
         before = len(recorder.edges)
-        call()
+        call(table)
         moved = recorder.edges[before:]
         assert moved, f"{name} moved no row"
-        assert {table for table, _, _ in moved} == {TABLES[store]}, name
+        assert {t for t, _, _ in moved} == {TABLES[table]}, name
         used[name] = [(src, dst) for _, src, dst in moved]
     illegal = [(name, e) for name, edges in used.items() for e in edges if not can_move(*e)]
     assert not illegal
@@ -128,10 +113,10 @@ def test_every_edge_the_store_moves_a_row_along_is_allowed(
     assert ("queued", "cancelled") in used["request_cancel"]
 
 
-def _functions_naming(store: ModuleType, name: str) -> set[str]:
-    """The functions of `store` that call or pass on `name`, other than `name` itself."""
+def _functions_naming(module: ModuleType, name: str) -> set[str]:
+    """The functions of `module` that call or pass on `name`, other than `name` itself."""
     found = set()
-    for fn in ast.walk(ast.parse(inspect.getsource(store))):
+    for fn in ast.walk(ast.parse(inspect.getsource(module))):
         if isinstance(fn, ast.FunctionDef) and fn.name != name:
             for node in ast.walk(fn):
                 named = (isinstance(node, ast.Name) and node.id == name) or (
@@ -142,23 +127,24 @@ def _functions_naming(store: ModuleType, name: str) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
-def test_the_test_above_calls_every_compare_and_set_of_the_store(store: ModuleType) -> None:
-    """A new function that moves jobs or exports must be added to CAS_CALLS (and so be checked), and
-    only a table's own `_cas` moves a row."""
-    assert _functions_naming(store, "_cas") == set(CAS_CALLS[store])
-    assert _functions_naming(store, "move_status") == {"_cas"}
+def test_the_test_above_calls_every_compare_and_set_of_the_store() -> None:
+    """A new transition must be added to CALLS (and so be checked); only `move` writes a status, and no
+    table's module moves a row around it."""
+    assert _functions_naming(transitions, "move") == set(CALLS)
+    assert _functions_naming(transitions, "_update") == {"move"}
+    for module in (repository, exports):
+        assert not _functions_naming(module, "move") and not _functions_naming(module, "_update")
 
 
-@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
-def test_the_compare_and_set_refuses_an_edge_the_table_does_not_have(store: ModuleType) -> None:
+@pytest.mark.parametrize("table", list(TABLES), ids=lambda t: TABLES[t])
+def test_the_compare_and_set_refuses_an_edge_the_table_does_not_have(table: RunTable) -> None:
     for src, dst in (("succeeded", "running"), ("queued", "succeeded"), ("cancelled", "queued")):
         with pytest.raises(ValueError, match="no transition"):
-            store._cas(None, "j", [src], dst)
+            table.move(None, "j", [src], dst)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("store", list(CAS_CALLS), ids=lambda m: m.__name__)
+@pytest.mark.parametrize("table", list(TABLES), ids=lambda t: TABLES[t])
 @pytest.mark.parametrize("status", sorted(ACTIVE))
-def test_mark_finished_refuses_a_status_that_is_not_terminal(store: ModuleType, status: JobStatus) -> None:
+def test_mark_finished_refuses_a_status_that_is_not_terminal(table: RunTable, status: JobStatus) -> None:
     with pytest.raises(ValueError, match="terminal"):
-        store.mark_finished(None, "j", status)
+        table.mark_finished(None, "j", status)  # type: ignore[arg-type]

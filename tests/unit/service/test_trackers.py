@@ -54,7 +54,7 @@ def test_the_job_shows_what_its_trainer_recorded(
     job = client.post("/jobs", json={**tiny_job, "integrations": TRACKED}).json()
     assert job["trackers"] is None
     with session_scope() as s:
-        assert repository.mark_starting(s, job["id"], resources=None)
+        assert repository.JOBS.mark_starting(s, job["id"], resources=None)
         s.commit()
     run = Path(ftq_env["FTQ_DATA_DIR"]) / "runs" / job["id"]
     run.mkdir(parents=True)

@@ -23,8 +23,8 @@ def _auth(token: str) -> dict[str, str]:
 def _run(job_id: str, started: datetime, ended: datetime) -> None:
     """What the controller records for a run that started and ended at these times."""
     with session_scope() as s:
-        assert repository.mark_running(s, job_id, external_id=None, pid=None, pid_start_ticks=None)
-        assert repository.mark_finished(
+        assert repository.JOBS.mark_running(s, job_id, external_id=None, pid=None, pid_start_ticks=None)
+        assert repository.JOBS.mark_finished(
             s, job_id, JobStatus.succeeded, exit_code=0, run_started=started, run_ended=ended
         )
 
@@ -43,7 +43,7 @@ def test_queue_usage_and_estimate_vs_actual(
     a1, a2, b1 = ids
     assert client.get(f"/jobs/{a2}", headers=_auth(ALICE)).json()["queue"] is None  # no tick yet
 
-    assert controller.schedule() == [a1]
+    assert controller.schedule() == [controller.Claim("job", a1)]
     # alice holds the slot: bob's job is next, ahead of her older one.
     queue_b = client.get(f"/jobs/{b1}", headers=_auth(BOB)).json()["queue"]
     queue_a = client.get(f"/jobs/{a2}", headers=_auth(ALICE)).json()["queue"]
@@ -65,7 +65,7 @@ def test_queue_usage_and_estimate_vs_actual(
     assert job["estimate_vs_actual"]["actual_seconds"] == 90.0
     assert job["estimate_vs_actual"]["estimated_seconds"] > 0
 
-    assert controller.schedule() == [b1]
+    assert controller.schedule() == [controller.Claim("job", b1)]
     assert client.get(f"/jobs/{b1}", headers=_auth(BOB)).json()["queue"] is None
     _run(b1, start, start + timedelta(seconds=30))
 

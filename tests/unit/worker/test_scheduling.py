@@ -8,7 +8,7 @@ from typing import Any
 from ftq.contract.errors import ErrorCode
 from ftq.runtime.settings import Settings
 from worker import scheduling
-from worker.scheduling import QueuedJob, RunningJob, Usage
+from worker.scheduling import Running, RunRequest, Usage
 
 NOW = 1_000_000.0
 
@@ -29,18 +29,18 @@ def q(
     priority: str = "normal",
     limit: float | None = None,
     launcher: str = "local",
-) -> QueuedJob:
+) -> RunRequest:
     s = spec(device, procs, launcher, priority=priority, resources={"max_seconds": limit})
-    return QueuedJob.from_spec(job_id, owner, s, seq=seq)
+    return RunRequest.from_spec(job_id, owner, s, seq=seq)
 
 
 def run(job_id: str, *, owner: str = "alice", slots: int = 0, gpus: list[int] | None = None,
-        started: float = NOW - 10, limit: float | None = None) -> RunningJob:  # fmt: skip
+        started: float = NOW - 10, limit: float | None = None) -> Running:  # fmt: skip
     resources: dict[str, Any] = {"gpus": gpus} if gpus else {"cpu_slots": slots}
-    return RunningJob(job_id, owner, resources, started_at=started, limit_seconds=limit)
+    return Running(job_id, owner, resources, started_at=started, limit_seconds=limit)
 
 
-def decide(queued: list[QueuedJob], running: list[RunningJob], settings: Settings, **kw: Any) -> Any:
+def decide(queued: list[RunRequest], running: list[Running], settings: Settings, **kw: Any) -> Any:
     return scheduling.decide(queued, running, settings, now=NOW, **kw)
 
 
@@ -57,13 +57,13 @@ def test_gpus_are_disjoint_and_an_owners_jobs_go_oldest_first() -> None:
     ]
     out = decide(queued, running, s)
     assert out.started == {"a": {"gpus": [0, 2]}, "d": {"cpu_slots": 1}, "f": {}}
-    waiting = {w.job_id: w for w in out.waiting}
+    waiting = {w.id: w for w in out.waiting}
     # b does not fit the one GPU left and holds the reservation; c would fit, but with no time limit of
     # its own it could run past b's reserved start: it waits for the reservation.
     assert waiting["b"].reason == scheduling.NO_FREE_DEVICES
     assert waiting["c"].reason == scheduling.RESERVATION
     assert waiting["e"].reason == scheduling.NO_FREE_DEVICES
-    assert [w.job_id for w in out.waiting] == ["b", "c", "e"]
+    assert [w.id for w in out.waiting] == ["b", "c", "e"]
     assert [w.position for w in out.waiting] == [1, 2, 3]
 
 
@@ -81,7 +81,7 @@ def test_high_priority_goes_first_and_low_last() -> None:
     queued = [q("low", 1, priority="low"), q("normal", 2), q("high", 3, priority="high")]
     out = decide(queued, [], s)
     assert list(out.started) == ["high"]
-    assert [w.job_id for w in out.waiting] == ["normal", "low"]
+    assert [w.id for w in out.waiting] == ["normal", "low"]
 
 
 def test_fair_share_the_owner_using_fewer_devices_goes_first() -> None:
@@ -91,7 +91,7 @@ def test_fair_share_the_owner_using_fewer_devices_goes_first() -> None:
     running = [run("a-run1", slots=1), run("a-run2", slots=1)]
     out = decide(queued, running, s)
     assert out.started == {}
-    assert [w.job_id for w in out.waiting] == ["bob", "alice-0", "alice-1", "alice-2"]
+    assert [w.id for w in out.waiting] == ["bob", "alice-0", "alice-1", "alice-2"]
     # One of alice's runs ended: bob's job takes the slot.
     out = decide(queued, running[:1], s)
     assert out.started == {"bob": {"cpu_slots": 1}}
@@ -108,12 +108,12 @@ def test_owners_take_turns_and_recent_usage_counts() -> None:
     out = decide(queued, [], Settings(cpu_slots=1))
     # Equal usage: the oldest first, then turns.
     assert list(out.started) == ["a1"]
-    assert [w.job_id for w in out.waiting] == ["b1", "a2", "b2"]
+    assert [w.id for w in out.waiting] == ["b1", "a2", "b2"]
     # Alice used 2 device-hours lately (about 2 devices over the last half-life): bob goes first twice.
     usage = Usage(recent_device_seconds={"alice": 2 * 3600.0})
     out = decide(queued, [], Settings(cpu_slots=1, fair_share_half_life_hours=1), usage=usage)
     assert list(out.started) == ["b1"]
-    assert [w.job_id for w in out.waiting] == ["b2", "a1", "a2"]
+    assert [w.id for w in out.waiting] == ["b2", "a1", "a2"]
     assert s.cpu_slots == 4
 
 
@@ -131,7 +131,7 @@ def test_backfill_only_when_it_ends_before_the_reserved_start() -> None:
     out = decide(queued, running, s)
     assert out.started == {"short": {"cpu_slots": 1}}
     assert out.reservations == {"cpu_slots": ("two", NOW + 100)}
-    waiting = {w.job_id: w for w in out.waiting}
+    waiting = {w.id: w for w in out.waiting}
     assert waiting["two"].reason == scheduling.NO_FREE_DEVICES
     assert waiting["two"].estimated_start == NOW + 100
     assert waiting["long"].reason == scheduling.RESERVATION
@@ -142,7 +142,7 @@ def test_backfill_only_when_it_ends_before_the_reserved_start() -> None:
     # A 1-slot job exactly as long as the gap still fits; a second one does not (one slot free).
     out = decide([q("two", 1, procs=2), q("open", 2), q("gap", 3, limit=100)], running, s)
     assert out.started == {"gap": {"cpu_slots": 1}}
-    assert {w.job_id: w.reason for w in out.waiting} == {"two": "no_free_devices", "open": "reservation"}
+    assert {w.id: w.reason for w in out.waiting} == {"two": "no_free_devices", "open": "reservation"}
 
 
 def test_backfill_may_use_devices_the_reserved_job_does_not_need() -> None:
@@ -157,7 +157,7 @@ def test_backfill_may_use_devices_the_reserved_job_does_not_need() -> None:
     ]
     out = decide(queued, running, s)
     assert out.started == {"long1": {"gpus": [2]}}
-    waiting = {w.job_id: w for w in out.waiting}
+    waiting = {w.id: w for w in out.waiting}
     assert waiting["long2"].reason == scheduling.RESERVATION
     assert waiting["three"].estimated_start == NOW + 100
 
@@ -167,7 +167,7 @@ def test_concurrent_quota_makes_a_job_wait_and_a_job_past_it_alone_fails() -> No
     running = [run("r", owner="alice", slots=2)]
     out = decide([q("a", 1, owner="alice"), q("b", 2, owner="bob", procs=2)], running, s)
     assert out.started == {"b": {"cpu_slots": 2}}
-    assert [(w.job_id, w.reason, w.estimated_start) for w in out.waiting] == [("a", scheduling.QUOTA, None)]
+    assert [(w.id, w.reason, w.estimated_start) for w in out.waiting] == [("a", scheduling.QUOTA, None)]
     out = decide([q("big", 1, owner="alice", procs=3)], [], s)
     d = out.decisions[0]
     assert d.error_code == ErrorCode.quota_exceeded and d.impossible and "FTQ_QUOTA_CPU_SLOTS" in d.impossible
@@ -179,7 +179,7 @@ def test_gpu_hours_of_the_period_used_up_fail_the_job_with_quota_exceeded() -> N
     queued = [q("a", 1, owner="alice", device="cuda"), q("b", 2, owner="bob", device="cuda")]
     out = decide(queued, [], s, usage=usage)
     failed = [d for d in out.decisions if d.impossible]
-    assert [d.job_id for d in failed] == ["a"]
+    assert [d.id for d in failed] == ["a"]
     assert failed[0].error_code == ErrorCode.quota_exceeded
     assert "FTQ_QUOTA_GPU_HOURS" in (failed[0].impossible or "") and "2.0 h" in (failed[0].impossible or "")
     assert out.started == {"b": {"gpus": [0]}}  # bob has no quota
@@ -187,19 +187,19 @@ def test_gpu_hours_of_the_period_used_up_fail_the_job_with_quota_exceeded() -> N
 
 def test_estimated_starts_follow_the_running_jobs_ends_and_estimates() -> None:
     s = Settings(cpu_slots=1)
-    running = [RunningJob("r", "alice", {"cpu_slots": 1}, started_at=NOW - 50, estimate_seconds=80)]
+    running = [Running("r", "alice", {"cpu_slots": 1}, started_at=NOW - 50, estimate_seconds=80)]
     queued = [
-        QueuedJob.from_spec("x", "bob", spec(), seq=1, estimate=40),
-        QueuedJob.from_spec("y", "bob", spec(), seq=2, estimate=40),
+        RunRequest.from_spec("x", "bob", spec(), seq=1, estimate=40),
+        RunRequest.from_spec("y", "bob", spec(), seq=2, estimate=40),
     ]
     out = decide(queued, running, s)
-    assert [(w.job_id, w.position, w.estimated_start) for w in out.waiting] == [
+    assert [(w.id, w.position, w.estimated_start) for w in out.waiting] == [
         ("x", 1, NOW + 30),
         ("y", 2, NOW + 70),
     ]
     # The trainer's ETA replaces the plan's estimate for a running job.
     running = [
-        RunningJob("r", "alice", {"cpu_slots": 1}, started_at=NOW - 50, estimate_seconds=80, eta_seconds=5)
+        Running("r", "alice", {"cpu_slots": 1}, started_at=NOW - 50, estimate_seconds=80, eta_seconds=5)
     ]
     out = decide(queued, running, s)
     assert out.waiting[0].estimated_start == NOW + 5
@@ -208,17 +208,86 @@ def test_estimated_starts_follow_the_running_jobs_ends_and_estimates() -> None:
 def test_a_running_job_past_its_estimate_is_expected_to_run_as_long_again() -> None:
     """The estimate was wrong once a run outlives it: it is expected to run as long again as it has so
     far, within its limit."""
-    late = RunningJob(
+    late = Running(
         "r", "alice", {"cpu_slots": 1}, started_at=NOW - 100, limit_seconds=300, estimate_seconds=80
     )
     assert scheduling.expected_end(late, NOW, cap=3600) == NOW + 100
-    later = RunningJob(
+    later = Running(
         "r", "alice", {"cpu_slots": 1}, started_at=NOW - 250, limit_seconds=300, estimate_seconds=80
     )
     assert scheduling.expected_end(later, NOW, cap=3600) == NOW + 50  # its limit
-    on_time = RunningJob(
+    on_time = Running(
         "r", "alice", {"cpu_slots": 1}, started_at=NOW - 50, limit_seconds=300, estimate_seconds=80
     )
     assert scheduling.expected_end(on_time, NOW, cap=3600) == NOW + 30
-    no_limit = RunningJob("r", "alice", {"cpu_slots": 1}, started_at=NOW - 100, estimate_seconds=80)
+    no_limit = Running("r", "alice", {"cpu_slots": 1}, started_at=NOW - 100, estimate_seconds=80)
     assert scheduling.expected_end(no_limit, NOW, cap=3600) == NOW + 100
+
+
+# Exports: the same scheduler, one process of their job's launcher and device ---------------------------
+
+
+def export(export_id: str, submitted: float, *, owner: str = "alice", device: str = "cpu") -> RunRequest:
+    """A queued export as `worker.exports` asks for one: one device, no time limit of its own."""
+    need = scheduling.Need(scheduling.GPUS if device == "cuda" else scheduling.CPU_SLOTS, 1)
+    return RunRequest(
+        export_id, owner, need, estimate_seconds=600, kind=scheduling.EXPORT, submitted=submitted, seq=1
+    )
+
+
+def test_an_export_does_not_take_the_devices_reserved_for_the_job_at_the_head_of_the_queue() -> None:
+    """Two slots, one held until NOW+100: the 2-slot job at the head reserves both then. An export fits
+    the free slot, but with no time limit it could hold it past the reserved start: it waits."""
+    s = Settings(cpu_slots=2)
+    running = [run("r", owner="carol", slots=1, started=NOW - 20, limit=120)]
+    job = RunRequest.from_spec("two", "alice", spec(procs=2), seq=1, submitted=NOW - 60)
+    out = decide([job, export("exp", NOW - 30, owner="bob")], running, s)
+    assert out.started == {}
+    assert out.reservations == {"cpu_slots": ("two", NOW + 100)}
+    waiting = {w.id: w for w in out.waiting}
+    assert (waiting["exp"].kind, waiting["exp"].reason) == (scheduling.EXPORT, scheduling.RESERVATION)
+    assert [w.position for w in out.waiting] == [1, 2]
+    # A device spare at the reserved start (4 GPUs, the job needs 3): the export may take it.
+    s = Settings(gpu_pool="0,1,2,3")
+    running = [run("r", gpus=[0, 1], limit=110)]
+    job = RunRequest.from_spec("three", "alice", spec("cuda", 3), seq=1, submitted=NOW - 60)
+    out = decide([job, export("exp", NOW - 30, device="cuda")], running, s)
+    assert out.started == {"exp": {"gpus": [2]}}
+    assert [d.kind for d in out.decisions] == [scheduling.EXPORT]
+
+
+def test_an_export_past_its_owners_quota_waits_with_the_reason() -> None:
+    """Alice's quota is one slot and her job holds it: her export waits (quota), bob's starts."""
+    s = Settings(cpu_slots=4, quota_cpu_slots="alice:1")
+    running = [run("r", owner="alice", slots=1)]
+    out = decide([export("exp_a", NOW - 50), export("exp_b", NOW - 40, owner="bob")], running, s)
+    assert out.started == {"exp_b": {"cpu_slots": 1}}
+    assert [(w.id, w.kind, w.reason, w.estimated_start) for w in out.waiting] == [
+        ("exp_a", scheduling.EXPORT, scheduling.QUOTA, None)
+    ]
+    # An export that holds the slot counts in the quota as a job does: alice's next job waits.
+    running = [Running("exp_running", "alice", {"cpu_slots": 1}, started_at=NOW - 5)]
+    out = decide([q("j", 1, owner="alice")], running, s)
+    assert [(w.id, w.reason) for w in out.waiting] == [("j", scheduling.QUOTA)]
+
+
+def test_fair_share_orders_exports_and_jobs_together() -> None:
+    """One slot free. Alice holds one (her running export); her older export and job wait behind bob's
+    newer job; among alice's own, the oldest request first, whatever its kind."""
+    s = Settings(cpu_slots=2)
+    running = [Running("exp_running", "alice", {"cpu_slots": 1}, started_at=NOW - 5)]
+    queued = [
+        RunRequest.from_spec("a_job", "alice", spec(), seq=7, submitted=NOW - 20),
+        export("a_exp", NOW - 30),
+        RunRequest.from_spec("b_job", "bob", spec(), seq=9, submitted=NOW - 10),
+    ]
+    out = decide(queued, running, s)
+    assert out.started == {"b_job": {"cpu_slots": 1}}
+    assert [(w.id, w.kind, w.position) for w in out.waiting] == [
+        ("a_exp", scheduling.EXPORT, 1),
+        ("a_job", scheduling.JOB, 2),
+    ]
+    # Bob's usage of late outweighs alice's running export: her oldest request, the export, goes first.
+    usage = Usage(recent_device_seconds={"bob": 4 * 3600.0})
+    out = decide(queued, running, Settings(cpu_slots=2, fair_share_half_life_hours=1), usage=usage)
+    assert out.started == {"a_exp": {"cpu_slots": 1}}

@@ -92,13 +92,13 @@ def new_job(job_id: str, owner: str = "alice") -> None:
 
 def run_to_success(job_id: str) -> None:
     with session_scope() as session:
-        assert repository.mark_starting(session, job_id, resources={})
+        assert repository.JOBS.mark_starting(session, job_id, resources={})
     with session_scope() as session:
-        assert repository.mark_running(session, job_id, external_id=None, pid=123, pid_start_ticks=1)
+        assert repository.JOBS.mark_running(session, job_id, external_id=None, pid=123, pid_start_ticks=1)
     with session_scope() as session:
         events.record(session, job_id, EventType.checkpoint, {"step": 2}, key="checkpoint:2")
     with session_scope() as session:
-        assert repository.mark_finished(session, job_id, JobStatus.succeeded, exit_code=0)
+        assert repository.JOBS.mark_finished(session, job_id, JobStatus.succeeded, exit_code=0)
 
 
 def add_webhook(url: str, types: list[str], owner: str = "alice") -> tuple[str, str]:
@@ -142,7 +142,7 @@ def test_an_event_commits_with_its_change_or_not_at_all(store: None) -> None:
     new_job("job_b")
     session_cm = session_scope()
     session = session_cm.__enter__()
-    assert repository.mark_finished(
+    assert repository.JOBS.mark_finished(
         session, "job_b", JobStatus.failed, error_code="launch_error", error_message="x"
     )
     session.rollback()
