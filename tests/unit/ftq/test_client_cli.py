@@ -164,7 +164,7 @@ def test_ls_fits_80_columns_with_every_header_whole(
     made = [api.post("/jobs", json={**tiny_job, "name": f"a-long-name-for-job-{i}"}).json() for i in range(2)]
     message = "CUDA out of memory: tried to allocate 2.00 GiB on device 0 with 512 MiB free"
     with session_scope() as session:  # a queued job may fail (it never started)
-        assert repository.mark_finished(
+        assert repository.JOBS.mark_finished(
             session, made[0]["id"], JobStatus.failed, error_code="out_of_memory", error_message=message
         )
     error_line = f"{made[0]['id']}: out_of_memory: {message}"
