@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +63,14 @@ SERVER_COMMANDS = ("up", "api", "worker", "migrate")
 # Run by the venv's Python: what is installed, and what importing the SDK, the CLI and every module of
 # the contract loads (the contract must need no server package at run time either).
 PROBE = """
-import importlib, importlib.util, json, pkgutil, sys
+import importlib, importlib.metadata, importlib.util, json, pkgutil, sys
 found = {name: importlib.util.find_spec(name) is not None for name in sys.argv[1].split(",")}
 shipped = {name: importlib.util.find_spec(name) is not None for name in sys.argv[2].split(",")}
 import ftq.client, ftq.cli, ftq.contract
 for module in pkgutil.walk_packages(ftq.contract.__path__, "ftq.contract."):
     importlib.import_module(module.name)
 print(json.dumps({"found": found, "shipped": shipped, "modules": sorted(sys.modules),
-                  "ftq": ftq.__file__}))
+                  "ftq": ftq.__file__, "version": importlib.metadata.version("ftq-client")}))
 """
 
 # Run by the venv's Python against the live server: a job through `Client`, read back by `AsyncClient`.
@@ -150,6 +152,7 @@ def test_client_install_has_no_server_package_and_loads_no_server_module(
 ) -> None:
     probe = venv_python(client_venv, PROBE, ",".join(SERVER_PACKAGES), ",".join(SERVER_MODULES), cwd=tmp_path)
     assert Path(probe["ftq"]).is_relative_to(client_venv), probe["ftq"]
+    assert probe["version"] == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert [name for name, there in probe["found"].items() if there] == []
     assert [name for name, there in probe["shipped"].items() if there] == []
     assert server_modules_in(probe["modules"]) == []
@@ -172,13 +175,24 @@ def test_client_ftq_has_the_client_commands_only(client_venv: Path, tmp_path: Pa
 def test_client_sdk_and_cli_run_a_job_on_a_live_server(
     client_venv: Path, server: Deployment, tmp_path: Path
 ) -> None:
+    # The SDK's job runs (in a thread of this test) while the CLI's does: two tiny runs side by side.
     spec = tiny_spec(TINY_RELATIVE, name="client-dist-sdk", max_steps=2)
-    sdk = venv_python(client_venv, SDK_JOB, json.dumps(spec), cwd=tmp_path, FTQ_URL=server.url)
+    (tmp_path / "sdk").mkdir()
+    with ThreadPoolExecutor(1) as pool:
+        sdk_run = pool.submit(
+            venv_python, client_venv, SDK_JOB, json.dumps(spec), cwd=tmp_path / "sdk", FTQ_URL=server.url
+        )
+        cli_job = run_cli_job(client_venv, server, tmp_path)
+        sdk = sdk_run.result()
     assert (sdk["waited"], sdk["read"]) == ("succeeded", "succeeded"), server.report(sdk["id"])
     assert sdk["points"] > 0
     assert server_modules_in(sdk["modules"]) == []
+    assert cli_job["status"] == "succeeded", server.report(cli_job["id"])
 
-    # The CLI uploads the dataset it names (`ftq files`' upload) and follows the job to its end.
+
+def run_cli_job(client_venv: Path, server: Deployment, tmp_path: Path) -> dict[str, Any]:
+    """A job by the venv's `ftq`: submitted with its dataset uploaded (`ftq files`' upload), followed to
+    its end, then read back by status, ls, files ls, logs and cancel (a finished job stays as it is)."""
     cli_spec = tiny_spec(TINY_RELATIVE, name="client-dist-cli", max_steps=2)
     cli_spec["dataset"]["name_or_path"] = str(TINY / "data" / "train.jsonl")
     spec_file = tmp_path / "spec.json"
@@ -192,10 +206,11 @@ def test_client_sdk_and_cli_run_a_job_on_a_live_server(
 
     submitted = cli("submit", str(spec_file), "--upload", "--follow")
     job_id = next(w for w in submitted.split() if w.startswith("job_"))
-    status = json.loads(cli("status", job_id, "--json"))
-    assert status["status"] == "succeeded", server.report(job_id)
-    assert status["spec"]["dataset"]["file_id"].startswith("file_")
+    status: dict[str, Any] = json.loads(cli("status", job_id, "--json"))
+    file_id = status["spec"]["dataset"]["file_id"]
+    assert file_id.startswith("file_")
     assert job_id in cli("ls")
-    assert status["spec"]["dataset"]["file_id"] in cli("files", "ls")
+    assert file_id in cli("files", "ls")
     assert cli("logs", job_id).strip()
-    assert "succeeded" in cli("cancel", job_id)  # a finished job stays as it is
+    assert status["status"] in cli("cancel", job_id)
+    return status
