@@ -15,7 +15,7 @@ HOST ?=
 PORT ?=
 LOG_LEVEL ?=
 
-.PHONY: help install up test test-fast lint typecheck openapi openapi-check docs bench clean lock
+.PHONY: help install up test test-fast lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench clean lock
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -72,14 +72,28 @@ examples/tiny/model/config.json: $(STAMP) trainer/tiny.py
 up: install ## serve API + worker + scheduler (FTQ_PORT, default 8000; LOG_LEVEL=DEBUG for more)
 	$(BIN)/ftq up $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(if $(LOG_LEVEL),--log-level $(LOG_LEVEL))
 
-# The same checks as .pre-commit-config.yaml: style, formatting, and the import contracts in pyproject.toml.
-lint: install ## ruff check, ruff format --check, lint-imports
+# The same checks as .pre-commit-config.yaml: style, formatting, the import contracts in pyproject.toml,
+# and the generated sync SDK client.
+lint: install unasync-check ## ruff check, ruff format --check, lint-imports, a stale ftq/client/_sync.py
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-logo
 
+# The blocking SDK client is generated from the async one (bin/unasync_sdk.py, with unasync).
+unasync: install ## regenerate ftq/client/_sync.py from ftq/client/_async.py
+	$(BIN)/python bin/unasync_sdk.py
+
+unasync-check: install ## fail if ftq/client/_sync.py is stale
+	$(BIN)/python bin/unasync_sdk.py --check
+
+# The client distribution (client/pyproject.toml: the SDK and the client commands, none of the server)
+# as a wheel in build/client-wheel; `pip install ./client` installs it from the checkout.
+client-wheel: install ## build the ftq-client wheel into build/client-wheel
+	rm -rf build/client-wheel
+	$(BIN)/pip wheel -q --no-deps -w build/client-wheel ./client
+
 typecheck: install ## strict mypy
-	$(BIN)/mypy ftq service worker trainer migrations tests bench docs/hooks.py
+	$(BIN)/mypy ftq service worker trainer migrations tests bench docs/hooks.py bin/unasync_sdk.py
 
 openapi: install ## regenerate openapi/openapi.json
 	$(BIN)/python -m service.openapi_dump > openapi/openapi.json

@@ -16,7 +16,11 @@ import typer
 from ftq.cli.client import client_app
 from ftq.cli.files import files_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="ftq: fine-tuning jobs as a service.")
+# What the help of the client install says in place of the server's commands: where they are.
+CLIENT_ONLY = (
+    "This is the client install (ftq-client): the server's commands (up, api, worker, migrate) come with "
+    "the server package, `pip install .` in an ftq checkout."
+)
 
 
 def _server_app() -> typer.Typer | None:
@@ -28,6 +32,12 @@ def _server_app() -> typer.Typer | None:
 
 
 _server = _server_app()
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="ftq: fine-tuning jobs as a service.",
+    epilog=None if _server is not None else CLIENT_ONLY,
+)
 if _server is not None:
     app.registered_commands += _server.registered_commands
 app.registered_commands += client_app.registered_commands

@@ -14,10 +14,9 @@ Responses are the API's own models (`ftq.contract.schemas`), failures typed exce
 
 from __future__ import annotations
 
-from ftq.client._async import AsyncClient, AsyncJobs
+from ftq.client._async import AsyncClient, AsyncFiles, AsyncJobs
 from ftq.client._core import DEFAULT_URL, OUTAGE_ERRORS, OUTAGE_PATIENCE_SECONDS, Downloaded, SpecInput
-from ftq.client._files import AsyncFiles, Files
-from ftq.client._sync import Client, Jobs
+from ftq.client._sync import Client, Files, Jobs
 from ftq.client.errors import (
     ApiError,
     BadRequest,

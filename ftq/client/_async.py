@@ -1,4 +1,6 @@
-"""The asyncio (and trio) client: the same surface as `Client`, with `await` and `async for`."""
+"""The SDK's two clients, written once: `AsyncClient` (asyncio and trio) in `_async.py`, and `Client`,
+the blocking one for scripts, CLIs and internal tools, in `_sync.py`, generated from it by unasync
+(bin/unasync_sdk.py, `make unasync`): the same surface, without `await` and `async for`."""
 
 from __future__ import annotations
 
@@ -7,23 +9,25 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Never, overload
 
-import anyio
 import httpx
 
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
-from ftq.client._files import AsyncFiles
-from ftq.client._plan import A, R, T
+from ftq.client._plan import A, Progress, R, T
 from ftq.contract import schemas
+from ftq.contract.schemas import FileList, FilePublic
 
 
 class AsyncClient:
-    """A connection to one ftq server for async code; `async with AsyncClient() as c: ...`.
+    """A connection to one ftq server. Reuse it (it keeps connections open); close it when done.
 
-    Arguments as for `Client`; transport is an `httpx.AsyncBaseTransport`.
+    url: the server (default: FTQ_URL, else http://127.0.0.1:8000). token: the bearer token (default:
+    FTQ_TOKEN; "" sends none). transport: an httpx transport (`httpx.BaseTransport`, for AsyncClient an
+    `httpx.AsyncBaseTransport`), e.g. to route through a proxy or a test app.
     """
 
     def __init__(
@@ -62,7 +66,7 @@ class AsyncClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    aclose = close
+    aclose = close  # async only: the name anyio's and httpx's async objects close by
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -76,9 +80,10 @@ class AsyncClient:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"AsyncClient(url={self.url!r})"
+        return f"{type(self).__name__}(url={self.url!r})"
 
-    # Transport: the same flows as `Client` runs (`_api`), each step awaited.
+    # Transport: every call is a `_plan` flow, and this loop runs them all, so every failure comes out
+    # as an ftq error and the two clients cannot read the API differently.
 
     async def _call(self, call: _plan.Call[A]) -> A:
         return await self._run(_plan.fetch(call))
@@ -93,8 +98,8 @@ class AsyncClient:
         return self._drive(_plan.Run(flow))
 
     async def _drive(self, run: _plan.Run[T, Any]) -> AsyncIterator[T]:
-        """As `Client._drive`, each step awaited (disk work in a worker thread)."""
-        async with AsyncExitStack() as stream:
+        """Does each step the flow asks for and answers it (or throws its failure in); yields its items."""
+        async with AsyncExitStack() as stream:  # the response the flow reads with Next steps
             for step in run:
                 if not isinstance(step, _plan.Step):
                     yield step
@@ -117,10 +122,8 @@ class AsyncClient:
                 return resp
         except httpx.HTTPError as exc:
             raise _core.transport_error(exc, self.url, run.path) from exc
-        if isinstance(step, _plan.Sleep):
-            await anyio.sleep(step.seconds)
-        elif isinstance(step, _plan.Blocking):
-            return await anyio.to_thread.run_sync(step.fn)
+        if isinstance(step, _plan.Sleep | _plan.Blocking):
+            return await step.arun()
         return None
 
     async def _request(self, call: _plan.Call[Any]) -> httpx.Response:
@@ -145,7 +148,7 @@ class AsyncClient:
 
 
 class AsyncJobs:
-    """The /jobs routes; reached as `client.jobs`. See `ftq.client.Jobs` for what each one does."""
+    """The /jobs routes; reached as `client.jobs`."""
 
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
@@ -168,25 +171,32 @@ class AsyncJobs:
     async def create(
         self, spec: SpecInput, *, idempotency_key: str | None = None, dry_run: bool = False
     ) -> schemas.JobPublic | schemas.PlanPublic:
-        """Submit a job (JobSpec, dict or file path); with dry_run, only its plan, nothing stored."""
+        """Submit a job; with dry_run, only the plan (config, command, memory estimate), nothing stored.
+
+        spec: a JobSpec, a dict, or a YAML/JSON file's path. idempotency_key: a retry with the same key
+        and spec returns the same job instead of a second one, so a tool can retry a POST safely.
+        """
         return await self._client._call(_api.create_job(spec, idempotency_key, dry_run))
 
     async def list_page(
         self, status: StatusFilter = None, *, limit: int = 50, cursor: str | None = None
     ) -> schemas.JobList:
+        """One page of jobs, newest first; pass its next_cursor to get the next page."""
         return await self._client._call(_api.list_page(status, limit=limit, cursor=cursor))
 
     def list(self, status: StatusFilter = None, *, limit: int = 50) -> AsyncIterator[schemas.JobPublic]:
-        """Every job (of these statuses), newest first: `async for job in client.jobs.list(): ...`."""
+        """Every job (of these statuses), newest first, fetching `limit` per request as it goes."""
         return self._client._iterate(_api.list_jobs(status, limit))
 
     async def get(self, job_id: str) -> schemas.JobPublic:
         return await self._client._call(_api.get_job(job_id))
 
     async def cancel(self, job_id: str) -> schemas.JobPublic:
+        """Ask the job to stop; idempotent, and a finished job is returned unchanged."""
         return await self._client._call(_api.cancel_job(job_id))
 
     async def plan(self, job_id: str) -> schemas.PlanPublic:
+        """What was rendered for the job: accelerate config, command, launch or sbatch script."""
         return await self._client._call(_api.plan(job_id))
 
     async def checkpoints(self, job_id: str) -> builtins.list[schemas.Checkpoint]:
@@ -203,10 +213,12 @@ class AsyncJobs:
         max_shard_size: str | None = None,
         push_to_hub: Mapping[str, Any] | str | None = None,
     ) -> schemas.ExportPublic:
-        """As `Client.jobs.export`."""
+        """Export a succeeded job's model (`merged` or `adapter`, in `dtype`); an identical export under
+        way or done is returned instead of a new one. `push_to_hub`: a repo id or `{repo_id, private}`."""
         return await self._client._call(_api.export(job_id, kind, dtype, max_shard_size, push_to_hub))
 
     async def exports(self, job_id: str) -> builtins.list[schemas.ExportPublic]:
+        """The job's exports, newest first."""
         return await self._client._call(_api.exports(job_id))
 
     async def get_export(self, job_id: str, export_id: str) -> schemas.ExportPublic:
@@ -218,6 +230,7 @@ class AsyncJobs:
     async def wait_export(
         self, job_id: str, export_id: str, *, timeout: float | None = None, poll: float = 1.0
     ) -> schemas.ExportPublic:
+        """The export once it has ended; TimeoutError after `timeout` s; outages waited out as by `wait`."""
         return await self._client._run(_api.wait_export(job_id, export_id, timeout, poll))
 
     # Logs
@@ -225,21 +238,27 @@ class AsyncJobs:
     async def log_chunk(
         self, job_id: str, *, offset: int = 0, limit: int = _core.LOG_READ_BYTES
     ) -> schemas.LogChunk:
+        """Bytes [offset, offset+limit) of train.log; `complete` once the job ended and all was read."""
         return await self._client._call(_api.log_chunk(job_id, offset=offset, limit=limit))
 
     def log_chunks(
         self, job_id: str, *, offset: int = 0, follow: bool = False, poll: float = 1.0
     ) -> AsyncIterator[schemas.LogChunk]:
+        """train.log as it comes. Without follow: what is there now. With follow: until the job has
+        ended and the whole log was read; the last chunk then has `complete` set. A follow rides out a
+        server restart as `wait` does."""
         return self._client._iterate(_api.log_chunks(job_id, offset, follow, poll))
 
     def logs(
         self, job_id: str, *, follow: bool = False, offset: int = 0, poll: float = 1.0
     ) -> AsyncIterator[str]:
+        """train.log line by line (without the newline); see `log_chunks` for follow."""
         return self._client._iterate(_api.log_lines(_api.log_chunks(job_id, offset, follow, poll)))
 
-    # Metrics
+    # Events
 
     async def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
+        """One page of the job's events with id > after, oldest first; pass `next_after` on."""
         return await self._client._call(_api.job_events(job_id, after=after, limit=limit))
 
     def iter_events(
@@ -249,7 +268,10 @@ class AsyncJobs:
         added later, until the job has ended and its last event was read."""
         return self._client._iterate(_api.iter_events(job_id, after, follow, poll, page_size))
 
+    # Metrics
+
     async def metrics(self, job_id: str, *, after_step: int = -1, limit: int = 1000) -> schemas.MetricsPage:
+        """One page of points with step > after_step; after_step=-1 starts at the first point."""
         return await self._client._call(_api.metrics(job_id, after_step=after_step, limit=limit))
 
     def iter_metrics(
@@ -261,11 +283,15 @@ class AsyncJobs:
         poll: float = 1.0,
         page_size: int = 1000,
     ) -> AsyncIterator[schemas.Point]:
+        """Every point after after_step, page by page; with follow, also those logged later, until the
+        job has ended and all were read."""
         return self._client._iterate(_api.iter_metrics(job_id, after_step, follow, poll, page_size))
 
     # Samples
 
     async def samples(self, job_id: str, *, after_step: int = -1, limit: int = 100) -> schemas.SamplesPage:
+        """One page of samples (completions of the spec's eval.sample_prompts): up to `limit` whole steps
+        after after_step; after_step=-1 starts at the first."""
         return await self._client._call(_api.samples(job_id, after_step=after_step, limit=limit))
 
     def iter_samples(
@@ -277,6 +303,8 @@ class AsyncJobs:
         poll: float = 1.0,
         page_size: int = 100,
     ) -> AsyncIterator[schemas.SamplePublic]:
+        """Every sample after after_step, page by page; with follow, also those written later, until the
+        job has ended and all were read."""
         return self._client._iterate(_api.iter_samples(job_id, after_step, follow, poll, page_size))
 
     # Waiting
@@ -284,12 +312,19 @@ class AsyncJobs:
     async def wait(
         self, job_id: str, *, timeout: float | None = None, poll: float = 1.0
     ) -> schemas.JobPublic:
-        """The job once it has ended; WaitTimeout after `timeout` s; outages waited out as by Jobs.wait."""
+        """The job once it has ended (succeeded, failed or cancelled); WaitTimeout after `timeout` s.
+
+        A server that stops answering (a 503, a timeout, a connection refused while it restarts) is
+        waited out rather than raised, while time is left and for at most OUTAGE_PATIENCE_SECONDS in a
+        row.
+        """
         return await self._client._run(_api.wait_job(job_id, timeout, poll))
 
     # Artifacts
 
     async def artifacts(self, job_id: str) -> builtins.list[schemas.Artifact]:
+        """Every file of the run a user may download (final/, checkpoints, exports, logs), with size,
+        kind and sha256 (None while the server is still hashing a big file)."""
         return await self._client._call(_api.artifacts(job_id))
 
     async def download(
@@ -301,5 +336,50 @@ class AsyncJobs:
         progress: Callable[[int, int], None] | None = None,
         verify: bool = True,
     ) -> builtins.list[_core.Downloaded]:
-        """See `ftq.client.Jobs.download`."""
+        """Download an artifact file, or a folder file by file (`final`, `checkpoints/checkpoint-20`,
+        `exports/<id>`), into `out`: a file as out/<name>, a folder as out/<folder name>/... (the layout
+        of its .tar). Each file is written to `<name>.part` and moved into place once its sha256 matches
+        the list (ChecksumMismatch otherwise); an interrupted download continues from its .part file
+        (Range + If-Range: only if the server still has the same version of the file). `progress` is
+        called with (bytes just written, total bytes of the download)."""
         return await self._client._run(_api.download(job_id, path, out, progress, verify))
+
+
+class AsyncFiles:
+    """The /files routes (uploaded dataset files); reached as `client.files`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def upload(
+        self, path: str | os.PathLike[str], *, filename: str | None = None, progress: Progress | None = None
+    ) -> FilePublic:
+        """Upload a JSON Lines file (streamed from disk as the raw body, never read whole). The file
+        comes back `validating`; `wait(id)` returns it once `ready` or `invalid`. progress(sent, total)
+        is called as bytes go out."""
+        return await self._client._call(_api.upload(path, filename, progress))
+
+    async def list_page(self, *, limit: int = 50, cursor: str | None = None) -> FileList:
+        return await self._client._call(_api.files_page(limit=limit, cursor=cursor))
+
+    def list(self, *, limit: int = 50) -> AsyncIterator[FilePublic]:
+        """Every file of yours, newest first."""
+        return self._client._iterate(_api.list_files(limit))
+
+    async def get(self, file_id: str) -> FilePublic:
+        return await self._client._call(_api.get_file(file_id))
+
+    async def content(self, file_id: str) -> bytes:
+        """The file's bytes (for a large file, `download` writes them to disk as they come)."""
+        return await self._client._call(_api.file_content(file_id))
+
+    async def download(self, file_id: str, dest: str | os.PathLike[str]) -> Path:
+        return await self._client._run(_api.download_file(file_id, dest))
+
+    async def delete(self, file_id: str) -> None:
+        """Delete the file and its bytes; a Conflict (409) while a queued or running job uses it."""
+        await self._client._call(_api.delete_file(file_id))
+
+    async def wait(self, file_id: str, *, timeout: float | None = None, poll: float = 0.5) -> FilePublic:
+        """The file once validated (`ready` or `invalid`); WaitTimeout after `timeout` seconds."""
+        return await self._client._run(_api.wait_file(file_id, timeout, poll))

@@ -12,6 +12,7 @@ flow with one loop of its own (blocking or async), so paging and following are w
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,9 +99,20 @@ class Next(Step):
     """The next line or chunk of the response that `Open` opened; None at its end."""
 
 
+# The steps a client does itself come with how each kind of client does them, a pair of methods as
+# `Upload.chunks` and `achunks`: the only lines of the client where the two differ in more than `await`
+# (so `_sync.py` is `_async.py` with the names swapped, see bin/unasync_sdk.py).
+
+
 @dataclass(frozen=True)
 class Sleep(Step):
     seconds: float
+
+    def run(self) -> None:
+        time.sleep(self.seconds)
+
+    async def arun(self) -> None:
+        await anyio.sleep(self.seconds)
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,12 @@ class Blocking(Step):
     """Disk work (hashing a large file): done in a worker thread by the async client."""
 
     fn: Callable[[], Any]
+
+    def run(self) -> Any:
+        return self.fn()
+
+    async def arun(self) -> Any:
+        return await anyio.to_thread.run_sync(self.fn)
 
 
 # A flow that yields items T and returns R; Flow[Never, R] yields no items.

@@ -1,13 +1,17 @@
-"""The blocking client: `Client(...).jobs.create(...)`, for scripts, CLIs and internal tools."""
+# Generated from ftq/client/_async.py by bin/unasync_sdk.py (unasync): do not edit. Change _async.py
+# and run `make unasync`; `make lint` fails while this file is stale.
+"""The SDK's two clients, written once: `AsyncClient` (asyncio and trio) in `_async.py`, and `Client`,
+the blocking one for scripts, CLIs and internal tools, in `_sync.py`, generated from it by unasync
+(bin/unasync_sdk.py, `make unasync`): the same surface, without `await` and `async for`."""
 
 from __future__ import annotations
 
 import builtins
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Never, overload
 
@@ -15,16 +19,17 @@ import httpx
 
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
-from ftq.client._files import Files
-from ftq.client._plan import A, R, T
+from ftq.client._plan import A, Progress, R, T
 from ftq.contract import schemas
+from ftq.contract.schemas import FileList, FilePublic
 
 
 class Client:
     """A connection to one ftq server. Reuse it (it keeps connections open); close it when done.
 
     url: the server (default: FTQ_URL, else http://127.0.0.1:8000). token: the bearer token (default:
-    FTQ_TOKEN; "" sends none). transport: an httpx transport, e.g. to route through a proxy or a test app.
+    FTQ_TOKEN; "" sends none). transport: an httpx transport (`httpx.BaseTransport`, for AsyncClient an
+    `httpx.AsyncBaseTransport`), e.g. to route through a proxy or a test app.
     """
 
     def __init__(
@@ -75,10 +80,10 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Client(url={self.url!r})"
+        return f"{type(self).__name__}(url={self.url!r})"
 
     # Transport: every call is a `_plan` flow, and this loop runs them all, so every failure comes out
-    # as an ftq error and the async client cannot read the API differently.
+    # as an ftq error and the two clients cannot read the API differently.
 
     def _call(self, call: _plan.Call[A]) -> A:
         return self._run(_plan.fetch(call))
@@ -117,10 +122,8 @@ class Client:
                 return resp
         except httpx.HTTPError as exc:
             raise _core.transport_error(exc, self.url, run.path) from exc
-        if isinstance(step, _plan.Sleep):
-            time.sleep(step.seconds)
-        elif isinstance(step, _plan.Blocking):
-            return step.fn()
+        if isinstance(step, _plan.Sleep | _plan.Blocking):
+            return step.run()
         return None
 
     def _request(self, call: _plan.Call[Any]) -> httpx.Response:
@@ -334,3 +337,43 @@ class Jobs:
         (Range + If-Range: only if the server still has the same version of the file). `progress` is
         called with (bytes just written, total bytes of the download)."""
         return self._client._run(_api.download(job_id, path, out, progress, verify))
+
+
+class Files:
+    """The /files routes (uploaded dataset files); reached as `client.files`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def upload(
+        self, path: str | os.PathLike[str], *, filename: str | None = None, progress: Progress | None = None
+    ) -> FilePublic:
+        """Upload a JSON Lines file (streamed from disk as the raw body, never read whole). The file
+        comes back `validating`; `wait(id)` returns it once `ready` or `invalid`. progress(sent, total)
+        is called as bytes go out."""
+        return self._client._call(_api.upload(path, filename, progress))
+
+    def list_page(self, *, limit: int = 50, cursor: str | None = None) -> FileList:
+        return self._client._call(_api.files_page(limit=limit, cursor=cursor))
+
+    def list(self, *, limit: int = 50) -> Iterator[FilePublic]:
+        """Every file of yours, newest first."""
+        return self._client._iterate(_api.list_files(limit))
+
+    def get(self, file_id: str) -> FilePublic:
+        return self._client._call(_api.get_file(file_id))
+
+    def content(self, file_id: str) -> bytes:
+        """The file's bytes (for a large file, `download` writes them to disk as they come)."""
+        return self._client._call(_api.file_content(file_id))
+
+    def download(self, file_id: str, dest: str | os.PathLike[str]) -> Path:
+        return self._client._run(_api.download_file(file_id, dest))
+
+    def delete(self, file_id: str) -> None:
+        """Delete the file and its bytes; a Conflict (409) while a queued or running job uses it."""
+        self._client._call(_api.delete_file(file_id))
+
+    def wait(self, file_id: str, *, timeout: float | None = None, poll: float = 0.5) -> FilePublic:
+        """The file once validated (`ready` or `invalid`); WaitTimeout after `timeout` seconds."""
+        return self._client._run(_api.wait_file(file_id, timeout, poll))

@@ -27,9 +27,10 @@ def run_ftq(
     timeout: float = 120,
     cwd: Path = REPO,
     env: Mapping[str, str] | None = None,
+    ftq: str = FTQ,
 ) -> CliResult:
     """`ftq ARGS` with FTQ_URL (and FTQ_TOKEN, and `env`) set, in a clean environment; never raises on its
-    status."""
+    status. `ftq`: another install's command (the client distribution's venv) instead of this checkout's."""
     extra: dict[str, str] = dict(env or {})
     if url:
         extra["FTQ_URL"] = url
@@ -37,7 +38,7 @@ def run_ftq(
         extra["FTQ_TOKEN"] = token
     start = time.monotonic()
     proc = subprocess.run(
-        [FTQ, *args],
+        [ftq, *args],
         cwd=cwd,
         env=clean_env(**extra),
         capture_output=True,
