@@ -27,7 +27,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ import httpx
 
 from bench import OUT, REPO, log, note, result
 from bench.seed import analyze, api_server, copy_jobs, copy_points, explain, job_ids, spec_json
-from bench.wrk import have_wrk, interleaved, measured, sequential_latency, wrk_run
+from bench.wrk import have_wrk, interleaved, measured, sequential_latency, threads_load, wrk_run
 from tests.harness import Deployment, free_port, postgres, wait_until
 
 CONNECTIONS = 64
@@ -396,40 +395,6 @@ def _seed_up(data_dir: Path) -> None:
     engine.dispose()
 
 
-def threads_for(base: str, paths: list[str], seconds: float) -> tuple[float, int]:
-    """UP_THREADS clients (httpx, keep-alive) sending back to back for `seconds`: req/s and errors."""
-    clients = [httpx.Client(base_url=base, timeout=60) for _ in range(UP_THREADS)]
-    for c in clients:  # connected before the clock starts
-        c.get("/healthz")
-    counts = [0] * UP_THREADS
-    errors = [0] * UP_THREADS
-    go = threading.Barrier(UP_THREADS + 1)
-    stop = threading.Event()
-
-    def client(i: int) -> None:
-        go.wait()
-        k = i
-        while not stop.is_set():
-            if clients[i].get(paths[k % len(paths)]).status_code != 200:
-                errors[i] += 1
-            counts[i] += 1
-            k += UP_THREADS
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(UP_THREADS)]
-    for t in threads:
-        t.start()
-    go.wait()
-    start = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    for c in clients:
-        c.close()
-    return sum(counts) / elapsed, sum(errors)
-
-
 def bench_up(seconds: float = 4.0, rounds: int = 3) -> None:
     """The metrics poll against /healthz on `ftq up` (SQLite), 16 client threads, median of `rounds`."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -445,12 +410,14 @@ def bench_up(seconds: float = 4.0, rounds: int = 3) -> None:
             ]
 
         def run(paths: list[str]) -> tuple[float, int, float]:
-            before = server.cpu_seconds()
-            rate, errors = threads_for(server.url, paths, seconds)
-            return rate, errors, (server.cpu_seconds() - before) * 1000 / max(1.0, rate * seconds)
+            before, client_before = server.cpu_seconds(), time.process_time()
+            load = threads_load(server.url, paths, threads=UP_THREADS, seconds=seconds)
+            n = max(1.0, load["req_s"] * seconds)
+            log(f"client CPU per request {(time.process_time() - client_before) * 1000 / n:.2f} ms")
+            return load["req_s"], int(load["errors"]), (server.cpu_seconds() - before) * 1000 / n
 
-        threads_for(server.url, ["/healthz"], 1)  # warm both paths
-        threads_for(server.url, polls(rounds), 1)
+        threads_load(server.url, ["/healthz"], threads=UP_THREADS, seconds=1)  # warm both paths
+        threads_load(server.url, polls(rounds), threads=UP_THREADS, seconds=1)
         ratios: list[float] = []
         rounds_out: list[tuple[tuple[float, int, float], tuple[float, int, float]]] = []
         for r in range(rounds):
