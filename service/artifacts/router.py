@@ -10,12 +10,12 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ftq.contract.schemas import ArtifactList
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import read_session
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.artifacts import service as artifacts
-from service.artifacts.schemas import ArtifactList
 from service.deps import current_owner
 from service.jobs.router import JobId, JobLogRoute
 from service.jobs.service import get_or_404
