@@ -28,6 +28,10 @@ def owner_errors(not_found: str) -> Responses:
     return {401: UNAUTHORIZED, 404: error(not_found)}
 
 
+# The longest id a route's path takes.
+ID_MAX_LENGTH = 64
+
+
 def id_in_path(description: str) -> Any:
     """The id of a job, file, export or webhook in a route's path."""
-    return Path(min_length=1, max_length=64, description=description)
+    return Path(min_length=1, max_length=ID_MAX_LENGTH, description=description)
