@@ -372,25 +372,13 @@ def _seed_up(data_dir: Path) -> None:
     from sqlalchemy.orm import Session
 
     from ftq.store import repository
-    from tests.harness.rows import job_row
+    from tests.harness.rows import job_row, training_points
 
     engine = create_engine(f"sqlite:///{data_dir.resolve() / 'ftq.db'}")
-    points = [
-        {
-            "step": i,
-            "epoch": i / 1000,
-            "loss": 3 - i * 1e-4,
-            "learning_rate": 2e-4,
-            "grad_norm": 1.0,
-            "tokens_per_second": 5000.0,
-            "time": 1.7e9 + i,
-        }
-        for i in range(1, UP_POINTS + 1)
-    ]
     with Session(engine) as s:
         s.add(job_row(UP_JOB, name="poll", owner="local", status="succeeded", spec=json.loads(spec_json())))
         s.flush()
-        repository.upsert_points(s, UP_JOB, points)
+        repository.upsert_points(s, UP_JOB, training_points(UP_POINTS))
         s.commit()
     engine.dispose()
 

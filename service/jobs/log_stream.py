@@ -15,10 +15,8 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from ftq.contract.schemas import LogChunk
 from ftq.contract.status import TERMINAL, JobStatus
@@ -28,6 +26,7 @@ from ftq.store.repository import JobRepository
 from service.errors import NotFound, TooManyRequests
 from service.jobs import logs
 from service.jobs.reads import in_thread
+from service.routes import ClosingStream
 
 # A stream looks at the log file this often (a stat on the event loop; a thread hop only when it grew) and
 # at the job's status this often (one short read session, returned at once).
@@ -66,21 +65,6 @@ class StreamSlots:
 _slots = StreamSlots()
 
 
-class _SlotStream(StreamingResponse):
-    """A stream that gives its owner's slot back however it ends: the job's end, a client that goes
-    away (Starlette cancels the body then), an error while sending."""
-
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
 async def follow(owner: str, job_id: str, offset: int, settings: Settings) -> StreamingResponse:
     """The response that follows the job's log from `offset` until the job has ended and its log is
     read; 404 when the owner cannot read the job, 429 when the owner has all its streams open."""
@@ -107,7 +91,8 @@ async def follow(owner: str, job_id: str, offset: int, settings: Settings) -> St
             heartbeat=settings.log_stream_heartbeat_seconds,
         )
         headers = {"Cache-Control": "no-cache"}
-        return _SlotStream(events, release, media_type="text/event-stream", headers=headers)
+        # The owner's slot comes back however the stream ends.
+        return ClosingStream(events, release, media_type="text/event-stream", headers=headers)
     except BaseException:
         release()
         raise

@@ -96,40 +96,38 @@ def _call(
     return inner, sent
 
 
-def _job_with_points(client: TestClient, tiny_job: dict[str, Any], headers: dict[str, str]) -> str:
+ALICE = {"Authorization": "Bearer tok-a"}
+
+
+@pytest.fixture
+def alices_job(make_client: MakeClient, tiny_job: dict[str, Any]) -> tuple[TestClient, str]:
+    """An API with two owners (tok-a: alice, tok-b: bob), and alice's job with points at steps 1..20."""
     from ftq.store import repository
     from ftq.store.db import session_scope
 
-    job: str = client.post("/jobs", json=tiny_job, headers=headers).json()["id"]
+    client = make_client(api_tokens="tok-a:alice,tok-b:bob")
+    job: str = client.post("/jobs", json=tiny_job, headers=ALICE).json()["id"]
     with session_scope() as s:
         repository.upsert_points(
             s, job, [{"step": i, "loss": 3 - i / 100, "learning_rate": 1e-4} for i in range(1, 21)]
         )
-    return job
+    return client, job
 
 
-def test_a_plain_poll_gets_the_routes_answer_without_the_app(
-    make_client: MakeClient, tiny_job: dict[str, Any]
-) -> None:
-    client = make_client(api_tokens="tok-a:alice,tok-b:bob")
-    alice = {"Authorization": "Bearer tok-a"}
-    job = _job_with_points(client, tiny_job, alice)
-
+def test_a_plain_poll_gets_the_routes_answer_without_the_app(alices_job: tuple[TestClient, str]) -> None:
+    client, job = alices_job
     inner, sent = _call(client, b"after_step=15&limit=3", job=job, token="tok-a")
     assert inner.paths == []
     # The same poll through the route (an unknown parameter is not plain; the route ignores it).
-    routed = client.get(f"/jobs/{job}/metrics?after_step=15&limit=3&x=1", headers=alice)
+    routed = client.get(f"/jobs/{job}/metrics?after_step=15&limit=3&x=1", headers=ALICE)
     assert routed.status_code == sent[0]["status"] == 200
     assert sent[1]["body"] == routed.content
     assert [p["step"] for p in routed.json()["data"]] == [16, 17, 18]
     assert dict(sent[0]["headers"]) == {k.encode(): v.encode() for k, v in routed.headers.items()}
 
 
-def test_what_is_not_a_plain_readable_poll_reaches_the_app(
-    make_client: MakeClient, tiny_job: dict[str, Any]
-) -> None:
-    client = make_client(api_tokens="tok-a:alice,tok-b:bob")
-    job = _job_with_points(client, tiny_job, {"Authorization": "Bearer tok-a"})
+def test_what_is_not_a_plain_readable_poll_reaches_the_app(alices_job: tuple[TestClient, str]) -> None:
+    client, job = alices_job
     for query, token, job_id in [
         (b"", None, job),  # no token: the route's 401
         (b"", "wrong", job),
@@ -144,15 +142,11 @@ def test_what_is_not_a_plain_readable_poll_reaches_the_app(
     assert inner.paths == [f"/jobs/{job}/metrics"]
 
 
-def test_the_route_still_answers_what_the_short_way_leaves(
-    make_client: MakeClient, tiny_job: dict[str, Any]
-) -> None:
-    client = make_client(api_tokens="tok-a:alice,tok-b:bob")
-    alice = {"Authorization": "Bearer tok-a"}
-    job = _job_with_points(client, tiny_job, alice)
+def test_the_route_still_answers_what_the_short_way_leaves(alices_job: tuple[TestClient, str]) -> None:
+    client, job = alices_job
     assert client.get(f"/jobs/{job}/metrics").status_code == 401
     assert client.get(f"/jobs/{job}/metrics", headers={"Authorization": "Bearer tok-b"}).status_code == 404
-    r = client.get(f"/jobs/{job}/metrics?limit=0", headers=alice)
+    r = client.get(f"/jobs/{job}/metrics?limit=0", headers=ALICE)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "limit"]
     # Written otherwise than plainly, the route reads it as it always has.
-    assert client.get(f"/jobs/{job}/metrics?after_step=018", headers=alice).json()["data"][0]["step"] == 19
+    assert client.get(f"/jobs/{job}/metrics?after_step=018", headers=ALICE).json()["data"][0]["step"] == 19
