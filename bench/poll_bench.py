@@ -12,6 +12,10 @@ runs' loss history, polled through its metric-history endpoint by the same wrk.
 Then: an incremental poll on a job with 100,000 points against one with 100, and `GET
 /jobs?status=running` with 10,000 jobs against 100 (the running set stays 20: history grows, the
 running jobs do not), each with the plan PostgreSQL uses.
+
+Last (`--only up`), the figure a dashboard on a laptop sees: `ftq up` on its embedded defaults (SQLite),
+a finished job with 2,000 points, 16 client threads polling its metrics for 4 s, then /healthz for 4 s,
+three rounds; the median round's ratio.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from typing import Any
 import httpx
 
 from bench import OUT, REPO, log, note, result
-from bench.seed import analyze, api_server, copy_jobs, copy_points, explain, job_ids
-from bench.wrk import have_wrk, interleaved, measured, sequential_latency, wrk_run
+from bench.seed import analyze, api_server, copy_jobs, copy_points, explain, job_ids, spec_json
+from bench.wrk import have_wrk, interleaved, measured, sequential_latency, threads_load, wrk_run
 from tests.harness import Deployment, free_port, postgres, wait_until
 
 CONNECTIONS = 64
@@ -355,35 +359,125 @@ def bench_status(seconds: float) -> None:
     )
 
 
+# `ftq up` (SQLite) -----------------------------------------------------------------------------------
+
+UP_JOB = "job_00000000up000001"
+UP_POINTS = 2000
+UP_THREADS = 16
+
+
+def _seed_up(data_dir: Path) -> None:
+    """The finished job and its points in the SQLite store `ftq up` made in data_dir."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from ftq.store import repository
+    from tests.harness.rows import job_row, training_points
+
+    engine = create_engine(f"sqlite:///{data_dir.resolve() / 'ftq.db'}")
+    with Session(engine) as s:
+        s.add(job_row(UP_JOB, name="poll", owner="local", status="succeeded", spec=json.loads(spec_json())))
+        s.flush()
+        repository.upsert_points(s, UP_JOB, training_points(UP_POINTS))
+        s.commit()
+    engine.dispose()
+
+
+def bench_up(seconds: float = 4.0, rounds: int = 3) -> None:
+    """The metrics poll against /healthz on `ftq up` (SQLite), 16 client threads, median of `rounds`."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="up-", dir=OUT))
+    with Deployment(root, mode="up") as server:
+        _seed_up(server.data_dir)
+
+        def polls(r: int) -> list[str]:
+            # Dashboards that have caught up: each asks for the points after one of the last 16 steps.
+            # Another `limit` each round (as large as ever needed), so each round reads the store again
+            # before the poll cache serves its repeats.
+            metrics = f"/jobs/{UP_JOB}/metrics"
+            return [f"{metrics}?after_step={UP_POINTS - 1 - k}&limit={1000 - r}" for k in range(16)]
+
+        def run(paths: list[str]) -> tuple[float, int, float]:
+            before, client_before = server.cpu_seconds(), time.process_time()
+            load = threads_load(server.url, paths, threads=UP_THREADS, seconds=seconds)
+            n = max(1.0, load["req_s"] * seconds)
+            log(f"client CPU per request {(time.process_time() - client_before) * 1000 / n:.2f} ms")
+            return load["req_s"], int(load["errors"]), (server.cpu_seconds() - before) * 1000 / n
+
+        threads_load(server.url, ["/healthz"], threads=UP_THREADS, seconds=1)  # warm both paths
+        threads_load(server.url, polls(rounds), threads=UP_THREADS, seconds=1)
+        ratios: list[float] = []
+        rounds_out: list[tuple[tuple[float, int, float], tuple[float, int, float]]] = []
+        for r in range(rounds):
+            health, poll = run(["/healthz"]), run(polls(r))
+            rounds_out.append((health, poll))
+            ratios.append(poll[0] / health[0])
+            log(
+                f"ftq up round {r}: healthz {health[0]:.0f} req/s ({health[2]:.2f} ms CPU), "
+                f"metrics poll {poll[0]:.0f} req/s ({poll[2]:.2f} ms CPU)"
+            )
+    median = sorted(range(rounds), key=lambda i: ratios[i])[rounds // 2]
+    health, poll = rounds_out[median]
+    errors = sum(h[1] + p[1] for h, p in rounds_out)
+    result("up_healthz", health[0], "req/s", cpu_ms=f"{health[2]:.2f}", errors=errors)
+    result(
+        "up_metrics_poll",
+        poll[0],
+        "req/s",
+        baseline="up_healthz",
+        target=">=1.2",
+        cpu_ms=f"{poll[2]:.2f}",
+        rounds=",".join(f"{x:.2f}" for x in ratios),
+    )
+    note(
+        f"up: `ftq up` on SQLite (cpu_ms: its server process's CPU per request), one finished job with "
+        f"{UP_POINTS} points; {UP_THREADS} client threads (keep-alive sockets) for {seconds:.0f} s on "
+        "/healthz, "
+        "then on the metrics poll after one of the last 16 steps (another limit each round, so each round "
+        f"reads the store before the poll cache answers), {rounds} rounds; the figures are the median round's"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run")
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--points", type=int, default=2000)
     ap.add_argument("--no-mlflow", action="store_true")
-    ap.add_argument("--only", choices=["poll", "mlflow", "history", "status", "workers"], action="append")
+    ap.add_argument(
+        "--only", choices=["poll", "mlflow", "history", "status", "workers", "up"], action="append"
+    )
     args = ap.parse_args(argv)
-    if not have_wrk():
+    # `ftq up`'s figure is a bench of its own in run_all (key `up`).
+    only = set(args.only or ["poll", "mlflow", "history", "status", "workers"])
+    if only - {"up"} and not have_wrk():  # the `ftq up` figure's clients are Python threads
         print("poll_bench needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
-    only = set(args.only or ["poll", "mlflow", "history", "status", "workers"])
-    note(
-        "ftq side: one `ftq api` process (uvicorn, one worker: what `ftq api` runs) on PostgreSQL; load from "
-        f"wrk, {CONNECTIONS} connections, 1 thread, {args.seconds:.0f} s per figure"
-    )
     poll: dict[str, Any] = {}
-    with postgres.database("ftq_perfbench", migrate=True) as url:
-        if only & {"poll", "mlflow"}:
-            poll = bench_poll_vs_health(url, args.seconds, args.jobs, args.points)
-        if "history" in only:
-            bench_history(url, args.seconds)
-        if "workers" in only:
-            bench_api_workers(url, args.seconds, min(args.jobs, 200), min(args.points, 200))
+    if only & {"poll", "mlflow", "history", "workers"}:
+        note(
+            "ftq side: one `ftq api` process (uvicorn, one worker: what `ftq api` runs) on PostgreSQL; load "
+            f"from wrk, {CONNECTIONS} connections, 1 thread, {args.seconds:.0f} s per figure"
+        )
+        with postgres.database("ftq_perfbench", migrate=True) as url:
+            _on_postgres(url, args, only, poll)
     if "status" in only:
         bench_status(args.seconds)
     if "mlflow" in only and not args.no_mlflow:
         bench_mlflow(args.seconds, args.jobs, args.points, poll)
+    if "up" in only:
+        bench_up()
     return 0
+
+
+def _on_postgres(url: str, args: argparse.Namespace, only: set[str], poll: dict[str, Any]) -> None:
+    """The figures on the PostgreSQL database `url` (`poll` gets the metrics poll's, for the MLflow peer)."""
+    if only & {"poll", "mlflow"}:
+        poll.update(bench_poll_vs_health(url, args.seconds, args.jobs, args.points))
+    if "history" in only:
+        bench_history(url, args.seconds)
+    if "workers" in only:
+        bench_api_workers(url, args.seconds, min(args.jobs, 200), min(args.points, 200))
 
 
 if __name__ == "__main__":

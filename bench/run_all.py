@@ -2,6 +2,8 @@
 
     python -m bench.run_all [--only poll,ingest,...] [--quick]
 
+With --only, the figures and notes of the benches not run are kept from the RESULTS.md there was.
+
 Protocol (how a bench reports to this runner). A bench is a program run as a subprocess; on stdout it
 prints, among anything else:
 
@@ -57,6 +59,12 @@ BENCHES = [
         ["-m", "bench.poll_bench"],
         ["-m", "bench.poll_bench", "--seconds", "6", "--jobs", "200"],
         1800,
+    ),
+    Bench(
+        "up",
+        ["-m", "bench.poll_bench", "--only", "up"],
+        ["-m", "bench.poll_bench", "--only", "up"],
+        600,
     ),
     Bench("ingest", ["-m", "bench.ingest_bench"], ["-m", "bench.ingest_bench", "--lines", "20000"], 900),
     Bench(
@@ -273,6 +281,34 @@ def table(rows: list[Row]) -> list[str]:
     return out
 
 
+_TABLE_ROW = re.compile(r"^\| ([a-z_]+) \| ")
+_NOTE = re.compile(r"^- ([a-z_]+): ")
+
+
+def earlier_figures(text: str, rerun: set[str]) -> tuple[list[str], list[str]]:
+    """From a RESULTS.md written before: the table rows and the notes of the benches not in `rerun`."""
+    others = {b.key for b in BENCHES} - rerun
+    rows: list[str] = []
+    notes: list[str] = []
+    for line in text.split(KEPT_HEADING)[0].splitlines():
+        row, note_ = _TABLE_ROW.match(line), _NOTE.match(line)
+        if row and row.group(1) in others:
+            rows.append(line)
+        elif note_ and note_.group(1) in others:
+            notes.append(line[2:])
+    return rows, notes
+
+
+def _in_bench_order(lines: list[str]) -> list[str]:
+    order = {b.key: i for i, b in enumerate(BENCHES)}
+
+    def key(line: str) -> int:
+        m = _TABLE_ROW.match(line) or _NOTE.match("- " + line)
+        return order.get(m.group(1), len(order)) if m else len(order)
+
+    return sorted(lines, key=key)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated: " + ",".join(b.key for b in BENCHES))
@@ -296,6 +332,20 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
     lines = table(rows)
     print("\n".join(lines))
+    kept_from = ""
+    if args.only and args.out.exists():
+        earlier = args.out.read_text()
+        kept_rows, kept_notes = earlier_figures(earlier, keys)
+        lines = lines[:2] + _in_bench_order(lines[2:] + kept_rows)
+        notes = _in_bench_order(notes + kept_notes)
+        written = re.search(r"\) on (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", earlier)
+        when = written.group(1) if written else "before"
+        if kept_rows:
+            kept_from = (
+                f"- figures of the other benches: kept from the run of {when} (this run was `--only "
+                + ",".join(sorted(keys))
+                + "`; the lines above describe it)"
+            )
     md = [
         "# ftq benchmark results",
         "",
@@ -307,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *[f"- {k}: {v}" for k, v in info.items() if v],
         f"- bench wall time: {', '.join(timings)}",
+        *([kept_from] if kept_from else []),
         "",
         "## Figures",
         "",

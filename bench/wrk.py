@@ -4,10 +4,14 @@ polling), one client's sequential latency, and the server's CPU per request over
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
+import socket
 import subprocess
+import threading
 import time
+from urllib.parse import urlsplit
 
 from bench import OUT
 from tests.harness import Deployment
@@ -167,3 +171,57 @@ def interleaved(
         t["req_s"] = t["requests"] / t["seconds"]
         t["cpu_ms"] = t["cpu"] / max(1, t["requests"])
     return total
+
+
+_CONTENT_LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)")
+
+
+def _keep_alive_client(
+    host: str, port: int, paths: list[str], start: int, stop: threading.Event, tally: list[int]
+) -> None:
+    """One connection sending `paths` in turn (from `start`), each after the last answer: tally gets
+    [requests, errors]. Plain sockets, so the client's CPU per request is a fraction of the server's."""
+    requests = [f"GET {p} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode() for p in paths]
+    with socket.create_connection((host, port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        k = start
+        while not stop.is_set():
+            sock.sendall(requests[k % len(requests)])
+            k += 1
+            while b"\r\n\r\n" not in buf:
+                buf += sock.recv(65536)
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            length = _CONTENT_LENGTH.search(head)
+            size = int(length.group(1)) if length else 0
+            while len(buf) < size:
+                buf += sock.recv(65536)
+            buf = buf[size:]
+            tally[0] += 1
+            if not head.startswith(b"HTTP/1.1 200"):
+                tally[1] += 1
+
+
+def threads_load(base: str, paths: list[str], *, threads: int, seconds: float) -> dict[str, float]:
+    """`threads` client threads, one keep-alive connection each, sending back to back for `seconds`
+    (closed loop, like wrk; for a server whose figure is quoted in client threads). Returns req_s and
+    errors (answers other than 200)."""
+    url = urlsplit(base)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    stop = threading.Event()
+    tallies = [[0, 0] for _ in range(threads)]
+    workers = [
+        threading.Thread(
+            target=_keep_alive_client, args=(host, port, paths, i, stop, tallies[i]), daemon=True
+        )
+        for i in range(threads)
+    ]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    time.sleep(seconds)
+    stop.set()
+    for w in workers:
+        w.join(timeout=30)
+    elapsed = time.perf_counter() - start
+    return {"req_s": sum(t[0] for t in tallies) / elapsed, "errors": sum(t[1] for t in tallies)}

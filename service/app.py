@@ -1,11 +1,13 @@
-"""The FastAPI app: routes, the one error handler, the body-size cap, health and readiness."""
+"""The FastAPI app: error answers, routes, the OpenAPI document, middleware (the body-size cap is
+here), health and readiness."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -19,19 +21,20 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ftq import __version__
+from ftq.contract.schemas import Health
 from ftq.contract.spec import JobSpec
 from ftq.runtime import logs
-from ftq.runtime.settings import get_settings
+from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import get_engine, open_async_read_pool
 from service.artifacts.router import router as artifacts_router
 from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
 from service.events.router import router as events_router
 from service.exports.router import router as exports_router
 from service.files.router import router as files_router
-from service.guard import RequestGuard
+from service.guard import RequestGuard, send_error
+from service.jobs.poll import MetricsPollPath
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
-from service.jobs.schemas import Health
 from service.observability import router as metrics_router
 from service.ui.router import router as ui_router
 from service.usage.router import router as usage_router
@@ -62,7 +65,7 @@ class BodySizeLimit:
             return
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await _send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+                await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
                 return
         seen = 0
 
@@ -78,25 +81,11 @@ class BodySizeLimit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await _send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+            await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
 
 
 class _TooLarge(Exception):
     pass
-
-
-async def _send_error(send: Send, err: FtqError) -> None:
-    import json
-
-    body = json.dumps(err.body()).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": err.status_code,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 @asynccontextmanager
@@ -114,6 +103,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app() -> FastAPI:
+    """The API: its error answers, routes, OpenAPI document and middleware, each added by a step below."""
     settings = get_settings()
     app = FastAPI(
         lifespan=_lifespan,
@@ -125,100 +115,129 @@ def create_app() -> FastAPI:
         ),
         separate_input_output_schemas=False,
     )
-
     app.state.rate_limiter = RateLimiter()
+    _add_error_handlers(app)
+    _add_routes(app)
+    app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
+    _add_middleware(app, settings)
+    return app
 
-    @app.exception_handler(FtqError)
-    async def _ftq_error(_: Request, exc: FtqError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code != 405:
-            return await http_exception_handler(request, exc)
-        # Starlette's Allow names only the first route on the path; RFC 9110 wants every method there.
-        routes = request.app.router.routes
-        allowed = {
-            method
-            for method in _METHODS
-            if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
-        }
-        headers = dict(exc.headers or {})
-        if allowed:
-            headers["Allow"] = ", ".join(sorted(allowed))
-        return JSONResponse({"detail": exc.detail}, status_code=405, headers=headers)
+# Error answers ------------------------------------------------------------------------------------------
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), "type": e.get("type", "value_error")}
-            for e in exc.errors()
-        ]
-        return JSONResponse({"detail": errors}, status_code=422)
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(DBAPIError)
-    async def _store_down(_: Request, exc: Exception) -> JSONResponse:
-        # The store is unreachable (restarting, network): tell clients to come back, do not 500.
-        log.warning("store unavailable: %s", str(exc).splitlines()[0])
-        err = ServiceUnavailable("the job store is unavailable; retry shortly")
-        return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
+async def _ftq_error(_: Request, exc: Exception) -> Response:
+    err = cast(FtqError, exc)
+    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
-    app.include_router(jobs_router)
-    app.include_router(exports_router)
-    app.include_router(events_router)
-    app.include_router(webhooks_router)
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    http = cast(StarletteHTTPException, exc)
+    if http.status_code != 405:
+        return await http_exception_handler(request, http)
+    # Starlette's Allow names only the first route on the path; RFC 9110 wants every method there.
+    routes = request.app.router.routes
+    allowed = {
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    }
+    headers = dict(http.headers or {})
+    if allowed:
+        headers["Allow"] = ", ".join(sorted(allowed))
+    return JSONResponse({"detail": http.detail}, status_code=405, headers=headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> Response:
+    errors = [
+        {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), "type": e.get("type", "value_error")}
+        for e in cast(RequestValidationError, exc).errors()
+    ]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+async def _store_down(_: Request, exc: Exception) -> Response:
+    # The store is unreachable (restarting, network): tell clients to come back, do not 500.
+    log.warning("store unavailable: %s", str(exc).splitlines()[0])
+    err = ServiceUnavailable("the job store is unavailable; retry shortly")
+    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as `{"detail", "code"}` (service.errors), validation errors as FastAPI's list, a 405
+    with its full Allow header, and a store that does not answer as a 503."""
+    app.add_exception_handler(FtqError, _ftq_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(DBAPIError, _store_down)
+    app.add_exception_handler(OperationalError, _store_down)
+
+
+# Routes -------------------------------------------------------------------------------------------------
+
+
+async def healthz() -> Health:
+    # On the event loop, no thread-pool hop: liveness means the loop answers, even while every
+    # worker thread is busy (parsing bodies, reading the store).
+    return Health(status="ok")
+
+
+def readyz() -> Any:
+    checks = {"store": _check_store(), "broker": _check_broker()}
+    ok = all(v == "ok" for v in checks.values())
+    body = Health(status="ok" if ok else "unavailable", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+def _add_routes(app: FastAPI) -> None:
+    """The API's routers, health and readiness, the dashboard and /metrics (in this order: the OpenAPI
+    document lists paths as they are added)."""
+    for router in (jobs_router, exports_router, events_router, webhooks_router):
+        app.include_router(router)
     add_webhook_docs(app)
-    app.include_router(usage_router)
-    app.include_router(artifacts_router)
-    app.include_router(files_router)
-
-    @app.get("/healthz", response_model=Health, tags=["health"], summary="Liveness")
-    async def healthz() -> Health:
-        # On the event loop, no thread-pool hop: liveness means the loop answers, even while every
-        # worker thread is busy (parsing bodies, reading the store).
-        return Health(status="ok")
-
-    @app.get(
+    for router in (usage_router, artifacts_router, files_router):
+        app.include_router(router)
+    app.add_api_route("/healthz", healthz, response_model=Health, tags=["health"], summary="Liveness")
+    app.add_api_route(
         "/readyz",
+        readyz,
         response_model=Health,
         tags=["health"],
         summary="Readiness: the store and the broker answer",
         responses={503: {"model": Health, "description": "Not ready"}},
     )
-    def readyz() -> Any:
-        checks = {"store": _check_store(), "broker": _check_broker()}
-        ok = all(v == "ok" for v in checks.values())
-        body = Health(status="ok" if ok else "unavailable", checks=checks)
-        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
-
     app.include_router(ui_router)
     app.include_router(metrics_router)
 
-    def custom_openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        schema = get_openapi(
-            title=app.title,
-            version=app.version,
-            description=app.description,
-            routes=app.routes,
-            webhooks=app.webhooks.routes,
-        )
-        # The spec body is read by hand (JSON or YAML), so its schema is added explicitly.
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-        for name, sub in spec_schema.pop("$defs", {}).items():
-            components.setdefault(name, sub)
-        components["JobSpec"] = spec_schema
-        app.openapi_schema = schema
-        return schema
 
-    app.openapi = custom_openapi  # type: ignore[method-assign]
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, built once, with the job spec's schema (the spec body is read by hand, JSON
+    or YAML, so FastAPI does not see it)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+        webhooks=app.webhooks.routes,
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, sub in spec_schema.pop("$defs", {}).items():
+        components.setdefault(name, sub)
+    components["JobSpec"] = spec_schema
+    app.openapi_schema = schema
+    return schema
+
+
+def _add_middleware(app: FastAPI, settings: Settings) -> None:
+    """Each added here runs before the ones added above it: the guard first (header limits, the Host
+    and the origin, before anything is read), then the body-size cap, then the plain metrics poll's
+    short way (service.jobs.poll), so that way passes both checks like any route."""
+    app.add_middleware(MetricsPollPath)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, streamed=STREAMED_UPLOADS)
-    # Added last, so it runs first: header limits, the Host and the origin before anything is read.
     app.add_middleware(RequestGuard, settings=settings)
-    return app
 
 
 def _check_store() -> str:

@@ -25,10 +25,14 @@ def get_session() -> Iterator[Session]:
 
 
 def current_owner(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> str:
+    return owner_of(request.headers.get("authorization", ""), settings)
+
+
+def owner_of(authorization: str, settings: Settings) -> str:
+    """The owner an Authorization header value names (the anonymous owner with auth off); 401 otherwise."""
     if not settings.auth_enabled:
         return ANONYMOUS_OWNER
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized()
     owner = settings.owner_for_token(token.strip())

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
+from ftq.contract.schemas import ArtifactList
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import read_session
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.artifacts import service as artifacts
-from service.artifacts.schemas import ArtifactList
 from service.deps import current_owner
 from service.jobs.router import JobId, JobLogRoute
 from service.jobs.service import get_or_404
-from service.routes import owner_errors
+from service.routes import ClosingStream, owner_errors
 
 router = APIRouter(prefix="/jobs", tags=["artifacts"], route_class=JobLogRoute)
 
@@ -44,21 +42,6 @@ async def _job(request: Request, job_id: str) -> Job:
             return job
 
     return await anyio.to_thread.run_sync(load)
-
-
-class _ClosingStream(StreamingResponse):
-    """A stream that runs `close` however it ends: all sent, the client gone (Starlette cancels the
-    body then, and an unfinished generator would keep its file open until collected), an error."""
-
-    def __init__(self, content: AsyncIterator[bytes], close: Callable[[], None], **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self._close = close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._close()
 
 
 @router.get(
@@ -158,7 +141,7 @@ async def get_artifact(
         if span is not None:
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{opened.size}"
-        return _ClosingStream(
+        return ClosingStream(
             artifacts.file_chunks(opened, start, end),
             lambda: artifacts.close_file(opened),
             status_code=status,

@@ -18,10 +18,10 @@ from pathlib import Path
 import anyio
 
 from ftq.contract import runs
+from ftq.contract.schemas import Artifact, ArtifactList
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store.models import Job
 from service.artifacts.hashes import HashCache, Reader
-from service.artifacts.schemas import Artifact, ArtifactList
 from service.errors import NotFound
 
 CHUNK = 1024**2

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
+from ftq.contract.schemas import EventPage
 from ftq.store.events import EventRepository
 from ftq.store.repository import JobRepository
 from service.deps import OwnerDep, SessionDep
 from service.events import service
-from service.events.schemas import EventPage
 from service.routes import UNAUTHORIZED, owner_errors
 
 router = APIRouter(tags=["events"])

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ftq.contract.schemas import Event, EventPage
 from ftq.store.events import EventRepository
 from ftq.store.repository import JobRepository
 from service.errors import NotFound
-from service.events.schemas import Event, EventPage
 
 
 def page(events: EventRepository, *, after: int, limit: int, job_id: str | None = None) -> EventPage:

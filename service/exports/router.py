@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Response
 
+from ftq.contract.schemas import ExportCreate, ExportList, ExportPublic
 from ftq.store import outbox
 from service.deps import OwnerDep, SessionDep, SettingsDep
 from service.exports import service as exports
-from service.exports.schemas import ExportCreate, ExportList, ExportPublic
 from service.jobs.router import JobId, JobLogRoute
 from service.routes import error, id_in_path, owner_errors
 

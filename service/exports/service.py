@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
+from ftq.contract.schemas import ExportCreate, ExportDtype, ExportKind, ExportPublic, JobError, PushToHub
 from ftq.contract.status import JobStatus
 from ftq.runtime.redact import redact
 from ftq.runtime.settings import Settings
@@ -17,8 +18,6 @@ from ftq.store.exports import ExportRepository, new_export_id
 from ftq.store.models import Export, Job
 from ftq.store.repository import JobRepository, utcnow
 from service.errors import Conflict, NotFound, spec_field_error
-from service.exports.schemas import ExportCreate, ExportDtype, ExportKind, ExportPublic, PushToHub
-from service.jobs.schemas import JobError
 
 
 def _job_or_404(session: Session, owner: str, job_id: str) -> Job:

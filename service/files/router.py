@@ -9,6 +9,7 @@ from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Respons
 from fastapi.responses import FileResponse
 from starlette.requests import ClientDisconnect
 
+from ftq.contract.schemas import FileList, FilePublic
 from ftq.runtime import files
 from ftq.runtime.settings import get_settings
 from ftq.store import outbox
@@ -25,7 +26,6 @@ from service.errors import (
 )
 from service.files import service as file_service
 from service.files import upload
-from service.files.schemas import FileList, FilePublic
 from service.routes import CROSS_SITE, UNAUTHORIZED, error, id_in_path, owner_errors
 
 router = APIRouter(prefix="/files", tags=["files"])

@@ -4,12 +4,12 @@ Which folders are checkpoints and which can be resumed is the run layout's rule 
 from __future__ import annotations
 
 from ftq.contract import runs
+from ftq.contract.schemas import Checkpoint
 from ftq.contract.spec import JobSpec
 from ftq.runtime.settings import Settings
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.errors import spec_field_error
-from service.jobs.schemas import Checkpoint
 
 
 def list_checkpoints(job: Job, settings: Settings) -> list[Checkpoint]:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from pathlib import Path
 
 from ftq.contract import runs
+from ftq.contract.schemas import LogChunk
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.runtime.settings import Settings
 from ftq.store.models import Job
-from service.errors import TooManyRequests
-from service.jobs.schemas import LogChunk
 
 LOG_CHUNK_MAX = 1_048_576
 
@@ -106,28 +103,3 @@ def mask(window: bytes, at: int, length: int, needles: list[bytes]) -> bytes:
         out += chunk[pos:lo] + b"***"
         pos = hi
     return bytes(out + chunk[pos:])
-
-
-class StreamSlots:
-    """Open log streams per owner (in this API process). Each holds a connection and a poll loop for as
-    long as the client keeps it, so one owner's open tabs and scripts are bounded."""
-
-    def __init__(self) -> None:
-        self._open: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def acquire(self, owner: str, cap: int) -> None:
-        with self._lock:
-            if self._open[owner] >= cap:
-                raise TooManyRequests(
-                    f"{owner} already follows {cap} log streams (FTQ_MAX_LOG_STREAMS_PER_OWNER={cap}); "
-                    "close one, or read GET /jobs/{id}/logs by offset",
-                    retry_after=5,
-                )
-            self._open[owner] += 1
-
-    def release(self, owner: str) -> None:
-        with self._lock:
-            self._open[owner] -= 1
-            if self._open[owner] <= 0:
-                del self._open[owner]

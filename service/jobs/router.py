@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
-import os
-import pathlib
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
+from ftq.contract.schemas import (
+    CheckpointList,
+    ErrorBody,
+    JobList,
+    JobPublic,
+    LogChunk,
+    MetricsPage,
+    PlanPublic,
+    SamplesPage,
+)
+from ftq.contract.status import TERMINAL, JobStatus
 from ftq.runtime.logs import job_context
 from ftq.runtime.settings import get_settings
 from ftq.store import outbox
@@ -27,25 +32,11 @@ from ftq.store.db import read_session
 from ftq.store.repository import JobRepository
 from service.body import media_type, read_spec_body
 from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
-from service.errors import NotFound, TooManyRequests, parse_cursor, spec_field_error
-from service.jobs import checkpoints, logs, metrics, samples
+from service.errors import TooManyRequests, parse_cursor, spec_field_error
+from service.jobs import checkpoints, log_stream, logs, poll, samples
 from service.jobs import service as jobs
-from service.jobs.poll_cache import PollCache
-from service.jobs.schemas import (
-    TERMINAL,
-    CheckpointList,
-    ErrorBody,
-    JobList,
-    JobPublic,
-    JobStatus,
-    LogChunk,
-    MetricsPage,
-    PlanPublic,
-    SamplesPage,
-)
+from service.jobs.reads import in_thread
 from service.routes import CROSS_SITE, error, id_in_path, owner_errors
-
-T = TypeVar("T")
 
 
 class JobLogRoute(APIRoute):
@@ -154,21 +145,9 @@ async def create_job(
     return jobs.to_public(job)
 
 
-# The read routes polled all the time (job, list, logs, metrics) do all their work in one thread-pool
-# hop on a read session that is returned before the hop ends. A session held as a sync dependency would
-# keep its pooled connection while the request queues for a thread for its next step, so enough pollers
-# would hold every connection while the threads wait for one (and stall for the pool's 30 s timeout).
-# Their bodies are the bytes the response model would give (by_alias, as FastAPI serializes).
-
-
-# At most this many read hops at once, below the engine's pool of 20: FastAPI's thread pool has 40
-# threads, and each connection past the pool would be opened and closed per request (a PostgreSQL
-# connect inside every metrics poll). One core gains nothing from more.
-_READ_SLOTS = anyio.CapacityLimiter(16)
-
-
-async def _read(fn: Callable[[], T]) -> T:
-    return await anyio.to_thread.run_sync(fn, limiter=_READ_SLOTS)
+# The read routes polled all the time (job, list, logs, metrics, samples) do all their work in one
+# thread-pool hop (service.jobs.reads); their bodies are the bytes the response model would give
+# (by_alias, as FastAPI serializes).
 
 
 async def _owner_inline(request: Request) -> str:
@@ -184,8 +163,7 @@ def _json(model: BaseModel) -> bytes:
     return model.__pydantic_serializer__.to_json(model, by_alias=True)
 
 
-def _json_response(body: bytes) -> Response:
-    return Response(content=body, media_type="application/json")
+_json_response = poll.json_response
 
 
 @router.get(
@@ -218,7 +196,7 @@ async def list_jobs(
             data = [jobs.to_public(j, runs_dir, waiting.get(j.id)) for j in page]
             return _json(JobList(data=data, next_cursor=next_cursor))
 
-    return _json_response(await _read(body))
+    return _json_response(await in_thread(body))
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=_ERRORS, summary="Get a job")
@@ -230,7 +208,7 @@ async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
             queue = repo.queue_of([job.id]).get(job.id) if job.status not in TERMINAL else None
             return _json(jobs.to_public(job, get_settings().runs_dir, queue))
 
-    return _json_response(await _read(body))
+    return _json_response(await in_thread(body))
 
 
 @router.post(
@@ -268,36 +246,7 @@ async def get_logs(
             logs.read_log(job, settings, offset=offset, limit=limit, secrets_=settings.secret_values())
         )
 
-    return _json_response(await _read(body))
-
-
-# A stream looks at the log file this often (a stat on the event loop; a thread hop only when it grew) and
-# at the job's status this often (one short read session, returned at once).
-_STREAM_POLL_SECONDS = 0.5
-_STREAM_STATUS_SECONDS = 2.0
-_stream_slots = logs.StreamSlots()
-
-
-class _SlotStream(StreamingResponse):
-    """A stream that gives its owner's slot back however it ends: the job's end, a client that goes
-    away (Starlette cancels the body then), an error while sending."""
-
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
-def _file_size(path: pathlib.Path) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return -1
+    return _json_response(await in_thread(body))
 
 
 @router.get(
@@ -320,82 +269,7 @@ async def stream_logs(
     owner: OwnerInline,
     offset: int = Query(0, ge=0, le=2**62),
 ) -> Response:
-    # No session lives as long as the stream: a client may keep one open for days, and 40 of them
-    # held every pooled connection. The status is read in short sessions, the log from the file.
-    settings = get_settings()
-
-    def status_of() -> JobStatus | None:
-        with read_session() as session:
-            job = JobRepository(session, owner).get(job_id)
-            return None if job is None else JobStatus(job.status)
-
-    status = await _read(status_of)
-    if status is None:
-        raise NotFound(f"job {job_id} not found")
-    _stream_slots.acquire(owner, settings.max_log_streams_per_owner)
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        if not released:
-            released = True
-            _stream_slots.release(owner)
-
-    path = logs.log_path(settings, job_id)
-    secrets_ = settings.secret_values()
-    heartbeat = settings.log_stream_heartbeat_seconds
-
-    async def events() -> AsyncIterator[bytes]:
-        loop = asyncio.get_running_loop()
-        pos = offset
-        terminal = status in TERMINAL
-        checked = sent = loop.time()
-        while True:
-            if not terminal and loop.time() - checked >= _STREAM_STATUS_SECONDS:
-                current = await _read(status_of)
-                checked = loop.time()
-                if current is None:
-                    return
-                terminal = current in TERMINAL
-            # The status before the file: whatever the run wrote before it ended is read below.
-            if terminal or _file_size(path) > pos:
-                chunk = await _read(
-                    functools.partial(
-                        logs.read_log_file,
-                        path,
-                        terminal=terminal,
-                        offset=pos,
-                        limit=65536,
-                        secrets_=secrets_,
-                    )
-                )
-                if chunk.text:
-                    payload = json.dumps(
-                        {"offset": chunk.offset, "next_offset": chunk.next_offset, "text": chunk.text}
-                    )
-                    yield f"id: {chunk.next_offset}\nevent: log\ndata: {payload}\n\n".encode()
-                    pos, sent = chunk.next_offset, loop.time()
-                if chunk.complete or (terminal and not chunk.text):
-                    yield b"event: end\ndata: {}\n\n"
-                    return
-                if chunk.text:
-                    continue
-            if loop.time() - sent >= heartbeat:
-                # Proxies close idle connections, and a client learns the server is still there.
-                yield b": ping\n\n"
-                sent = loop.time()
-            await asyncio.sleep(_STREAM_POLL_SECONDS)
-
-    try:
-        return _SlotStream(
-            events(), release, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-    except BaseException:
-        release()
-        raise
-
-
-_poll_cache = PollCache()
+    return await log_stream.follow(owner, job_id, offset, get_settings())
 
 
 @router.get(
@@ -404,28 +278,15 @@ _poll_cache = PollCache()
 async def get_metrics(
     request: Request,
     job_id: JobId,
-    after_step: int = Query(-1, ge=-1, le=2**31 - 1),
-    limit: int = Query(1000, ge=1, le=10000),
+    after_step: int = Query(poll.AFTER_STEP_DEFAULT, ge=poll.AFTER_STEP_MIN, le=poll.AFTER_STEP_MAX),
+    limit: int = Query(poll.LIMIT_DEFAULT, ge=poll.LIMIT_MIN, le=poll.LIMIT_MAX),
 ) -> Response:
-    # Every open dashboard repeats this poll: on PostgreSQL it runs on the event loop (no thread hop),
-    # on SQLite in one thread hop, and the body is built from rows directly (the bytes MetricsPage
-    # would give) rather than validated model by model.
+    # A plain poll is answered by poll.MetricsPollPath before it gets here; this route answers the rest
+    # (and its errors), and is the one the OpenAPI document describes.
     owner = current_owner(request, get_settings())  # as OwnerInline, without a dependency to resolve
-    key = (owner, job_id, after_step, limit)
-    cached = _poll_cache.get(key)
-    if cached is not None:
-        return _json_response(cached)
-    pool = getattr(request.app.state, "read_pool", None)
-    if pool is not None:
-        body, final = await metrics.metrics_page_json_on_loop(
-            pool, owner, job_id, after_step=after_step, limit=limit
-        )
-    else:
-        body, final = await _read(
-            lambda: metrics.metrics_page_json(owner, job_id, after_step=after_step, limit=limit)
-        )
-    _poll_cache.put(key, body, final=final)
-    return _json_response(body)
+    return _json_response(
+        await poll.poll_body(request.app.state, owner, job_id, after_step=after_step, limit=limit)
+    )
 
 
 @router.get(
@@ -461,4 +322,4 @@ async def get_samples(
             )
             return _json(page)
 
-    return _json_response(await _read(body))
+    return _json_response(await in_thread(body))

@@ -3,10 +3,10 @@ pages them: whole steps after `after_step`, every prompt of a step on the same p
 
 from __future__ import annotations
 
+from ftq.contract.schemas import SamplePublic, SamplesPage
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.store.repository import JobRepository
 from service.errors import NotFound
-from service.jobs.schemas import SamplePublic, SamplesPage
 
 
 def samples_page(repo: JobRepository, job_id: str, *, after_step: int, steps: int) -> SamplesPage:

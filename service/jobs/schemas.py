@@ -1,42 +1,8 @@
-"""The jobs API's request and response models: the contract's models live in the core
-(`ftq.contract.schemas`),
-shared with the client SDK; this module names them for the routes."""
+"""Left only for `service.jobs.service` (being rewritten on another branch): the jobs API's models are
+`ftq.contract.schemas`; import them from there. Delete this module once service.jobs.service does."""
 
 from __future__ import annotations
 
-from ftq.contract.schemas import (
-    Checkpoint,
-    CheckpointList,
-    ErrorBody,
-    Health,
-    JobError,
-    JobList,
-    JobPublic,
-    LogChunk,
-    MetricsPage,
-    PlanPublic,
-    Point,
-    Progress,
-    SamplePublic,
-    SamplesPage,
-)
-from ftq.contract.status import TERMINAL, JobStatus
+from ftq.contract.schemas import JobError, JobPublic, PlanPublic, Progress
 
-__all__ = [
-    "TERMINAL",
-    "Checkpoint",
-    "CheckpointList",
-    "ErrorBody",
-    "Health",
-    "JobError",
-    "JobList",
-    "JobPublic",
-    "JobStatus",
-    "LogChunk",
-    "MetricsPage",
-    "PlanPublic",
-    "Point",
-    "Progress",
-    "SamplePublic",
-    "SamplesPage",
-]
+__all__ = ["JobError", "JobPublic", "PlanPublic", "Progress"]

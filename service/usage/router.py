@@ -8,10 +8,9 @@ from typing import Literal
 
 from fastapi import APIRouter, Query
 
-from ftq.contract.schemas import UsagePage
+from ftq.contract.schemas import ErrorBody, UsagePage
 from service.deps import RepoDep
 from service.errors import SpecError
-from service.jobs.schemas import ErrorBody
 from service.usage import service
 
 router = APIRouter(prefix="/usage", tags=["usage"])

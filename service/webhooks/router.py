@@ -6,17 +6,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Response
 
-from ftq.store.events import WebhookRepository
-from service.deps import OwnerDep, SessionDep, SettingsDep
-from service.routes import UNAUTHORIZED, error, id_in_path, owner_errors
-from service.webhooks import service
-from service.webhooks.schemas import (
+from ftq.contract.schemas import (
     DeliveryPage,
     WebhookCreate,
     WebhookList,
     WebhookPayload,
     WebhookPublic,
 )
+from ftq.store.events import WebhookRepository
+from service.deps import OwnerDep, SessionDep, SettingsDep
+from service.routes import UNAUTHORIZED, error, id_in_path, owner_errors
+from service.webhooks import service
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
 

@@ -4,11 +4,11 @@ secret is shown when made and when rotated, never again."""
 from __future__ import annotations
 
 from ftq.contract import events as ev
+from ftq.contract.schemas import Delivery, DeliveryPage, WebhookCreate, WebhookPublic
 from ftq.runtime.settings import Settings
 from ftq.store.events import WebhookRepository
 from ftq.store.models import Webhook
 from service.errors import Conflict, NotFound, spec_field_error
-from service.webhooks.schemas import Delivery, DeliveryPage, WebhookCreate, WebhookPublic
 
 
 def to_public(hook: Webhook, *, secret: bool = False) -> WebhookPublic:

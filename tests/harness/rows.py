@@ -40,6 +40,22 @@ def job_row(job_id: str, **columns: Any) -> Job:
     return Job(id=job_id, **(row | columns))
 
 
+def training_points(steps: int) -> list[dict[str, float]]:
+    """Metric points 1..steps as a training run logs them (the loss falling), for `upsert_points`."""
+    return [
+        {
+            "step": i,
+            "epoch": i / 1000,
+            "loss": 3 - i * 1e-4,
+            "learning_rate": 2e-4,
+            "grad_norm": 1.0,
+            "tokens_per_second": 5000.0,
+            "time": 1.7e9 + i,
+        }
+        for i in range(1, steps + 1)
+    ]
+
+
 def add_job(job_id: str, **columns: Any) -> None:
     """Store `job_row(job_id, **columns)`."""
     with session_scope() as s:

@@ -31,7 +31,7 @@ def _store_job(db_url: str) -> None:
     from ftq.contract.spec import JobSpec
     from ftq.store import repository
     from ftq.store.migrate import upgrade
-    from tests.harness.rows import job_row
+    from tests.harness.rows import job_row, training_points
 
     upgrade(db_url)
     spec = JobSpec.model_validate(
@@ -46,22 +46,7 @@ def _store_job(db_url: str) -> None:
     with Session(engine) as s:
         s.add(job_row(JOB, name="perf", owner="local", status="running", spec=spec.model_dump(mode="json")))
         s.flush()
-        repository.upsert_points(
-            s,
-            JOB,
-            [
-                {
-                    "step": i,
-                    "epoch": i / 1000,
-                    "loss": 3 - i * 1e-4,
-                    "learning_rate": 2e-4,
-                    "grad_norm": 1.0,
-                    "tokens_per_second": 5000.0,
-                    "time": 1.7e9 + i,
-                }
-                for i in range(1, POINTS + 1)
-            ],
-        )
+        repository.upsert_points(s, JOB, training_points(POINTS))
         s.commit()
     engine.dispose()
 
