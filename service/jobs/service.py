@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from ftq.contract.errors import ErrorCode
 from ftq.contract.metrics import Point
 from ftq.contract.plans import Plan
-from ftq.contract.schemas import EstimateVsActual, QueueInfo, Usage
+from ftq.contract.schemas import EstimateVsActual, JobError, JobPublic, PlanPublic, Progress, QueueInfo, Usage
 from ftq.contract.spec import JobSpec, SpecFieldError
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.runtime import limits
@@ -38,7 +38,6 @@ from service.errors import (
     suggest_fields,
 )
 from service.jobs import phase, planning, trackers
-from service.jobs.schemas import JobError, JobPublic, PlanPublic, Progress
 
 
 def parse_spec(body: Any) -> JobSpec:
