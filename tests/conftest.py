@@ -4,6 +4,7 @@ adds its own."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,10 +12,25 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.harness import TINY_RELATIVE, tiny_assets, tiny_spec
+from tests.harness.groups import group_items, heaviest_first_scheduler
 from tests.harness.inprocess import MakeClient, migrate, reset_caches, use_settings
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a pytest-xdist worker: which tests run on the same worker (tests/harness/groups.py)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        group_items(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`: the heaviest group first (tests/harness/groups.py)."""
+    if config.getoption("dist") == "loadgroup":
+        return heaviest_first_scheduler(config, log)
+    return None
 
 
 @pytest.fixture(scope="session")
