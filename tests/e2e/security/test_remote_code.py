@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -41,7 +42,8 @@ def _has_flag(command: list[str]) -> bool:
     return any(command[i : i + 2] == FLAG for i in range(len(command) - 1))
 
 
-def _assert_refused(resp: httpx.Response) -> None:
+def _assert_refused(resp: Any) -> None:
+    """`resp`: an httpx response, from a live server or the in-process TestClient (starlette's own httpx)."""
     assert resp.status_code == 422, resp.text
     detail = resp.json()["detail"]
     assert detail[0]["loc"] == ["body", "model", "trust_remote_code"], detail
