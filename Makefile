@@ -108,13 +108,22 @@ openapi-check: install ## fail if openapi/openapi.json is stale
 docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs serve)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e.
+# Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e:
+# on two pytest-xdist workers, the tests that share a server or a training run on the same one
+# (tests/harness/groups.py), then the `serial` ones alone (one stops the machine's PostgreSQL). Both
+# runs go to the end; the target fails if either did (the serial run may select nothing: exit 5). The 25
+# slowest tests of each are listed.
+XDIST := -n 2 --dist loadgroup
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@start=$$SECONDS; status=0; \
+	$(BIN)/python -m pytest $(XDIST) --durations=25 -m "not serial" $(PYTEST_ARGS) || status=$$?; \
+	serial=0; $(BIN)/python -m pytest -p no:xdist --durations=25 -m serial $(PYTEST_ARGS) || serial=$$?; \
+	if [ $$serial -ne 0 ] && [ $$serial -ne 5 ]; then status=$$serial; fi; \
+	echo "tests: $$((SECONDS - start)) s in all"; exit $$status
 
-# The unit tests alone (in process: no subprocess, server or training), in well under two minutes.
-test-fast: install ## the unit tests alone (about half a minute)
-	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+# The unit tests alone (in process: no subprocess, server or training), on two workers.
+test-fast: install ## the unit tests alone (under a minute)
+	$(BIN)/python -m pytest -q $(XDIST) tests/unit $(PYTEST_ARGS)
 
 bench: install ## run the benchmarks, rewrite bench/RESULTS.md
 	$(BIN)/python -m bench.run_all

@@ -4,6 +4,9 @@ adds its own."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,10 +14,38 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.harness import TINY_RELATIVE, tiny_assets, tiny_spec
+from tests.harness.groups import GROUPS_DIR, scheduler, write_groups
 from tests.harness.inprocess import MakeClient, migrate, reset_caches, use_settings
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return config.getoption("dist", "no") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On the xdist controller: a folder for the groups its workers compute (tests/harness/groups.py)."""
+    if _xdist_controller(config):
+        os.environ[GROUPS_DIR] = tempfile.mkdtemp(prefix="ftq-xdist-groups-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _xdist_controller(config) and os.environ.get(GROUPS_DIR):
+        shutil.rmtree(os.environ.pop(GROUPS_DIR), ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: which tests run on the same worker, for the controller to read."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        write_groups(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`: by the groups of tests/harness/groups.py, the heaviest first."""
+    return scheduler(config, log) if config.getoption("dist") == "loadgroup" else None
 
 
 @pytest.fixture(scope="session")

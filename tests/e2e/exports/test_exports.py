@@ -28,6 +28,7 @@ from tests.harness import (
     tiny_spec,
     wait_until,
 )
+from tests.harness.inprocess import MakeClient
 
 pytestmark = pytest.mark.slow
 
@@ -319,12 +320,15 @@ def test_push_to_an_unreachable_hub_fails_fast_with_hub_error(dep: Deployment, l
     assert not (dep.run_dir(lora_job) / done["path"] / "adapter_model.safetensors").exists()
 
 
-def test_push_without_an_operator_token_is_422(tmp_path: Path) -> None:
+def test_push_without_an_operator_token_is_422(make_client: MakeClient) -> None:
     # An API without FTQ_HUB_TOKEN: the request is refused for its push_to_hub field, before any job is read.
-    with Deployment(tmp_path, mode="api", tokens={"alice": ALICE}) as api, api.client(ALICE) as c:
-        r = c.post(
-            "/jobs/job_0000000000000000/exports", json={"kind": "merged", "push_to_hub": {"repo_id": "a/b"}}
-        )
+    # One setting decides it: the app in process.
+    c = make_client(api_tokens=f"{ALICE}:alice")
+    r = c.post(
+        "/jobs/job_0000000000000000/exports",
+        json={"kind": "merged", "push_to_hub": {"repo_id": "a/b"}},
+        headers={"Authorization": f"Bearer {ALICE}"},
+    )
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "push_to_hub"]
     assert "FTQ_HUB_TOKEN" in r.json()["detail"][0]["msg"]

@@ -6,9 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.harness import Deployment, config_only_model, text_dataset
+from tests.harness.inprocess import MakeClient
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 # The server_factory fixture: server_factory(command="api", *, data_name="data", **settings) -> a started
 # Deployment, stopped at the end of the module.
@@ -92,11 +96,23 @@ def spec(**model: object) -> dict[str, Any]:
     }
 
 
+def spec_assets(data_dir: Path) -> None:
+    """What `spec()` names, in a data dir: a config-only model and a dataset."""
+    config_only_model(data_dir / "model")
+    text_dataset(data_dir / "data" / "train.jsonl")
+
+
 @contextmanager
 def live_api(workdir: Path, **settings: str) -> Iterator[Deployment]:
-    """`ftq api` with the given FTQ_ settings (names without the prefix) and a config-only model and a
-    dataset in its data dir; stopped on exit."""
-    config_only_model(workdir / "data" / "model")
-    text_dataset(workdir / "data" / "data" / "train.jsonl")
+    """`ftq api` with the given FTQ_ settings (names without the prefix) and `spec()`'s assets in its
+    data dir; stopped on exit."""
+    spec_assets(workdir / "data")
     with Deployment(workdir, mode="api", settings=settings) as dep:
         yield dep
+
+
+def in_process_api(make_client: MakeClient, data_dir: Path, **settings: str) -> TestClient:
+    """live_api's server in the test process (the app factory, the same settings): for an answer that
+    one setting decides, without a server's start-up. `data_dir` is the ftq_env fixture's."""
+    spec_assets(data_dir)
+    return make_client(**settings)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from tests.e2e.security.common import live_api, spec
+from tests.e2e.security.common import in_process_api, live_api, spec
 from tests.harness import Deployment
+from tests.harness.inprocess import MakeClient
 
 TOKENS = {"alice": "alice-rc-token-1", "bob": "bob-rc-token-2"}
 FLAG = ["--trust_remote_code", "True"]
@@ -40,7 +42,8 @@ def _has_flag(command: list[str]) -> bool:
     return any(command[i : i + 2] == FLAG for i in range(len(command) - 1))
 
 
-def _assert_refused(resp: httpx.Response) -> None:
+def _assert_refused(resp: Any) -> None:
+    """`resp`: an httpx response, from a live server or the in-process TestClient (starlette's own httpx)."""
     assert resp.status_code == 422, resp.text
     detail = resp.json()["detail"]
     assert detail[0]["loc"] == ["body", "model", "trust_remote_code"], detail
@@ -48,19 +51,23 @@ def _assert_refused(resp: httpx.Response) -> None:
 
 
 @pytest.mark.parametrize("setting", [None, "false", "", "carol, dave"])
-def test_remote_code_is_refused_unless_allowed(tmp_path: Path, setting: str | None) -> None:
+def test_remote_code_is_refused_unless_allowed(
+    make_client: MakeClient, ftq_env: dict[str, str], setting: str | None
+) -> None:
+    # One setting decides the answer: the app in process, on live_api's assets and settings.
     settings = {"api_tokens": _tokens()}
     if setting is not None:
         settings["allow_remote_code"] = setting
-    with live_api(tmp_path, **settings) as live, as_owner(live, "alice") as alice:
-        before = len(alice.get("/jobs").json()["data"])
-        for params in ({}, {"dry_run": "true"}):
-            _assert_refused(alice.post("/jobs", params=params, json=spec(trust_remote_code=True)))
-        yaml_body = yaml.safe_dump(spec(trust_remote_code=True)).encode()
-        _assert_refused(alice.post("/jobs", content=yaml_body, headers={"content-type": "application/yaml"}))
-        assert len(alice.get("/jobs").json()["data"]) == before
-        # Without the field nothing changes.
-        assert alice.post("/jobs", params={"dry_run": "true"}, json=spec()).status_code == 200
+    alice = in_process_api(make_client, Path(ftq_env["FTQ_DATA_DIR"]), **settings)
+    alice.headers["Authorization"] = f"Bearer {TOKENS['alice']}"
+    before = len(alice.get("/jobs").json()["data"])
+    for params in ({}, {"dry_run": "true"}):
+        _assert_refused(alice.post("/jobs", params=params, json=spec(trust_remote_code=True)))
+    yaml_body = yaml.safe_dump(spec(trust_remote_code=True)).encode()
+    _assert_refused(alice.post("/jobs", content=yaml_body, headers={"content-type": "application/yaml"}))
+    assert len(alice.get("/jobs").json()["data"]) == before
+    # Without the field nothing changes.
+    assert alice.post("/jobs", params={"dry_run": "true"}, json=spec()).status_code == 200
 
 
 def test_only_the_allowed_owner_may_run_remote_code(alice_only: Deployment) -> None:
@@ -80,14 +87,13 @@ def test_only_the_allowed_owner_may_run_remote_code(alice_only: Deployment) -> N
         assert not _has_flag(plain["command"])
 
 
-def test_everyone_when_allowed_globally(tmp_path: Path) -> None:
-    with (
-        live_api(tmp_path, api_tokens=_tokens(), allow_remote_code="true") as live,
-        as_owner(live, "bob") as bob,
-    ):
-        resp = bob.post("/jobs", params={"dry_run": "true"}, json=spec(trust_remote_code=True))
-        assert resp.status_code == 200, resp.text
-        assert _has_flag(resp.json()["command"])
+def test_everyone_when_allowed_globally(make_client: MakeClient, ftq_env: dict[str, str]) -> None:
+    data_dir = Path(ftq_env["FTQ_DATA_DIR"])
+    bob = in_process_api(make_client, data_dir, api_tokens=_tokens(), allow_remote_code="true")
+    bob.headers["Authorization"] = f"Bearer {TOKENS['bob']}"
+    resp = bob.post("/jobs", params={"dry_run": "true"}, json=spec(trust_remote_code=True))
+    assert resp.status_code == 200, resp.text
+    assert _has_flag(resp.json()["command"])
 
 
 def test_trainer_needs_the_launch_flag_as_well_as_the_spec(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ from ftq.client import Client
 from tests.harness import Deployment, postgres, proc_groups, run_pids, tiny_spec, wait_gone
 from tests.harness.api import TERMINAL_NAMES as TERMINAL
 
-pytestmark = pytest.mark.slow
+# serial: it stops the machine's PostgreSQL, which the other worker's tests may be using.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 TRAINER_START = "trainer INFO strategy"  # once per trainer process start
 

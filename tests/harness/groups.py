@@ -1,0 +1,157 @@
+"""Which tests run on the same pytest-xdist worker (`make test` runs `-n 2 --dist loadgroup`).
+
+xdist's own loadgroup tags node ids with their `xdist_group`, which pytest 9's structured node ids ignore;
+so each worker writes the groups it computed (GROUPS_DIR, a folder the controller made) and the
+controller's scheduler (`scheduler()`) reads them.
+
+Each worker is a test session of its own, so a fixture above function scope is made once per worker that
+runs a test asking for it. A module's tests stay together (its module fixtures are made once), and so do
+all the modules that share a fixture of package or session scope that starts something (the e2e session's
+`ftq up` and its finished job, a folder's server, a shared training run): each is then made once, as
+without xdist. Fixtures that cost nothing to make twice (CHEAP_SHARED) do not tie modules together.
+
+The real `accelerate launch` tests (TRAIN_FOLDERS) are one group as well, and a module may name a group
+of its own with `@pytest.mark.xdist_group(name)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Package- and session-scoped fixtures that are cheap to make once per worker (no process, no training):
+# a path, stub scripts, an empty PostgreSQL database of the worker's own. (slurm_cluster is not one: the
+# SLURM tests all share a worker, so that they do not queue behind one another on the two test nodes.)
+CHEAP_SHARED = frozenset({"tiny_dir", "tiny", "stubs", "pg_database"})
+
+
+class _Sets:
+    """Union-find over group keys (module node ids, fixture ids, named groups)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, key: str) -> str:
+        self.parent.setdefault(key, key)
+        while self.parent[key] != key:
+            self.parent[key] = self.parent[self.parent[key]]
+            key = self.parent[key]
+        return key
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            # The smallest key names the set, so that every worker (each collects alone) names it alike.
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _shared_fixtures(item: pytest.Item) -> Iterable[str]:
+    """Ids of the package- and session-scoped fixtures `item` uses that start something."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return
+    for name, defs in info.name2fixturedefs.items():
+        if not defs or name in CHEAP_SHARED:
+            continue
+        fixturedef = defs[-1]
+        # pytest's own (tmp_path_factory, ...) have no baseid: none of them starts anything.
+        if fixturedef.baseid and fixturedef.scope in ("package", "session"):
+            yield f"fixture:{fixturedef.baseid}::{name}"
+
+
+# The real `accelerate launch` tests: each trains on both cores (two-process launches, several runs at
+# once), so two of them at a time would only take turns on the CPU, with each one's ranks waiting on the
+# other's in their collectives: they run one after another, on one worker.
+TRAIN_FOLDERS = ("tests/integration/trainer/",)
+TRAIN_GROUP = "group:train"
+
+# What a test costs, roughly, for the order groups go out in: a unit test runs in process in well under a
+# second; another starts processes or a server; a `slow` one trains. The group's total is in its name
+# (`<key>#<weight>`, made alike on every worker), since xdist's controller sees node ids only.
+UNIT_WEIGHT, PROCESS_WEIGHT, SLOW_WEIGHT = 1, 5, 30
+
+
+def item_weight(item: pytest.Item) -> int:
+    if item.get_closest_marker("slow") is not None:
+        return SLOW_WEIGHT
+    return UNIT_WEIGHT if item.nodeid.startswith("tests/unit/") else PROCESS_WEIGHT
+
+
+def group_items(items: list[pytest.Item]) -> dict[str, str]:
+    """Each item's group (`<key>#<weight>`) by node id."""
+    sets = _Sets()
+    modules = [item.nodeid.split("::", 1)[0] for item in items]
+    for item, module in zip(items, modules, strict=True):
+        sets.find(module)
+        for fixture in _shared_fixtures(item):
+            sets.union(module, fixture)
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None:
+            sets.union(module, f"group:{mark.args[0] if mark.args else mark.kwargs.get('name')}")
+        if module.startswith(TRAIN_FOLDERS):
+            sets.union(module, TRAIN_GROUP)
+    weights: dict[str, int] = {}
+    for item, module in zip(items, modules, strict=True):
+        key = sets.find(module)
+        weights[key] = weights.get(key, 0) + item_weight(item)
+    return {
+        item.nodeid: f"{sets.find(module)}#{weights[sets.find(module)]}"
+        for item, module in zip(items, modules, strict=True)
+    }
+
+
+# The folder the controller made for the workers' groups (the workers inherit the environment).
+GROUPS_DIR = "FTQ_TEST_XDIST_GROUPS"
+
+
+def write_groups(items: list[pytest.Item]) -> None:
+    """On a worker: its items' groups, to GROUPS_DIR/<worker>.json (every worker collects the same)."""
+    folder = os.environ.get(GROUPS_DIR)
+    if not folder:
+        return
+    path = Path(folder) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'gw')}.json"
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(group_items(items)))
+    partial.replace(path)
+
+
+def read_groups() -> dict[str, str]:
+    """On the controller, once every worker has collected: the groups one of them wrote."""
+    folder = os.environ.get(GROUPS_DIR)
+    for path in sorted(Path(folder).glob("*.json")) if folder else []:
+        return dict(json.loads(path.read_text()))
+    return {}
+
+
+def group_weight(scope: str) -> int:
+    """The weight in a group's name (0 for a scope without one)."""
+    _, _, weight = scope.rpartition("#")
+    return int(weight) if weight.isdigit() else 0
+
+
+def scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling over the groups the workers wrote, handing out the heaviest group left
+    first instead of the next in collection order: the big groups (the e2e session, the training group)
+    start at once and the many small unit modules fill in at the end, so neither worker is left with a
+    long group at the end. A test without a group is a scope of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeaviestGroupFirst(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = read_groups()
+            return self.groups.get(nodeid, nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            heaviest = max(self.workqueue, key=group_weight)
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
+    return HeaviestGroupFirst(config, log)
