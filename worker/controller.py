@@ -36,7 +36,7 @@ from ftq.runtime import limits, logs
 from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.db import session_scope
-from ftq.store.models import Job
+from ftq.store.models import ExportQueue, Job, JobQueue
 from worker import exports, failures, ingest, lifecycle, locks, recovery, scheduling
 from worker.files import FileUnavailable, spec_for_run
 from worker.launchers import make_launcher
@@ -114,6 +114,7 @@ def schedule() -> list[Claim]:
         queued = [r for kind in KINDS.values() for r in kind.queued(session)]
         if not queued:
             repository.save_queue(session, {})
+            repository.save_queue(session, {}, table=ExportQueue)
             session.commit()
             return claimed
         running = [r for kind in KINDS.values() for r in kind.holding(session)]
@@ -127,15 +128,18 @@ def schedule() -> list[Claim]:
                 end.record(session, transitions, d.id)
             elif transitions.mark_starting(session, d.id, resources=d.resources):
                 claimed.append(Claim(d.kind, d.id))
-        # The API shows a queue for jobs (a waiting export has none to show).
-        repository.save_queue(
-            session,
-            {
-                w.id: (w.position, w.reason, lifecycle.utc(round(w.estimated_start or 0)))
-                for w in outcome.waiting
-                if w.kind == scheduling.JOB
-            },
-        )
+        # What the API shows of each waiting run: jobs and exports wait in one queue, each kind's rows
+        # in its own table.
+        for kind, table in ((scheduling.JOB, JobQueue), (scheduling.EXPORT, ExportQueue)):
+            repository.save_queue(
+                session,
+                {
+                    w.id: (w.position, w.reason, lifecycle.utc(round(w.estimated_start or 0)))
+                    for w in outcome.waiting
+                    if w.kind == kind
+                },
+                table=table,
+            )
         # Commit inside the lock: the next claimant must see these resources as held.
         session.commit()
     return claimed

@@ -259,6 +259,11 @@ class ExportPublic(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    queue: QueueInfo | None = Field(
+        None,
+        description="While the export is queued: its place in the one queue it shares with jobs (the same "
+        "quotas, fair share and reservation), why it waits and when it should start; null otherwise.",
+    )
 
 
 class ExportList(BaseModel):

@@ -10,14 +10,14 @@ this table.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, JobStatus
-from ftq.store.models import Dispatch, Export, Job
+from ftq.store.models import Dispatch, Export, ExportQueue, Job
 from ftq.store.transitions import RunTable
 
 # The outbox's dispatch kind that wakes the worker's export sweep (`ftq.runtime.queue.TASK_EXPORTS`).
@@ -46,6 +46,18 @@ class ExportRepository:
         """The job's exports, newest first."""
         stmt = self._readable().where(Export.job_id == job_id).order_by(Export.seq.desc())
         return list(self.session.scalars(stmt))
+
+    def queue_of(self, export_ids: Sequence[str]) -> dict[str, ExportQueue]:
+        """The scheduler's rows for these exports of this owner's (why each waits)."""
+        if not export_ids:
+            return {}
+        stmt = (
+            select(ExportQueue)
+            .join(Export, Export.id == ExportQueue.export_id)
+            .join(Job, Job.id == Export.job_id)
+            .where(Job.owner == self.owner, ExportQueue.export_id.in_(list(export_ids)))
+        )
+        return {row.export_id: row for row in self.session.scalars(stmt)}
 
     def find_same(
         self, job_id: str, *, kind: str, dtype: str, max_shard_size: str, push_to_hub: dict[str, Any] | None

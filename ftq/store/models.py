@@ -125,6 +125,20 @@ class JobQueue(Base):
     estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class ExportQueue(Base):
+    """Why each queued export waits, written by the scheduler on every tick as `job_queue` is for jobs
+    (exports and jobs wait in one queue); the API only reads it."""
+
+    __tablename__ = "export_queue"
+
+    export_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("exports.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(64), nullable=False)
+    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class OwnerUsage(Base):
     """Each owner's usage, kept as runs end: decayed device-seconds (fair share), GPU-seconds of the
     current quota period, and running totals (the /metrics counters). O(owners) rows to read per tick."""

@@ -38,7 +38,16 @@ from ftq.contract.metrics import POINT_FIELDS
 from ftq.contract.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus
 from ftq.store import events
 from ftq.store.db import AsyncReadPool
-from ftq.store.models import Dispatch, IdempotencyKey, Job, JobQueue, MetricPoint, OwnerUsage, Sample
+from ftq.store.models import (
+    Dispatch,
+    ExportQueue,
+    IdempotencyKey,
+    Job,
+    JobQueue,
+    MetricPoint,
+    OwnerUsage,
+    Sample,
+)
 from ftq.store.transitions import RunTable, rowcount, utcnow
 
 # The metrics poll, built once: building a statement and matching its result columns to the cached
@@ -498,33 +507,39 @@ def _add_usage(
 
 
 def save_queue(
-    session: Session, rows: dict[str, tuple[int | None, str, datetime | None]], *, local: bool = True
+    session: Session,
+    rows: dict[str, tuple[int | None, str, datetime | None]],
+    *,
+    local: bool = True,
+    table: type[JobQueue] | type[ExportQueue] = JobQueue,
 ) -> int:
-    """Replace the scheduler's queue rows with `rows` (job id -> position, reason, estimated start),
-    writing only what changed. `local`: rows with a position (local jobs, every one not in `rows` is
-    dropped); otherwise SLURM's pending reasons for these jobs (others untouched). Returns rows written."""
+    """Replace the scheduler's queue rows of `table` (jobs', or exports') with `rows` (id -> position,
+    reason, estimated start), writing only what changed. `local`: rows with a position (local runs, every
+    one not in `rows` is dropped); otherwise SLURM's pending reasons for these jobs (others untouched).
+    Returns rows written."""
+    key = table.export_id if table is ExportQueue else table.job_id  # type: ignore[union-attr]
     existing = {
-        r.job_id: (r.position, r.reason, r.estimated_start)
+        r[0]: (r.position, r.reason, r.estimated_start)
         for r in session.execute(
-            select(JobQueue.job_id, JobQueue.position, JobQueue.reason, JobQueue.estimated_start).where(
-                JobQueue.position.is_not(None) if local else JobQueue.job_id.in_(list(rows))
+            select(key, table.position, table.reason, table.estimated_start).where(
+                table.position.is_not(None) if local else key.in_(list(rows))
             )
         )
     }
     if local:
         gone = [j for j in existing if j not in rows]
         for i in range(0, len(gone), 1000):
-            session.execute(delete(JobQueue).where(JobQueue.job_id.in_(gone[i : i + 1000])))
+            session.execute(delete(table).where(key.in_(gone[i : i + 1000])))
     changed = [
-        {"job_id": j, "position": p, "reason": r, "estimated_start": e}
+        {key.key: j, "position": p, "reason": r, "estimated_start": e}
         for j, (p, r, e) in rows.items()
         if existing.get(j) != (p, r, e)
     ]
     if changed:
         dialect = session.get_bind().dialect.name
-        ins: Any = postgresql.insert(JobQueue) if dialect == "postgresql" else sqlite.insert(JobQueue)
+        ins: Any = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
         stmt = ins.on_conflict_do_update(
-            index_elements=[JobQueue.job_id],
+            index_elements=[key],
             set_={c: getattr(ins.excluded, c) for c in ("position", "reason", "estimated_start")},
         )
         session.connection().execute(stmt, changed)

@@ -52,14 +52,14 @@ def create_export(
 
 @router.get("/{job_id}/exports", response_model=ExportList, responses=_ERRORS, summary="List a job's exports")
 def list_exports(job_id: JobId, session: SessionDep, owner: OwnerDep) -> ExportList:
-    return ExportList(data=[exports.to_public(e) for e in exports.list_exports(session, owner, job_id)])
+    return ExportList(data=exports.list_exports(session, owner, job_id))
 
 
 @router.get(
     "/{job_id}/exports/{export_id}", response_model=ExportPublic, responses=_ERRORS, summary="One export"
 )
 def get_export(job_id: JobId, export_id: ExportId, session: SessionDep, owner: OwnerDep) -> ExportPublic:
-    return exports.to_public(exports.get_or_404(session, owner, job_id, export_id))
+    return exports.with_queue(session, owner, [exports.get_or_404(session, owner, job_id, export_id)])[0]
 
 
 @router.post(

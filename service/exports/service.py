@@ -9,13 +9,21 @@ from sqlalchemy.orm import Session
 
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
-from ftq.contract.schemas import ExportCreate, ExportDtype, ExportKind, ExportPublic, JobError, PushToHub
+from ftq.contract.schemas import (
+    ExportCreate,
+    ExportDtype,
+    ExportKind,
+    ExportPublic,
+    JobError,
+    PushToHub,
+    QueueInfo,
+)
 from ftq.contract.status import JobStatus
 from ftq.runtime.redact import redact
 from ftq.runtime.settings import Settings
 from ftq.store import exports as store
 from ftq.store.exports import ExportRepository, new_export_id
-from ftq.store.models import Export, Job
+from ftq.store.models import Export, ExportQueue, Job
 from ftq.store.repository import JobRepository, utcnow
 from service.errors import Conflict, NotFound, spec_field_error
 
@@ -34,9 +42,15 @@ def get_or_404(session: Session, owner: str, job_id: str, export_id: str) -> Exp
     return export
 
 
-def list_exports(session: Session, owner: str, job_id: str) -> list[Export]:
+def list_exports(session: Session, owner: str, job_id: str) -> list[ExportPublic]:
     _job_or_404(session, owner, job_id)
-    return ExportRepository(session, owner).list_for(job_id)
+    return with_queue(session, owner, ExportRepository(session, owner).list_for(job_id))
+
+
+def with_queue(session: Session, owner: str, rows: list[Export]) -> list[ExportPublic]:
+    """The API's exports, each queued one with the scheduler's row for it."""
+    queue = ExportRepository(session, owner).queue_of([e.id for e in rows if e.status == JobStatus.queued])
+    return [to_public(e, queue.get(e.id)) for e in rows]
 
 
 def create(
@@ -96,7 +110,8 @@ def cancel(session: Session, owner: str, job_id: str, export_id: str) -> Export:
     return export
 
 
-def to_public(export: Export) -> ExportPublic:
+def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
+    """The API's export; `queue`: the scheduler's row for it while it is queued."""
     error = None
     if export.error_code and export.status != JobStatus.cancelled:
         error = JobError(
@@ -117,4 +132,9 @@ def to_public(export: Export) -> ExportPublic:
         created_at=export.created_at,
         started_at=export.started_at,
         finished_at=export.finished_at,
+        queue=(
+            QueueInfo(position=queue.position, reason=queue.reason, estimated_start=queue.estimated_start)
+            if queue is not None and export.status == JobStatus.queued
+            else None
+        ),
     )

@@ -114,6 +114,7 @@ def test_an_export_waits_for_its_owners_quota_and_is_claimed_by_the_one_schedule
     from ftq.store.db import session_scope
     from ftq.store.transitions import utcnow
     from tests.harness.inprocess import use_settings
+    from service.exports.service import with_queue
     from worker import controller
 
     use_settings(monkeypatch, data_dir=store.parent, cpu_slots=2, quota_cpu_slots=f"{rows.OWNER}:1")
@@ -123,8 +124,16 @@ def test_an_export_waits_for_its_owners_quota_and_is_claimed_by_the_one_schedule
     controller.exports_changed("j_done")  # the task a new export sends
     assert export("exp_quota").status == "queued"
     assert controller.schedule() == []
+    # The API shows why it waits, as it does for a job.
+    with session_scope() as s:
+        (waiting,) = with_queue(s, rows.OWNER, [export("exp_quota")])
+        assert waiting.queue is not None and waiting.queue.reason == "quota"
+        assert waiting.queue.position == 1
+        assert with_queue(s, "someone-else", [export("exp_quota")])[0].queue is None  # the owner's rows only
     with session_scope() as s:
         assert repository.JOBS.mark_finished(s, "j_holds", JobStatus.succeeded, exit_code=0)
     assert controller.schedule() == [controller.Claim("export", "exp_quota")]
     e = export("exp_quota")
     assert e.status == "starting" and e.resources == {"cpu_slots": 1}
+    with session_scope() as s:
+        assert with_queue(s, rows.OWNER, [e])[0].queue is None
