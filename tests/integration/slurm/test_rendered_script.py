@@ -19,8 +19,8 @@ from ftq.runtime.settings import Settings
 from tests.harness import wait_until as wait_for
 from tests.integration.slurm.cluster import poll_one, submit, wait_phase
 from tests.integration.worker.test_launch_scripts import argv_file, fake_python
-from tests.unit.ftq.test_render import settings as render_settings
-from tests.unit.ftq.test_render import spec_for
+from tests.unit.ftq.planning.test_render import settings as render_settings
+from tests.unit.ftq.planning.test_render import spec_for
 from worker.launchers.base import RunPhase
 
 pytestmark = pytest.mark.slurm

@@ -1,6 +1,6 @@
 """One real 2-process `accelerate launch` on the CPU, the rendered command with a probe script in place of
 the trainer: both ranks join one process group of the rendered kind (the launch checks and plugins of
-every other combination are run in process in tests/unit/ftq/test_render.py)."""
+every other combination are run in process in tests/unit/ftq/planning/test_render.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ftq.planning.render import render_plan
-from tests.unit.ftq.test_render import settings, spec_for
+from tests.unit.ftq.planning.test_render import settings, spec_for
 
 PROBE = """
 import json, os, sys

@@ -113,8 +113,8 @@ def test_an_export_waits_for_its_owners_quota_and_is_claimed_by_the_one_schedule
     from ftq.store import repository
     from ftq.store.db import session_scope
     from ftq.store.transitions import utcnow
-    from tests.harness.inprocess import use_settings
     from service.exports.service import with_queue
+    from tests.harness.inprocess import use_settings
     from worker import controller
 
     use_settings(monkeypatch, data_dir=store.parent, cpu_slots=2, quota_cpu_slots=f"{rows.OWNER}:1")

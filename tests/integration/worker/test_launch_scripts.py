@@ -15,7 +15,7 @@ import pytest
 
 from ftq.contract.plans import Plan
 from ftq.planning.render import default_port, launch_argv, render_plan
-from tests.unit.ftq.test_render import example, settings, spec_for
+from tests.unit.ftq.planning.test_render import example, settings, spec_for
 
 # Quoting ----------
 
@@ -91,7 +91,7 @@ def test_hostile_strings_never_become_script_lines(evil: str, tmp_path: Path) ->
     for script in (plan.launch_script, plan.sbatch_script):
         _bash_n(script, tmp_path)
     # launch.sh: the command words, as bash will split them, are exactly the one-host argv (the plan's
-    # command is the per-node launch of job.sbatch, which tests/unit/ftq/test_render.py reads back).
+    # command is the per-node launch of job.sbatch, which tests/unit/ftq/planning/test_render.py reads back).
     command = plan.launch_script.split(" TERM INT\n", 1)[1].split(" \\\n  >>")[0]
     launch_words = shlex.split(command.replace(" \\\n  ", " "))
     one_host = launch_argv(

@@ -12,7 +12,7 @@ import pytest
 
 from ftq.client import AsyncClient, AsyncFiles, AsyncJobs, Client, Files, Jobs
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def generator() -> ModuleType:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from ftq.contract.spec import JobSpec, looks_local
 
-EXAMPLE = Path(__file__).resolve().parent / "fixtures" / "design_example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "design_example.yaml"
 
 
 def _design_example() -> dict[str, Any]:

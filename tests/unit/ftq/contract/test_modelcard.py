@@ -14,7 +14,7 @@ from ftq.contract.modelcard import ExportFacts, RunFacts, render_model_card
 from ftq.contract.spec import JobSpec
 from tests.harness import EXAMPLES
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 
 LORA_FACTS = RunFacts(
     job_id="job_0123456789abcdef",

@@ -26,7 +26,7 @@ from ftq.planning.render import default_port, render_plan
 from ftq.runtime.settings import Settings
 from tests.harness import EXAMPLES as EXAMPLES_DIR
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 EXAMPLES = {
     "llama2-70b-fsdp": EXAMPLES_DIR / "llama2-70b-fsdp.yaml",
     "llama2-70b-fsdp1": EXAMPLES_DIR / "llama2-70b-fsdp1.yaml",
