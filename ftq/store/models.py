@@ -51,7 +51,29 @@ class Base(DeclarativeBase):
     pass
 
 
-class Job(Base):
+class RunState:
+    """The columns every kind of run (a job, an export) has: its status and times, what the launcher
+    knows about it, and how it ended. `ftq.store.transitions.RunTable` moves any of them through the
+    statuses of `ftq.contract.status`."""
+
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # What the launcher knows about the run: SLURM job id, or the local process group's pid and its
+    # start time (a pid alone can be reused by an unrelated process after a reboot or wrap-around).
+    external_id: Mapped[str | None] = mapped_column(String(64))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_start_ticks: Mapped[int | None] = mapped_column(BigInteger)
+    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # GPUs or CPU slots held
+    error_code: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+
+
+class Job(RunState, Base):
     __tablename__ = "jobs"
 
     # `seq` orders jobs (newest first) and is the list cursor: new rows only ever get larger values,
@@ -60,23 +82,10 @@ class Job(Base):
     id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
     name: Mapped[str] = mapped_column(String(64), nullable=False)
     owner: Mapped[str] = mapped_column(String(128), nullable=False)
-    status: Mapped[str] = mapped_column(String(16), nullable=False)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     launcher: Mapped[str] = mapped_column(String(16), nullable=False)
     device: Mapped[str] = mapped_column(String(8), nullable=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-
-    # What the launcher knows about the run: SLURM job id, or the local process group's pid and its
-    # start time (a pid alone can be reused by an unrelated process after a reboot or wrap-around).
-    external_id: Mapped[str | None] = mapped_column(String(64))
-    pid: Mapped[int | None] = mapped_column(Integer)
-    pid_start_ticks: Mapped[int | None] = mapped_column(BigInteger)
-    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # GPUs or CPU slots held
     attempt: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
     # Progress, kept current by ingest.
@@ -88,10 +97,6 @@ class Job(Base):
     latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # How far ingest has read the run's samples.jsonl (bytes), as metrics_offset for metrics.jsonl.
     samples_offset: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
-
-    error_code: Mapped[str | None] = mapped_column(String(32))
-    error_message: Mapped[str | None] = mapped_column(Text)
-    exit_code: Mapped[int | None] = mapped_column(Integer)
 
     # Scheduling (worker/scheduling.py), copied out of the spec and plan at submit so that a scheduler
     # tick reads narrow columns, not every queued job's JSON.
@@ -218,11 +223,10 @@ class Dispatch(Base):
     __table_args__ = (Index("ix_dispatches_unsent", "sent_at", "id"),)
 
 
-class Export(Base):
+class Export(RunState, Base):
     """One export of a succeeded job's `final/` (merged weights or the adapter, in a dtype), run as a
     launch of its own through the job's launcher. Statuses and transitions are a job's
-    (`ftq.contract.status`);
-    whose it is comes from its job (the owner filter joins `jobs`)."""
+    (`ftq.contract.status`); whose it is comes from its job (the owner filter joins `jobs`)."""
 
     __tablename__ = "exports"
 
@@ -233,20 +237,6 @@ class Export(Base):
     dtype: Mapped[str] = mapped_column(String(8), nullable=False)  # bf16 | fp16 | fp32
     max_shard_size: Mapped[str] = mapped_column(String(16), nullable=False)
     push_to_hub: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {repo_id, private}
-    status: Mapped[str] = mapped_column(String(16), nullable=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # The launch, as for a job: SLURM job id, or the local process group's pid and start time.
-    external_id: Mapped[str | None] = mapped_column(String(64))
-    pid: Mapped[int | None] = mapped_column(Integer)
-    pid_start_ticks: Mapped[int | None] = mapped_column(BigInteger)
-    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    error_code: Mapped[str | None] = mapped_column(String(32))
-    error_message: Mapped[str | None] = mapped_column(Text)
-    exit_code: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         Index("ix_exports_job_seq", "job_id", "seq"),
