@@ -112,7 +112,7 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 # on two pytest-xdist workers, the tests that share a server or a training run on the same one
 # (tests/harness/groups.py), then the `serial` ones alone (one stops the machine's PostgreSQL). Both
 # runs go to the end; the target fails if either did (the serial run may select nothing: exit 5). The 25
-# slowest tests of each are listed.
+# slowest tests of each are listed. `make test XDIST=` runs them in one process instead.
 XDIST := -n 2 --dist loadgroup
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \
