@@ -48,6 +48,14 @@ class NotFound(FtqError, status=404, code="not_found"): ...
 class Conflict(FtqError, status=409, code="conflict"): ...
 
 
+class NotPausable(Conflict, code="not_pausable"):
+    """A pause of a job that has ended or is being cancelled."""
+
+
+class NotResumable(Conflict, code="not_resumable"):
+    """A resume of a job that has ended, is being cancelled, or is still pausing."""
+
+
 class PayloadTooLarge(FtqError, status=413, code="payload_too_large"): ...
 
 

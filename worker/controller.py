@@ -80,6 +80,7 @@ class JobView(RunView):
 
     started_at: datetime | None = None
     limit_seconds: float | None = None  # resources.max_seconds of a local job (SLURM enforces its own)
+    pause_requested: bool = False  # a pause was asked of its run: stop it with a checkpoint
 
 
 def _view(job: Job, runs_dir: Path | None = None) -> JobView:
@@ -89,6 +90,7 @@ def _view(job: Job, runs_dir: Path | None = None) -> JobView:
         run_dir=runs.run_dir(runs_dir or get_settings().runs_dir, job.id),
         started_at=job.started_at,
         limit_seconds=job.limit_seconds if job.launcher == "local" else None,
+        pause_requested=job.pause_requested_at is not None,
     )
 
 
@@ -111,6 +113,7 @@ def schedule() -> list[Claim]:
     claimed: list[Claim] = []
     with session_scope() as session, locks.scheduler_lock(session):
         now = datetime.now(UTC)
+        repository.hold_paused(session)  # paused before their claim was launched: never placed
         queued = [r for kind in KINDS.values() for r in kind.queued(session)]
         if not queued:
             repository.save_queue(session, {})
@@ -373,6 +376,21 @@ def _end_log_with_cancel(run_dir: Path, last_step: int | None) -> None:
         f.write(line + "\n")
 
 
+def _end_log_with_pause(run_dir: Path, last_step: int | None, ckpt: runs.CheckpointDir | None) -> None:
+    """train.log's last line says where a pause left the run, and where a resume continues from."""
+    if ckpt is not None:
+        line = (
+            f"ftq: paused at step {last_step or ckpt.step}; a resume continues from "
+            f"{ckpt.path.relative_to(run_dir)}"
+        )
+    else:
+        line = (
+            f"ftq: paused at step {last_step or 0}; no checkpoint saved, a resume starts from the beginning"
+        )
+    with contextlib.suppress(OSError), (run_dir / runs.TRAIN_LOG).open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
 class JobKind:
     """What `worker.lifecycle` needs of a job: its row in `ftq.store.repository` (its transitions
     `repository.JOBS`), what it asks of the scheduler, and its own steps."""
@@ -398,7 +416,12 @@ class JobKind:
         return None if job is None else (job, _view(job))
 
     def prepare(self, session: Session, v: JobView) -> bool:
-        return True  # the run lock makes the run directory; write_run_dir makes it private
+        # The run lock makes the run directory; write_run_dir makes it private. A claim paused before
+        # its launch is held instead (its devices go back).
+        if v.pause_requested and v.status == JobStatus.starting and not v.launched:
+            repository.mark_paused(session, v.id, attempt=None, checkpoint=None)
+            return False
+        return True
 
     def request(self, row: Job, v: JobView) -> LaunchRequest:
         try:
@@ -417,6 +440,11 @@ class JobKind:
         )
 
     def while_running(self, v: JobView, launcher: Launcher, state: RunState) -> None:
+        if v.pause_requested and v.status in repository.PAUSABLE:
+            # As a cancel stops a run: its ranks checkpoint at their next step and exit (SIGKILL after
+            # the grace); the run's end is then recorded as paused (`held`).
+            launcher.cancel(v.ref())
+            return
         if (
             v.status == JobStatus.running
             and v.launcher == "local"
@@ -440,6 +468,28 @@ class JobKind:
 
     def after_cancelled(self, row: Job, v: JobView) -> None:
         _end_log_with_cancel(v.run_dir, row.progress_step)
+
+    def held(self, session: Session, row: Job, v: JobView, state: RunState) -> bool:
+        if row.pause_requested_at is None:
+            return False
+        if (
+            state.phase == RunPhase.exited
+            and state.exit_code == 0
+            and runs.has_weights(v.run_dir / runs.FINAL)
+        ):
+            return False  # it reached its last step (and saved its model) before the pause came
+        ckpt = runs.latest_checkpoint(v.run_dir)
+        step = ckpt.step if ckpt is not None else None
+        ended = lifecycle.utc(state.ended_at)
+        if not repository.mark_paused(
+            session, row.id, attempt=row.attempt + 1, checkpoint=step, run_ended=ended
+        ):
+            return False
+        # The next launch is a new attempt: it resumes from the newest checkpoint (plan_for_attempt).
+        runs.set_attempt_aside(v.run_dir, row.attempt)
+        _end_log_with_pause(v.run_dir, row.progress_step, ckpt)
+        log.info("job %s paused at step %s (checkpoint %s)", row.id, row.progress_step, step)
+        return True
 
 
 JOBS = JobKind()

@@ -240,5 +240,8 @@ class ExportKind:
     def after_cancelled(self, row: tuple[Export, Job], v: ExportView) -> None:
         return None
 
+    def held(self, session: Session, row: tuple[Export, Job], v: ExportView, state: RunState) -> bool:
+        return False  # exports are not paused
+
 
 EXPORTS = ExportKind()

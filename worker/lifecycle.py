@@ -175,6 +175,11 @@ class Kind(Protocol[Row, View]):
         """The row has just been recorded cancelled after its run ended."""
         ...
 
+    def held(self, session: Session, row: Row, v: View, state: RunState) -> bool:
+        """The run ended after a pause was asked of it: record the row paused (True), unless the run got to
+        its end first (False: it ends as any run does)."""
+        ...
+
 
 def age(ts: datetime) -> float:
     ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
@@ -365,6 +370,8 @@ def _finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState)
             cancelled = End(JobStatus.cancelled, ErrorCode.cancelled, "cancelled on request", state)
             cancelled.record(session, kind.transitions, v.id)
             kind.after_cancelled(row, v)
+        elif current.status in (JobStatus.starting, JobStatus.running) and kind.held(session, row, v, state):
+            pass
         elif stopped is None and state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
             End(JobStatus.succeeded, run=state).record(session, kind.transitions, v.id)
         elif current.status in (JobStatus.starting, JobStatus.running):

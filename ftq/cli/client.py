@@ -1,5 +1,5 @@
-"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, samples, cancel, artifacts,
-download, export, exports.
+"""Client commands of `ftq`: submit, ls, status, logs, events, metrics, samples, cancel, pause, resume,
+artifacts, download, export, exports.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -652,6 +652,24 @@ def cancel(job_id: JobIdArg) -> None:
     """Cancel a job (a finished job stays as it is)."""
     with api() as client:
         job = client.jobs.cancel(job_id)
+    out.print(f"{job.id}: {fmt_status(job.status)}")
+
+
+@_command("pause")
+def pause(job_id: JobIdArg) -> None:
+    """Pause a job: a queued one is held; a running one saves a checkpoint, ends its processes and frees
+    its devices (`ftq resume` continues it from there)."""
+    with api() as client:
+        job = client.jobs.pause(job_id)
+    pausing = job.status != "paused"
+    out.print(f"{job.id}: {fmt_status(job.status)}" + (" (pausing: saving a checkpoint)" if pausing else ""))
+
+
+@_command("resume")
+def resume(job_id: JobIdArg) -> None:
+    """Resume a paused job: it is queued again and continues from its newest checkpoint."""
+    with api() as client:
+        job = client.jobs.resume(job_id)
     out.print(f"{job.id}: {fmt_status(job.status)}")
 
 

@@ -40,6 +40,7 @@ STATUS_STYLE = {
     "starting": "cyan",
     "running": "blue",
     "cancelling": "yellow",
+    "paused": "yellow",
     "succeeded": "green",
     "failed": "red",
     "cancelled": "yellow",

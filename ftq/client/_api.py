@@ -103,6 +103,14 @@ def cancel_job(job_id: str) -> Call[schemas.JobPublic]:
     return post(job_path(job_id, "cancel"), schemas.JobPublic)
 
 
+def pause_job(job_id: str) -> Call[schemas.JobPublic]:
+    return post(job_path(job_id, "pause"), schemas.JobPublic)
+
+
+def resume_job(job_id: str) -> Call[schemas.JobPublic]:
+    return post(job_path(job_id, "resume"), schemas.JobPublic)
+
+
 def plan(job_id: str) -> Call[schemas.PlanPublic]:
     return get(job_path(job_id, "plan"), schemas.PlanPublic)
 

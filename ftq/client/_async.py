@@ -195,6 +195,16 @@ class AsyncJobs:
         """Ask the job to stop; idempotent, and a finished job is returned unchanged."""
         return await self._client._call(_api.cancel_job(job_id))
 
+    async def pause(self, job_id: str) -> schemas.JobPublic:
+        """Hold a queued job, or stop a running one with a checkpoint (it shows `paused` once its run has
+        ended and its devices are free); idempotent. Conflict (`not_pausable`) once it has ended."""
+        return await self._client._call(_api.pause_job(job_id))
+
+    async def resume(self, job_id: str) -> schemas.JobPublic:
+        """Queue a paused job again; it continues from its newest checkpoint. Conflict
+        (`not_resumable`) while it is still pausing or once it has ended."""
+        return await self._client._call(_api.resume_job(job_id))
+
     async def plan(self, job_id: str) -> schemas.PlanPublic:
         """What was rendered for the job: accelerate config, command, launch or sbatch script."""
         return await self._client._call(_api.plan(job_id))

@@ -193,6 +193,16 @@ class Jobs:
         """Ask the job to stop; idempotent, and a finished job is returned unchanged."""
         return self._client._call(_api.cancel_job(job_id))
 
+    def pause(self, job_id: str) -> schemas.JobPublic:
+        """Hold a queued job, or stop a running one with a checkpoint (it shows `paused` once its run has
+        ended and its devices are free); idempotent. Conflict (`not_pausable`) once it has ended."""
+        return self._client._call(_api.pause_job(job_id))
+
+    def resume(self, job_id: str) -> schemas.JobPublic:
+        """Queue a paused job again; it continues from its newest checkpoint. Conflict
+        (`not_resumable`) while it is still pausing or once it has ended."""
+        return self._client._call(_api.resume_job(job_id))
+
     def plan(self, job_id: str) -> schemas.PlanPublic:
         """What was rendered for the job: accelerate config, command, launch or sbatch script."""
         return self._client._call(_api.plan(job_id))

@@ -30,6 +30,8 @@ class EventType(StrEnum):
     sample = "job.sample"  # data: step, prompt, completion
     warning = "job.warning"  # data: kind (nan_loss | loss_exploding | loss_spike | straggler), step, message
     retried = "job.retried"  # data: attempt, reason
+    paused = "job.paused"  # data: step (the last step trained), checkpoint (its step; null: none saved)
+    resumed = "job.resumed"  # data: checkpoint (the step its next run continues from; null: from the start)
     succeeded = "job.succeeded"
     failed = "job.failed"  # data: error {code, message, exit_code}
     cancelled = "job.cancelled"
@@ -42,6 +44,8 @@ STATUS_AT = {
     EventType.created: "queued",
     EventType.queued: "queued",
     EventType.retried: "queued",
+    EventType.paused: "paused",
+    EventType.resumed: "queued",
     EventType.succeeded: "succeeded",
     EventType.failed: "failed",
     EventType.cancelled: "cancelled",

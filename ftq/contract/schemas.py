@@ -29,7 +29,8 @@ class Progress(BaseModel):
     phase: str | None = Field(
         None,
         description="What the job is doing: queued, starting (processes starting), loading (tokenizer, "
-        "data, model, trainer), training, saving (the final model), cancelling; null once it ended.",
+        "data, model, trainer), training, saving (the final model), cancelling, pausing (a pause is saving a "
+        "checkpoint and stopping the run), paused; null once it ended.",
     )
     message: str | None = Field(
         None,
@@ -278,15 +279,16 @@ class Event(BaseModel):
     job_id: str
     type: str = Field(
         description="job.created, job.queued, job.started, job.checkpoint, job.eval, job.sample, "
-        "job.warning, job.retried, job.succeeded, job.failed or job.cancelled."
+        "job.warning, job.retried, job.paused, job.resumed, job.succeeded, job.failed or job.cancelled."
     )
     time: datetime
     data: dict[str, Any] = Field(
         description="By type: queued `{position}`; started `{launcher, host, external_id, slurm_job_id, pid, "
         "num_nodes, processes_per_node, attempt}`; checkpoint `{step, path}`; eval `{step, metrics}`; "
         "sample `{step, prompt, completion}`; warning `{kind: nan_loss|loss_exploding|loss_spike|straggler, "
-        "step, message}`; retried `{attempt, reason}`; failed and cancelled `{error: {code, message, "
-        "exit_code}}`."
+        "step, message}`; retried `{attempt, reason}`; paused `{step, checkpoint}` (the last step trained, "
+        "the checkpoint's step a resume continues from or null); resumed `{checkpoint}`; failed and "
+        "cancelled `{error: {code, message, exit_code}}`."
     )
 
 

@@ -87,6 +87,9 @@ class Job(RunState, Base):
     launcher: Mapped[str] = mapped_column(String(16), nullable=False)
     device: Mapped[str] = mapped_column(String(8), nullable=False)
     attempt: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    # A pause asked of a launched run: the run stays starting/running until its ranks have checkpointed
+    # and ended, then the worker moves it to `paused` (and clears this); a resume clears it too.
+    pause_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     # Progress, kept current by ingest.
     metrics_offset: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)

@@ -9,6 +9,7 @@ events and the accounting of its end as hooks, so a task delivered twice changes
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -48,7 +49,7 @@ from ftq.store.models import (
     OwnerUsage,
     Sample,
 )
-from ftq.store.transitions import RunTable, rowcount, utcnow
+from ftq.store.transitions import UNCLAIMED, RunTable, rowcount, utcnow
 
 # The metrics poll, built once: building a statement and matching its result columns to the cached
 # compiled form costs more CPU than PostgreSQL spends answering it. One round trip: the owner-filtered
@@ -297,7 +298,10 @@ def _transition_event(
         if row is None:
             return
         attempt, owner = row
-        if attempt or reason:  # back in the queue: a retry, or a claim that was never launched
+        if reason is not None and reason.startswith(RESUMED):  # a resume of a paused job
+            resumed = {"checkpoint": _checkpoint_of(reason.removeprefix(RESUMED))}
+            events.record(session, job_id, EventType.resumed, resumed, owner=owner)
+        elif attempt or reason:  # back in the queue: a retry, or a claim that was never launched
             data: dict[str, Any] = {"attempt": int(attempt or 0), "reason": reason}
             events.record(session, job_id, EventType.retried, data, owner=owner)
         position = events.queue_position(session, job_id)
@@ -319,6 +323,9 @@ def _transition_event(
             "attempt": int(attempt or 0),
         }
         events.record(session, job_id, EventType.started, data)
+    elif to == JobStatus.paused:
+        step = session.scalar(select(Job.progress_step).where(Job.id == job_id))
+        events.record(session, job_id, EventType.paused, {"step": step, "checkpoint": _checkpoint_of(reason)})
     elif to in TERMINAL:
         data = {}
         if to != JobStatus.succeeded and values.get("error_code"):
@@ -328,6 +335,23 @@ def _transition_event(
                 "exit_code": values.get("exit_code"),
             }
         events.record(session, job_id, EventType(f"job.{to.value}"), data)
+
+
+# The reason a resume moves a paused job back to the queue with (its `job.resumed` event, not a retry),
+# followed by `checkpoint:<step>` when its next run continues from one.
+RESUMED = "resumed"
+
+
+def checkpoint_reason(step: int | None) -> str:
+    """How a pause or a resume names the checkpoint in its reason (the event's `checkpoint`)."""
+    return f"checkpoint:{step}" if step is not None else ""
+
+
+def _checkpoint_of(reason: str | None) -> int | None:
+    if reason and "checkpoint:" in reason:
+        with contextlib.suppress(ValueError):
+            return int(reason.rsplit("checkpoint:", 1)[1])
+    return None
 
 
 def _hostname() -> str:
@@ -340,6 +364,83 @@ def _hostname() -> str:
 # its usage. `request_cancel` is the API's cancel of a job.
 JOBS = RunTable(Job, cancel_dispatch="cancel", on_moved=_transition_event, on_ended=_settle_end)
 request_cancel = JOBS.request_cancel
+
+# Pause and resume (a job's own: exports are not paused) ---------------------------------------------------
+
+PAUSABLE = (JobStatus.starting, JobStatus.running)
+
+
+def request_pause(session: Session, job_id: str) -> str | None:
+    """A queued job is held at once (`-> paused`); a starting or running one gets `pause_requested_at`,
+    and the worker's sweep stops its run with a checkpoint and then moves it to `paused`. Returns the
+    status now (`paused`, or the launched status with the request) or None when nothing changed (already
+    paused or pausing, or a status a pause does not apply to)."""
+    if JOBS.move(session, job_id, [JobStatus.queued], JobStatus.paused, pause_requested_at=None):
+        session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
+        return JobStatus.paused
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_([str(s) for s in PAUSABLE]), Job.pause_requested_at.is_(None))
+        .values(pause_requested_at=utcnow(), updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if rowcount(session.execute(stmt)) == 1:
+        return session.scalar(select(Job.status).where(Job.id == job_id))
+    return None
+
+
+def mark_paused(
+    session: Session,
+    job_id: str,
+    *,
+    attempt: int | None,
+    checkpoint: int | None,
+    run_ended: datetime | None = None,
+) -> bool:
+    """starting/running -> paused once its run has ended after a pause: the devices go back, the launch
+    handle is dropped (the next run is a new attempt, `attempt`, that resumes from the run's newest
+    checkpoint; None: a claim paused before its launch, the same attempt), and the run so far counts in
+    its owner's usage."""
+    was_running = session.scalar(select(Job.status).where(Job.id == job_id)) == JobStatus.running
+    moved = JOBS.move(
+        session,
+        job_id,
+        PAUSABLE,
+        JobStatus.paused,
+        reason=checkpoint_reason(checkpoint),
+        pause_requested_at=None,
+        **({} if attempt is None else {"attempt": attempt}),
+        **UNCLAIMED,
+    )
+    if moved:
+        session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
+        if was_running:  # a claim paused before its run started held its devices for no run
+            account_run(session, job_id, run_ended=run_ended or utcnow(), ended=False)
+    return moved
+
+
+def hold_paused(session: Session) -> list[str]:
+    """Queued jobs with a pause asked of them (a claim that went back to the queue before its launch):
+    held now, never placed. Returns their ids."""
+    ids = list(
+        session.scalars(
+            select(Job.id).where(Job.status == JobStatus.queued, Job.pause_requested_at.is_not(None))
+        )
+    )
+    return [
+        i for i in ids if JOBS.move(session, i, [JobStatus.queued], JobStatus.paused, pause_requested_at=None)
+    ]
+
+
+def resume(session: Session, job_id: str, *, checkpoint: int | None) -> bool:
+    """paused -> queued, with the dispatch that wakes the scheduler; its next run continues from
+    `checkpoint` (the run's newest, None: from the start)."""
+    if not JOBS.move(
+        session, job_id, [JobStatus.paused], JobStatus.queued, reason=RESUMED + checkpoint_reason(checkpoint)
+    ):
+        return False
+    session.add(Dispatch(job_id=job_id, kind="submit", created_at=utcnow(), attempts=0))
+    return True
 
 
 def jobs_in(
@@ -426,16 +527,30 @@ def period_start(now: datetime, period_seconds: float) -> datetime:
 
 
 def account_run(
-    session: Session, job_id: str, *, run_started: datetime | None = None, run_ended: datetime | None = None
+    session: Session,
+    job_id: str,
+    *,
+    run_started: datetime | None = None,
+    run_ended: datetime | None = None,
+    ended: bool = True,
 ) -> float | None:
-    """Devices held x wall time of an ended run, on the job (`device_seconds`, `run_seconds`) and in its
-    owner's usage. A job that never started is not accounted. Returns the device-seconds."""
+    """Devices held x wall time of an ended run, on the job (`device_seconds`, `run_seconds`, added to
+    what its runs before a pause held) and in its owner's usage. A job that never started is not
+    accounted. `ended`: False for a run a pause ended (the job is not counted as one more job yet).
+    Returns the device-seconds."""
     from ftq.runtime.settings import get_settings  # the store module is imported by migrations: settings late
 
     row = session.execute(
-        select(Job.owner, Job.started_at, Job.finished_at, Job.devices, Job.device, Job.spec).where(
-            Job.id == job_id
-        )
+        select(
+            Job.owner,
+            Job.started_at,
+            Job.finished_at,
+            Job.devices,
+            Job.device,
+            Job.spec,
+            Job.device_seconds,
+            Job.run_seconds,
+        ).where(Job.id == job_id)
     ).one_or_none()
     if row is None:
         return None
@@ -449,7 +564,13 @@ def account_run(
         devices = int(res.get("processes_per_node", 1)) * int(res.get("num_nodes", 1))
     seconds = max(0.0, (end - start).total_seconds())
     used = float(devices * seconds)
-    session.execute(update(Job).where(Job.id == job_id).values(device_seconds=used, run_seconds=seconds))
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(
+            device_seconds=(row.device_seconds or 0.0) + used, run_seconds=(row.run_seconds or 0.0) + seconds
+        )
+    )
     settings = get_settings()
     _add_usage(
         session,
@@ -459,6 +580,7 @@ def account_run(
         now=utcnow(),
         half_life_seconds=settings.fair_share_half_life_hours * 3600,
         period_seconds=settings.quota_period_hours * 3600,
+        jobs=1 if ended else 0,
     )
     return used
 
@@ -472,6 +594,7 @@ def _add_usage(
     now: datetime,
     half_life_seconds: float,
     period_seconds: float,
+    jobs: int = 1,
 ) -> None:
     dialect = session.get_bind().dialect.name
     ins: Any = postgresql.insert(OwnerUsage) if dialect == "postgresql" else sqlite.insert(OwnerUsage)
@@ -500,7 +623,7 @@ def _add_usage(
             period_gpu_seconds=period_used + gpu_seconds,
             total_device_seconds=OwnerUsage.total_device_seconds + device_seconds,
             total_gpu_seconds=OwnerUsage.total_gpu_seconds + gpu_seconds,
-            total_jobs=OwnerUsage.total_jobs + 1,
+            total_jobs=OwnerUsage.total_jobs + jobs,
         )
         .execution_options(synchronize_session=False)
     )

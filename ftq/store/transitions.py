@@ -166,7 +166,7 @@ class RunTable:
         return moved
 
     def request_cancel(self, session: Session, row_id: str, *, job_id: str | None = None) -> str | None:
-        """queued -> cancelled at once (nothing runs yet); starting/running -> cancelling, with the
+        """queued or paused -> cancelled at once (nothing runs); starting/running -> cancelling, with the
         dispatch that wakes the worker (about `job_id`, the job the row belongs to; a job's own id by
         default). Returns the new status, or None when the row was already cancelling or finished (cancel
         is idempotent)."""
@@ -180,6 +180,17 @@ class RunTable:
             cancel_requested_at=now,
             error_code="cancelled",
             error_message="cancelled before it started",
+        ):
+            return JobStatus.cancelled
+        if self.move(
+            session,
+            row_id,
+            [JobStatus.paused],
+            JobStatus.cancelled,
+            finished_at=now,
+            cancel_requested_at=now,
+            error_code="cancelled",
+            error_message="cancelled while paused",
         ):
             return JobStatus.cancelled
         to_cancel = [JobStatus.starting, JobStatus.running]

@@ -51,6 +51,10 @@ def phase_of(job: Job, spec_world_size: int, runs_dir: Path | None) -> Phase:
         return Phase("queued", None)
     if status == JobStatus.cancelling:
         return Phase("cancelling", "stopping the run")
+    if status == JobStatus.paused:
+        return Phase("paused", "paused; a resume continues from its newest checkpoint")
+    if job.pause_requested_at is not None and status in (JobStatus.starting, JobStatus.running):
+        return Phase("pausing", "saving a checkpoint and stopping the run")
     if status not in (JobStatus.starting, JobStatus.running):
         return Phase(None, None)
     step, max_steps = job.progress_step, job.progress_max_steps

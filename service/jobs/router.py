@@ -220,6 +220,40 @@ def cancel_job(job_id: JobId, session: SessionDep, repo: RepoDep, background: Ba
     return jobs.to_public(job)
 
 
+_STATE_ERRORS = {**_ERRORS, 409: error("The job's status does not allow it (`code` says which)")}
+
+
+@router.post(
+    "/{job_id}/pause",
+    status_code=202,
+    response_model=JobPublic,
+    responses=_STATE_ERRORS,
+    summary="Pause a job",
+    description="A queued job is held at once (`paused`, never placed). A starting or running job's ranks "
+    "save a checkpoint at their next step and end; its devices are freed and it shows `paused` (until then "
+    "it keeps its status, with `progress.phase` `pausing`). Idempotent. 409 `not_pausable` once the job has "
+    "ended or is being cancelled.",
+)
+def pause_job(job_id: JobId, session: SessionDep, repo: RepoDep) -> JobPublic:
+    return jobs.to_public(jobs.pause_job(session, repo, job_id))
+
+
+@router.post(
+    "/{job_id}/resume",
+    status_code=202,
+    response_model=JobPublic,
+    responses=_STATE_ERRORS,
+    summary="Resume a paused job",
+    description="Queues a paused job again; when placed, it continues from its newest checkpoint at that "
+    "step and ends at its planned max steps. Idempotent on a queued or running job. 409 `not_resumable` "
+    "while a pause is still stopping the run, or once the job has ended.",
+)
+def resume_job(job_id: JobId, session: SessionDep, repo: RepoDep, background: BackgroundTasks) -> JobPublic:
+    job = jobs.resume_job(session, repo, job_id)
+    background.add_task(outbox.send_for_job, job.id)
+    return jobs.to_public(job)
+
+
 @router.get(
     "/{job_id}/plan", response_model=PlanPublic, responses=_ERRORS, summary="What was rendered for a job"
 )

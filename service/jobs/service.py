@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
 from ftq.contract.metrics import Point
 from ftq.contract.plans import Plan
@@ -25,13 +26,15 @@ from ftq.contract.spec import JobSpec, SpecFieldError
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.runtime import limits
 from ftq.runtime.redact import redact
-from ftq.runtime.settings import Settings
+from ftq.runtime.settings import Settings, get_settings
 from ftq.store import repository
 from ftq.store.models import Job, JobQueue
 from ftq.store.repository import JobRepository, utcnow
 from service.errors import (
     Conflict,
     NotFound,
+    NotPausable,
+    NotResumable,
     SpecError,
     TooManyRequests,
     spec_field_error,
@@ -309,3 +312,40 @@ def cancel(session: Session, repo: JobRepository, job_id: str) -> Job:
     if new_status is not None:
         session.refresh(job)
     return job
+
+
+def pause_job(session: Session, repo: JobRepository, job_id: str) -> Job:
+    """Hold a queued job at once; ask a starting or running one to stop with a checkpoint (the worker then
+    records it `paused` and frees its devices). Idempotent: a paused or pausing job is returned as it is.
+    404 for another owner's job; 409 `not_pausable` once it has ended or is being cancelled."""
+    job = get_or_404(repo, job_id)
+    if repository.request_pause(session, job.id) is not None:
+        session.commit()
+        session.refresh(job)
+        return job
+    session.rollback()
+    session.refresh(job)
+    if job.status == JobStatus.paused or (job.status in repository.PAUSABLE and job.pause_requested_at):
+        return job
+    raise NotPausable(f"job {job.id} is {job.status}: only a queued, starting or running job can be paused")
+
+
+def resume_job(session: Session, repo: JobRepository, job_id: str) -> Job:
+    """Queue a paused job again; its next run continues from its newest checkpoint at that step.
+    Idempotent: a job queued or running (not pausing) is returned as it is. 404 for another owner's job;
+    409 `not_resumable` while a pause is still stopping its run, or once it has ended."""
+    job = get_or_404(repo, job_id)
+    ckpt = runs.latest_checkpoint(runs.run_dir(get_settings().runs_dir, job.id))
+    if repository.resume(session, job.id, checkpoint=ckpt.step if ckpt is not None else None):
+        session.commit()
+        session.refresh(job)
+        return job
+    session.rollback()
+    session.refresh(job)
+    if job.status in repository.PAUSABLE and job.pause_requested_at is not None:
+        raise NotResumable(
+            f"job {job.id} is still pausing (its run is saving a checkpoint); resume it once paused"
+        )
+    if job.status in (JobStatus.queued, *repository.PAUSABLE):
+        return job
+    raise NotResumable(f"job {job.id} is {job.status}: only a paused job can be resumed")
