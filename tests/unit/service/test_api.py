@@ -205,6 +205,9 @@ def test_owners_are_kept_apart(make_client: MakeClient, store_url: str, tiny_job
         assert client.get(f"/jobs/{job['id']}{path}", headers=bob).status_code == 404, path
         assert client.get(f"/jobs/{job['id']}{path}", headers=alice).status_code == 200, path
     assert client.post(f"/jobs/{job['id']}/cancel", headers=bob).status_code == 404
+    for action in ("pause", "resume"):
+        assert client.post(f"/jobs/{job['id']}/{action}", headers=bob).status_code == 404, action
+    assert client.get(f"/jobs/{job['id']}", headers=alice).json()["status"] == "queued"
     assert client.get("/jobs", headers=bob).json()["data"] == []
     # Idempotency keys are per owner: bob's same key is a different request.
     a1 = client.post("/jobs", json=tiny_job, headers={**alice, "Idempotency-Key": "k"}).json()
@@ -221,6 +224,37 @@ def test_cancel_queued_job(make_client: MakeClient, tiny_job: dict[str, Any]) ->
     again = client.post(f"/jobs/{job['id']}/cancel")
     assert again.status_code == 202 and again.json()["status"] == "cancelled"
     assert again.json()["finished_at"] == r.json()["finished_at"]
+
+
+def test_pause_holds_a_queued_job_resume_queues_it_and_an_ended_job_refuses_both(
+    make_client: MakeClient, store_url: str, tiny_job: dict[str, Any]
+) -> None:
+    client = make_client(store_url)
+    job = client.post("/jobs", json=tiny_job).json()
+    assert client.post("/jobs/job_doesnotexist/pause").status_code == 404
+    # Resuming a job that is not paused changes nothing (idempotent, as cancel is).
+    r = client.post(f"/jobs/{job['id']}/resume")
+    assert r.status_code == 202 and r.json()["status"] == "queued"
+    paused = client.post(f"/jobs/{job['id']}/pause")
+    assert paused.status_code == 202, paused.text
+    assert paused.json()["status"] == "paused" and paused.json()["progress"]["phase"] == "paused"
+    assert paused.json()["finished_at"] is None  # not terminal
+    again = client.post(f"/jobs/{job['id']}/pause")
+    assert again.status_code == 202 and again.json()["status"] == "paused"
+    listed = client.get("/jobs", params={"status": "paused"}).json()["data"]
+    assert [j["id"] for j in listed] == [job["id"]]
+    resumed = client.post(f"/jobs/{job['id']}/resume")
+    assert resumed.status_code == 202 and resumed.json()["status"] == "queued"
+    types = [e["type"] for e in client.get(f"/jobs/{job['id']}/events").json()["data"]]
+    assert types == ["job.created", "job.queued", "job.paused", "job.resumed", "job.queued"], types
+    # A paused job is cancelled at once (nothing runs); an ended job can be neither paused nor resumed.
+    client.post(f"/jobs/{job['id']}/pause")
+    cancelled = client.post(f"/jobs/{job['id']}/cancel").json()
+    assert cancelled["status"] == "cancelled" and cancelled["finished_at"]
+    for action, code in (("pause", "not_pausable"), ("resume", "not_resumable")):
+        refused = client.post(f"/jobs/{job['id']}/{action}")
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["code"] == code and "cancelled" in refused.json()["detail"], refused.json()
 
 
 def test_logs_metrics_checkpoints_read_the_run_dir(

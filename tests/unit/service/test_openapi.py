@@ -24,6 +24,8 @@ def test_openapi_declares_both_spec_body_types_and_every_route(make_client: Make
         "/jobs",
         "/jobs/{job_id}",
         "/jobs/{job_id}/cancel",
+        "/jobs/{job_id}/pause",
+        "/jobs/{job_id}/resume",
         "/jobs/{job_id}/plan",
         "/jobs/{job_id}/logs",
         "/jobs/{job_id}/logs/stream",
