@@ -49,7 +49,7 @@ from ftq.store.models import (
     OwnerUsage,
     Sample,
 )
-from ftq.store.transitions import UNCLAIMED, RunTable, rowcount, utcnow
+from ftq.store.transitions import RunTable, rowcount, utcnow
 
 # The metrics poll, built once: building a statement and matching its result columns to the cached
 # compiled form costs more CPU than PostgreSQL spends answering it. One round trip: the owner-filtered
@@ -375,7 +375,7 @@ def request_pause(session: Session, job_id: str) -> str | None:
     and the worker's sweep stops its run with a checkpoint and then moves it to `paused`. Returns the
     status now (`paused`, or the launched status with the request) or None when nothing changed (already
     paused or pausing, or a status a pause does not apply to)."""
-    if JOBS.move(session, job_id, [JobStatus.queued], JobStatus.paused, pause_requested_at=None):
+    if JOBS.hold(session, job_id, pause_requested_at=None):
         session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
         return JobStatus.paused
     stmt = (
@@ -402,15 +402,9 @@ def mark_paused(
     checkpoint; None: a claim paused before its launch, the same attempt), and the run so far counts in
     its owner's usage."""
     was_running = session.scalar(select(Job.status).where(Job.id == job_id)) == JobStatus.running
-    moved = JOBS.move(
-        session,
-        job_id,
-        PAUSABLE,
-        JobStatus.paused,
-        reason=checkpoint_reason(checkpoint),
-        pause_requested_at=None,
-        **({} if attempt is None else {"attempt": attempt}),
-        **UNCLAIMED,
+    more: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
+    moved = JOBS.mark_paused(
+        session, job_id, reason=checkpoint_reason(checkpoint), pause_requested_at=None, **more
     )
     if moved:
         session.execute(delete(JobQueue).where(JobQueue.job_id == job_id))
@@ -427,20 +421,13 @@ def hold_paused(session: Session) -> list[str]:
             select(Job.id).where(Job.status == JobStatus.queued, Job.pause_requested_at.is_not(None))
         )
     )
-    return [
-        i for i in ids if JOBS.move(session, i, [JobStatus.queued], JobStatus.paused, pause_requested_at=None)
-    ]
+    return [i for i in ids if JOBS.hold(session, i, pause_requested_at=None)]
 
 
 def resume(session: Session, job_id: str, *, checkpoint: int | None) -> bool:
     """paused -> queued, with the dispatch that wakes the scheduler; its next run continues from
     `checkpoint` (the run's newest, None: from the start)."""
-    if not JOBS.move(
-        session, job_id, [JobStatus.paused], JobStatus.queued, reason=RESUMED + checkpoint_reason(checkpoint)
-    ):
-        return False
-    session.add(Dispatch(job_id=job_id, kind="submit", created_at=utcnow(), attempts=0))
-    return True
+    return JOBS.resume(session, job_id, reason=RESUMED + checkpoint_reason(checkpoint))
 
 
 def jobs_in(

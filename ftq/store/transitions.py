@@ -80,10 +80,11 @@ def _update(
 @dataclass(frozen=True)
 class RunTable:
     """The transitions of one table of runs. `cancel_dispatch`: the outbox dispatch kind that wakes the
-    worker to cancel one of its rows."""
+    worker to cancel one of its rows; `queue_dispatch`, the scheduler for one resumed."""
 
     table: Tracked
     cancel_dispatch: str
+    queue_dispatch: str = "submit"  # the dispatch that wakes the scheduler for a row queued again
     on_moved: OnMoved | None = None
     on_ended: OnEnded | None = None
 
@@ -164,6 +165,35 @@ class RunTable:
         if moved and self.on_ended is not None:
             self.on_ended(session, row_id, run_started=run_started, run_ended=run_ended)
         return moved
+
+    def hold(self, session: Session, row_id: str, **values: Any) -> bool:
+        """queued -> paused: a pause of a row not placed yet, or of a claim that went back to the queue
+        before its launch; never placed until resumed."""
+        return self.move(session, row_id, [JobStatus.queued], JobStatus.paused, **values)
+
+    def mark_paused(self, session: Session, row_id: str, *, reason: str | None = None, **values: Any) -> bool:
+        """starting/running -> paused once the run a pause stopped has ended (or its claim was never
+        launched), giving back its claim and launch handle (`values`: what else changes, a job's attempt)."""
+        to_pause = [JobStatus.starting, JobStatus.running]
+        return self.move(session, row_id, to_pause, JobStatus.paused, reason=reason, **UNCLAIMED, **values)
+
+    def resume(
+        self,
+        session: Session,
+        row_id: str,
+        *,
+        reason: str | None = None,
+        job_id: str | None = None,
+        **values: Any,
+    ) -> bool:
+        """paused -> queued, with the dispatch that wakes the scheduler (about `job_id`; the row's own id by
+        default)."""
+        if not self.move(session, row_id, [JobStatus.paused], JobStatus.queued, reason=reason, **values):
+            return False
+        session.add(
+            Dispatch(job_id=job_id or row_id, kind=self.queue_dispatch, created_at=utcnow(), attempts=0)
+        )
+        return True
 
     def request_cancel(self, session: Session, row_id: str, *, job_id: str | None = None) -> str | None:
         """queued or paused -> cancelled at once (nothing runs); starting/running -> cancelling, with the

@@ -85,6 +85,9 @@ CALLS: dict[str, Callable[[RunTable], Any]] = {
         for status in sorted(TERMINAL)
     ],
     "request_cancel": lambda t: t.request_cancel(None, "j"),  # type: ignore[arg-type]
+    "hold": lambda t: t.hold(None, "j"),  # type: ignore[arg-type]
+    "mark_paused": lambda t: t.mark_paused(None, "j"),  # type: ignore[arg-type]
+    "resume": lambda t: t.resume(None, "j"),  # type: ignore[arg-type]
 }
 
 
@@ -111,6 +114,10 @@ def test_every_edge_the_store_moves_a_row_along_is_allowed(
     assert ("queued", "succeeded") not in used["mark_finished"]
     assert ("cancelling", "cancelled") in used["mark_finished"]
     assert ("queued", "cancelled") in used["request_cancel"]
+    assert ("paused", "cancelled") in used["request_cancel"]
+    assert used["hold"] == [("queued", "paused")]
+    assert used["mark_paused"] == [("starting", "paused"), ("running", "paused")]
+    assert used["resume"] == [("paused", "queued")]
 
 
 def _functions_naming(module: ModuleType, name: str) -> set[str]:
