@@ -5,6 +5,8 @@ Real processes throughout: `ftq up`, its Celery worker, `accelerate launch` and 
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -138,3 +140,60 @@ def test_kill9_ftq_up_mid_training_then_restart(embedded: Deployment, tiny_dir: 
     assert steps == list(range(1, max_steps + 1))
     assert done["progress"]["step"] == max_steps
     assert run_pids(job["id"]) == []
+
+
+def test_pause_through_a_worker_restart_then_resume_continues_from_the_checkpoint(
+    embedded: Deployment, tiny_dir: Path
+) -> None:
+    """One run for the whole scenario: paused mid-run (and `ftq up` killed while the pause is under way:
+    the restarted worker's reconcile finishes it), then resumed from the checkpoint to its max steps."""
+    # Long enough (a step takes about 0.1 s) that the run is still training when the restarted worker
+    # looks at it, short enough to finish soon after the resume.
+    max_steps = 400
+    job = embedded.post_job(tiny_spec(tiny_dir, max_steps=max_steps, name="pause-resume"))
+    job_id = job["id"]
+    embedded.wait_for(job_id, lambda j: (j["progress"]["step"] or 0) >= 3, 120, "three steps")
+    pgid = embedded.pgid_of(job_id)
+    r = embedded.http.post(f"/jobs/{job_id}/pause")
+    assert r.status_code == 202, r.text
+    assert r.json()["status"] in ("running", "paused")
+    up_pid = embedded.pid("up")
+    worker_pids = [p for p in proc_groups().get(up_pid, []) if p != up_pid]
+    embedded.kill9("up")
+    wait_gone(worker_pids)
+    embedded.start_server()
+
+    paused = embedded.wait_for(job_id, lambda j: j["status"] == "paused", 120, "paused")
+    assert paused["finished_at"] is None and paused["progress"]["phase"] == "paused", paused
+    # Its processes are gone (the devices are free), and it stopped with a checkpoint at its last step.
+    assert pgid not in proc_groups(), proc_groups().get(pgid)
+    assert run_pids(job_id) == []
+    ckpts = embedded.http.get(f"/jobs/{job_id}/checkpoints").json()["data"]
+    assert ckpts and ckpts[-1]["resumable"], ckpts
+    pause_step = ckpts[-1]["step"]
+    assert 3 <= pause_step < max_steps and paused["progress"]["step"] == pause_step, (ckpts, paused)
+    assert f"ftq: paused at step {pause_step}" in embedded.train_log(job_id)
+    # A paused job is not placed: still paused after a few scheduler ticks.
+    time.sleep(3)
+    assert embedded.job(job_id)["status"] == "paused"
+
+    resumed = embedded.http.post(f"/jobs/{job_id}/resume")
+    assert resumed.status_code == 202 and resumed.json()["status"] in ("queued", "starting", "running")
+    done = embedded.wait_terminal(job_id, timeout=240)
+    assert done["status"] == "succeeded", embedded.report(job_id)
+    assert done["progress"]["step"] == max_steps
+    # The second run continued from the checkpoint: every step was trained (and logged) exactly once,
+    # the first after the resume being the one after the pause.
+    lines = (embedded.run_dir(job_id) / "metrics.jsonl").read_text().splitlines()
+    logged = [json.loads(line)["step"] for line in lines if line.strip()]
+    assert logged == list(range(1, max_steps + 1)), logged
+    after_pause = embedded.train_log(job_id).split(f"ftq: paused at step {pause_step}")[1]
+    assert re.search(rf"resuming from \S*checkpoint-{pause_step}\b", after_pause), after_pause[-3000:]
+    events = embedded.http.get(f"/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+    by_type = [e["type"] for e in events if e["type"] != "job.checkpoint"]
+    assert by_type.count("job.started") == 2 and by_type[-1] == "job.succeeded", by_type
+    pause_event = next(e for e in events if e["type"] == "job.paused")
+    assert pause_event["data"] == {"step": pause_step, "checkpoint": pause_step}, pause_event
+    assert next(e for e in events if e["type"] == "job.resumed")["data"] == {"checkpoint": pause_step}
+    assert by_type.index("job.paused") < by_type.index("job.resumed") < len(by_type) - 1
+    assert run_pids(job_id) == []
