@@ -28,13 +28,33 @@ def test_jobs_on_slurm_succeed_fail_and_cancel(
     bad = stack.post_job(bad_spec)
     assert good["launcher"] == "slurm"
 
-    # The long one is cancelled once SLURM runs it and its launch has started (cancelling it later,
-    # mid-training, would only make the test slower: the processes are the same).
+    # The long one is paused mid-training (scancel: its ranks checkpoint and end, the batch job leaves
+    # the cluster), resumed (a new batch job continues from that checkpoint), then cancelled once its new
+    # launch has started.
     running = stack.wait_for(long["id"], lambda j: j["status"] == "running", 120, "running")
+    first_slurm_id = running["external_id"]
+    assert first_slurm_id and first_slurm_id.isdigit()
+    metrics = stack.run_dir(long["id"]) / "metrics.jsonl"
+    wait_for(
+        "a few trained steps", lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, 180
+    )
+    assert stack.http.post(f"/jobs/{long['id']}/pause").status_code == 202
+    paused = stack.wait_for(long["id"], lambda j: j["status"] == "paused", 120, "paused")
+    assert first_slurm_id not in squeue_ids(), stack.report(long["id"])
+    ckpts = stack.http.get(f"/jobs/{long['id']}/checkpoints").json()["data"]
+    assert ckpts and ckpts[-1]["resumable"] and ckpts[-1]["step"] == paused["progress"]["step"], ckpts
+    assert stack.http.post(f"/jobs/{long['id']}/resume").status_code == 202
+    running = stack.wait_for(
+        long["id"], lambda j: j["status"] == "running" and j["external_id"] != first_slurm_id, 120, "resumed"
+    )
     slurm_id = running["external_id"]
     assert slurm_id and slurm_id.isdigit()
     run_dir = str(stack.run_dir(long["id"]))
-    wait_for("the long job's launch on a node", lambda: procs_with(run_dir), timeout=60)
+    ckpt_dir = stack.run_dir(long["id"]) / "checkpoints" / f"checkpoint-{ckpts[-1]['step']}"
+    resumed_from = f"resuming from {ckpt_dir}"
+    wait_for(
+        "the resumed run to load its checkpoint", lambda: resumed_from in stack.train_log(long["id"]), 180
+    )
     assert slurm_id in squeue_ids("--states=RUNNING")
     r = stack.http.post(f"/jobs/{long['id']}/cancel")
     assert r.status_code == 202, r.text
