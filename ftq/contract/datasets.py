@@ -23,18 +23,29 @@ from ftq.contract.spec import (
     format_columns,
 )
 
-__all__ = ["FORMATS", "detect_formats", "format_problem", "is_messages", "methods_for"]
+__all__ = ["FORMATS", "detect_formats", "format_problem", "is_messages", "methods_for", "openai_problem"]
 
 # Every data format, in the order listings show them.
 FORMATS: tuple[str, ...] = tuple(FORMAT_COLUMNS)
 
 
+def _is_message(m: Any) -> bool:
+    # An assistant turn of OpenAI's chat format may carry tool_calls instead of content.
+    return isinstance(m, dict) and isinstance(m.get("role"), str) and ("content" in m or "tool_calls" in m)
+
+
 def is_messages(value: Any) -> bool:
-    """A conversation: a non-empty list of {role, content} objects."""
+    """A conversation: a non-empty list of {role, content} objects (or assistant {role, tool_calls})."""
+    return isinstance(value, list) and bool(value) and all(_is_message(m) for m in value)
+
+
+def _is_openai_preference(row: dict[str, Any]) -> bool:
+    inp = row.get("input")
     return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
+        isinstance(inp, dict)
+        and is_messages(inp.get("messages"))
+        and is_messages(row.get("preferred_output"))
+        and is_messages(row.get("non_preferred_output"))
     )
 
 
@@ -48,8 +59,11 @@ def detect_formats(row: dict[str, Any]) -> set[str]:
     `text`: a non-empty string `text`. `messages`: a conversation in `messages`. `prompt_completion`:
     `prompt` and `completion`, each text or a conversation. `preference`: `chosen` and `rejected` (text or
     conversations), with a `prompt` when they are text (conversations may carry their prompt as shared first
-    turns). `unpaired_preference`: `prompt`, `completion` and a boolean `label`. A row can be several: an
-    unpaired preference row is also a prompt/completion row.
+    turns). `unpaired_preference`: `prompt`, `completion` and a boolean `label`. `openai_preference`:
+    OpenAI's `input.messages`, `preferred_output` and `non_preferred_output`. `openai_reinforcement`: a
+    conversation that does not end with an assistant turn (OpenAI's reinforcement rows, whose other fields
+    are the graders' references). A row can be several: an unpaired preference row is also a
+    prompt/completion row, a reinforcement row is also a messages row.
     """
     found: set[str] = set()
     if not isinstance(row, dict):
@@ -58,6 +72,11 @@ def detect_formats(row: dict[str, Any]) -> set[str]:
         found.add("text")
     if is_messages(row.get("messages")):
         found.add("messages")
+        if row["messages"][-1].get("role") != "assistant":
+            # OpenAI's reinforcement rows: the conversation up to the turn the model is to answer.
+            found.add("openai_reinforcement")
+    if _is_openai_preference(row):
+        found.add("openai_preference")
     prompt = row.get("prompt")
     has_prompt = _text_or_messages(prompt)
     if has_prompt and _text_or_messages(row.get("completion")):
@@ -119,4 +138,125 @@ def format_problem(
             f"loss_on {loss_on} needs {' or '.join(LOSS_ON_FORMATS[loss_on])} data, and {where} are {fmt} "
             f"(fields found: {found})"
         )
+    return None
+
+
+# OpenAI's chat format, message by message ---------------------------------------------------------------
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _content_problem(where: str, m: dict[str, Any]) -> str | None:
+    content = m.get("content")
+    if content is None:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            return None
+        return f"{where}.content is missing (only an assistant turn with tool_calls may leave it out)"
+    if isinstance(content, str):
+        return None
+    if isinstance(content, list) and content:
+        for j, part in enumerate(content):
+            if not (
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
+                return (
+                    f"{where}.content[{j}] is not a text part ({{type: text, text}}); only text is trained on"
+                )
+        return None
+    return f"{where}.content must be a string or a list of text parts, not {type(content).__name__}"
+
+
+def _tool_calls_problem(where: str, calls: Any) -> str | None:
+    if not isinstance(calls, list) or not calls:
+        return f"{where}.tool_calls must be a non-empty list"
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            return (
+                f"{at} needs function.name (OpenAI's {{id, type: function, function: {{name, arguments}}}})"
+            )
+        if call.get("type", "function") != "function":
+            return f"{at}.type must be function, not {call.get('type')!r}"
+        args = fn.get("arguments")
+        if args is not None and not isinstance(args, str | dict):
+            return f"{at}.function.arguments must be a JSON string"
+    return None
+
+
+def _message_problem(where: str, m: Any) -> str | None:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        return f"{where} is not an object with `role` and `content`"
+    role = m["role"]
+    if role not in ROLES:
+        return f"{where}.role {role!r} is not one of {', '.join(ROLES)}"
+    problem = _content_problem(where, m)
+    if problem:
+        return problem
+    if "weight" in m:
+        if role != "assistant":
+            return f"{where}.weight is only allowed on assistant messages"
+        weight = m["weight"]
+        if isinstance(weight, bool) or weight not in (0, 1):
+            return f"{where}.weight must be 0 or 1, not {weight!r}"
+    if "tool_calls" in m:
+        if role != "assistant":
+            return f"{where}.tool_calls is only allowed on assistant messages"
+        problem = _tool_calls_problem(where, m["tool_calls"])
+        if problem:
+            return problem
+    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+        return f"{where} (role tool) needs tool_call_id, the id of the call it answers"
+    return None
+
+
+def messages_problem(messages: Any, where: str = "messages") -> str | None:
+    """The first way `messages` breaks OpenAI's chat format (a known role; string or text-part content,
+    or tool_calls on an assistant turn; `weight` 0 or 1 on assistant turns only; tool turns naming their
+    call), naming the message by its index; None when it holds."""
+    if not isinstance(messages, list) or not messages:
+        return f"{where} must be a non-empty list of messages"
+    for i, m in enumerate(messages):
+        problem = _message_problem(f"{where}[{i}]", m)
+        if problem:
+            return problem
+    return None
+
+
+def _output_problem(row: dict[str, Any], name: str) -> str | None:
+    value = row.get(name)
+    if not isinstance(value, list) or not value:
+        return f"{name} must be a non-empty list of assistant messages"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") != "assistant":
+            return f"{name}[{i}] must be an assistant message"
+    return messages_problem(value, name)
+
+
+def openai_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a row in one of OpenAI's formats (chat, preference, reinforcement), for the
+    per-line errors of a file's validation; None when nothing is, or the row is in none of them."""
+    if "messages" in row:
+        problem = messages_problem(row["messages"])
+        if problem:
+            return problem
+    elif "input" in row or "preferred_output" in row or "non_preferred_output" in row:
+        inp = row.get("input")
+        if not isinstance(inp, dict) or "messages" not in inp:
+            return "input must be an object with messages (OpenAI's preference format)"
+        problem = messages_problem(inp["messages"], "input.messages")
+        if problem:
+            return problem
+        for name in ("preferred_output", "non_preferred_output"):
+            problem = _output_problem(row, name)
+            if problem:
+                return problem
+        tools = inp.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            return "input.tools must be a list of tools"
+    tools = row.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "tools must be a list of tool objects ({type: function, function: {name, parameters}})"
+    if "parallel_tool_calls" in row and not isinstance(row["parallel_tool_calls"], bool):
+        return "parallel_tool_calls must be true or false"
     return None

@@ -118,6 +118,12 @@ class DatasetFormat(StrEnum):
     prompt_completion = "prompt_completion"
     preference = "preference"
     unpaired_preference = "unpaired_preference"
+    # OpenAI's fine-tuning files: preference (DPO) rows `{input: {messages}, preferred_output: [..],
+    # non_preferred_output: [..]}`, read as conversational prompt/chosen/rejected; reinforcement rows
+    # `{messages (no final assistant turn), <reference fields>}`, recorded (no method trains on them yet).
+    # OpenAI's chat rows are `messages` rows (with `weight` on assistant turns, `tool_calls`, `tools`).
+    openai_preference = "openai_preference"
+    openai_reinforcement = "openai_reinforcement"
 
 
 class Method(StrEnum):
@@ -144,12 +150,14 @@ FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
     # takes the shared turns as the prompt).
     "preference": ("chosen", "rejected"),
     "unpaired_preference": ("prompt", "completion", "label"),
+    "openai_preference": ("input", "preferred_output", "non_preferred_output"),
+    "openai_reinforcement": ("messages",),
 }
 METHOD_FORMATS: dict[str, tuple[str, ...]] = {
     "sft": ("text", "messages", "prompt_completion"),
-    "dpo": ("preference",),
+    "dpo": ("preference", "openai_preference"),
     "kto": ("unpaired_preference",),
-    "reward": ("preference",),
+    "reward": ("preference", "openai_preference"),
 }
 # Which loss_on each SFT format can mask for (`all` always).
 LOSS_ON_FORMATS: dict[str, tuple[str, ...]] = {

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ftq.contract.datasets import FORMATS, detect_formats, methods_for
+from ftq.contract.datasets import FORMATS, detect_formats, methods_for, openai_problem
 
 FILE_ID_RE = r"^file_[0-9a-f]{24}$"
 _FILE_ID = re.compile(FILE_ID_RE)
@@ -102,12 +102,8 @@ def _row_problem(row: dict[str, Any]) -> str | None:
         value = row.get(name)
         if isinstance(value, str) and not value.strip():
             return f"field {name!r} is empty"
-    messages = row.get("messages")
-    if isinstance(messages, list):
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-                return f"messages[{i}] is not an object with `role` and `content`"
-    return None
+    # Conversations (ftq's and OpenAI's chat, preference and reinforcement rows): message by message.
+    return openai_problem(row)
 
 
 def validate_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Validation:
@@ -160,8 +156,8 @@ def validate_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Valid
                 out.add_error(
                     number,
                     f"missing fields: the row holds none of the dataset formats (fields found: {keys}); "
-                    "a row needs `text`, `messages`, `prompt` and `completion`, or `prompt`, `chosen` and "
-                    "`rejected`",
+                    "a row needs `text`, `messages`, `prompt` and `completion`, `prompt`, `chosen` and "
+                    "`rejected`, or OpenAI's `input`, `preferred_output` and `non_preferred_output`",
                 )
                 continue
             if common is not None and not (common & found):

@@ -11,6 +11,27 @@ from ftq.contract.datasets import detect_formats
 from ftq.runtime import files
 
 
+OPENAI_PREFERENCE: dict[str, object] = {
+    "input": {"messages": [{"role": "user", "content": "count from one."}], "tools": []},
+    "preferred_output": [{"role": "assistant", "content": "one two three."}],
+    "non_preferred_output": [{"role": "assistant", "content": "three two one."}],
+}
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "count", "arguments": '{"start": 1}'}}
+OPENAI_CHAT: dict[str, object] = {
+    "messages": [
+        {"role": "system", "content": "you are a tiny helpful model."},
+        {"role": "user", "content": "count from one."},
+        {"role": "assistant", "content": "one two four.", "weight": 0},
+        {"role": "user", "content": "again."},
+        {"role": "assistant", "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "one two three"},
+        {"role": "assistant", "content": [{"type": "text", "text": "one two three."}], "weight": 1},
+    ],
+    "tools": [{"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}],
+    "parallel_tool_calls": False,
+}
+
+
 def _write(tmp_path: Path, lines: list[str]) -> Path:
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -40,7 +61,13 @@ def test_display_name_keeps_the_last_part_only() -> None:
     ("row", "formats"),
     [
         ({"text": "hi"}, {"text"}),
-        ({"messages": [{"role": "user", "content": "hi"}]}, {"messages"}),
+        # A conversation that does not end with the assistant's turn is also OpenAI's reinforcement row.
+        ({"messages": [{"role": "user", "content": "hi"}]}, {"messages", "openai_reinforcement"}),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+            {"messages"},
+        ),
+        (OPENAI_PREFERENCE, {"openai_preference"}),
         ({"prompt": "p", "completion": "c"}, {"prompt_completion"}),
         ({"prompt": "p", "chosen": "a", "rejected": "b"}, {"preference"}),
         ({"prompt": "p", "completion": "c", "label": True}, {"prompt_completion", "unpaired_preference"}),
@@ -109,3 +136,55 @@ def test_stale_partial_uploads_are_removed_and_fresh_ones_kept(tmp_path: Path) -
     os.utime(done, (long_ago, long_ago))
     assert files.remove_stale_parts(tmp_path) == 1
     assert not old.exists() and fresh.exists() and done.exists()
+
+
+def test_openai_files_validate_and_list_their_formats_and_methods(tmp_path: Path) -> None:
+    chat = files.validate_jsonl(_write(tmp_path, [json.dumps(OPENAI_CHAT)] * 3))
+    assert chat.ok and chat.formats == ["messages"] and chat.methods == ["sft"], chat.errors
+    pref = files.validate_jsonl(_write(tmp_path, [json.dumps(OPENAI_PREFERENCE)] * 2))
+    assert pref.ok and pref.formats == ["openai_preference"] and pref.methods == ["dpo", "reward"]
+    assert pref.columns == ["input", "preferred_output", "non_preferred_output"]
+    rl = {"messages": [{"role": "user", "content": "what is 2+2?"}], "reference_answer": "4", "id": 1}
+    reinforce = files.validate_jsonl(_write(tmp_path, [json.dumps(rl)] * 2))
+    assert reinforce.ok and reinforce.formats == ["messages", "openai_reinforcement"], reinforce.errors
+    assert reinforce.columns == ["messages", "reference_answer", "id"]
+
+
+def _with_message(i: int, **changes: object) -> str:
+    row = json.loads(json.dumps(OPENAI_CHAT))
+    row["messages"][i].update(changes)
+    return json.dumps(row)
+
+
+def test_openai_rows_that_break_the_format_are_errors_naming_line_and_message(tmp_path: Path) -> None:
+    bad_pref = {**OPENAI_PREFERENCE, "preferred_output": [{"role": "user", "content": "x"}]}
+    lines = [
+        json.dumps(OPENAI_CHAT),
+        _with_message(1, weight=0),
+        _with_message(2, weight=2),
+        _with_message(2, weight=True),
+        _with_message(1, role="bot"),
+        _with_message(5, tool_call_id=None),
+        _with_message(4, tool_calls=[{"type": "function", "function": {"arguments": "{}"}}]),
+        _with_message(1, content=None),
+        _with_message(1, content=[{"type": "image_url", "image_url": {"url": "x"}}]),
+        json.dumps(bad_pref),
+        json.dumps({**OPENAI_PREFERENCE, "input": {"tools": []}}),
+        json.dumps({**OPENAI_CHAT, "parallel_tool_calls": "yes"}),
+        json.dumps(OPENAI_CHAT),
+    ]
+    got = files.validate_jsonl(_write(tmp_path, lines))
+    messages = {e["line"]: e["message"] for e in got.errors}
+    assert list(messages) == list(range(2, 13)), got.errors
+    assert messages[2] == "messages[1].weight is only allowed on assistant messages"
+    assert messages[3] == "messages[2].weight must be 0 or 1, not 2"
+    assert messages[4] == "messages[2].weight must be 0 or 1, not True"
+    assert messages[5].startswith("messages[1].role 'bot' is not one of system, developer, user")
+    assert messages[6] == "messages[5] (role tool) needs tool_call_id, the id of the call it answers"
+    assert messages[7].startswith("messages[4].tool_calls[0] needs function.name")
+    assert messages[8].startswith("messages[1].content is missing")
+    assert messages[9].startswith("messages[1].content[0] is not a text part")
+    assert messages[10] == "preferred_output[0] must be an assistant message"
+    assert messages[11].startswith("input must be an object with messages")
+    assert messages[12] == "parallel_tool_calls must be true or false"
+    assert got.rows == 2 and got.formats == ["messages"]
