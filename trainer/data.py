@@ -18,6 +18,7 @@ it instead: `HOLDOUT_FRACTION` of the rows, at least 1 and at most `HOLDOUT_MAX`
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,15 +190,32 @@ def detect_format(spec: DatasetSpec, columns: list[str], method: str = "sft") ->
     )
 
 
-def trl_rows(ds: Dataset, spec: DatasetSpec, fmt: str, tokenizer: Any) -> Dataset:
+def trl_rows(
+    ds: Dataset,
+    spec: DatasetSpec,
+    fmt: str,
+    tokenizer: Any,
+    *,
+    loss_on: str = "all",
+    model_name: str = "the model",
+) -> Dataset:
     """The rows as TRL takes them: only the format's columns, under TRL's names (`text` or `messages` for
-    SFT; prompt/completion; prompt/chosen/rejected; prompt/completion/label), without empty rows."""
+    SFT; prompt/completion; prompt/chosen/rejected; prompt/completion/label), without empty rows.
+
+    OpenAI's chat rows (a `weight` on assistant turns, `tool_calls`, `tools`) are tokenized here, with the
+    loss mask TRL builds its labels from: weight-0 assistant turns are masked as well as what `loss_on`
+    masks. OpenAI's preference rows become conversational prompt/chosen/rejected."""
+    if fmt in ("messages", "openai_preference") and not getattr(tokenizer, "chat_template", None):
+        raise DatasetError(
+            f"dataset {spec.name_or_path} holds messages but the tokenizer has no chat template; "
+            "use a chat model's tokenizer or a text dataset"
+        )
+    if fmt == "openai_preference":
+        ds = ds.map(_openai_preference_row, remove_columns=ds.column_names)
+        fmt = "preference"
     if fmt == "messages":
-        if not getattr(tokenizer, "chat_template", None):
-            raise DatasetError(
-                f"dataset {spec.name_or_path} holds messages but the tokenizer has no chat template; "
-                "use a chat model's tokenizer or a text dataset"
-            )
+        if _openai_chat(ds, spec.messages_field):
+            return openai_chat_rows(ds, spec, tokenizer, loss_on=loss_on, model_name=model_name)
         # Other columns stay behind: TRL would read `prompt`/`completion` or `tools` as instructions.
         out = _only_column(ds, spec.messages_field, MESSAGES_COLUMN)
         return out.filter(lambda row: isinstance(row[MESSAGES_COLUMN], list) and bool(row[MESSAGES_COLUMN]))
@@ -240,3 +258,165 @@ def _only_column(ds: Dataset, field: str, name: str) -> Dataset:
     drop = [c for c in ds.column_names if c != field]
     out = ds.remove_columns(drop) if drop else ds
     return out.rename_column(field, name) if field != name else out
+
+
+# OpenAI's formats ---------------------------------------------------------------------------------------
+
+# What the loss mask of a tokenized row is built from (TRL turns it into -100 labels).
+MASK_COLUMN = "assistant_masks"
+
+
+def _openai_chat(ds: Dataset, field: str) -> bool:
+    """Rows in OpenAI's chat format beyond plain {role, content}: a `weight`, `tool_calls` or `tools`."""
+    if "tools" in ds.column_names:
+        return True
+    inner = getattr(ds.features.get(field), "feature", None)
+    if isinstance(inner, dict):
+        return bool({"weight", "tool_calls"} & set(inner))
+    return any(
+        isinstance(m, dict) and ("weight" in m or "tool_calls" in m)
+        for row in ds.select(range(min(len(ds), 100)))[field]
+        for m in (row or [])
+    )
+
+
+def _text(content: Any) -> Any:
+    """OpenAI's content parts ([{type: text, text}]) as one string; a string or None as it is."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content
+
+
+def hf_message(m: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI chat message as chat templates read one: no null fields (a loaded dataset gives every
+    message every key any message has), content parts joined, tool call arguments as objects, no weight."""
+    out: dict[str, Any] = {}
+    for key, value in m.items():
+        if value is None or key == "weight":
+            continue
+        if key == "content":
+            value = _text(value)
+        elif key == "tool_calls":
+            value = [_hf_tool_call(c) for c in value]
+        out[key] = value
+    return out
+
+
+def _hf_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    fn = dict(call.get("function") or {})
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):
+            fn["arguments"] = json.loads(args)
+    out = {k: v for k, v in call.items() if v is not None and k != "function"}
+    out["type"] = out.get("type") or "function"
+    out["function"] = fn
+    return out
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    import json
+
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else None
+    return value or None
+
+
+def _mask_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """The [start, end) spans of consecutive 1s: one per assistant turn the template marked."""
+    runs, start = [], None
+    for i, bit in enumerate([*mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def openai_chat_rows(
+    ds: Dataset, spec: DatasetSpec, tokenizer: Any, *, loss_on: str, model_name: str
+) -> Dataset:
+    """Tokenize OpenAI chat rows with their loss mask (`assistant_masks`, which TRL turns into labels):
+    with loss_on assistant the assistant turns, else every token; either way less the assistant turns
+    with `weight: 0`. A row with tool calls the model's chat template does not render is an error naming
+    its line; a row left with nothing to learn is dropped."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template: str | None = tokenizer.chat_template
+    if template is None or not has_generation_markers(template):
+        try:
+            template = get_training_chat_template(tokenizer)
+        except (ValueError, NotImplementedError, KeyError):
+            template = None  # no turn can be told apart: fine unless a weight or loss_on asks for it
+    field = spec.messages_field
+
+    def where(index: int) -> str:
+        return f"dataset {spec.name_or_path} line {index + 1}"
+
+    def tokenize(row: dict[str, Any], index: int) -> dict[str, Any]:
+        source = [m for m in row[field] if isinstance(m, dict)]
+        messages = [hf_message(m) for m in source]
+        tools = _tools(row.get("tools"))
+        calls = [c["function"]["name"] for m in messages for c in m.get("tool_calls", [])]
+        if calls:
+            rendered = tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, chat_template=template or tokenizer.chat_template
+            )
+            if not all(name in rendered for name in calls):
+                raise DatasetError(
+                    f"{where(index)}: the chat template of {model_name} cannot render tool_calls; use a "
+                    "model whose chat template renders tool calls, or leave the tool calls out"
+                )
+        weights = [m.get("weight") for m in source if m.get("role") == "assistant"]
+        out = tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=template is not None,
+            chat_template=template or tokenizer.chat_template,
+        )
+        ids = list(out["input_ids"])
+        if template is None:
+            if loss_on == "assistant" or 0 in weights:
+                raise DatasetError(
+                    f"{where(index)}: a weight of 0 (or loss_on assistant) needs a chat template that marks "
+                    f"the assistant turns ({{% generation %}}), and the one of {model_name} does not"
+                )
+            return {"input_ids": ids, MASK_COLUMN: [1] * len(ids)}
+        marked = list(out[MASK_COLUMN])
+        runs = _mask_runs(marked)
+        if len(runs) != len(weights):
+            raise DatasetError(
+                f"{where(index)}: the chat template of {model_name} marks {len(runs)} assistant turn(s) of "
+                f"{len(weights)}, so their weights cannot be applied"
+            )
+        mask = marked if loss_on == "assistant" else [1] * len(ids)
+        for (start, end), weight in zip(runs, weights, strict=True):
+            if weight == 0:
+                mask[start:end] = [0] * (end - start)
+        return {"input_ids": ids, MASK_COLUMN: mask}
+
+    out = ds.map(tokenize, with_indices=True, remove_columns=ds.column_names)
+    return out.filter(lambda row: 1 in row[MASK_COLUMN])
+
+
+def _openai_preference_row(row: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's {input: {messages}, preferred_output, non_preferred_output} as TRL's conversational
+    prompt/chosen/rejected (role and text; the tools of `input` are not passed on)."""
+
+    def turns(messages: Any) -> list[dict[str, str]]:
+        return [
+            {"role": str(m["role"]), "content": str(_text(m.get("content")) or "")}
+            for m in messages or []
+            if isinstance(m, dict)
+        ]
+
+    return {
+        "prompt": turns((row.get("input") or {}).get("messages")),
+        "chosen": turns(row.get("preferred_output")),
+        "rejected": turns(row.get("non_preferred_output")),
+    }

@@ -170,8 +170,11 @@ def prepare_data(spec: JobSpec, splits: Splits, launch: Launch) -> Data:
     if spec.training.loss_on == "assistant":
         check_assistant_template(tokenizer, spec.model.name_or_path)
     with launch.config.main_process_first(desc="prepare dataset"):
-        train_ds = trl_rows(splits.train, spec.dataset, splits.format, tokenizer)
-        eval_ds = trl_rows(splits.eval, spec.dataset, splits.format, tokenizer) if splits.eval else None
+        how = {"loss_on": str(spec.training.loss_on), "model_name": spec.model.name_or_path}
+        train_ds = trl_rows(splits.train, spec.dataset, splits.format, tokenizer, **how)
+        eval_ds = (
+            trl_rows(splits.eval, spec.dataset, splits.format, tokenizer, **how) if splits.eval else None
+        )
     return Data(splits, tokenizer, train_ds, eval_ds)
 
 

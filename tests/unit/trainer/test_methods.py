@@ -220,3 +220,104 @@ def test_each_method_gets_its_trl_config(tiny_dir: Path, tmp_path: Path) -> None
         job(tiny_dir, prefs, loss_on="completion"), tmp_path, has_eval=False, fmt="prompt_completion"
     )
     assert sft.completion_only_loss is True and sft.assistant_only_loss is False
+
+
+WEIGHTED = [
+    {"role": "system", "content": "you are a tiny helpful model."},
+    {"role": "user", "content": "count from one."},
+    {"role": "assistant", "content": "one two four.", "weight": 0},
+    {"role": "user", "content": "again."},
+    {"role": "assistant", "content": "one two three.", "weight": 1},
+]
+
+
+def openai_labels(trainer: Any, spec: JobSpec, conversations: list[list[dict[str, Any]]]) -> list[list[int]]:
+    """OpenAI chat rows through trl_rows (ftq's tokenization and mask) and the trainer's preparation (TRL's
+    labels), as they reach the loss."""
+    from datasets import Dataset
+
+    rows = trl_rows(
+        Dataset.from_list([{"messages": c} for c in conversations]),
+        spec.dataset,
+        "messages",
+        trainer.processing_class,
+        loss_on=str(spec.training.loss_on),
+        model_name="tiny",
+    )
+    prepared = trainer._prepare_dataset(
+        rows,
+        trainer.processing_class,
+        trainer.args,
+        packing=False,
+        formatting_func=None,
+        dataset_name="train",
+    )
+    return [list(r["labels"]) for r in prepared]
+
+
+def test_a_weight_of_zero_takes_an_assistant_turn_out_of_the_loss(tiny_dir: Path, tmp_path: Path) -> None:
+    spec = job(tiny_dir, str(tiny_dir / "chat" / "train.jsonl"), loss_on="assistant")
+    trainer = trainer_for(spec, tmp_path)
+    tok = trainer.processing_class
+    both = [{**m, "weight": 1} if m["role"] == "assistant" else m for m in WEIGHTED]
+    weighted, unweighted = openai_labels(trainer, spec, [WEIGHTED, both])
+    kept = [t for t in weighted if t != IGNORE]
+    assert tok.decode(kept) == "one two three.</s>"  # the weight-0 answer carries no loss
+    assert tok.decode([t for t in unweighted if t != IGNORE]) == "one two four.</s>one two three.</s>"
+    assert len(weighted) == len(unweighted) and weighted != unweighted
+
+    # loss_on: all trains on every token but the weight-0 turn's.
+    all_spec = job(tiny_dir, str(tiny_dir / "chat" / "train.jsonl"))
+    (every,) = openai_labels(trainer_for(all_spec, tmp_path), all_spec, [WEIGHTED])
+    plain = [{k: v for k, v in m.items() if k != "weight"} for m in WEIGHTED]
+    ids = list(tok.apply_chat_template(plain, tokenize=True, return_dict=True)["input_ids"])
+    assert len(ids) == len(every)
+    assert tok.decode([i for i, t in zip(ids, every, strict=True) if t == IGNORE]) == "one two four.</s>"
+    assert tok.decode([t for t in every if t != IGNORE]).startswith("<|system|>")
+    # A row whose only answer has weight 0 has nothing to learn: dropped.
+    assert openai_labels(trainer, spec, [WEIGHTED[:3]]) == []
+
+
+def test_tool_calls_the_chat_template_cannot_render_are_an_error_naming_the_line(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    from datasets import Dataset
+
+    from trainer.errors import DatasetError
+
+    call = {"id": "c1", "type": "function", "function": {"name": "count_up", "arguments": '{"n": 3}'}}
+    rows = [
+        {"messages": WEIGHTED},
+        {"messages": [*WEIGHTED[:2], {"role": "assistant", "content": None, "tool_calls": [call]}]},
+    ]
+    spec = job(tiny_dir, str(tiny_dir / "chat" / "train.jsonl"))
+    tokenizer = load_tokenizer(spec.model)
+    with pytest.raises(DatasetError) as info:
+        trl_rows(Dataset.from_list(rows), spec.dataset, "messages", tokenizer, model_name="tiny")
+    assert "line 2: the chat template of tiny cannot render tool_calls" in info.value.message
+    # A template that renders them takes the row, with the call's arguments as an object.
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {% if m.get('tool_calls') %}{% generation %}"
+        "{{ m['tool_calls'][0]['function']['name'] }}({{ m['tool_calls'][0]['function']['arguments']['n'] }})"
+        "</s>{% endgeneration %}{% elif m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}</s>"
+        "{% endgeneration %}{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    )
+    out = trl_rows(Dataset.from_list(rows), spec.dataset, "messages", tokenizer, model_name="tiny")
+    assert len(out) == 2 and "count_up(3)" in tokenizer.decode(out[1]["input_ids"])
+
+
+def test_openai_preference_rows_become_conversational_prompt_chosen_rejected(tiny_dir: Path) -> None:
+    from datasets import Dataset
+
+    row = {
+        "input": {"messages": [{"role": "user", "content": "count from one."}], "tools": []},
+        "preferred_output": [{"role": "assistant", "content": "one two three."}],
+        "non_preferred_output": [{"role": "assistant", "content": "three two one."}],
+    }
+    spec = job(tiny_dir, str(tiny_dir / "chat" / "train.jsonl"), lora=True)
+    tokenizer = load_tokenizer(spec.model)
+    out = trl_rows(Dataset.from_list([row, row]), spec.dataset, "openai_preference", tokenizer)
+    assert out.column_names == ["prompt", "chosen", "rejected"] and len(out) == 2
+    assert out[0]["prompt"] == [{"role": "user", "content": "count from one."}]
+    assert out[0]["chosen"] == [{"role": "assistant", "content": "one two three."}]
+    assert out[0]["rejected"] == [{"role": "assistant", "content": "three two one."}]
