@@ -19,6 +19,7 @@ it instead: `HOLDOUT_FRACTION` of the rows, at least 1 and at most `HOLDOUT_MAX`
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ from .errors import DatasetError
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
+
+log = logging.getLogger("trainer")
 
 HOLDOUT_FRACTION = 0.05
 HOLDOUT_MAX = 2000
@@ -401,7 +404,15 @@ def openai_chat_rows(
         return {"input_ids": ids, MASK_COLUMN: mask}
 
     out = ds.map(tokenize, with_indices=True, remove_columns=ds.column_names)
-    return out.filter(lambda row: 1 in row[MASK_COLUMN])
+    kept = out.filter(lambda row: 1 in row[MASK_COLUMN])
+    zero = sum(1 for row in ds[field] for m in row or [] if isinstance(m, dict) and m.get("weight") == 0)
+    log.info(
+        "OpenAI chat rows: %d assistant turn(s) with weight 0 left out of the loss; %d row(s) with nothing "
+        "to learn dropped",
+        zero,
+        len(out) - len(kept),
+    )
+    return kept
 
 
 def _openai_preference_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -141,13 +142,26 @@ def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
     assert sum(losses) / len(losses) == pytest.approx(evals[-1]["eval_loss"], abs=1e-4)
 
 
+def weighted_chat(tiny_dir: Path, out: Path) -> Path:
+    """The tiny chat data in OpenAI's chat format: every assistant turn weighted, the first answer of every
+    other conversation with weight 0 (out of the loss)."""
+    rows = [json.loads(line) for line in (tiny_dir / "chat" / "train.jsonl").read_text().splitlines()]
+    for i, row in enumerate(rows):
+        answers = [m for m in row["messages"] if m["role"] == "assistant"]
+        for j, m in enumerate(answers):
+            m["weight"] = 0 if (i % 2 == 0 and j == 0 and len(answers) > 1) else 1
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
 def test_single_process_lora_on_chat_data_then_resume_continues_at_the_checkpoint(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
+    # OpenAI's chat format, weights and all: ftq tokenizes it with the weight-0 turns masked.
     spec = {
         "model": {"name_or_path": str(tiny_dir / "model")},
         "dataset": {
-            "name_or_path": str(tiny_dir / "chat" / "train.jsonl"),
+            "name_or_path": str(weighted_chat(tiny_dir, tmp_path / "weighted.jsonl")),
             "format": "messages",
             "eval_split": "eval",
         },
@@ -172,6 +186,9 @@ def test_single_process_lora_on_chat_data_then_resume_continues_at_the_checkpoin
     first = tmp_path / "first"
     proc = run_trainer(["--spec", str(spec_path), "--output_dir", str(first)])
     assert proc.returncode == 0, explain(proc)
+    assert re.search(r"OpenAI chat rows: [1-9]\d* assistant turn\(s\) with weight 0 left out", proc.stderr), (
+        explain(proc)
+    )
     pts = train_points(first)
     assert [p["step"] for p in pts] == list(range(1, 11))
     assert pts[-1]["loss"] < pts[0]["loss"] * 0.95, [p["loss"] for p in pts]
