@@ -222,7 +222,7 @@ def test_each_method_gets_its_trl_config(tiny_dir: Path, tmp_path: Path) -> None
     assert sft.completion_only_loss is True and sft.assistant_only_loss is False
 
 
-WEIGHTED = [
+WEIGHTED: list[dict[str, Any]] = [
     {"role": "system", "content": "you are a tiny helpful model."},
     {"role": "user", "content": "count from one."},
     {"role": "assistant", "content": "one two four.", "weight": 0},
