@@ -12,7 +12,8 @@ preflight pool, within the request's deadline.
 
 How a sample is counted, as the trainer tokenizes it: `text` with the tokenizer's special tokens;
 `messages` rendered with the model's chat template (no tokens added); `prompt` + `completion` as one
-text; a preference pair as `prompt` + the longer of `chosen` and `rejected`.
+text; a preference pair as `prompt` + the longer of `chosen` and `rejected` (OpenAI's: `input.messages` +
+the longer of `preferred_output` and `non_preferred_output`).
 """
 
 from __future__ import annotations
@@ -155,6 +156,9 @@ def sample_length(row: dict[str, Any], spec: JobSpec, tok: _Tokenizer) -> int | 
         return tok.count(row[ds.text_field])
     prompt = row.get("prompt")
     answers = [row[k] for k in ("completion", "chosen", "rejected") if k in row]
+    if isinstance(row.get("input"), dict):  # OpenAI's preference rows, as the trainer converts them
+        prompt = row["input"].get("messages")
+        answers = [row[k] for k in ("preferred_output", "non_preferred_output") if k in row]
     if prompt is not None and answers:
         best = 0
         for answer in answers:

@@ -56,3 +56,23 @@ def test_no_readable_data_still_gives_the_batch(tmp_path: Path) -> None:
     spec = _spec(gradient_accumulation_steps=4)
     d = analyse(spec, None, source="org/data", known_rows=None, sample_rows=10)
     assert d.effective_batch_size == 2 * 4 and d.rows is None and d.skipped
+
+
+def test_openai_preference_rows_count_the_prompt_and_the_longer_answer(tmp_path: Path) -> None:
+    row = {
+        "input": {"messages": [{"role": "user", "content": "count from one."}]},
+        "preferred_output": [{"role": "assistant", "content": "one two three four five six."}],
+        "non_preferred_output": [{"role": "assistant", "content": "one."}],
+    }
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    body = tiny_spec(tiny_assets(), max_steps=1, method="dpo")
+    body["dataset"] = {"name_or_path": str(path)}
+    spec = JobSpec.model_validate(body)
+    d = analyse(spec, path, source="x", known_rows=None, sample_rows=100)
+    assert d.rows == 1 and d.tokens_per_sample is not None, d
+    short = {**row, "preferred_output": row["non_preferred_output"]}
+    path.write_text(json.dumps(short) + "\n")
+    shorter = analyse(spec, path, source="x", known_rows=None, sample_rows=100)
+    assert shorter.tokens_per_sample is not None
+    assert shorter.tokens_per_sample.max < d.tokens_per_sample.max
