@@ -194,3 +194,27 @@ def test_ls_fits_80_columns_with_every_header_whole(
     assert any("out_of_memory: CUDA out of memory" in line for line in lines[1:])  # in its column
     assert error_line not in lines
     assert f"{made[1]['name']}" in wide.output  # the whole name, where there is room
+
+
+def test_pause_and_resume_through_the_sdk_and_the_cli(
+    make_client: MakeClient, tiny_job: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ftq.client.errors import Conflict
+
+    api = make_client()
+    job = api.post("/jobs", json=tiny_job).json()
+    sdk = Client("http://testserver", "", transport=InProcess(api))
+    assert sdk.jobs.pause(job["id"]).status == "paused"
+    assert sdk.jobs.resume(job["id"]).status == "queued"
+    monkeypatch.setattr(client_cli, "api", lambda: Client("http://testserver", "", transport=InProcess(api)))
+    runner = CliRunner()
+    paused = runner.invoke(app, ["pause", job["id"]])
+    assert paused.exit_code == 0 and paused.output.strip() == f"{job['id']}: paused", paused.output
+    resumed = runner.invoke(app, ["resume", job["id"]])
+    assert resumed.exit_code == 0 and resumed.output.strip() == f"{job['id']}: queued", resumed.output
+    sdk.jobs.cancel(job["id"])
+    with pytest.raises(Conflict) as info:
+        sdk.jobs.resume(job["id"])
+    assert info.value.code == "not_resumable"
+    refused = runner.invoke(app, ["pause", job["id"]])
+    assert refused.exit_code == 1 and "cancelled" in refused.output, refused.output
