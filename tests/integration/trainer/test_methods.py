@@ -1,7 +1,8 @@
 """Every training method as a real `accelerate launch` of the trainer on the CPU (trainer/train.py
 `build_trainer`): DPO with LoRA (its reward margin rises on the tiny preference set), KTO, a reward model
 and SFT on prompt/completion data with the loss on the completion, each on one process; DPO with LoRA
-under FSDP2 and under ZeRO-3, and full DPO under both, on two processes (sharding is their point)."""
+under FSDP2 (on a file in OpenAI's preference format) and under ZeRO-3, and full DPO under both, on two
+processes (sharding is their point)."""
 
 from __future__ import annotations
 
@@ -123,9 +124,33 @@ def test_sft_on_prompt_completion_with_the_loss_on_the_completion(tiny_dir: Path
     assert (out / "final" / "adapter_model.safetensors").is_file()
 
 
+def openai_preference(tiny_dir: Path, out: Path) -> Path:
+    """The tiny conversational preference set in OpenAI's preference format."""
+    rows = [
+        json.loads(line) for line in (tiny_dir / "preference_chat" / "train.jsonl").read_text().splitlines()
+    ]
+    out.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "input": {"messages": r["prompt"]},
+                    "preferred_output": r["chosen"],
+                    "non_preferred_output": r["rejected"],
+                }
+            )
+            + "\n"
+            for r in rows
+        )
+    )
+    return out
+
+
 def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
+    # On a file in OpenAI's preference format (format: auto finds it), read as conversational pairs.
     spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", strategy="fsdp", max_steps=3)
+    spec["dataset"]["name_or_path"] = str(openai_preference(tiny_dir, tmp_path / "openai_preference.jsonl"))
     out, log = launch(spec, tmp_path)
+    assert "method dpo (trl.DPOTrainer) on openai_preference data" in log
     assert "engaged fsdp" in log  # FSDP really ran, not accelerate's DDP fallback on CPU
     assert "no second copy loaded" in log
     pts = train_points(out)
