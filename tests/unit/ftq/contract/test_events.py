@@ -135,3 +135,9 @@ def test_a_name_that_rebinds_is_refused_at_the_next_check() -> None:
 def test_a_bad_allowlist_is_named() -> None:
     with pytest.raises(ev.UnsafeURL, match="FTQ_WEBHOOK_ALLOWED_NETWORKS"):
         ev.check_url("http://127.0.0.1/", development=False, allowlist="not-a-net", resolver=HOSTS)
+
+
+def test_pause_and_resume_are_event_types_webhooks_subscribe_to_with_their_status() -> None:
+    assert {"job.paused", "job.resumed"} <= set(ev.EVENT_TYPES)
+    assert ev.status_at("job.paused") == "paused" and ev.status_at("job.resumed") == "queued"
+    assert ev.status_at("job.checkpoint") == "running"
