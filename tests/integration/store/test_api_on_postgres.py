@@ -1,6 +1,7 @@
 """The in-process API and migration tests that take `store_url`, run again with PostgreSQL as the store
-(this folder's conftest gives `store_url`): storage, pages, owners, idempotency, the schema, and the
-scheduler's queue rows and usage accounting, pause and resume (upserts and row locks in PostgreSQL's dialect)."""
+(this folder's conftest gives `store_url`): storage, pages, owners, idempotency, the schema, pause and
+resume, and the scheduler's queue rows and usage accounting (upserts and row locks in PostgreSQL's
+dialect)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ import pytest
 from ftq.contract.datasets import detect_formats
 from ftq.runtime import files
 
-
 OPENAI_PREFERENCE: dict[str, object] = {
     "input": {"messages": [{"role": "user", "content": "count from one."}], "tools": []},
     "preferred_output": [{"role": "assistant", "content": "one two three."}],
