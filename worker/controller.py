@@ -487,6 +487,7 @@ class JobKind:
             return False
         # The next launch is a new attempt: it resumes from the newest checkpoint (plan_for_attempt).
         runs.set_attempt_aside(v.run_dir, row.attempt)
+        recovery.note_pause(v.run_dir)  # a pause's attempt is no retry (FTQ_RETRY_PREEMPTED)
         _end_log_with_pause(v.run_dir, row.progress_step, ckpt)
         log.info("job %s paused at step %s (checkpoint %s)", row.id, row.progress_step, step)
         return True

@@ -57,11 +57,31 @@ def should_retry(code: str, attempt: int, retries: int) -> bool:
     return code in RETRYABLE and attempt < retries
 
 
+def paused_attempts(run_dir: Path) -> int:
+    """How many of the run's attempts ended in a pause (runs.PAUSE_RECORD)."""
+    try:
+        return max(0, int(json.loads((run_dir / runs.PAUSE_RECORD).read_text())["count"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def note_pause(run_dir: Path) -> None:
+    """One more attempt ended in a pause: it does not count against FTQ_RETRY_PREEMPTED."""
+    tmp = run_dir / f".{runs.PAUSE_RECORD}.tmp"
+    tmp.write_text(json.dumps({"count": paused_attempts(run_dir) + 1}))
+    tmp.replace(run_dir / runs.PAUSE_RECORD)
+
+
+def retries_used(attempt: int, run_dir: Path) -> int:
+    """The job's attempts that were retries: every attempt after the first, less those a pause ended."""
+    return max(0, attempt - paused_attempts(run_dir))
+
+
 def retry(session: Session, job: Job, run_dir: Path, failure: failures.Failure) -> bool:
     """Queue the job again when the policy allows; True when it was."""
     retries = get_settings().retry_preempted
-    if should_retry(failure.code, job.attempt, retries):
-        why = f"attempt {job.attempt + 1} of {retries}"
+    if should_retry(failure.code, retries_used(job.attempt, run_dir), retries):
+        why = f"attempt {retries_used(job.attempt, run_dir) + 1} of {retries}"
     elif failure.code == ErrorCode.time_limit and _requeue_on_timeout(job):
         step = _progress(run_dir)
         if step is None:

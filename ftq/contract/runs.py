@@ -57,6 +57,8 @@ WARNINGS = "warnings.jsonl"
 SAMPLES = "samples.jsonl"
 # The step of the checkpoint a time-limit requeue resumed from: the next one must get further.
 REQUEUE_RECORD = "requeue.json"
+# How many of the job's attempts a pause ended (`{"count": N}`): those are no retries.
+PAUSE_RECORD = "pauses.json"
 # What the worker and the launcher keep in exports/<export id>/ beside what the export wrote: not artifacts
 # (`launches.log` is worker.launchers.local's audit of starts).
 EXPORT_RECORDS = frozenset(

@@ -9,7 +9,7 @@ import pytest
 
 from ftq.contract.errors import ErrorCode
 from worker.launchers.base import RunPhase, RunState
-from worker.recovery import RETRYABLE, should_retry, why_it_failed
+from worker.recovery import RETRYABLE, note_pause, retries_used, should_retry, why_it_failed
 
 LOST = RunState(phase=RunPhase.lost)
 
@@ -20,6 +20,15 @@ def test_preemption_and_node_failures_are_retried_up_to_the_limit(code: str) -> 
     assert should_retry(code, attempt=1, retries=2)
     assert not should_retry(code, attempt=2, retries=2)
     assert not should_retry(code, attempt=0, retries=0)  # the default: never
+
+
+def test_attempts_a_pause_ended_are_no_retries(tmp_path: Path) -> None:
+    assert retries_used(2, tmp_path) == 2
+    note_pause(tmp_path)
+    note_pause(tmp_path)
+    # Paused twice and resumed: the third attempt has used no retry yet.
+    assert retries_used(2, tmp_path) == 0 and should_retry(ErrorCode.preempted, retries_used(2, tmp_path), 1)
+    assert retries_used(3, tmp_path) == 1
 
 
 @pytest.mark.parametrize("code", sorted(set(ErrorCode) - RETRYABLE))
