@@ -142,6 +142,10 @@ def _look_at_files(spec: JobSpec, settings: Settings) -> _Files:
         out.refusals.append({"loc": ["body", *loc], "msg": msg, "type": "dataset_error"})
     if problem := chat_template_problem(spec):
         out.refusals.append({"loc": ["body", "training", "loss_on"], "msg": problem, "type": "model_error"})
+    if problem := tool_calls_problem(spec):
+        out.refusals.append(
+            {"loc": ["body", "dataset", "name_or_path"], "msg": problem, "type": "dataset_error"}
+        )
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     out.disk_free = shutil.disk_usage(settings.runs_dir).free
     return out
@@ -260,6 +264,59 @@ def chat_template_problem(spec: JobSpec) -> str | None:
         "wrapped in {% generation %}...{% endgeneration %} (tokenizer_config.json chat_template, or "
         "chat_template.jinja), or use loss_on: all"
     )
+
+
+def _local_chat_template(folder: Path) -> str | None:
+    """A local model folder's chat template text (chat_template.jinja, else tokenizer_config.json's)."""
+    try:
+        jinja = folder / "chat_template.jinja"
+        if jinja.is_file():
+            return userfiles.read_ends(jinja, 4 * 1024 * 1024)[0].decode("utf-8", "replace")
+        config = json.loads(userfiles.read_ends(folder / "tokenizer_config.json", 4 * 1024 * 1024)[0])
+    except (userfiles.NotReadable, ValueError, OSError):
+        return None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):  # named templates: [{name, template}]
+        template = " ".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return template if isinstance(template, str) else None
+
+
+def tool_calls_problem(spec: JobSpec) -> str | None:
+    """OpenAI chat rows with `tool_calls` (in the first rows of a local .jsonl file) for a local model whose
+    chat template never mentions tool calls, so cannot render them: the line of the first such row. The
+    trainer checks every row with the tokenizer itself; this refuses the plain case before the queue."""
+    ds = spec.dataset
+    if (
+        ds.name_or_path is None
+        or not looks_local(ds.name_or_path)
+        or not looks_local(spec.model.name_or_path)
+    ):
+        return None
+    path, folder = Path(ds.name_or_path), Path(spec.model.name_or_path)
+    if path.suffix.lower() != ".jsonl" or not folder.is_dir():
+        return None
+    template = _local_chat_template(folder)
+    if template is None or "tool_calls" in template:
+        return None  # no template: other checks say so; one that names tool_calls may render them
+    try:
+        head, _, size = userfiles.read_ends(path, _SNIFF_BYTES)
+    except userfiles.NotReadable:
+        return None
+    lines = head.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    if size > len(head):
+        lines = lines[:-1]
+    for number, line in enumerate(lines[: _SNIFF_ROWS * 2], start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            return None
+        messages = row.get(ds.messages_field) if isinstance(row, dict) else None
+        if isinstance(messages, list) and any(isinstance(m, dict) and m.get("tool_calls") for m in messages):
+            return (
+                f"line {number} of {ds.name_or_path}: the chat template of {spec.model.name_or_path} cannot "
+                "render tool_calls; use a model whose chat template renders tool calls, or leave them out"
+            )
+    return None
 
 
 def pool_refusals(spec: JobSpec, settings: Settings) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from service.jobs.preflight import (
     local_dataset_problem,
     missing_dataset_field,
     pool_refusals,
+    tool_calls_problem,
 )
 
 GiB = 1024**3
@@ -228,3 +229,42 @@ def test_assistant_only_loss_on_a_local_tokenizer_without_a_chat_template(
     (bare / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     problem = chat_template_problem(job(bare)) or ""
     assert "no chat template" in problem and "{% generation %}" in problem and "loss_on: all" in problem
+
+
+def test_tool_calls_a_local_chat_template_cannot_render_are_refused_naming_the_line(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    call = {"id": "c1", "type": "function", "function": {"name": "count", "arguments": "{}"}}
+    plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    with_call = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]}
+    rows = tmp_path / "chat.jsonl"
+    rows.write_text("\n".join([json.dumps(plain), "", json.dumps(with_call)]) + "\n")
+
+    def spec(model: Path) -> JobSpec:
+        return JobSpec.model_validate(
+            {
+                "model": {"name_or_path": str(model)},
+                "dataset": {"name_or_path": str(rows)},
+                "training": {"max_steps": 1, "mixed_precision": "no"},
+                "resources": {"device": "cpu"},
+            }
+        )
+
+    problem = tool_calls_problem(spec(tiny_dir / "model"))  # the tiny template renders no tool calls
+    assert problem == (
+        f"line 3 of {rows}: the chat template of {tiny_dir / 'model'} cannot render tool_calls; use a model "
+        "whose chat template renders tool calls, or leave them out"
+    )
+    rows.write_text(json.dumps(plain) + "\n")
+    assert tool_calls_problem(spec(tiny_dir / "model")) is None
+    # A template that renders tool calls takes them.
+    rows.write_text(json.dumps(with_call) + "\n")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir / "model", model, ignore=shutil.ignore_patterns("*.safetensors"))
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['content'] }}{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}"
+        "{% endfor %}"
+    )
+    assert tool_calls_problem(spec(model)) is None
