@@ -371,7 +371,7 @@ def _finish(kind: Kind[Row, View], v: View, launcher: Launcher, state: RunState)
             cancelled.record(session, kind.transitions, v.id)
             kind.after_cancelled(row, v)
         elif current.status in (JobStatus.starting, JobStatus.running) and kind.held(session, row, v, state):
-            pass
+            pass  # a pause stopped the run: the row is now paused, to be resumed
         elif stopped is None and state.phase == RunPhase.exited and state.exit_code == 0 and not state.reason:
             End(JobStatus.succeeded, run=state).record(session, kind.transitions, v.id)
         elif current.status in (JobStatus.starting, JobStatus.running):
