@@ -8,7 +8,6 @@ and a job's metric points for its events, checkpoints and result file.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, defer
@@ -22,7 +21,7 @@ class OpenAIRepository:
         self.session = session
         self.owner = owner
 
-    def _readable(self) -> Select[Any]:
+    def _readable(self) -> Select[Job, OpenAIJob]:
         return (
             select(Job, OpenAIJob)
             .outerjoin(OpenAIJob, OpenAIJob.job_id == Job.id)
@@ -48,7 +47,9 @@ class OpenAIRepository:
         # The plan (rendered config and scripts) is not part of a listed job: not read at all.
         stmt = stmt.order_by(Job.seq.desc()).options(defer(Job.plan, raiseload=True))
         if not metadata:
-            rows = [(r[0], r[1]) for r in self.session.execute(stmt.limit(limit + 1))]
+            rows: list[tuple[Job, OpenAIJob | None]] = [
+                (r[0], r[1]) for r in self.session.execute(stmt.limit(limit + 1))
+            ]
             return rows[:limit], len(rows) > limit
         found: list[tuple[Job, OpenAIJob | None]] = []
         for job, extra in self.session.execute(stmt.execution_options(yield_per=200)):

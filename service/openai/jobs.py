@@ -8,7 +8,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +29,7 @@ from ftq.contract.openai import (
     WandbIntegration,
 )
 from ftq.contract.spec import JobSpec
-from ftq.contract.status import FileStatus, JobStatus
+from ftq.contract.status import TERMINAL, FileStatus, JobStatus
 from ftq.runtime.settings import Settings
 from ftq.store.files_repository import FileRepository
 from ftq.store.models import Job, JobEvent, MetricPoint, OpenAIJob, UploadedFile
@@ -415,8 +417,41 @@ def _metrics_event(
     return at, event
 
 
+class _EventsCache:
+    """Each job's merged events, built once for a job that has ended (nothing is added to it after its
+    status: ingest writes the last metrics first) and for half a second for one that has not, so that
+    polling `list_events` costs a page of a list, not a read and merge of every point."""
+
+    def __init__(self, size: int = 256, fresh_seconds: float = 0.5):
+        self._size = size
+        self._fresh = fresh_seconds
+        self._lists: OrderedDict[str, tuple[bool, float, list[FineTuningJobEvent]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, repo: OpenAIRepository, job: Job) -> list[FineTuningJobEvent]:
+        ended = job.status in TERMINAL
+        with self._lock:
+            held = self._lists.get(job.id)
+            if held is not None and (held[0] or (not ended and time.monotonic() - held[1] < self._fresh)):
+                self._lists.move_to_end(job.id)
+                return held[2]
+        built = _merged_events(repo, job)
+        with self._lock:
+            self._lists[job.id] = (ended, time.monotonic(), built)
+            while len(self._lists) > self._size:
+                self._lists.popitem(last=False)
+        return built
+
+
+_events_cache = _EventsCache()
+
+
 def events(repo: OpenAIRepository, job: Job) -> list[FineTuningJobEvent]:
     """The job's events and its metrics, newest first (OpenAI's order)."""
+    return _events_cache.get(repo, job)
+
+
+def _merged_events(repo: OpenAIRepository, job: Job) -> list[FineTuningJobEvent]:
     fallback = (job.started_at or job.created_at).timestamp()
     merged = [_message_event(e) for e in repo.events(job.id)]
     merged += [_metrics_event(p, job.progress_max_steps, fallback) for p in repo.points(job.id)]

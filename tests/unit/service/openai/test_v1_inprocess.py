@@ -18,6 +18,12 @@ from tests.harness.inprocess import MakeClient
 TOKENS = "tok-alice:alice,tok-bob:bob"
 
 
+def _body(err: openai.APIStatusError) -> dict[str, Any]:
+    """The error object of an OpenAI-shaped error answer (the SDK's `body` is its `error`)."""
+    assert isinstance(err.body, dict), err.body
+    return err.body
+
+
 def _sdk(client: Any, token: str = "tok-alice") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=token, http_client=client, max_retries=0)
 
@@ -54,7 +60,9 @@ def test_files_the_sdk_uploads_lists_reads_and_deletes(v1: Any, tiny_dir: Path) 
     assert sdk.files.retrieve(created.id).status == "processed"
     assert sdk.files.content(created.id).content == content
     # The same file on the native API.
-    native = v1.get(f"/files/file_{created.id.removeprefix('file-')}", headers={"Authorization": "Bearer tok-alice"})
+    native = v1.get(
+        f"/files/file_{created.id.removeprefix('file-')}", headers={"Authorization": "Bearer tok-alice"}
+    )
     assert native.status_code == 200 and native.json()["status"] == "ready"
 
     more = [_upload(sdk, content, f"f{i}.jsonl") for i in range(3)]
@@ -65,11 +73,11 @@ def test_files_the_sdk_uploads_lists_reads_and_deletes(v1: Any, tiny_dir: Path) 
     assert sdk.files.delete(more[0]).deleted is True
     with pytest.raises(openai.NotFoundError) as gone:
         sdk.files.retrieve(more[0])
-    assert gone.value.body["param"] == "file_id"  # type: ignore[index]
+    assert _body(gone.value)["param"] == "file_id"
 
     with pytest.raises(openai.BadRequestError) as purpose:
         sdk.files.create(file=("x.jsonl", io.BytesIO(content)), purpose="assistants")
-    assert purpose.value.body["param"] == "purpose"  # type: ignore[index]
+    assert _body(purpose.value)["param"] == "purpose"
 
 
 def test_a_malformed_line_is_named_and_the_file_refused_with_its_param(v1: Any, tiny_dir: Path) -> None:
@@ -79,21 +87,25 @@ def test_a_malformed_line_is_named_and_the_file_refused_with_its_param(v1: Any, 
     assert got.status == "error" and got.status_details and "line 4" in got.status_details
     with pytest.raises(openai.BadRequestError) as err:
         sdk.fine_tuning.jobs.create(model="ftq-tiny", training_file=bad)
-    assert err.value.body["param"] == "training_file" and "line 4" in err.value.body["message"]  # type: ignore[index]
+    assert _body(err.value)["param"] == "training_file" and "line 4" in _body(err.value)["message"]
 
 
 def test_uploads_join_parts_into_one_file(v1: Any, tiny_dir: Path) -> None:
     sdk = _sdk(v1)
     content = _chat_lines(tiny_dir, 6)
     half = len(content) // 2
-    up = sdk.uploads.create(bytes=len(content), filename="big.jsonl", mime_type="application/jsonl", purpose="fine-tune")
+    up = sdk.uploads.create(
+        bytes=len(content), filename="big.jsonl", mime_type="application/jsonl", purpose="fine-tune"
+    )
     assert up.status == "pending" and up.id.startswith("upload_")
     parts = [sdk.uploads.parts.create(up.id, data=chunk).id for chunk in (content[:half], content[half:])]
     done = sdk.uploads.complete(up.id, part_ids=parts)
     assert done.status == "completed" and done.file is not None
     assert sdk.files.content(done.file.id).content == content
 
-    short = sdk.uploads.create(bytes=10, filename="s.jsonl", mime_type="application/jsonl", purpose="fine-tune")
+    short = sdk.uploads.create(
+        bytes=10, filename="s.jsonl", mime_type="application/jsonl", purpose="fine-tune"
+    )
     with pytest.raises(openai.APIStatusError):  # more than the upload was created for
         sdk.uploads.parts.create(short.id, data=content)
     assert sdk.uploads.cancel(short.id).status == "cancelled"
@@ -102,7 +114,7 @@ def test_uploads_join_parts_into_one_file(v1: Any, tiny_dir: Path) -> None:
 def test_bad_job_requests_get_openai_errors_naming_the_param(v1: Any, tiny_dir: Path) -> None:
     sdk = _sdk(v1)
     train = _upload(sdk, _chat_lines(tiny_dir, 8))
-    cases: list[tuple[dict[str, Any], type[Exception], str | None]] = [
+    cases: list[tuple[dict[str, Any], type[openai.APIStatusError], str | None]] = [
         ({"model": "gpt-4o-mini-2024-07-18"}, openai.BadRequestError, "model"),
         ({"hyperparameters": {"n_epochs": -1}}, openai.BadRequestError, "hyperparameters.n_epochs"),
         (
@@ -119,17 +131,19 @@ def test_bad_job_requests_get_openai_errors_naming_the_param(v1: Any, tiny_dir: 
         body = {"model": "ftq-tiny", "training_file": train, **change}
         with pytest.raises(error) as got:
             sdk.fine_tuning.jobs.create(**body)
-        assert got.value.body["param"] == param, (change, got.value.body)  # type: ignore[index]
-        assert set(got.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
+        assert _body(got.value)["param"] == param, (change, got.value.body)
+        assert set(_body(got.value)) == {"message", "type", "param", "code"}
 
     # FastAPI's own validation (a missing field) and an unknown path, in the same envelope.
-    raw = v1.post("/v1/fine_tuning/jobs", json={"model": "ftq-tiny"}, headers={"Authorization": "Bearer tok-alice"})
+    raw = v1.post(
+        "/v1/fine_tuning/jobs", json={"model": "ftq-tiny"}, headers={"Authorization": "Bearer tok-alice"}
+    )
     assert raw.status_code == 400 and raw.json()["error"]["param"] == "training_file"
     raw = v1.get("/v1/nothing/here", headers={"Authorization": "Bearer tok-alice"})
     assert raw.status_code == 404 and raw.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.AuthenticationError) as auth:
         _sdk(v1, "wrong").models.list()
-    assert auth.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+    assert _body(auth.value)["code"] == "invalid_api_key"
 
 
 def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1: Any, tiny_dir: Path) -> None:
@@ -139,7 +153,11 @@ def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1:
 
     jobs = [
         alice.fine_tuning.jobs.create(
-            model="ftq-tiny", training_file=train, suffix=f"s{i}", seed=7, metadata={"team": "a" if i else "b"}
+            model="ftq-tiny",
+            training_file=train,
+            suffix=f"s{i}",
+            seed=7,
+            metadata={"team": "a" if i else "b"},
         )
         for i in range(3)
     ]
@@ -151,7 +169,9 @@ def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1:
     assert job.method is not None and job.method.type == "supervised"
     assert job.estimated_finish is not None and job.estimated_finish >= job.created_at
     # An ordinary job underneath: on /jobs, with the template's spec and the resolved hyperparameters.
-    native = v1.get(f"/jobs/job_{job.id.removeprefix('ftjob-')}", headers={"Authorization": "Bearer tok-alice"}).json()
+    native = v1.get(
+        f"/jobs/job_{job.id.removeprefix('ftjob-')}", headers={"Authorization": "Bearer tok-alice"}
+    ).json()
     assert native["spec"]["training"]["num_train_epochs"] == 3
     assert native["spec"]["training"]["per_device_train_batch_size"] == 1
     assert native["spec"]["dataset"]["file_id"] == "file_" + train.removeprefix("file-")
@@ -165,14 +185,16 @@ def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1:
         bob.fine_tuning.jobs.retrieve(job.id)
     with pytest.raises(openai.NotFoundError) as foreign:
         bob.fine_tuning.jobs.create(model="ftq-tiny", training_file=train)
-    assert foreign.value.body["param"] == "training_file"  # type: ignore[index]
+    assert _body(foreign.value)["param"] == "training_file"
     assert list(bob.fine_tuning.jobs.list()) == []
 
     cancelled = alice.fine_tuning.jobs.cancel(job.id)
     assert cancelled.status == "cancelled"
     assert alice.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
     events = list(alice.fine_tuning.jobs.list_events(job.id, limit=1))
-    assert [e.type for e in events] == ["message"] * len(events) and len({e.id for e in events}) == len(events)
+    assert [e.type for e in events] == ["message"] * len(events) and len({e.id for e in events}) == len(
+        events
+    )
     assert events[-1].message == "Created fine-tuning job" and events[0].message == "The job was cancelled"
     assert list(alice.fine_tuning.jobs.checkpoints.list(job.id)) == []
     assert json.loads(cancelled.model_dump_json())["metadata"] == {"team": "a"}
