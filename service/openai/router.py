@@ -8,7 +8,8 @@ import re
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
+from pydantic import BaseModel
 
 from ftq.contract.openai import (
     FineTuningJob,
@@ -24,6 +25,8 @@ from ftq.store import outbox
 from ftq.store.db import new_session, read_session
 from ftq.store.openai_repository import OpenAIRepository
 from service.deps import current_owner
+from service.jobs.poll import json_response
+from service.jobs.reads import in_thread
 from service.openai import ids
 from service.openai import jobs as v1_jobs
 from service.openai.errors import invalid, not_found
@@ -45,6 +48,14 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter(tags=["openai"], responses=_ERRORS)
+
+
+def _json(model: BaseModel) -> bytes:
+    # The polled reads answer with the bytes the response model would give, built once in the read's
+    # thread (as the native job and metrics polls do), not validated again by FastAPI.
+    return model.__pydantic_serializer__.to_json(model, by_alias=True)
+
+
 router.include_router(files_router)
 
 FtJobId = Annotated[str, Path(min_length=1, max_length=64, description="ftjob-<hex>")]
@@ -108,11 +119,13 @@ def list_jobs(
 @router.get(
     "/v1/fine_tuning/jobs/{job_id}", response_model=FineTuningJob, summary="Retrieve a fine-tuning job"
 )
-def retrieve_job(job_id: FtJobId, owner: OwnerDep) -> FineTuningJob:
-    settings = get_settings()
-    with read_session() as session:
-        job, extra = v1_jobs.get_or_404(OpenAIRepository(session, owner), job_id)
-        return v1_jobs.to_openai(job, extra, settings)
+async def retrieve_job(job_id: FtJobId, owner: OwnerDep) -> Response:
+    def body() -> bytes:
+        with read_session() as session:
+            job, extra = v1_jobs.get_or_404(OpenAIRepository(session, owner), job_id)
+            return _json(v1_jobs.to_openai(job, extra, get_settings()))
+
+    return json_response(await in_thread(body))
 
 
 @router.post(
@@ -134,13 +147,16 @@ def cancel_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) ->
     response_model=OpenAIList[FineTuningJobEvent],
     summary="A fine-tuning job's events (messages and metrics), newest first",
 )
-def list_events(
+async def list_events(
     job_id: FtJobId, owner: OwnerDep, after: str | None = AFTER, limit: int = LIMIT
-) -> OpenAIList[FineTuningJobEvent]:
-    with read_session() as session:
-        repo = OpenAIRepository(session, owner)
-        job, _ = v1_jobs.get_or_404(repo, job_id)
-        return page_of(v1_jobs.events(repo, job), after, limit, lambda e: e.id)
+) -> Response:
+    def body() -> bytes:
+        with read_session() as session:
+            repo = OpenAIRepository(session, owner)
+            job, _ = v1_jobs.get_or_404(repo, job_id)
+            return _json(page_of(v1_jobs.events(repo, job), after, limit, lambda e: e.id))
+
+    return json_response(await in_thread(body))
 
 
 @router.get(
