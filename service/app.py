@@ -68,7 +68,9 @@ class BodySizeLimit:
             return
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+                await send_error(
+                    send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"), scope["path"]
+                )
                 return
         seen = 0
 
@@ -84,7 +86,7 @@ class BodySizeLimit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+            await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"), scope["path"])
 
 
 class _TooLarge(Exception):

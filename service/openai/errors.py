@@ -76,10 +76,8 @@ def not_found(message: str, param: str | None = None) -> NotFound:
     return err
 
 
-def envelope(
-    status: int, message: str, *, param: str | None = None, code: str | None = None, headers: Any = None
-) -> JSONResponse:
-    body = {
+def _body(status: int, message: str, param: str | None, code: str | None) -> dict[str, Any]:
+    return {
         "error": {
             "message": message,
             "type": _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
@@ -87,7 +85,17 @@ def envelope(
             "code": code,
         }
     }
-    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def envelope(
+    status: int, message: str, *, param: str | None = None, code: str | None = None, headers: Any = None
+) -> JSONResponse:
+    return JSONResponse(_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def body_of(err: FtqError) -> dict[str, Any]:
+    """The envelope of an error answered by middleware (the guard, the body-size cap)."""
+    return _body(err.status_code, err.message, getattr(err, "param", None), _CODES.get(err.code, err.code))
 
 
 def param_of(loc: list[Any] | tuple[Any, ...]) -> str | None:

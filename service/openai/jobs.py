@@ -42,13 +42,14 @@ from service.openai.models import catalog, fine_tuned_name
 
 # OpenAI's statuses for ftq's (a cancel in progress is the cancel the user asked for).
 STATUS = {
-    JobStatus.queued: "queued",
-    JobStatus.starting: "queued",
-    JobStatus.running: "running",
-    JobStatus.cancelling: "cancelled",
-    JobStatus.succeeded: "succeeded",
-    JobStatus.failed: "failed",
-    JobStatus.cancelled: "cancelled",
+    JobStatus.queued.value: "queued",
+    JobStatus.starting.value: "queued",
+    JobStatus.running.value: "running",
+    "paused": "paused",
+    JobStatus.cancelling.value: "cancelled",
+    JobStatus.succeeded.value: "succeeded",
+    JobStatus.failed.value: "failed",
+    JobStatus.cancelled.value: "cancelled",
 }
 
 # "auto" epochs as OpenAI's data-preparation guide computes them: about 3 passes, at least ~100 and at
@@ -316,7 +317,7 @@ def to_openai(job: Job, extra: OpenAIJob | None, settings: Settings) -> FineTuni
         kind = "dpo" if training.get("method") == "dpo" else "supervised"
         method = {"type": kind, kind: {"hyperparameters": hyper}}
         model = str((spec.get("model") or {}).get("name_or_path"))
-    status = STATUS.get(JobStatus(job.status), str(job.status)) if job.status in STATUS else str(job.status)
+    status = STATUS.get(str(job.status), str(job.status))
     error = None
     if job.status == JobStatus.failed:
         error = JobErrorOut(code=job.error_code or "unknown", message=job.error_message or "the job failed")

@@ -141,6 +141,13 @@ def test_bad_job_requests_get_openai_errors_naming_the_param(v1: Any, tiny_dir: 
     assert raw.status_code == 400 and raw.json()["error"]["param"] == "training_file"
     raw = v1.get("/v1/nothing/here", headers={"Authorization": "Bearer tok-alice"})
     assert raw.status_code == 404 and raw.json()["error"]["type"] == "invalid_request_error"
+    # A body over FTQ_MAX_BODY_BYTES, refused by middleware before any route: the same envelope.
+    big = v1.post(
+        "/v1/fine_tuning/jobs",
+        content=b'{"model": "' + b"x" * 2_000_000 + b'"}',
+        headers={"Authorization": "Bearer tok-alice", "Content-Type": "application/json"},
+    )
+    assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.AuthenticationError) as auth:
         _sdk(v1, "wrong").models.list()
     assert _body(auth.value)["code"] == "invalid_api_key"
