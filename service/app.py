@@ -147,11 +147,12 @@ async def _ftq_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     http = cast(StarletteHTTPException, exc)
-    if openai_errors.under_v1(request.url.path):
-        return openai_errors.from_http(
-            http.status_code, http.detail, request.method, request.url.path, headers=http.headers
-        )
+    v1 = openai_errors.under_v1(request.url.path)
     if http.status_code != 405:
+        if v1:
+            return openai_errors.from_http(
+                http.status_code, http.detail, request.method, request.url.path, headers=http.headers
+            )
         return await http_exception_handler(request, http)
     # Starlette's Allow names only the first route on the path; RFC 9110 wants every method there.
     routes = request.app.router.routes
@@ -163,6 +164,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     headers = dict(http.headers or {})
     if allowed:
         headers["Allow"] = ", ".join(sorted(allowed))
+    if v1:
+        return openai_errors.from_http(405, http.detail, request.method, request.url.path, headers=headers)
     return JSONResponse({"detail": http.detail}, status_code=405, headers=headers)
 
 
