@@ -47,7 +47,7 @@ def _upload(sdk: openai.OpenAI, content: bytes, name: str = "train.jsonl") -> st
 
 @pytest.fixture
 def v1(make_client: MakeClient) -> Any:
-    return make_client(api_tokens=TOKENS, openai_file_wait_seconds="0")
+    return make_client(api_tokens=TOKENS, openai_file_wait_seconds="0", wandb_mode="offline")
 
 
 def test_files_the_sdk_uploads_lists_reads_and_deletes(v1: Any, tiny_dir: Path) -> None:
@@ -194,6 +194,21 @@ def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1:
         bob.fine_tuning.jobs.create(model="ftq-tiny", training_file=train)
     assert _body(foreign.value)["param"] == "training_file"
     assert list(bob.fine_tuning.jobs.list()) == []
+
+    # W&B as OpenAI's integrations write it: the spec's integrations.wandb.
+    tracked = alice.fine_tuning.jobs.create(
+        model="ftq-tiny",
+        training_file=train,
+        integrations=[{"type": "wandb", "wandb": {"project": "ft-project", "tags": ["a"]}}],
+    )
+    assert tracked.integrations and tracked.integrations[0].wandb.project == "ft-project"
+    spec = v1.get(f"/jobs/job_{tracked.id.removeprefix('ftjob-')}", headers={"Authorization": "Bearer tok-alice"})
+    assert spec.json()["spec"]["integrations"]["wandb"] == {"project": "ft-project", "entity": None, "tags": ["a"]}
+    alice.fine_tuning.jobs.cancel(tracked.id)
+    # A model that is no alias but a path a spec accepts trains on the catalog's default template.
+    by_path = alice.fine_tuning.jobs.create(model="./tiny/model", training_file=train)
+    assert by_path.model == "./tiny/model" and by_path.status == "queued"
+    alice.fine_tuning.jobs.cancel(by_path.id)
 
     cancelled = alice.fine_tuning.jobs.cancel(job.id)
     assert cancelled.status == "cancelled"
