@@ -24,6 +24,13 @@ def _body(err: openai.APIStatusError) -> dict[str, Any]:
     return err.body
 
 
+def _native_job(client: Any, v1_id: str) -> dict[str, Any]:
+    """GET /jobs/{id} of the job `ftjob-<hex>` is, as Alice."""
+    r = client.get(f"/jobs/job_{v1_id.removeprefix('ftjob-')}", headers={"Authorization": "Bearer tok-alice"})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
 def _sdk(client: Any, token: str = "tok-alice") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=token, http_client=client, max_retries=0)
 
@@ -202,8 +209,8 @@ def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1:
         integrations=[{"type": "wandb", "wandb": {"project": "ft-project", "tags": ["a"]}}],
     )
     assert tracked.integrations and tracked.integrations[0].wandb.project == "ft-project"
-    spec = v1.get(f"/jobs/job_{tracked.id.removeprefix('ftjob-')}", headers={"Authorization": "Bearer tok-alice"})
-    assert spec.json()["spec"]["integrations"]["wandb"] == {"project": "ft-project", "entity": None, "tags": ["a"]}
+    wandb = _native_job(v1, tracked.id)["spec"]["integrations"]["wandb"]
+    assert wandb == {"project": "ft-project", "entity": None, "tags": ["a"]}
     alice.fine_tuning.jobs.cancel(tracked.id)
     # A model that is no alias but a path a spec accepts trains on the catalog's default template.
     by_path = alice.fine_tuning.jobs.create(model="./tiny/model", training_file=train)
