@@ -217,8 +217,8 @@ def resolve(
         beta = hyper.get("beta", "auto")
         beta = DEFAULT_BETA if beta == "auto" else float(beta)
         resolved["beta"] = beta
+        # The format stays `auto`: the method picks the preference format the file's rows hold.
         training.update(method="dpo", dpo={"beta": beta})
-        dataset["format"] = "preference"
     spec: dict[str, Any] = {
         "name": f"ft-{body.suffix}" if body.suffix else None,
         **template,

@@ -20,6 +20,9 @@ from openai.types.fine_tuning import FineTuningJob
 
 from tests.harness import QUICK_SETTINGS, Deployment, tiny_assets
 
+# Two real tiny training runs (SFT and DPO) serve the module.
+pytestmark = pytest.mark.slow
+
 TOKENS = {"alice": "tok-alice-e2e", "bob": "tok-bob-e2e"}
 TERMINAL = ("succeeded", "failed", "cancelled")
 
