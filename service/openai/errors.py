@@ -6,6 +6,7 @@ path, answer with `envelope(...)` instead of the native `{"detail", "code"}`."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -47,6 +48,10 @@ _PARAMS = {
     "training.seed": "seed",
     "integrations.wandb": "integrations",
 }
+
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TYPE_NAMES = frozenset({"int", "float", "str", "bool", "list", "dict", "none"})
 
 
 def under_v1(path: str) -> bool:
@@ -101,7 +106,14 @@ def body_of(err: FtqError) -> dict[str, Any]:
 def param_of(loc: list[Any] | tuple[Any, ...]) -> str | None:
     """A validation error's location as OpenAI's `param` (`hyperparameters.n_epochs`); a native spec
     field as the `/v1` parameter it came from."""
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    parts: list[str] = []
+    for part in loc:
+        if part in ("body", "query", "path", "header"):
+            continue
+        # A union's branch (`literal['auto']`, `int`) or a list index is no part of the parameter's name.
+        if isinstance(part, int) or not _NAME.match(str(part)) or part in _TYPE_NAMES:
+            break
+        parts.append(str(part))
     if not parts:
         return None
     dotted = ".".join(parts)

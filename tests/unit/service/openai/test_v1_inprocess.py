@@ -124,6 +124,7 @@ def test_bad_job_requests_get_openai_errors_naming_the_param(v1: Any, tiny_dir: 
     cases: list[tuple[dict[str, Any], type[openai.APIStatusError], str | None]] = [
         ({"model": "gpt-4o-mini-2024-07-18"}, openai.BadRequestError, "model"),
         ({"hyperparameters": {"n_epochs": -1}}, openai.BadRequestError, "hyperparameters.n_epochs"),
+        ({"hyperparameters": {"n_epochs": "three"}}, openai.BadRequestError, "hyperparameters.n_epochs"),
         (
             {"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 0}}}},
             openai.BadRequestError,
