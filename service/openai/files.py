@@ -266,6 +266,27 @@ def _upload_dir(settings: Settings, owner: str, upload_id: str) -> Path:
     return files.owner_dir(settings.data_path, owner) / "uploads" / upload_id
 
 
+def _pending_bytes(settings: Settings, owner: str) -> int:
+    """What the owner's unfinished uploads hold, which counts in the quota as files do; uploads that
+    expired or were cancelled are removed on the way."""
+    root = files.owner_dir(settings.data_path, owner) / "uploads"
+    if not root.is_dir():
+        return 0
+    total, now = 0, time.time()
+    for folder in root.iterdir():
+        if not _UPLOAD_ID.match(folder.name) or folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            state = json.loads((folder / "upload.json").read_text())
+        except (OSError, ValueError):
+            state = {"status": "broken", "expires_at": 0}
+        if state.get("status") != "pending" or state.get("expires_at", 0) < now:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        total += sum(p.stat().st_size for p in folder.glob("part_*"))
+    return total
+
+
 def _read_state(folder: Path, upload_id: str) -> dict[str, Any]:
     try:
         state: dict[str, Any] = json.loads((folder / "upload.json").read_text())
@@ -307,7 +328,7 @@ def create_upload(body: UploadCreate, owner: OwnerDep) -> Upload:
         )
     session = new_session()
     try:
-        used = FileRepository(session, owner).bytes_used()
+        used = FileRepository(session, owner).bytes_used() + _pending_bytes(settings, owner)
     finally:
         session.close()
     if used + body.bytes > settings.file_quota_bytes:
@@ -346,10 +367,11 @@ async def add_part(upload_id: V1Id, request: Request, owner: OwnerDep) -> Upload
     if state["status"] != "pending":
         raise invalid(f"upload {upload_id} is {state['status']}; parts go to a pending upload", "upload_id")
     held = sum(p.stat().st_size for p in folder.glob("part_*"))
-    # A part may hold what is left of the upload's declared bytes, within the owner's quota.
+    # A part may hold what is left of the upload's declared bytes, within the owner's quota (which the
+    # parts of every unfinished upload count in).
     limits = await _limits(owner, settings)
     limits.max_bytes = max(0, state["bytes"] - held)
-    limits.used_bytes += held
+    limits.used_bytes += await anyio.to_thread.run_sync(_pending_bytes, settings, owner)
     part_id = "part_" + secrets.token_hex(12)
     await _receive(request, folder / part_id, limits, "data")
     return UploadPart(id=part_id, created_at=int(time.time()), upload_id=upload_id)
@@ -417,7 +439,5 @@ def cancel_upload(upload_id: V1Id, owner: OwnerDep) -> Upload:
     state = _read_state(folder, upload_id)
     if state["status"] == "pending":
         state["status"] = "cancelled"
-        for part in folder.glob("part_*"):
-            part.unlink(missing_ok=True)
-        _write_state(folder, state)
+        shutil.rmtree(folder, ignore_errors=True)
     return _upload_out(state)

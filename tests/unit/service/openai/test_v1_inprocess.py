@@ -97,7 +97,7 @@ def test_a_malformed_line_is_named_and_the_file_refused_with_its_param(v1: Any, 
     assert _body(err.value)["param"] == "training_file" and "line 4" in _body(err.value)["message"]
 
 
-def test_uploads_join_parts_into_one_file(v1: Any, tiny_dir: Path) -> None:
+def test_uploads_join_parts_into_one_file(v1: Any, tiny_dir: Path, make_client: MakeClient) -> None:
     sdk = _sdk(v1)
     content = _chat_lines(tiny_dir, 6)
     half = len(content) // 2
@@ -116,6 +116,22 @@ def test_uploads_join_parts_into_one_file(v1: Any, tiny_dir: Path) -> None:
     with pytest.raises(openai.APIStatusError):  # more than the upload was created for
         sdk.uploads.parts.create(short.id, data=content)
     assert sdk.uploads.cancel(short.id).status == "cancelled"
+    v1_small = make_client(api_tokens=TOKENS, file_quota_bytes="10000")
+
+    # Unfinished uploads count in the owner's quota: a second one past what is left is refused.
+    quota_client = _sdk(v1_small)
+    first = quota_client.uploads.create(
+        bytes=6000, filename="a.jsonl", mime_type="application/jsonl", purpose="fine-tune"
+    )
+    quota_client.uploads.parts.create(first.id, data=b"x" * 6000)
+    with pytest.raises(openai.RateLimitError):
+        quota_client.uploads.create(
+            bytes=6000, filename="b.jsonl", mime_type="application/jsonl", purpose="fine-tune"
+        )
+    quota_client.uploads.cancel(first.id)  # its parts are gone: the room is back
+    quota_client.uploads.create(
+        bytes=6000, filename="b.jsonl", mime_type="application/jsonl", purpose="fine-tune"
+    )
 
 
 def test_bad_job_requests_get_openai_errors_naming_the_param(v1: Any, tiny_dir: Path) -> None:
