@@ -142,7 +142,7 @@ def _ready_files(
                 raise not_found(f"No such File object: {v1_id}", param)
             if row.status != FileStatus.validating or time.monotonic() >= deadline:
                 break
-            session.expire(row)
+            session.rollback()  # a new transaction, to see the validation commit (SQLite reads a snapshot)
             time.sleep(0.25)
         if row.status == FileStatus.validating:
             raise invalid(f"file {v1_id} is still being validated; retry shortly", param, "file_not_ready")

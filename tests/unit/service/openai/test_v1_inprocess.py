@@ -244,3 +244,22 @@ def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1:
     assert events[-1].message == "Created fine-tuning job" and events[0].message == "The job was cancelled"
     assert list(alice.fine_tuning.jobs.checkpoints.list(job.id)) == []
     assert json.loads(cancelled.model_dump_json())["metadata"] == {"team": "a"}
+
+
+def test_a_job_created_right_after_the_upload_waits_for_the_validation(
+    make_client: MakeClient, tiny_dir: Path
+) -> None:
+    import threading
+
+    client = make_client(api_tokens=TOKENS, openai_file_wait_seconds="60")
+    sdk = _sdk(client)
+    train = sdk.files.create(file=("t.jsonl", io.BytesIO(_chat_lines(tiny_dir, 8))), purpose="fine-tune")
+    assert train.status == "uploaded"
+    # The worker's validation lands a second later, while the create waits for it.
+    later = threading.Timer(1.0, _validate, args=(train.id,))
+    later.start()
+    try:
+        job = sdk.fine_tuning.jobs.create(model="ftq-tiny", training_file=train.id)
+    finally:
+        later.join()
+    assert job.status == "queued" and sdk.files.retrieve(train.id).status == "processed"
