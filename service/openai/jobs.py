@@ -369,6 +369,8 @@ _MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
     "job.succeeded": lambda d: "The job has successfully completed",
     "job.failed": lambda d: "The job failed: " + str((d.get("error") or {}).get("message", "")),
     "job.cancelled": lambda d: "The job was cancelled",
+    "job.paused": lambda d: "Fine-tuning job paused",
+    "job.resumed": lambda d: "Fine-tuning job resumed",
 }
 _LEVELS = {"job.warning": "warn", "job.failed": "error"}
 
@@ -562,6 +564,24 @@ def result_file(repo: OpenAIRepository, v1_id: str) -> tuple[OpenAIFile, bytes]:
         ),
         content,
     )
+
+
+def pause(session: Session, owner: str, v1_id: str, settings: Settings) -> FineTuningJob:
+    """The native pause (a checkpoint, the ranks ended, the devices freed), seen as OpenAI's job."""
+    repo = OpenAIRepository(session, owner)
+    job, extra = get_or_404(repo, v1_id)
+    jobs_service.pause_job(session, JobRepository(session, owner), job.id)
+    session.refresh(job)
+    return to_openai(job, extra, settings)
+
+
+def resume(session: Session, owner: str, v1_id: str, settings: Settings) -> FineTuningJob:
+    """The native resume (queued again, to continue from the pause's checkpoint)."""
+    repo = OpenAIRepository(session, owner)
+    job, extra = get_or_404(repo, v1_id)
+    jobs_service.resume_job(session, JobRepository(session, owner), job.id)
+    session.refresh(job)
+    return to_openai(job, extra, settings)
 
 
 def cancel(session: Session, owner: str, v1_id: str, settings: Settings) -> FineTuningJob:

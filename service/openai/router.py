@@ -142,6 +142,35 @@ def cancel_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) ->
     return result
 
 
+def _change(job_id: str, owner: str, background: BackgroundTasks, change: str) -> FineTuningJob:
+    settings = get_settings()
+    session = new_session()
+    try:
+        result = (v1_jobs.pause if change == "pause" else v1_jobs.resume)(session, owner, job_id, settings)
+    finally:
+        session.close()
+    background.add_task(outbox.send_for_job, ids.job_in(result.id) or result.id)
+    return result
+
+
+@router.post(
+    "/v1/fine_tuning/jobs/{job_id}/pause",
+    response_model=FineTuningJob,
+    summary="Pause a running fine-tuning job (it checkpoints and frees its devices)",
+)
+def pause_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) -> FineTuningJob:
+    return _change(job_id, owner, background, "pause")
+
+
+@router.post(
+    "/v1/fine_tuning/jobs/{job_id}/resume",
+    response_model=FineTuningJob,
+    summary="Resume a paused fine-tuning job from its checkpoint",
+)
+def resume_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) -> FineTuningJob:
+    return _change(job_id, owner, background, "resume")
+
+
 @router.get(
     "/v1/fine_tuning/jobs/{job_id}/events",
     response_model=OpenAIList[FineTuningJobEvent],

@@ -59,6 +59,22 @@ def _wait(client: openai.OpenAI, job_id: str, dep: Deployment, timeout: float = 
 class Trained:
     sft: FineTuningJob
     dpo: FineTuningJob
+    paused: FineTuningJob  # the SFT job as it was while paused
+
+
+def _pause_and_resume(client: openai.OpenAI, job_id: str, dep: Deployment) -> FineTuningJob:
+    """Pause the job after its first steps, wait until it is paused, resume it."""
+    native = "job_" + job_id.removeprefix("ftjob-")
+    deadline = time.monotonic() + 600
+    while (dep.http.get(f"/jobs/{native}").json()["progress"].get("step") or 0) < 2:
+        assert time.monotonic() < deadline, dep.report(native)
+        time.sleep(0.5)
+    client.fine_tuning.jobs.pause(job_id)
+    while str((job := client.fine_tuning.jobs.retrieve(job_id)).status) != "paused":
+        assert job.status not in TERMINAL and time.monotonic() < deadline, dep.report(native)
+        time.sleep(1)
+    assert client.fine_tuning.jobs.resume(job_id).status in ("queued", "running")
+    return job
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +103,8 @@ def trained(dep: Deployment, tiny_dir: Path) -> Trained:
         training_file=prefs.id,
         method={"type": "dpo", "dpo": {"hyperparameters": {"n_epochs": 1, "batch_size": 8, "beta": 0.2}}},
     )
-    return Trained(sft=_wait(client, sft.id, dep), dpo=_wait(client, dpo.id, dep))
+    paused = _pause_and_resume(client, sft.id, dep)
+    return Trained(sft=_wait(client, sft.id, dep), dpo=_wait(client, dpo.id, dep), paused=paused)
 
 
 def test_the_sft_job_succeeds_with_openai_fields(dep: Deployment, trained: Trained) -> None:
@@ -126,6 +143,18 @@ def test_checkpoints_carry_openai_metric_names(dep: Deployment, trained: Trained
         assert c.fine_tuned_model_checkpoint == f"{trained.sft.fine_tuned_model}:ckpt-step-{c.step_number}"
         assert c.metrics.train_loss is not None and c.metrics.valid_loss is not None
         assert c.metrics.full_valid_loss == c.metrics.valid_loss
+
+
+def test_a_paused_job_resumes_from_its_checkpoint_and_succeeds(dep: Deployment, trained: Trained) -> None:
+    assert str(trained.paused.status) == "paused" and trained.paused.finished_at is None
+    assert trained.sft.status == "succeeded"
+    # Every step up to the end is there: the resumed run went on to the last step after the pause.
+    steps = [
+        cast(dict[str, Any], e.data)["step"]
+        for e in sdk(dep).fine_tuning.jobs.list_events(trained.sft.id)
+        if e.type == "metrics"
+    ]
+    assert set(range(1, 25)) <= set(steps) and max(steps) == 24
 
 
 def test_the_result_file_is_openai_csv(dep: Deployment, trained: Trained) -> None:

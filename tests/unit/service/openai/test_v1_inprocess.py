@@ -218,6 +218,9 @@ def test_a_job_is_created_resolved_listed_and_cancelled_and_owners_are_apart(v1:
         bob.fine_tuning.jobs.create(model="ftq-tiny", training_file=train)
     assert _body(foreign.value)["param"] == "training_file"
     assert list(bob.fine_tuning.jobs.list()) == []
+    for change in (bob.fine_tuning.jobs.pause, bob.fine_tuning.jobs.resume):
+        with pytest.raises(openai.NotFoundError):
+            change(job.id)
 
     # W&B as OpenAI's integrations write it: the spec's integrations.wandb.
     tracked = alice.fine_tuning.jobs.create(
