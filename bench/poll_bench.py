@@ -438,6 +438,91 @@ def bench_up(seconds: float = 4.0, rounds: int = 3) -> None:
     )
 
 
+# The OpenAI-compatible surface against the native one (`ftq up`, SQLite) ------------------------------
+
+V1_JOB = "job_00000000000a1001"
+V1_POINTS = 200
+V1_EVENTS = 12
+
+
+def _seed_v1(data_dir: Path) -> None:
+    """A succeeded job made through /v1 (its openai_jobs row), its points and events, in `ftq up`'s store."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from ftq.contract.events import EventType
+    from ftq.store import events, repository
+    from ftq.store.models import OpenAIJob
+    from tests.harness.rows import job_row, training_points
+
+    engine = create_engine(f"sqlite:///{data_dir.resolve() / 'ftq.db'}")
+    with Session(engine) as s:
+        s.add(job_row(V1_JOB, name="v1", owner="local", status="succeeded", spec=json.loads(spec_json())))
+        s.flush()
+        s.add(
+            OpenAIJob(
+                job_id=V1_JOB,
+                model="ftq-tiny",
+                suffix="bench",
+                seed=42,
+                method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}},
+            )
+        )
+        repository.upsert_points(s, V1_JOB, training_points(V1_POINTS))
+        for i in range(V1_EVENTS):
+            events.record(
+                s, V1_JOB, EventType.checkpoint, {"step": i * 10, "path": f"checkpoint-{i}"}, owner="local"
+            )
+        s.commit()
+    engine.dispose()
+
+
+def bench_openai(seconds: float = 3.0, rounds: int = 3) -> None:
+    """Polling a job and its events through /v1 against the native routes, on one `ftq up` (SQLite), 16
+    client threads, each pair measured back to back, the median of `rounds`."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="v1-", dir=OUT))
+    v1_id = "ftjob-" + V1_JOB.removeprefix("job_")
+    pairs = {
+        "job": ([f"/jobs/{V1_JOB}"], [f"/v1/fine_tuning/jobs/{v1_id}"]),
+        "events": ([f"/jobs/{V1_JOB}/events?limit=20"], [f"/v1/fine_tuning/jobs/{v1_id}/events?limit=20"]),
+    }
+    with Deployment(root, mode="up") as server:
+        _seed_v1(server.data_dir)
+        for native, v1 in pairs.values():
+            for paths in (native, v1):
+                answer = httpx.get(server.url + paths[0], timeout=10)
+                assert answer.status_code == 200, (paths, answer.text)
+                threads_load(server.url, paths, threads=UP_THREADS, seconds=1)  # warm
+        for name, (native, v1) in pairs.items():
+            ratios: list[float] = []
+            figures: list[tuple[float, float, int]] = []
+            for r in range(rounds):
+                a = threads_load(server.url, native, threads=UP_THREADS, seconds=seconds)
+                b = threads_load(server.url, v1, threads=UP_THREADS, seconds=seconds)
+                ratios.append(b["req_s"] / a["req_s"])
+                figures.append((a["req_s"], b["req_s"], int(a["errors"] + b["errors"])))
+                log(f"v1 {name} round {r}: native {a['req_s']:.0f} req/s, /v1 {b['req_s']:.0f} req/s")
+            median = sorted(range(rounds), key=lambda i: ratios[i])[rounds // 2]
+            a_rps, b_rps, _ = figures[median]
+            errors = sum(f[2] for f in figures)
+            result(f"native_{name}_poll", a_rps, "req/s", errors=errors)
+            result(
+                f"v1_{name}_poll",
+                b_rps,
+                "req/s",
+                baseline=f"native_{name}_poll",
+                target=">=0.9",
+                rounds=",".join(f"{x:.2f}" for x in ratios),
+            )
+    note(
+        f"openai: `ftq up` on SQLite, one succeeded /v1 job with {V1_POINTS} points and {V1_EVENTS} events; "
+        f"{UP_THREADS} client threads for {seconds:.0f} s on the native route then on its /v1 projection "
+        f"(GET /jobs/{{id}} vs GET /v1/fine_tuning/jobs/{{id}}; GET /jobs/{{id}}/events?limit=20 vs "
+        f"GET /v1/fine_tuning/jobs/{{id}}/events?limit=20), {rounds} rounds; the median round's figures"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run")
@@ -445,12 +530,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--points", type=int, default=2000)
     ap.add_argument("--no-mlflow", action="store_true")
     ap.add_argument(
-        "--only", choices=["poll", "mlflow", "history", "status", "workers", "up"], action="append"
+        "--only",
+        choices=["poll", "mlflow", "history", "status", "workers", "up", "openai"],
+        action="append",
     )
     args = ap.parse_args(argv)
-    # `ftq up`'s figure is a bench of its own in run_all (key `up`).
+    # `ftq up`'s figure and /v1's are benches of their own in run_all (keys `up`, `openai`).
     only = set(args.only or ["poll", "mlflow", "history", "status", "workers"])
-    if only - {"up"} and not have_wrk():  # the `ftq up` figure's clients are Python threads
+    if only - {"up", "openai"} and not have_wrk():  # the `ftq up` figure's clients are Python threads
         print("poll_bench needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
     poll: dict[str, Any] = {}
@@ -467,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_mlflow(args.seconds, args.jobs, args.points, poll)
     if "up" in only:
         bench_up()
+    if "openai" in only:
+        bench_openai()
     return 0
 
 

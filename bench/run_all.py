@@ -66,6 +66,12 @@ BENCHES = [
         ["-m", "bench.poll_bench", "--only", "up"],
         600,
     ),
+    Bench(
+        "openai",
+        ["-m", "bench.poll_bench", "--only", "openai"],
+        ["-m", "bench.poll_bench", "--only", "openai"],
+        600,
+    ),
     Bench("ingest", ["-m", "bench.ingest_bench"], ["-m", "bench.ingest_bench", "--lines", "20000"], 900),
     Bench(
         "artifacts",

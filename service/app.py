@@ -36,6 +36,9 @@ from service.jobs.poll import MetricsPollPath
 from service.jobs.router import RateLimiter
 from service.jobs.router import router as jobs_router
 from service.observability import router as metrics_router
+from service.openai import errors as openai_errors
+from service.openai.router import STREAMED_V1_UPLOADS
+from service.openai.router import router as openai_router
 from service.ui.router import router as ui_router
 from service.usage.router import router as usage_router
 from service.webhooks.router import add_webhook_docs
@@ -60,12 +63,14 @@ class BodySizeLimit:
         self.streamed = streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (scope.get("method"), scope.get("path")) in self.streamed:
+        if scope["type"] != "http" or _streamed(scope, self.streamed):
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+                await send_error(
+                    send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"), scope["path"]
+                )
                 return
         seen = 0
 
@@ -81,11 +86,18 @@ class BodySizeLimit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"))
+            await send_error(send, PayloadTooLarge(f"the body is over {self.max_bytes} bytes"), scope["path"])
 
 
 class _TooLarge(Exception):
     pass
+
+
+def _streamed(scope: Scope, streamed: frozenset[tuple[str, str]]) -> bool:
+    method, path = scope.get("method"), scope.get("path", "")
+    return (method, path) in streamed or (
+        method == "POST" and STREAMED_V1_UPLOADS.fullmatch(path) is not None
+    )
 
 
 @asynccontextmanager
@@ -126,14 +138,21 @@ def create_app() -> FastAPI:
 # Error answers ------------------------------------------------------------------------------------------
 
 
-async def _ftq_error(_: Request, exc: Exception) -> Response:
+async def _ftq_error(request: Request, exc: Exception) -> Response:
     err = cast(FtqError, exc)
+    if openai_errors.under_v1(request.url.path):
+        return openai_errors.from_ftq(err)
     return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     http = cast(StarletteHTTPException, exc)
+    v1 = openai_errors.under_v1(request.url.path)
     if http.status_code != 405:
+        if v1:
+            return openai_errors.from_http(
+                http.status_code, http.detail, request.method, request.url.path, headers=http.headers
+            )
         return await http_exception_handler(request, http)
     # Starlette's Allow names only the first route on the path; RFC 9110 wants every method there.
     routes = request.app.router.routes
@@ -145,27 +164,34 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     headers = dict(http.headers or {})
     if allowed:
         headers["Allow"] = ", ".join(sorted(allowed))
+    if v1:
+        return openai_errors.from_http(405, http.detail, request.method, request.url.path, headers=headers)
     return JSONResponse({"detail": http.detail}, status_code=405, headers=headers)
 
 
-async def _validation_error(_: Request, exc: Exception) -> Response:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     errors = [
         {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), "type": e.get("type", "value_error")}
         for e in cast(RequestValidationError, exc).errors()
     ]
+    if openai_errors.under_v1(request.url.path):
+        return openai_errors.from_validation(errors)
     return JSONResponse({"detail": errors}, status_code=422)
 
 
-async def _store_down(_: Request, exc: Exception) -> Response:
+async def _store_down(request: Request, exc: Exception) -> Response:
     # The store is unreachable (restarting, network): tell clients to come back, do not 500.
     log.warning("store unavailable: %s", str(exc).splitlines()[0])
     err = ServiceUnavailable("the job store is unavailable; retry shortly")
+    if openai_errors.under_v1(request.url.path):
+        return openai_errors.from_ftq(err)
     return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error as `{"detail", "code"}` (service.errors), validation errors as FastAPI's list, a 405
-    with its full Allow header, and a store that does not answer as a 503."""
+    with its full Allow header, and a store that does not answer as a 503; under `/v1`, each of them in
+    OpenAI's error envelope (service.openai.errors)."""
     app.add_exception_handler(FtqError, _ftq_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -206,6 +232,7 @@ def _add_routes(app: FastAPI) -> None:
         summary="Readiness: the store and the broker answer",
         responses={503: {"model": Health, "description": "Not ready"}},
     )
+    app.include_router(openai_router)
     app.include_router(ui_router)
     app.include_router(metrics_router)
 

@@ -20,13 +20,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ftq.runtime.settings import Settings
 from service.errors import Forbidden, FtqError, HeadersTooLarge, MisdirectedRequest
+from service.openai import errors as openai_errors
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 
 
-async def send_error(send: Send, err: FtqError) -> None:
-    body = json.dumps(err.body()).encode()
+async def send_error(send: Send, err: FtqError, path: str = "") -> None:
+    """The error as a response from middleware; under `/v1`, in OpenAI's envelope."""
+    body = json.dumps(openai_errors.body_of(err) if openai_errors.under_v1(path) else err.body()).encode()
     await send(
         {
             "type": "http.response.start",
@@ -86,7 +88,7 @@ class RequestGuard:
             return
         err = self.refusal(scope)
         if err is not None:
-            await send_error(send, err)
+            await send_error(send, err, scope.get("path", ""))
             return
         await self.app(scope, receive, send)
 

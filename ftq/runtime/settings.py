@@ -189,6 +189,19 @@ class Settings(BaseSettings):
         "`false` (nobody: it skips only the GPU estimate), `true` (every owner), or comma-separated owners.",
     )
     idempotency_ttl_hours: float = Field(24.0, gt=0)
+    openai_models: str = Field(
+        "",
+        description="The OpenAI-compatible API's model catalog (`GET /v1/models`): a YAML or JSON file "
+        "mapping each alias to a spec template (model, lora, distributed, resources, training's base "
+        "learning_rate and max_seq_len). Empty: the built-in catalog, the tiny example model as `ftq-tiny`.",
+    )
+    openai_file_wait_seconds: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="How long `POST /v1/fine_tuning/jobs` waits for its files to finish validating (OpenAI "
+        "clients create the job right after the upload); longer is a 400 naming the file.",
+    )
 
     # Operator policy on what a job may do and who may reach the API
     allow_remote_code: str = Field(

@@ -351,3 +351,22 @@ class UploadedFile(Base):
         Index("ix_files_owner_seq", "owner", "seq"),
         Index("ix_files_status_sent", "status", "validation_sent_at"),
     )
+
+
+class OpenAIJob(Base):
+    """What a job created through the OpenAI-compatible `/v1` API was asked for beyond its spec: the
+    model as written (a catalog alias), the suffix, the metadata, the method with its hyperparameters
+    resolved, the integrations. The job itself is an ordinary `jobs` row; `/v1` is a projection of it."""
+
+    __tablename__ = "openai_jobs"
+
+    job_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    model: Mapped[str] = mapped_column(String(256), nullable=False)
+    suffix: Mapped[str | None] = mapped_column(String(64))
+    seed: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    method: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)  # {type, <type>: {hyperparameters}}
+    # OpenAI's metadata: up to 16 string keys and values.
+    job_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
+    integrations: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)

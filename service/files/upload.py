@@ -72,10 +72,12 @@ class _Sink:
 
 
 class Received:
-    def __init__(self, size: int, sha256: str, filename: str | None):
+    def __init__(self, size: int, sha256: str, filename: str | None, fields: dict[str, str] | None = None):
         self.size = size
         self.sha256 = sha256
         self.filename = filename
+        # The form's other small fields (`purpose` of an OpenAI upload), by name.
+        self.fields = fields or {}
 
 
 def _boundary(content_type: str) -> bytes:
@@ -94,18 +96,22 @@ def _disposition(value: bytes) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("utf-8", "replace") for k, v in params.items()}
 
 
-async def receive(stream: AsyncIterator[bytes], content_type: str, path: Path, limits: Limits) -> Received:
-    """Write the upload's file bytes to `path` (new); on any failure the partial file is removed."""
+async def receive(
+    stream: AsyncIterator[bytes], content_type: str, path: Path, limits: Limits, *, field: str = "file"
+) -> Received:
+    """Write the upload's file bytes to `path` (new); on any failure the partial file is removed. A
+    multipart body's file is its field `field`; its other fields up to 1 KiB each are kept as text."""
     ctype = content_type.split(";")[0].strip().lower()
     sink = await anyio.to_thread.run_sync(_Sink, path)
     try:
+        fields: dict[str, str] = {}
         if ctype == "multipart/form-data":
-            filename = await _receive_multipart(stream, _boundary(content_type), sink, limits)
+            filename = await _receive_multipart(stream, _boundary(content_type), sink, limits, field, fields)
         else:
             filename = None
             await _receive_raw(stream, sink, limits)
         await anyio.to_thread.run_sync(os.fsync, sink.fd)
-        return Received(sink.size, sink.hash.hexdigest(), filename)
+        return Received(sink.size, sink.hash.hexdigest(), filename, fields)
     except BaseException:
         sink.close()
         path.unlink(missing_ok=True)
@@ -136,8 +142,17 @@ async def _receive_raw(stream: AsyncIterator[bytes], sink: _Sink, limits: Limits
     await _flush(sink, pending)
 
 
+_SMALL_FIELD = 1024
+_SMALL_FIELDS = 16
+
+
 async def _receive_multipart(
-    stream: AsyncIterator[bytes], boundary: bytes, sink: _Sink, limits: Limits
+    stream: AsyncIterator[bytes],
+    boundary: bytes,
+    sink: _Sink,
+    limits: Limits,
+    field: str = "file",
+    fields: dict[str, str] | None = None,
 ) -> str | None:
     from python_multipart.multipart import MultipartParser
 
@@ -146,9 +161,12 @@ async def _receive_multipart(
     total = 0
     problem: list[FtqError] = []
 
+    small: dict[str, bytearray] = {}
+
     def on_part_begin() -> None:
         state["headers"] = {}
         state["in_file"] = False
+        state["small"] = None
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
         state["field"] += data[start:end]
@@ -163,13 +181,18 @@ async def _receive_multipart(
 
     def on_headers_finished() -> None:
         params = _disposition(state["headers"].get("content-disposition", b""))
-        if params.get("name") == "file" and not state["found"]:
+        name = params.get("name")
+        if name == field and not state["found"]:
             state["in_file"] = True
             state["found"] = True
             state["filename"] = params.get("filename")
+        elif name and "filename" not in params and len(small) < _SMALL_FIELDS:
+            state["small"] = small.setdefault(name, bytearray())
 
     def on_part_data(data: bytes, start: int, end: int) -> None:
         nonlocal total
+        if state.get("small") is not None and len(state["small"]) < _SMALL_FIELD:
+            state["small"].extend(data[start:end][: _SMALL_FIELD - len(state["small"])])
         if not state["in_file"] or problem:
             return
         total += end - start
@@ -182,6 +205,7 @@ async def _receive_multipart(
 
     def on_part_end() -> None:
         state["in_file"] = False
+        state["small"] = None
 
     callbacks: dict[str, Callable[..., None]] = {
         "on_part_begin": on_part_begin,
@@ -213,6 +237,8 @@ async def _receive_multipart(
     await _flush(sink, pending)
     if not state["found"]:
         raise SpecError(
-            [{"loc": ["body", "file"], "msg": "the multipart body has no field `file`", "type": "missing"}]
+            [{"loc": ["body", field], "msg": f"the multipart body has no field `{field}`", "type": "missing"}]
         )
+    if fields is not None:
+        fields.update({k: v.decode("utf-8", "replace") for k, v in small.items()})
     return state.get("filename")

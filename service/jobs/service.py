@@ -9,6 +9,7 @@ import json
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -96,9 +97,15 @@ def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
 
 
 def create_job(
-    session: Session, repo: JobRepository, settings: Settings, body: Any, idempotency_key: str | None
+    session: Session,
+    repo: JobRepository,
+    settings: Settings,
+    body: Any,
+    idempotency_key: str | None,
+    with_job: Callable[[Job], None] | None = None,
 ) -> tuple[Job, bool]:
-    """Returns (job, replayed). The job row and its dispatch record commit together."""
+    """Returns (job, replayed). The job row and its dispatch record commit together, with what
+    `with_job` adds for the new job (the `/v1` API's own row)."""
     job_id = new_job_id()
     spec, plan = plan_for(body, repo, settings, job_id=job_id)
 
@@ -137,6 +144,8 @@ def create_job(
     )
     try:
         repo.add_with_dispatch(job)
+        if with_job is not None:
+            with_job(job)
         if idempotency_key is not None:
             row = repo.get_idempotency(idempotency_key)
             if row is None:  # reserved and committed above; only a purge racing this request drops it

@@ -36,6 +36,7 @@ _ERRORS = owner_errors("No such webhook for this owner")
     status_code=201,
     response_model=WebhookPublic,
     responses={
+        400: {"description": "The body does not parse as JSON"},
         401: UNAUTHORIZED,
         409: error("FTQ_MAX_WEBHOOKS_PER_OWNER reached"),
         422: {"description": "An unknown event type, or a URL that is not allowed (names the field)"},

@@ -1,0 +1,208 @@
+"""An OpenAI fine-tuning workflow, written for OpenAI and run with the real `openai` SDK against one live
+`ftq up` (issue 26), changing only `base_url`, `api_key` and `model`: upload (the job is created right
+after, while the files are still being validated), create, wait, events, checkpoints, the result file,
+the fine-tuned model in `models.list`, a DPO job, a cancel, and owners apart. Two tiny trainings (SFT
+with a validation file, DPO) run side by side; every read test shares them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import openai
+import pytest
+from openai.types.fine_tuning import FineTuningJob
+
+from tests.harness import QUICK_SETTINGS, Deployment, tiny_assets
+
+# Two real tiny training runs (SFT and DPO) serve the module.
+pytestmark = pytest.mark.slow
+
+TOKENS = {"alice": "tok-alice-e2e", "bob": "tok-bob-e2e"}
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tiny_assets()
+    with Deployment(
+        tmp_path_factory.mktemp("openai"), mode="up", tokens=TOKENS, settings=QUICK_SETTINGS
+    ) as d:
+        yield d
+
+
+def sdk(dep: Deployment, owner: str = "alice") -> openai.OpenAI:
+    # The two lines that change for a pipeline written for OpenAI.
+    return openai.OpenAI(base_url=f"{dep.url}/v1", api_key=TOKENS[owner])
+
+
+def _lines(path: Path, n: int) -> io.BytesIO:
+    return io.BytesIO(b"\n".join(path.read_bytes().splitlines()[:n]) + b"\n")
+
+
+def _wait(client: openai.OpenAI, job_id: str, dep: Deployment, timeout: float = 900) -> FineTuningJob:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in TERMINAL:
+            return job
+        assert time.monotonic() < deadline, dep.report("job_" + job_id.removeprefix("ftjob-"))
+        time.sleep(2)
+
+
+@dataclass(frozen=True)
+class Trained:
+    sft: FineTuningJob
+    dpo: FineTuningJob
+    paused: FineTuningJob  # the SFT job as it was while paused
+
+
+def _pause_and_resume(client: openai.OpenAI, job_id: str, dep: Deployment) -> FineTuningJob:
+    """Pause the job after its first steps, wait until it is paused, resume it."""
+    native = "job_" + job_id.removeprefix("ftjob-")
+    deadline = time.monotonic() + 600
+    while (dep.http.get(f"/jobs/{native}").json()["progress"].get("step") or 0) < 2:
+        assert time.monotonic() < deadline, dep.report(native)
+        time.sleep(0.5)
+    client.fine_tuning.jobs.pause(job_id)
+    while str((job := client.fine_tuning.jobs.retrieve(job_id)).status) != "paused":
+        assert job.status not in TERMINAL and time.monotonic() < deadline, dep.report(native)
+        time.sleep(1)
+    assert client.fine_tuning.jobs.resume(job_id).status in ("queued", "running")
+    return job
+
+
+@pytest.fixture(scope="module")
+def trained(dep: Deployment, tiny_dir: Path) -> Trained:
+    client = sdk(dep)
+    train = client.files.create(
+        file=("train.jsonl", _lines(tiny_dir / "chat" / "train.jsonl", 96)), purpose="fine-tune"
+    )
+    valid = client.files.create(
+        file=("valid.jsonl", _lines(tiny_dir / "chat" / "eval.jsonl", 16)), purpose="fine-tune"
+    )
+    sft = client.fine_tuning.jobs.create(
+        model="ftq-tiny",
+        training_file=train.id,
+        validation_file=valid.id,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 8}}},
+        suffix="tiny",
+        seed=11,
+        metadata={"pipeline": "e2e"},
+    )
+    prefs = client.files.create(
+        file=("prefs.jsonl", _lines(tiny_dir / "preference" / "train.jsonl", 64)), purpose="fine-tune"
+    )
+    dpo = client.fine_tuning.jobs.create(
+        model="ftq-tiny",
+        training_file=prefs.id,
+        method={"type": "dpo", "dpo": {"hyperparameters": {"n_epochs": 1, "batch_size": 8, "beta": 0.2}}},
+    )
+    paused = _pause_and_resume(client, sft.id, dep)
+    return Trained(sft=_wait(client, sft.id, dep), dpo=_wait(client, dpo.id, dep), paused=paused)
+
+
+def test_the_sft_job_succeeds_with_openai_fields(dep: Deployment, trained: Trained) -> None:
+    job = trained.sft
+    assert job.status == "succeeded", dep.report("job_" + job.id.removeprefix("ftjob-"))
+    assert job.fine_tuned_model == f"ft:ftq-tiny:alice:tiny:{job.id.removeprefix('ftjob-')}"
+    assert job.finished_at is not None and job.finished_at >= job.created_at
+    assert job.trained_tokens and job.trained_tokens > 0
+    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == 8
+    assert job.seed == 11 and job.metadata == {"pipeline": "e2e"}
+    assert job.result_files and job.training_file.startswith("file-")
+    assert job.fine_tuned_model in [m.id for m in sdk(dep).models.list()]
+    # An ordinary ftq job underneath.
+    native = dep.http.get(f"/jobs/job_{job.id.removeprefix('ftjob-')}").json()
+    assert native["status"] == "succeeded" and native["spec"]["training"]["num_train_epochs"] == 2
+
+
+def test_events_walk_every_page_newest_first_with_metrics(dep: Deployment, trained: Trained) -> None:
+    events = list(sdk(dep).fine_tuning.jobs.list_events(trained.sft.id, limit=5))
+    assert len({e.id for e in events}) == len(events) > 10
+    assert [e.created_at for e in events] == sorted((e.created_at for e in events), reverse=True)
+    assert events[0].message == "The job has successfully completed"
+    assert events[-1].message == "Created fine-tuning job"
+    metrics = [cast(dict[str, Any], e.data) for e in events if e.type == "metrics"]
+    steps = [data["step"] for data in metrics]
+    assert steps == sorted(steps, reverse=True) and max(steps) == 24  # 96 rows / 8 a step x 2 epochs
+    # Every training step's loss and learning rate (the last point may be the final evaluation alone).
+    assert all("train_loss" in d and "learning_rate" in d for d in metrics if d["step"] != 24)
+    assert any("valid_loss" in d for d in metrics)
+
+
+def test_checkpoints_carry_openai_metric_names(dep: Deployment, trained: Trained) -> None:
+    ckpts = list(sdk(dep).fine_tuning.jobs.checkpoints.list(trained.sft.id, limit=1))
+    assert [c.step_number for c in ckpts] == [24, 12]  # one per epoch, newest first
+    for c in ckpts:
+        assert c.fine_tuned_model_checkpoint == f"{trained.sft.fine_tuned_model}:ckpt-step-{c.step_number}"
+        assert c.metrics.train_loss is not None and c.metrics.valid_loss is not None
+        assert c.metrics.full_valid_loss == c.metrics.valid_loss
+
+
+def test_a_paused_job_resumes_from_its_checkpoint_and_succeeds(dep: Deployment, trained: Trained) -> None:
+    assert str(trained.paused.status) == "paused" and trained.paused.finished_at is None
+    assert trained.sft.status == "succeeded"
+    # Every step up to the end is there: the resumed run went on to the last step after the pause.
+    steps = [
+        cast(dict[str, Any], e.data)["step"]
+        for e in sdk(dep).fine_tuning.jobs.list_events(trained.sft.id)
+        if e.type == "metrics"
+    ]
+    assert set(range(1, 25)) <= set(steps) and max(steps) == 24
+
+
+def test_the_result_file_is_openai_csv(dep: Deployment, trained: Trained) -> None:
+    client = sdk(dep)
+    result_id = trained.sft.result_files[0]
+    assert client.files.retrieve(result_id).purpose == "fine-tune-results"
+    rows = list(csv.DictReader(io.StringIO(client.files.content(result_id).text)))
+    assert list(rows[0]) == [
+        "step",
+        "train_loss",
+        "train_accuracy",
+        "valid_loss",
+        "valid_mean_token_accuracy",
+    ]
+    assert [int(r["step"]) for r in rows] == sorted(int(r["step"]) for r in rows)
+    assert any(r["valid_loss"] for r in rows) and all(r["train_loss"] for r in rows[:-1])
+
+
+def test_a_dpo_job_trains_with_its_beta(dep: Deployment, trained: Trained) -> None:
+    job = trained.dpo
+    assert job.status == "succeeded", dep.report("job_" + job.id.removeprefix("ftjob-"))
+    assert job.method is not None and job.method.type == "dpo"
+    assert job.method.dpo is not None and job.method.dpo.hyperparameters is not None
+    assert job.method.dpo.hyperparameters.beta == 0.2
+    native = dep.http.get(f"/jobs/job_{job.id.removeprefix('ftjob-')}").json()
+    assert native["spec"]["training"]["method"] == "dpo" and native["spec"]["training"]["dpo"]["beta"] == 0.2
+
+
+def test_cancel_and_owners_apart(dep: Deployment, trained: Trained, tiny_dir: Path) -> None:
+    alice, bob = sdk(dep), sdk(dep, "bob")
+    job = alice.fine_tuning.jobs.create(model="ftq-tiny", training_file=trained.sft.training_file)
+    assert alice.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    assert _wait(alice, job.id, dep, timeout=120).status == "cancelled"
+    listed = [j.id for j in alice.fine_tuning.jobs.list(limit=1)]
+    assert (
+        listed[:2] == [job.id, trained.dpo.id]
+        and trained.sft.id in listed
+        and len(set(listed)) == len(listed)
+    )
+
+    for call in (
+        lambda: bob.fine_tuning.jobs.retrieve(trained.sft.id),
+        lambda: bob.fine_tuning.jobs.list_events(trained.sft.id),
+        lambda: bob.files.content(trained.sft.result_files[0]),
+        lambda: bob.files.retrieve(trained.sft.training_file),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert trained.sft.fine_tuned_model not in [m.id for m in bob.models.list()]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{dep.url}/v1", api_key="nope", max_retries=0).fine_tuning.jobs.list()
