@@ -1,14 +1,14 @@
 """openai_jobs: what a job created through the OpenAI-compatible /v1 API asked for beyond its spec
 
 Revision ID: 0010_openai_jobs
-Revises: 0008_export_queue
+Revises: 0009_pause
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0010_openai_jobs"
-down_revision = "0008_export_queue"
+down_revision = "0009_pause"
 branch_labels = None
 depends_on = None
 
