@@ -203,6 +203,11 @@ async def get_file(file_id: FileId, owner: OwnerDep) -> FilePublic:
     return result
 
 
+@router.head(
+    "/{file_id}/content",
+    responses={**_ERRORS, 200: {"description": "The headers GET would send (size, type), no body"}},
+    summary="A file's headers, without its bytes",
+)
 @router.get(
     "/{file_id}/content",
     responses={**_ERRORS, 200: {"content": {"application/jsonl": {}}, "description": "The file's bytes"}},
