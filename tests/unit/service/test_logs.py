@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from ftq.contract.status import JobStatus
+from ftq.runtime.redact import mask
 from ftq.runtime.settings import Settings
 from ftq.store.models import Job
-from ftq.runtime.redact import mask
 from service.jobs.logs import LOG_CHUNK_MAX, read_log
 
 SECRET = "hf_SECRETXYZ"
