@@ -253,7 +253,7 @@ def _check_broker() -> str:
     settings = get_settings()
     try:
         if settings.uses_embedded_broker:
-            folder = settings.data_path / "broker" / "queue"
+            folder = settings.state_path("broker") / "queue"
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / ".ready-probe"
             probe.write_text("ok")

@@ -24,6 +24,15 @@ EXAMPLES_DIR = REPO_ROOT / "examples"
 _USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 
 
+# Everything ftq keeps at the top of its data dir. ftq makes a file or folder there only through
+# `Settings.state_path`, which takes these names alone, so the rule of what a spec may name
+# (service/paths.py) knows every one of them, today's and any added later. Anything else there is the
+# operator's (models, datasets placed beside ftq's state).
+DATA_DIR_STATE = frozenset(
+    {"runs", "files", "artifact-hashes", "locks", "broker", "ftq.db", "celerybeat-schedule"}
+)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FTQ_", extra="ignore")
 
@@ -398,9 +407,15 @@ class Settings(BaseSettings):
         """FTQ_ENV=development (the default): webhooks may go to loopback receivers."""
         return self.env == "development"
 
+    def state_path(self, name: str) -> Path:
+        """Where ftq's own `name` (one of DATA_DIR_STATE) lies in the data dir."""
+        if name not in DATA_DIR_STATE:
+            raise ValueError(f"{name} is not one of ftq's data dir names (DATA_DIR_STATE)")
+        return self.data_path / name
+
     @property
     def runs_dir(self) -> Path:
-        return self.data_path / "runs"
+        return self.state_path("runs")
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -411,7 +426,7 @@ class Settings(BaseSettings):
                 if url.startswith(prefix):
                     return "postgresql+psycopg://" + url[len(prefix) :]
             return url
-        return f"sqlite:///{self.data_path / 'ftq.db'}"
+        return f"sqlite:///{self.state_path('ftq.db')}"
 
     @property
     def celery_broker_url(self) -> str:

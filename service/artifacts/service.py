@@ -48,7 +48,7 @@ _caches: dict[Path, HashCache] = {}
 
 
 def hash_cache(settings: Settings) -> HashCache:
-    root = settings.data_path / "artifact-hashes"
+    root = settings.state_path("artifact-hashes")
     cache = _caches.get(root)
     if cache is None:
         cache = _caches[root] = HashCache(root, reader_for)
