@@ -76,29 +76,22 @@ def resolve_local(
     """Return the absolute, symlink-free path of a local name, or the hub id unchanged.
 
     Absolute paths must resolve inside a root. Relative ones (`./x`, `../x`, `data.jsonl`) are looked
-    up under each root in order; the first that exists and that `rule` allows wins. `..` cannot climb
-    out of a root because the check is made on the fully resolved path. `rule` (a StateRule) is asked
-    before existence, so a refusal never tells whether the path exists.
+    up under each root in order; the first that exists wins. `..` cannot climb out of a root because
+    the check is made on the fully resolved path. `rule` (a StateRule) is asked before existence, and
+    its refusal ends the search, so a refusal never tells whether the path exists.
     """
     if not looks_local(name_or_path):
         return name_or_path
     raw = Path(name_or_path)
     candidates = [raw] if raw.is_absolute() else [root / raw for root in roots]
-    refused: PathRefused | None = None
     for candidate in candidates:
         resolved = candidate.resolve()
         if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
             continue
         if rule is not None:
-            try:
-                rule(resolved, name_or_path)
-            except PathRefused as exc:
-                refused = refused or exc
-                continue
+            rule(resolved, name_or_path)
         if resolved.exists():
             return str(resolved)
-    if refused is not None:
-        raise refused
     allowed = ", ".join(str(r) for r in roots)
     if raw.is_absolute():
         resolved = raw.resolve()
