@@ -28,7 +28,8 @@ class EventType(StrEnum):
     checkpoint = "job.checkpoint"  # data: step, path (relative to the run directory)
     eval = "job.eval"  # data: step, metrics {eval_loss, ...}
     sample = "job.sample"  # data: step, prompt, completion
-    warning = "job.warning"  # data: kind (nan_loss | loss_exploding | loss_spike | straggler), step, message
+    # data: kind (nan_loss | loss_exploding | loss_spike | straggler | tracker_unreachable), step, message
+    warning = "job.warning"
     retried = "job.retried"  # data: attempt, reason
     succeeded = "job.succeeded"
     failed = "job.failed"  # data: error {code, message, exit_code}
