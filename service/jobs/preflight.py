@@ -391,8 +391,8 @@ def _disk_refusals(disk: DiskEstimate, room: _Room) -> list[dict[str, Any]]:
     if need <= free or room.skip_host:
         return []
     msg = (
-        f"checkpoints and final model need about {need / 1024**3:.1f} GiB but "
-        f"{free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or "
+        f"checkpoints and final model need about {userfiles.human_size(need)} but "
+        f"{userfiles.human_size(free)} is free where runs are stored; raise save_steps or "
         f"set save_total_limit{room.not_skipped}"
     )
     return [{"loc": ["body", "training", "save_steps"], "msg": msg, "type": "disk_full"}]
