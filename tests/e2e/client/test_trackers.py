@@ -244,3 +244,22 @@ def test_with_the_server_down_a_job_trains_on_and_warns(
     message = warnings[0]["data"]["message"]
     assert "FTQ_MLFLOW_TRACKING_URI" in message and mlflow_server.url in message and PASSWORD not in message
     assert [s for s, _ in ftq_points(dep, posted["id"], "loss")] == [1, 2]  # every metric kept in ftq
+
+
+def test_every_name_ftq_made_in_its_data_dir_is_out_of_a_specs_reach(
+    dep: Deployment, job: dict[str, Any]
+) -> None:
+    """Issue 28, finding 1, for names added later too: after a real `ftq up` ran a job (and listed its
+    artifacts, which hashes them), everything at the top of its data dir is ftq's (DATA_DIR_STATE), and
+    the one path rule refuses each of them from its name."""
+    from ftq.runtime.settings import DATA_DIR_STATE
+    from service.paths import PathRefused, StateRule
+
+    assert dep.get(f"/jobs/{job['id']}/artifacts")["data"]
+    rule = StateRule(dep.data_dir, dep.data_dir / "runs")
+    made = sorted(p.name for p in dep.data_dir.iterdir())
+    assert {"runs", "ftq.db", "artifact-hashes"} <= set(made), made
+    for name in made:
+        assert any(name == s or name.startswith((s + "-", s + ".")) for s in DATA_DIR_STATE), name
+        with pytest.raises(PathRefused):
+            rule((dep.data_dir / name).resolve(), f"./{name}")
