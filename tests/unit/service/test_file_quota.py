@@ -4,6 +4,7 @@ SQLite here and on PostgreSQL in tests/integration/store/test_file_quota_on_post
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -115,3 +116,20 @@ def test_a_full_disk_is_a_507_for_uploads_and_a_refusal_in_sensible_units(
     assert r.status_code == 422, r.text
     [msg] = [e["msg"] for e in r.json()["detail"] if e["loc"] == ["body", "training", "save_steps"]]
     assert "0.0 GiB" not in msg and "KiB is free" in msg, msg
+
+
+def test_a_full_disk_under_the_sqlite_store_is_a_507(
+    tiny_disk: Path, make_client: Any, tiny_job: dict[str, Any]
+) -> None:
+    """`make up`'s store is a SQLite file in the data dir: with the disk full, a submit that cannot write
+    it is a 507 saying so, not a 500 nor a 503 "store unavailable"."""
+    # The store in the data dir, on the 2 MiB tmpfs; the operator lets a job skip the disk check.
+    client = make_client(api_tokens="tok:ann", allow_oversubscribe="true")
+    auth = {"Authorization": "Bearer tok"}
+    assert client.get("/jobs", headers=auth).status_code == 200
+    with (tiny_disk / "filler").open("wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    r = client.post("/jobs", json={**tiny_job, "allow_oversubscribe": True}, headers=auth)
+    assert r.status_code == 507, r.text
+    assert r.json()["code"] == "insufficient_storage"
