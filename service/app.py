@@ -3,6 +3,7 @@ here), health and readiness."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from ftq.runtime import logs
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import get_engine, open_async_read_pool
 from service.artifacts.router import router as artifacts_router
-from service.errors import FtqError, PayloadTooLarge, ServiceUnavailable
+from service.errors import FtqError, InsufficientStorage, PayloadTooLarge, ServiceUnavailable
 from service.events.router import router as events_router
 from service.exports.router import router as exports_router
 from service.files.router import router as files_router
@@ -182,10 +183,29 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 async def _store_down(request: Request, exc: Exception) -> Response:
     # The store is unreachable (restarting, network): tell clients to come back, do not 500.
     log.warning("store unavailable: %s", str(exc).splitlines()[0])
-    err = ServiceUnavailable("the job store is unavailable; retry shortly")
+    err: FtqError = ServiceUnavailable("the job store is unavailable; retry shortly")
+    if "database or disk is full" in str(exc) or "No space left on device" in str(exc):
+        err = _NO_ROOM
     if openai_errors.under_v1(request.url.path):
         return openai_errors.from_ftq(err)
     return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
+
+
+_NO_ROOM = InsufficientStorage(
+    "the server's disk is full: nothing was stored; try again later, or ask the operator to free space "
+    "where ftq keeps its data (FTQ_DATA_DIR)"
+)
+
+
+async def _os_error(request: Request, exc: Exception) -> Response:
+    # A full disk (or file system quota) under any request is the server's state, said as a 507, never a
+    # 500; any other OSError is a bug, left to the 500 handler.
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.warning("no room on disk: %s %s: %s", request.method, request.url.path, exc)
+        if openai_errors.under_v1(request.url.path):
+            return openai_errors.from_ftq(_NO_ROOM)
+        return JSONResponse(_NO_ROOM.body(), status_code=_NO_ROOM.status_code, headers=_NO_ROOM.headers)
+    raise exc
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -197,6 +217,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DBAPIError, _store_down)
     app.add_exception_handler(OperationalError, _store_down)
+    app.add_exception_handler(OSError, _os_error)
 
 
 # Routes -------------------------------------------------------------------------------------------------
@@ -280,7 +301,7 @@ def _check_broker() -> str:
     settings = get_settings()
     try:
         if settings.uses_embedded_broker:
-            folder = settings.data_path / "broker" / "queue"
+            folder = settings.state_path("broker") / "queue"
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / ".ready-probe"
             probe.write_text("ok")

@@ -68,6 +68,13 @@ class MisdirectedRequest(FtqError, status=421, code="misdirected_request"): ...
 class HeadersTooLarge(FtqError, status=431, code="headers_too_large"): ...
 
 
+class InsufficientStorage(FtqError, status=507, code="insufficient_storage"):
+    """The server's disk (or the file system's quota) has no room for what the request would store."""
+
+    def __init__(self, message: str):
+        super().__init__(message, retry_after=60)
+
+
 class Unauthorized(FtqError, status=401, code="unauthorized"):
     def __init__(self, message: str = "missing or invalid bearer token"):
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"})

@@ -13,7 +13,7 @@ import sys
 from ftq.contract.errors import EXIT_USER_ERROR, ErrorCode
 from ftq.contract.errors import USER_ERROR_PREFIX as PREFIX
 
-__all__ = ["EXIT_USER_ERROR", "PREFIX", "DatasetError", "FtqError", "ModelError", "SpecError"]
+__all__ = ["EXIT_USER_ERROR", "PREFIX", "DatasetError", "FtqError", "ModelError", "SpecError", "TrackerError"]
 
 
 class FtqError(Exception):
@@ -41,6 +41,10 @@ class ModelError(FtqError):
 
 class SpecError(FtqError):
     code: ErrorCode = ErrorCode.invalid_spec
+
+
+class TrackerError(FtqError):
+    code: ErrorCode = ErrorCode.tracker_error
 
 
 def report_and_exit(err: FtqError) -> None:

@@ -19,14 +19,20 @@ of its own.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ftq.contract import runs
 from ftq.contract.spec import IntegrationsSpec
+
+from .errors import TrackerError
 
 log = logging.getLogger("trainer")
 
@@ -56,6 +62,79 @@ def configure(integrations: IntegrationsSpec, out: Path) -> list[str]:
     if integrations.mlflow is not None:
         os.environ["MLFLOW_EXPERIMENT_NAME"] = integrations.mlflow.experiment
     return integrations.report_to
+
+
+def check_reachable(integrations: IntegrationsSpec, out: Path) -> None:
+    """Each tracker that sends over the network (W&B online, MLflow over HTTP) answers within
+    FTQ_TRACKER_CHECK_SECONDS, or: with FTQ_TRACKER_FAILURE=fail the run ends now with `tracker_error`;
+    with `continue` (the default) the tracker is dropped from this run (`integrations` changed in place)
+    and a `tracker_unreachable` warning (a job.warning) says so. The metrics stay in ftq either way."""
+    failure = os.environ.get("FTQ_TRACKER_FAILURE", "continue")
+    seconds = float(os.environ.get("FTQ_TRACKER_CHECK_SECONDS", "5"))
+    for name, setting, url in tracker_targets(integrations):
+        problem = probe(url, seconds)
+        if problem is None:
+            continue
+        what = f"the {name} tracker at {url} ({setting}) is unreachable: {problem}"
+        if failure == "fail":
+            raise TrackerError(
+                f"{what}; FTQ_TRACKER_FAILURE=fail ends the job (continue trains on without it)"
+            )
+        setattr(integrations, name, None)
+        message = (
+            f"{what}; training goes on without it (FTQ_TRACKER_FAILURE=continue), its metrics are in ftq"
+        )
+        if os.environ.get("RANK", "0") == "0":
+            from .watch import write_warnings
+
+            write_warnings(
+                out / runs.WARNINGS, [{"kind": "tracker_unreachable", "step": None, "message": message}]
+            )
+
+
+def tracker_targets(integrations: IntegrationsSpec) -> list[tuple[str, str, str]]:
+    """(tracker, the setting naming where it is, URL) of each tracker this run would send to."""
+    targets = []
+    if integrations.mlflow is not None:
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        if uri.startswith(("http://", "https://")):
+            targets.append(("mlflow", "FTQ_MLFLOW_TRACKING_URI", uri))
+    if integrations.wandb is not None and os.environ.get("WANDB_MODE", "online") in ("", "online"):
+        targets.append(
+            ("wandb", "WANDB_BASE_URL", os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+        )
+    return targets
+
+
+def probe(url: str, seconds: float) -> str | None:
+    """None when `url` answers HTTP (any status) within `seconds` in all, else what went wrong. The
+    whole exchange runs on a thread waited for `seconds`: a server that accepts and then drips is as
+    unreachable as a closed port."""
+    parts = urlsplit(url)
+    outcome: list[str | None] = []
+
+    def ask() -> None:
+        conn_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        try:
+            conn = conn_type(parts.hostname or "", parts.port, timeout=seconds)
+            try:
+                conn.request("GET", (parts.path.rstrip("/") or "") + "/health")
+                conn.getresponse().read(1024)
+            finally:
+                conn.close()
+            outcome.append(None)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            outcome.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=ask, name="tracker-probe", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        return f"no answer within {seconds:g} s"
+    if outcome[0] is not None:
+        return f"{outcome[0]} (after {time.monotonic() - started:.1f} s)"
+    return None
 
 
 def tensorboard_dir(out: Path) -> Path:

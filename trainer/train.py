@@ -76,6 +76,8 @@ def run(args: TrainerArgs) -> None:
     stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
 
     splits = check_inputs(spec)
+    # A tracker that is down costs seconds here, not minutes of retries once the model is loaded.
+    trackers.check_reachable(spec.integrations, out)
     launch = set_up_launch(args, splits)
     data = prepare_data(spec, splits, launch)
     model, peft_config = load_policy(spec, launch, splits.format)

@@ -38,7 +38,7 @@ from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import ExportQueue, Job, JobQueue
 from worker import exports, failures, ingest, lifecycle, locks, recovery, scheduling
-from worker.files import FileUnavailable, spec_for_run
+from worker.files import FileUnavailable, PathChanged, check_local_paths, spec_for_run
 from worker.launchers import make_launcher
 from worker.launchers.base import Launcher, LaunchRequest, RunPhase, RunState
 from worker.lifecycle import RunView
@@ -232,6 +232,7 @@ def write_run_dir(job: Job, run_dir: Path, plan: Plan) -> None:
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     run_dir.chmod(0o700)
     (run_dir / runs.CHECKPOINTS).mkdir(mode=0o700, exist_ok=True)
+    check_local_paths(job.spec)
     # Uploaded files (dataset.file_id) become the server's paths of the owner's files here, at launch.
     spec = spec_for_run(job.spec, job.owner, run_dir)
     files = {
@@ -429,6 +430,8 @@ class JobKind:
             write_run_dir(row, v.run_dir, plan)
         except FileUnavailable as exc:
             raise lifecycle.Refused(ErrorCode.dataset_error, str(exc)) from exc
+        except PathChanged as exc:
+            raise lifecycle.Refused(ErrorCode(exc.code), str(exc)) from exc
         return LaunchRequest(
             job_id=row.id,
             run_dir=v.run_dir,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftq.contract.errors import USER_ERROR_PREFIX, ErrorCode
+from ftq.runtime.userfiles import human_size
 
 KNOWN_CODES = frozenset(c.value for c in ErrorCode)
 
@@ -178,7 +179,7 @@ def classify(
         if pattern.search(log_tail):
             return failure
     if disk_free is not None and disk_free < DISK_FULL_BYTES:
-        return Failure(_DISK_FULL.code, f"{_DISK_FULL.message} ({disk_free} bytes were free when it ended)")
+        return _disk_full(disk_free)
     if exit_code in (137, -9) or _SIGKILL.search(log_tail):
         return _sigkill(log_tail, kernel_log, since_uptime)
     last = _last_error_line(log_tail)
@@ -189,6 +190,28 @@ def classify(
     )
     hint = f"; the log ends with: {last}" if last else ""
     return Failure("unknown", f"{what}{hint}; the job's log (GET /jobs/<id>/logs) has the full output")
+
+
+def _disk_full(free: int) -> Failure:
+    return Failure(_DISK_FULL.code, f"{_DISK_FULL.message} ({human_size(free)} free when it ended)")
+
+
+# A run that left no exit status (launch.sh could not write it) on a file system with less than this
+# free (or under 5% of it) ran out of space: a checkpoint that failed midway leaves the rest of it.
+NEARLY_FULL_BYTES = 64 * 1024**2
+
+
+def nearly_full(run_dir: Path) -> Failure | None:
+    """disk_full when the file system holding `run_dir` is nearly full now, else None."""
+    import shutil
+
+    try:
+        usage = shutil.disk_usage(run_dir)
+    except OSError:
+        return None
+    if usage.free < max(DISK_FULL_BYTES, min(NEARLY_FULL_BYTES, usage.total // 20)):
+        return _disk_full(usage.free)
+    return None
 
 
 def _sigkill(log_tail: str, kernel_log: str | None, since_uptime: float | None) -> Failure:

@@ -74,6 +74,32 @@ class FileUnavailable(Exception):
     """A file a job names is gone or not ready: the job fails with dataset_error, saying which."""
 
 
+class PathChanged(Exception):
+    """A local model or dataset path is no longer what was checked at submit: the job fails with
+    model_error or dataset_error (`code`), saying which."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def check_local_paths(spec: dict[str, Any]) -> None:
+    """The local paths a spec names are stored resolved at submit, after service/paths.py allowed them
+    (a rule of the resolved path alone). At launch each must still resolve to itself: a symbolic link
+    planted meanwhile (in a run directory of the owner's, say) would lead the trainer elsewhere, into
+    what the rule refuses."""
+    for section, code in (("model", "model_error"), ("dataset", "dataset_error")):
+        path = (spec.get(section) or {}).get("name_or_path")
+        if not isinstance(path, str) or not path.startswith("/"):
+            continue
+        if str(Path(path).resolve()) != path:
+            raise PathChanged(
+                code,
+                f"{section}.name_or_path: {path} now leads elsewhere (a symbolic link was made since the "
+                "job was submitted); submit the job again",
+            )
+
+
 def _ready_path(owner: str, file_id: str, field: str) -> Path:
     settings = get_settings()
     with session_scope() as session:

@@ -20,6 +20,7 @@ from ftq.contract.events import EventType
 from ftq.contract.metrics import EXTRA_NAME_RE, MAX_EXTRA, POINT_FIELDS
 from ftq.contract.status import JobStatus
 from ftq.runtime import logs
+from ftq.runtime.redact import redact
 from ftq.runtime.settings import get_settings
 from ftq.store import events, repository
 from ftq.store.db import session_scope
@@ -334,7 +335,9 @@ def _new_lines(job_id: str, path: Any, seen: dict[tuple[str, str], int]) -> list
 
 
 def _text(value: Any, limit: int) -> str | None:
-    return value[:limit] if isinstance(value, str) else None
+    # What the run wrote becomes an event any client of the owner reads: the operator's secrets masked
+    # (ftq.runtime.redact), as in every byte of the run directory the API serves.
+    return redact(value)[:limit] if isinstance(value, str) else None
 
 
 def _side_event_data(type_: EventType, obj: dict[str, Any]) -> dict[str, Any] | None:

@@ -45,10 +45,22 @@ _LOST = failures.Failure(
 
 def why_it_failed(run_dir: Path, state: RunState) -> failures.Failure:
     """The error code and message of a run that ended without success."""
+    if not run_dir.is_dir():
+        # Nothing of the run is left to read (its log, its exit status): say that, not a guess at a kill.
+        return failures.Failure(
+            ErrorCode.unknown,
+            f"the run directory {run_dir.name} was deleted while the job ran (by someone on the host, a "
+            "cleanup job, the operator): its log, checkpoints and exit status are gone; submit it again",
+        )
     if state.phase == RunPhase.lost and state.exit_code is None:
         reason = state.reason if state.reason and state.reason != _NO_TRACE else None
         failure = failures.classify_run(run_dir, exit_code=None, reason=reason)
-        return _LOST if failure.code == ErrorCode.unknown else failure
+        if failure.code != ErrorCode.unknown:
+            return failure
+        # launch.sh writes the exit status into the run directory whenever the launch ends: a run that
+        # left none on a nearly full disk most likely could not write it, nor its last log lines.
+        nearly_full = failures.nearly_full(run_dir)
+        return nearly_full or _LOST
     # The log tail, the free space and (after a SIGKILL) the kernel's OOM messages.
     return failures.classify_run(run_dir, exit_code=state.exit_code, reason=state.reason)
 

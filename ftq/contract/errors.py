@@ -23,6 +23,9 @@ class ErrorCode(StrEnum):
     unknown = "unknown"
     # An export's push to the Hugging Face Hub: no token on this server, the Hub unreachable or refusing.
     hub_error = "hub_error"
+    # An experiment tracker (W&B online, MLflow) unreachable when the run started, with
+    # FTQ_TRACKER_FAILURE=fail (the default, continue, trains on without it and says so in a job.warning).
+    tracker_error = "tracker_error"
 
 
 # How the trainer reports a failure the user can fix: exit status 2 and one stderr line

@@ -28,7 +28,8 @@ class EventType(StrEnum):
     checkpoint = "job.checkpoint"  # data: step, path (relative to the run directory)
     eval = "job.eval"  # data: step, metrics {eval_loss, ...}
     sample = "job.sample"  # data: step, prompt, completion
-    warning = "job.warning"  # data: kind (nan_loss | loss_exploding | loss_spike | straggler), step, message
+    # data: kind (nan_loss | loss_exploding | loss_spike | straggler | tracker_unreachable), step, message
+    warning = "job.warning"
     retried = "job.retried"  # data: attempt, reason
     paused = "job.paused"  # data: step (the last step trained), checkpoint (its step; null: none saved)
     resumed = "job.resumed"  # data: checkpoint (the step its next run continues from; null: from the start)

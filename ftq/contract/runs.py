@@ -261,8 +261,6 @@ def is_resumable(path: Path) -> bool:
 
 ARTIFACT_FOLDERS = (FINAL, CHECKPOINTS, EXPORTS)
 ARTIFACT_FILES = (TRAIN_LOG, METRICS, SAMPLES)
-# Files whose text may carry the operator's secrets (a trainer that prints its environment): served masked.
-MASKED_FILES = (TRAIN_LOG,)
 # What a listing walks at most: a run writing millions of files must not stall the API.
 MAX_ARTIFACTS = 20_000
 MAX_ARTIFACT_DEPTH = 16

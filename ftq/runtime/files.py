@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ftq.contract.datasets import FORMATS, detect_formats, methods_for, openai_problem
+from ftq.runtime.settings import DATA_DIR_STATE
+
+FILES_DIR = "files"  # uploads, one folder per owner: one of ftq's data dir names
+assert FILES_DIR in DATA_DIR_STATE
 
 FILE_ID_RE = r"^file_[0-9a-f]{24}$"
 _FILE_ID = re.compile(FILE_ID_RE)
@@ -42,7 +46,7 @@ def is_file_id(value: str) -> bool:
 
 
 def files_dir(data_dir: Path) -> Path:
-    return data_dir / "files"
+    return data_dir / FILES_DIR
 
 
 def owner_dir(data_dir: Path, owner: str) -> Path:

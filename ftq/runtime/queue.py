@@ -76,7 +76,7 @@ def make_celery(settings: Settings | None = None, *, include: list[str] | None =
 
         # kombu's filesystem transport, but a consumer never reads a message file half written.
         app.conf.broker_transport = Transport
-        folder = settings.data_path / "broker"
+        folder = settings.state_path("broker")
         (folder / "queue").mkdir(parents=True, exist_ok=True)
         (folder / "processed").mkdir(parents=True, exist_ok=True)
         (folder / "control").mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +23,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 # What useradd accepts (a name, not a uid): a run user is looked up by name when a run starts.
 _USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+
+
+# Everything ftq keeps at the top of its data dir. ftq makes a file or folder there only through
+# `Settings.state_path`, which takes these names alone, so the rule of what a spec may name
+# (service/paths.py) knows every one of them, today's and any added later. Anything else there is the
+# operator's (models, datasets placed beside ftq's state).
+DATA_DIR_STATE = frozenset(
+    {"runs", "files", "artifact-hashes", "locks", "broker", "ftq.db", "celerybeat-schedule"}
+)
 
 
 class Settings(BaseSettings):
@@ -110,7 +120,18 @@ class Settings(BaseSettings):
     mlflow_tracking_uri: str = Field(
         "",
         description="The MLflow tracking server runs with `integrations.mlflow` log to (MLFLOW_TRACKING_URI "
-        "in their environment). Empty: a spec that asks for MLflow is a 422.",
+        "in their environment). Empty: a spec that asks for MLflow is a 422. Credentials written in it "
+        "(`http://user:password@host`) reach a run only as MLFLOW_TRACKING_USERNAME/PASSWORD in its "
+        "environment: the URL a job, a log or an event shows has none, and the password is masked.",
+    )
+    tracker_failure: Literal["continue", "fail"] = Field(
+        "continue",
+        description="A tracker (W&B online, MLflow) unreachable when a run starts (checked in seconds, "
+        "before the model loads): `continue` trains on without it (a job.warning; every metric stays in "
+        "ftq), `fail` ends the job with error code `tracker_error`.",
+    )
+    tracker_check_seconds: float = Field(
+        5.0, gt=0, le=120, description="How long the check that a tracker is reachable may take."
     )
     # Run isolation (local launcher): who a run's processes are, so they cannot read the service's
     # environment, the store or another owner's run directory.
@@ -411,9 +432,15 @@ class Settings(BaseSettings):
         """FTQ_ENV=development (the default): webhooks may go to loopback receivers."""
         return self.env == "development"
 
+    def state_path(self, name: str) -> Path:
+        """Where ftq's own `name` (one of DATA_DIR_STATE) lies in the data dir."""
+        if name not in DATA_DIR_STATE:
+            raise ValueError(f"{name} is not one of ftq's data dir names (DATA_DIR_STATE)")
+        return self.data_path / name
+
     @property
     def runs_dir(self) -> Path:
-        return self.data_path / "runs"
+        return self.state_path("runs")
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -424,7 +451,7 @@ class Settings(BaseSettings):
                 if url.startswith(prefix):
                     return "postgresql+psycopg://" + url[len(prefix) :]
             return url
-        return f"sqlite:///{self.data_path / 'ftq.db'}"
+        return f"sqlite:///{self.state_path('ftq.db')}"
 
     @property
     def celery_broker_url(self) -> str:
@@ -559,7 +586,44 @@ class Settings(BaseSettings):
         return int(gb * 1024**3)
 
     def secret_values(self) -> list[str]:
-        return [os.environ[n] for n in self.pass_env_names if os.environ.get(n)]
+        """What is masked wherever the service stores or serves text: the pass-through secrets and the
+        tracker credentials."""
+        values = [os.environ[n] for n in self.pass_env_names if os.environ.get(n)]
+        _, user, password = split_userinfo(self.mlflow_tracking_uri)
+        if password:
+            values += [password, quote(password, safe="")]
+            if user:
+                values.append(f"{quote(user, safe='')}:{quote(password, safe='')}")
+        return [v for v in dict.fromkeys(values) if v]
+
+    @property
+    def mlflow_url(self) -> str:
+        """FTQ_MLFLOW_TRACKING_URI as shown and handed to runs: without credentials."""
+        return split_userinfo(self.mlflow_tracking_uri)[0]
+
+    def mlflow_credentials(self) -> dict[str, str]:
+        """The credentials of FTQ_MLFLOW_TRACKING_URI as MLflow's own environment variables."""
+        _, user, password = split_userinfo(self.mlflow_tracking_uri)
+        env = {}
+        if user:
+            env["MLFLOW_TRACKING_USERNAME"] = user
+        if password:
+            env["MLFLOW_TRACKING_PASSWORD"] = password
+        return env
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """(url without `user:password@`, user, password), the two URL-decoded; a URL without them as is."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, password = userinfo.partition(":")
+    return (
+        urlunsplit(parts._replace(netloc=hostport)),
+        unquote(user) or None,
+        unquote(password) if sep else None,
+    )
 
 
 def owner_map(value: str) -> dict[str, str]:

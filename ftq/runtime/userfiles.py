@@ -47,11 +47,11 @@ def read_capped(path: Path, cap: int, *, follow_symlinks: bool = False) -> bytes
     fd, size = _open_regular(path, follow_symlinks=follow_symlinks)
     try:
         if size > cap:
-            raise NotReadable(f"is {_size(size)}, more than the {_size(cap)} allowed")
+            raise NotReadable(f"is {human_size(size)}, more than the {human_size(cap)} allowed")
         # One byte past the cap: a file that grew since fstat is refused too, not read on.
         data = os.read(fd, cap + 1)
         if len(data) > cap:
-            raise NotReadable(f"is more than the {_size(cap)} allowed")
+            raise NotReadable(f"is more than the {human_size(cap)} allowed")
         return data
     finally:
         os.close(fd)
@@ -82,7 +82,8 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
+    """n bytes in the largest unit it fills at least once: 1.5 GiB, 12.0 MiB, 3.0 KiB, 12 bytes."""
     for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"

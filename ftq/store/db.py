@@ -102,7 +102,7 @@ def ensure_data_dir(settings: Settings) -> None:
         except PermissionError:
             log.warning("%s is not this user's: its mode is left as it is", folder)
     if not settings.database_url:
-        _create_owner_only(settings.data_path / "ftq.db")
+        _create_owner_only(settings.state_path("ftq.db"))
     for path in settings.data_path.glob("ftq.db*"):
         with contextlib.suppress(OSError):
             path.chmod(0o600)

@@ -33,7 +33,7 @@ def thread_lock(name: str) -> threading.Lock:
 
 
 def lock_path(name: str) -> Path:
-    folder = get_settings().data_path / "locks"
+    folder = get_settings().state_path("locks")
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{name}.lock"
 

@@ -18,14 +18,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ftq.contract import runs
+from ftq.runtime.redact import Reader
 
 log = logging.getLogger(__name__)
 
 # Bytes one listing may hash on its own thread (the tiny job's whole run; a 7B adapter's config files).
 INLINE_BUDGET = 32 * 1024**2
 CHUNK = 1024**2
-
-Reader = Callable[[int, int, int], bytes]  # (fd, offset, length) -> bytes, as a download serves them
 
 
 def _key(f: runs.ArtifactFile) -> list[int]:
@@ -39,7 +38,7 @@ def _pending_key(job_id: str, f: runs.ArtifactFile) -> tuple[str, str, int, int,
 class HashCache:
     def __init__(self, root: Path, reader_for: Callable[[str], Reader]):
         self.root = root
-        self._reader_for = reader_for  # how a path is read for a download (masked for train.log)
+        self._reader_for = reader_for  # how a path is read for a download (masked for logs)
         self._lock = threading.Lock()
         self._pending: set[tuple[str, str, int, int, int]] = set()
         self._queue: queue.Queue[tuple[str, Path, runs.ArtifactFile]] = queue.Queue()

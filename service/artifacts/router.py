@@ -59,6 +59,11 @@ async def list_artifacts(request: Request, job_id: JobId) -> ArtifactList:
     return await anyio.to_thread.run_sync(artifacts.list_artifacts, job, settings)
 
 
+@router.head(
+    "/{job_id}/artifacts/{path:path}",
+    responses={**_ERRORS, 200: {"description": "The headers GET would send (size, ETag, type), no body"}},
+    summary="An artifact's or a folder tar's headers, without its bytes",
+)
 @router.get(
     "/{job_id}/artifacts/{path:path}",
     responses={
@@ -114,7 +119,7 @@ async def get_artifact(
     settings = get_settings()
     opened = await anyio.to_thread.run_sync(artifacts.open_file, job, path, settings)
     if opened is None:
-        return await _tar(job, path, settings)
+        return await _tar(job, path, settings, head=request.method == "HEAD")
     try:
         headers = {
             **_DOWNLOAD_HEADERS,
@@ -141,6 +146,9 @@ async def get_artifact(
         if span is not None:
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{opened.size}"
+        if request.method == "HEAD":
+            artifacts.close_file(opened)
+            return _headers_only(status, "application/octet-stream", headers)
         return ClosingStream(
             artifacts.file_chunks(opened, start, end),
             lambda: artifacts.close_file(opened),
@@ -153,20 +161,26 @@ async def get_artifact(
         raise
 
 
-async def _tar(job: Job, path: str, settings: Settings) -> Response:
+def _headers_only(status: int, media_type: str, headers: dict[str, str]) -> Response:
+    """HEAD's answer: GET's status and headers (Content-Length the body GET would have), no body."""
+    return Response(status_code=status, media_type=media_type, headers=headers)
+
+
+async def _tar(job: Job, path: str, settings: Settings, *, head: bool = False) -> Response:
     folder = artifacts.tar_folder_of(path)
     plan = None
     if folder is not None:
         plan = await anyio.to_thread.run_sync(artifacts.plan_tar, job, folder, settings)
     if plan is None:
         raise artifacts.not_found(job.id, path)
+    headers = {
+        **_DOWNLOAD_HEADERS,
+        "Content-Length": str(plan.size),
+        "Accept-Ranges": "none",
+        "Content-Disposition": artifacts.content_disposition(plan.name),
+    }
+    if head:
+        return _headers_only(200, "application/x-tar", headers)
     return StreamingResponse(
-        artifacts.tar_chunks(job.id, plan, settings),
-        media_type="application/x-tar",
-        headers={
-            **_DOWNLOAD_HEADERS,
-            "Content-Length": str(plan.size),
-            "Accept-Ranges": "none",
-            "Content-Disposition": artifacts.content_disposition(plan.name),
-        },
+        artifacts.tar_chunks(job.id, plan, settings), media_type="application/x-tar", headers=headers
     )

@@ -1,5 +1,5 @@
 """The rules of serving a run's artifacts: what is listed, how one file is read (Range, ETag, the
-secrets of train.log masked), how a folder becomes a tar stream in bounded memory.
+secrets of every log masked), how a folder becomes a tar stream in bounded memory.
 
 Which paths are artifacts and how they are opened (component by component, never through a symlink) is
 the run layout's rule (`ftq.contract.runs`); this module only serves what that lets through.
@@ -19,9 +19,11 @@ import anyio
 
 from ftq.contract import runs
 from ftq.contract.schemas import Artifact, ArtifactList
+from ftq.runtime import redact
+from ftq.runtime.redact import Reader
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store.models import Job
-from service.artifacts.hashes import HashCache, Reader
+from service.artifacts.hashes import HashCache
 from service.errors import NotFound
 
 CHUNK = 1024**2
@@ -35,47 +37,18 @@ def not_found(job_id: str, path: str) -> NotFound:
     return NotFound(f"job {job_id} has no artifact {path}")
 
 
-# Reading, with train.log's secrets masked ---------------------------------------------------------------
-
-
-def plain_read(fd: int, offset: int, length: int) -> bytes:
-    return os.pread(fd, length, offset)
-
-
-def masked_reader(secrets_: list[str]) -> Reader:
-    """A reader that replaces every byte of a secret with `*`: the size is unchanged, so ranges, the
-    size listed and the sha256 all describe the same bytes. A range that holds only part of a secret is
-    masked too: the bytes around the range are read as well."""
-    needles = sorted({v.encode() for v in secrets_ if v})
-    if not needles:
-        return plain_read
-    pad = max(len(n) for n in needles) - 1
-
-    def read(fd: int, offset: int, length: int) -> bytes:
-        before = max(0, offset - pad)
-        window = bytearray(os.pread(fd, length + pad + (offset - before), before))
-        at = offset - before
-        for needle in needles:
-            i = window.find(needle)
-            while i != -1:
-                window[i : i + len(needle)] = b"*" * len(needle)
-                i = window.find(needle, i + 1)
-        return bytes(window[at : at + length])
-
-    return read
+# Reading, with the secrets of every log masked (ftq.runtime.redact: the one routine) ---------------------
 
 
 def reader_for(path: str, settings: Settings | None = None) -> Reader:
-    if path in runs.MASKED_FILES:
-        return masked_reader((settings or get_settings()).secret_values())
-    return plain_read
+    return redact.reader_for(path, (settings or get_settings()).secret_values())
 
 
 _caches: dict[Path, HashCache] = {}
 
 
 def hash_cache(settings: Settings) -> HashCache:
-    root = settings.data_path / "artifact-hashes"
+    root = settings.state_path("artifact-hashes")
     cache = _caches.get(root)
     if cache is None:
         cache = _caches[root] = HashCache(root, reader_for)
@@ -119,7 +92,7 @@ def open_file(job: Job, path: str, settings: Settings) -> OpenFile | None:
         fd, info = runs.open_artifact(run_dir, path)
     except OSError:
         return None
-    masked = path in runs.MASKED_FILES
+    masked = redact.is_masked(path)
     # Strong: a new version of the file (rewritten, replaced, grown) has another inode, size or mtime.
     etag = f'"{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}{"-m" if masked else ""}"'
     return OpenFile(
@@ -250,6 +223,7 @@ async def tar_chunks(job_id: str, plan: TarPlan, settings: Settings) -> AsyncIte
     short body, never a tar that silently holds something else)."""
     run_dir = runs.run_dir(settings.runs_dir, job_id)
     for f, header in plan.members:
+        read = reader_for(f.path, settings)  # a log inside the folder is masked as it is alone
         yield header
         try:
             fd, info = await anyio.to_thread.run_sync(
@@ -263,7 +237,7 @@ async def tar_chunks(job_id: str, plan: TarPlan, settings: Settings) -> AsyncIte
             pos = 0
             while pos < f.size:
                 n = min(CHUNK, f.size - pos)
-                data = await anyio.to_thread.run_sync(os.pread, fd, n, pos, limiter=_FILE_READS)
+                data = await anyio.to_thread.run_sync(read, fd, pos, n, limiter=_FILE_READS)
                 if not data:
                     raise OSError(f"{f.path} shrank while it was sent")
                 yield data

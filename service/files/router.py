@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Annotated, Any
 
 import anyio
@@ -18,6 +19,7 @@ from ftq.store.files_repository import FileRepository
 from service.deps import current_owner
 from service.errors import (
     BadRequest,
+    InsufficientStorage,
     NotFound,
     PayloadTooLarge,
     TooManyRequests,
@@ -87,6 +89,7 @@ _UPLOAD_BODY = {
         413: error("The file is larger than FTQ_MAX_FILE_BYTES"),
         415: error("Neither multipart/form-data nor application/jsonl"),
         429: error("The upload would pass the owner's FTQ_FILE_QUOTA_BYTES"),
+        507: error("The server's disk has no room left for it (the partial file is removed)"),
         401: UNAUTHORIZED,
     },
     summary="Upload a dataset file (JSON Lines); it is validated by the worker",
@@ -131,8 +134,8 @@ async def upload_file(
             limits.check(body_bytes)
 
     file_id = files.new_file_id()
-    part = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
     try:
+        part = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
         got = await upload.receive(request.stream(), content_type, part, limits)
     except (PayloadTooLarge, TooManyRequests) as exc:
         # Stop reading: the client is told at once, and the connection is not kept for the rest.
@@ -141,6 +144,14 @@ async def upload_file(
     except ClientDisconnect:
         # The client went away mid-upload: its partial file is gone (upload.receive); nobody to answer.
         raise BadRequest("the upload was cut short") from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # The partial file is gone (upload.receive); the disk is the server's, so it is not a 4xx.
+        raise InsufficientStorage(
+            "the server's disk has no room left for this upload; nothing was kept. Try again later, or "
+            "ask the operator to free space where uploads are stored (FTQ_DATA_DIR)",
+        ) from None
     name = files.display_name(filename or got.filename or "upload.jsonl")
 
     def store(session: Any) -> FilePublic:
@@ -203,6 +214,11 @@ async def get_file(file_id: FileId, owner: OwnerDep) -> FilePublic:
     return result
 
 
+@router.head(
+    "/{file_id}/content",
+    responses={**_ERRORS, 200: {"description": "The headers GET would send (size, type), no body"}},
+    summary="A file's headers, without its bytes",
+)
 @router.get(
     "/{file_id}/content",
     responses={**_ERRORS, 200: {"content": {"application/jsonl": {}}, "description": "The file's bytes"}},

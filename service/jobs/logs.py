@@ -7,6 +7,7 @@ from pathlib import Path
 from ftq.contract import runs
 from ftq.contract.schemas import LogChunk
 from ftq.contract.status import TERMINAL, JobStatus
+from ftq.runtime import redact
 from ftq.runtime.settings import Settings
 from ftq.store.models import Job
 
@@ -33,7 +34,7 @@ def log_path(settings: Settings, job_id: str) -> Path:
 def read_log_file(path: Path, *, terminal: bool, offset: int, limit: int, secrets_: list[str]) -> LogChunk:
     """read_log on the file alone: `terminal` says whether the job has ended (the log is then whole)."""
     limit = max(1, min(limit, LOG_CHUNK_MAX))
-    needles = sorted({v.encode() for v in secrets_ if v})
+    needles = redact.needles(secrets_)
     pad = max((len(n) for n in needles), default=1) - 1
     try:
         with path.open("rb") as f:
@@ -51,7 +52,7 @@ def read_log_file(path: Path, *, terminal: bool, offset: int, limit: int, secret
     if start + len(data) < size or not terminal:
         data = _trim_partial_utf8(data) or _first_char(window[at : at + 4])
     next_offset = start + len(data) if data else offset
-    text = mask(window, at, len(data), needles).decode("utf-8", errors="replace")
+    text = redact.mask(window, at, len(data), needles).decode("utf-8", errors="replace")
     return LogChunk(
         offset=offset, next_offset=next_offset, text=text, complete=terminal and next_offset >= size
     )
@@ -77,29 +78,3 @@ def _first_char(data: bytes) -> bytes:
     b = data[0]
     need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
     return data[:need] if len(data) >= need else b""
-
-
-def mask(window: bytes, at: int, length: int, needles: list[bytes]) -> bytes:
-    """window[at:at+length], each run of bytes inside an occurrence of a needle replaced by `***`."""
-    chunk = window[at : at + length]
-    spans: list[list[int]] = []
-    for needle in needles:
-        i = window.find(needle)
-        while i != -1:
-            lo, hi = max(i, at) - at, min(i + len(needle), at + length) - at
-            if lo < hi:
-                spans.append([lo, hi])
-            i = window.find(needle, i + 1)
-    if not spans:
-        return chunk
-    merged: list[list[int]] = []
-    for lo, hi in sorted(spans):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    out, pos = bytearray(), 0
-    for lo, hi in merged:
-        out += chunk[pos:lo] + b"***"
-        pos = hi
-    return bytes(out + chunk[pos:])

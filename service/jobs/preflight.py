@@ -31,7 +31,7 @@ from ftq.runtime import limits, userfiles
 from ftq.runtime.settings import Settings
 from ftq.store.repository import JobRepository
 from service.errors import SpecError, spec_field_error
-from service.paths import PathRefused, refuse_ftq_state, resolve_local
+from service.paths import PathRefused, StateRule, resolve_local
 
 T = TypeVar("T")
 
@@ -72,43 +72,62 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
     outside ftq's own state and other owners' run directories."""
     roots = settings.allowed_roots
     resolved = spec.model_copy(deep=True)
+
+    def own_run(job_id: str) -> bool:
+        # In this thread: the ownership check reads the store through the request's session.
+        return repo.get(job_id) is not None
+
     for section in ("model", "dataset"):
         part = getattr(resolved, section)
         if part.name_or_path is None:  # dataset.file_id: an upload, resolved by the worker at launch
             continue
+        original = part.name_or_path
+        # One rule for every path a spec names (service/paths.py): ftq's state in the data dir is out
+        # of reach, and so are other owners' run directories.
+        rule = StateRule(settings.data_path, settings.runs_dir)
         try:
-            original = part.name_or_path
-            twin = deadline.run(functools.partial(_local_twin, original, roots))
-            if twin is not None:
+            twin = deadline.run(functools.partial(_local_twin, original, roots, rule))
+            if twin is not None and _owned(rule, twin, own_run):
                 raise spec_field_error(
                     [section, "name_or_path"],
                     f"did you mean ./{original}? {twin} exists under the allowed local roots, but "
                     f"`{original}` is read as a Hugging Face Hub id; write a local path with ./ or /",
                     "ambiguous_path",
                 )
-            part.name_or_path = deadline.run(functools.partial(resolve_local, original, roots))
+            rule.run_ids.clear()
+            try:
+                part.name_or_path = deadline.run(functools.partial(resolve_local, original, roots, rule))
+            except PathRefused:
+                rule.check_owners(original, own_run)  # the same answer whether the path exists or not
+                raise
             if looks_local(original):
-                # In this thread: the ownership check reads the store through the request's session.
-                refuse_ftq_state(
-                    part.name_or_path,
-                    data_dir=settings.data_path,
-                    runs_dir=settings.runs_dir,
-                    own_run=lambda job_id: repo.get(job_id) is not None,
-                )
+                rule.check_owners(original, own_run, part.name_or_path)
         except PathRefused as exc:
             raise spec_field_error([section, "name_or_path"], str(exc), "path_refused") from None
     return resolved
 
 
-def _local_twin(name: str, roots: list[Path]) -> str | None:
+def _owned(rule: StateRule, path: str, own_run: Callable[[str], bool]) -> bool:
+    job_id = rule.run_of(path)
+    return job_id is None or own_run(job_id)
+
+
+def _local_twin(name: str, roots: list[Path], rule: StateRule) -> str | None:
     """The folder or file under the allowed roots that a hub id names when read as a relative path
     (`tiny/model` for ./tiny/model), unless the hub cache holds it: that name is then a hub id in use.
-    Without this, a path written without ./ went to the Hub and failed only after its retries."""
+    Without this, a path written without ./ went to the Hub and failed only after its retries. A path
+    the rule refuses is never named (it would tell that it exists)."""
     if looks_local(name) or est.load_model_config(name)[0] is not None:
         return None
     for root in roots:
         candidate = (root / name).resolve()
-        if candidate.is_relative_to(root) and candidate.exists():
+        if not candidate.is_relative_to(root):
+            continue
+        try:
+            rule(candidate, name)
+        except PathRefused:
+            continue
+        if candidate.exists():
             return str(candidate)
     return None
 
@@ -429,8 +448,8 @@ def _disk_refusals(disk: DiskEstimate, room: _Room) -> list[dict[str, Any]]:
     if need <= free or room.skip_host:
         return []
     msg = (
-        f"checkpoints and final model need about {need / 1024**3:.1f} GiB but "
-        f"{free / 1024**3:.1f} GiB is free where runs are stored; raise save_steps or "
+        f"checkpoints and final model need about {userfiles.human_size(need)} but "
+        f"{userfiles.human_size(free)} is free where runs are stored; raise save_steps or "
         f"set save_total_limit{room.not_skipped}"
     )
     return [{"loc": ["body", "training", "save_steps"], "msg": msg, "type": "disk_full"}]

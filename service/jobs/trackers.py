@@ -12,6 +12,7 @@ from ftq.contract import runs
 from ftq.contract.schemas import TrackerRun
 from ftq.contract.spec import JobSpec
 from ftq.contract.status import JobStatus
+from ftq.runtime.settings import split_userinfo
 from ftq.store.models import Job
 
 RECORD_LIMIT = 64 * 1024  # a few names and URLs; the run wrote it, so it is not read whole if larger
@@ -27,5 +28,10 @@ def tracker_runs(job: Job, spec: JobSpec, runs_dir: Path | None) -> dict[str, Tr
         found = _RECORD.validate_python(data)
     except (OSError, ValueError, ValidationError):  # not there yet, not a regular file, not a record
         return None
-    # Only the trackers this job asked for: the file is the run's, and may say anything.
-    return {name: run for name, run in found.items() if name in spec.integrations.report_to} or None
+    # Only the trackers this job asked for: the file is the run's, and may say anything. A URL is shown
+    # without credentials (a run launched before they were kept out of its environment may hold them).
+    return {
+        name: run.model_copy(update={"url": split_userinfo(run.url)[0] if run.url else run.url})
+        for name, run in found.items()
+        if name in spec.integrations.report_to
+    } or None

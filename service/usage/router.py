@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 from fastapi import APIRouter, Query
@@ -62,6 +62,11 @@ def _rfc3339(name: str, value: str | None) -> datetime | None:
     if not _RFC3339.fullmatch(value):
         raise _query_error(name, f"{name} must be an RFC 3339 time with a zone, e.g. 2026-12-01T00:00:00Z")
     try:
-        return datetime.fromisoformat(f"{value[:10]}T{value[11:]}".replace("z", "Z"))
+        parsed = datetime.fromisoformat(f"{value[:10]}T{value[11:]}".replace("z", "Z"))
     except ValueError as e:
         raise _query_error(name, f"{name} is not a valid time: {e}") from e
+    try:
+        # Its UTC instant must exist too: 9999-12-31T23:59:59-23:59 is past the last datetime.
+        return parsed.astimezone(UTC)
+    except OverflowError as e:
+        raise _query_error(name, f"{name} is out of range once converted to UTC") from e

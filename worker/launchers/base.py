@@ -138,7 +138,13 @@ def tracker_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
     if trackers.wandb is not None and settings.wandb_mode:
         env["WANDB_MODE"] = settings.wandb_mode
     if trackers.mlflow is not None and settings.mlflow_tracking_uri:
-        env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
+        # The URL without credentials: the run prints it and records it (trackers.json); the credentials
+        # travel apart, in the variables MLflow's client reads, and are masked wherever text is served.
+        env["MLFLOW_TRACKING_URI"] = settings.mlflow_url
+        env.update(settings.mlflow_credentials())
+    if trackers.report_to and any(t in trackers.report_to for t in ("wandb", "mlflow")):
+        env["FTQ_TRACKER_FAILURE"] = settings.tracker_failure
+        env["FTQ_TRACKER_CHECK_SECONDS"] = f"{settings.tracker_check_seconds:g}"
     return env
 
 

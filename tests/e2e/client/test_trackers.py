@@ -2,7 +2,11 @@
 offline, a real `mlflow server` on loopback), and the tiny job asking for all three trackers. What each
 tracker holds is read back with its own format: MLflow's metric history over its REST API, the offline
 W&B run file (protobuf records), TensorBoard's event files with its EventAccumulator; each equals ftq's
-points from GET /jobs/{id}/metrics. The job shows its tracker runs; nothing leaves loopback."""
+points from GET /jobs/{id}/metrics. The job shows its tracker runs; nothing leaves loopback.
+
+Issue 28: the operator's URL carries credentials (finding 3), which no job, log, event or run file
+shows; the trainer checks the server answers before the model loads (finding 6), and once the server is
+down, a job trains on with a job.warning (FTQ_TRACKER_FAILURE=continue, the default)."""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ pytestmark = pytest.mark.slow
 
 MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"  # `make test` makes it (see the Makefile)
 EXPERIMENT = "ftq-e2e"
+# The operator's credentials in FTQ_MLFLOW_TRACKING_URI (the server has no auth: it ignores them).
+PASSWORD = "op-s3cret-pw"
 
 
 @dataclass
@@ -63,8 +69,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
     try:
         yield MlflowServer(f"http://127.0.0.1:{port}", proc, root / "server.log")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn process it starts
-        proc.wait(timeout=30)
+        if proc.poll() is None:  # the last test stops it itself
+            os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn process it starts
+            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +84,8 @@ def mlflow_url(mlflow_server: MlflowServer, dep: Deployment) -> str:
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory, mlflow_server: MlflowServer) -> Iterator[Deployment]:
     tiny_assets()
-    settings = {"wandb_mode": "offline", "mlflow_tracking_uri": mlflow_server.url}
+    with_credentials = mlflow_server.url.replace("http://", f"http://ftq-op:{PASSWORD}@")
+    settings = {"wandb_mode": "offline", "mlflow_tracking_uri": with_credentials}
     d = Deployment(tmp_path_factory.mktemp("trackers"), settings=settings).start()
     yield d
     d.close(cancel_active=True)
@@ -192,3 +200,66 @@ def test_tensorboard_event_files_hold_the_loss_history(dep: Deployment, job: dic
     assert [s for s, _ in loss] == [s for s, _ in expected]
     # TensorBoard stores float32.
     assert [v for _, v in loss] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
+def test_the_operators_tracker_credentials_reach_no_tenant(dep: Deployment, job: dict[str, Any]) -> None:
+    """Finding 3: the password is in no API answer (the job, its logs, its events) and in no file of the
+    run (train.log, trackers.json, the launch script): the trainer got it in its environment only."""
+    import json
+
+    answers = [
+        json.dumps(job),
+        json.dumps(dep.get(f"/jobs/{job['id']}/logs")),
+        json.dumps(dep.get(f"/jobs/{job['id']}/events")),
+    ]
+    for text in answers:
+        assert PASSWORD not in text and "ftq-op" not in text
+    run_dir = dep.run_dir(job["id"])
+    for path in run_dir.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size < 50_000_000:
+            assert PASSWORD.encode() not in path.read_bytes(), path
+
+
+def test_the_reachability_check_finds_the_real_server(mlflow_url: str) -> None:
+    from trainer import trackers
+
+    assert trackers.probe(mlflow_url, 5.0) is None
+
+
+def test_with_the_server_down_a_job_trains_on_and_warns(
+    dep: Deployment, job: dict[str, Any], mlflow_server: MlflowServer
+) -> None:
+    """Finding 6, last in this module: it stops the server. The port is then closed; the job does not
+    spend minutes in MLflow's retries, it trains on (continue) and says why in a job.warning."""
+    os.killpg(mlflow_server.proc.pid, signal.SIGTERM)
+    mlflow_server.proc.wait(timeout=30)
+    spec = tiny_spec(TINY_RELATIVE, name="tracker-down", max_steps=2)
+    spec["integrations"] = {"mlflow": {"experiment": EXPERIMENT}}
+    posted = dep.post_job(spec)
+    done = dep.wait_terminal(posted["id"], timeout=400)
+    assert done["status"] == "succeeded", dep.report(posted["id"])
+    events = dep.get(f"/jobs/{posted['id']}/events")["data"]
+    warnings = [e for e in events if e["type"] == "job.warning"]
+    assert [w["data"]["kind"] for w in warnings] == ["tracker_unreachable"], events
+    message = warnings[0]["data"]["message"]
+    assert "FTQ_MLFLOW_TRACKING_URI" in message and mlflow_server.url in message and PASSWORD not in message
+    assert [s for s, _ in ftq_points(dep, posted["id"], "loss")] == [1, 2]  # every metric kept in ftq
+
+
+def test_every_name_ftq_made_in_its_data_dir_is_out_of_a_specs_reach(
+    dep: Deployment, job: dict[str, Any]
+) -> None:
+    """Issue 28, finding 1, for names added later too: after a real `ftq up` ran a job (and listed its
+    artifacts, which hashes them), everything at the top of its data dir is ftq's (DATA_DIR_STATE), and
+    the one path rule refuses each of them from its name."""
+    from ftq.runtime.settings import DATA_DIR_STATE
+    from service.paths import PathRefused, StateRule
+
+    assert dep.get(f"/jobs/{job['id']}/artifacts")["data"]
+    rule = StateRule(dep.data_dir, dep.data_dir / "runs")
+    made = sorted(p.name for p in dep.data_dir.iterdir())
+    assert {"runs", "ftq.db", "artifact-hashes"} <= set(made), made
+    for name in made:
+        assert any(name == s or name.startswith((s + "-", s + ".")) for s in DATA_DIR_STATE), name
+        with pytest.raises(PathRefused):
+            rule((dep.data_dir / name).resolve(), f"./{name}")

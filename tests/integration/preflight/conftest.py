@@ -5,6 +5,7 @@ plain `ftq up` (`quick_up`): each reads only the jobs it posted."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,24 @@ def stack(models_root: Path, tiny_dir: Path) -> Iterator[Deployment]:
 
 @pytest.fixture(scope="package")
 def quick_up(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator[Deployment]:
-    """`ftq up` with quick sweeps on its own data dir, the tiny assets an allowed root."""
-    with running_up(tmp_path_factory.mktemp("ftq-running"), tiny_dir) as dep:
+    """`ftq up` with quick sweeps on its own data dir, the tiny assets an allowed root. Its MLflow server
+    (with the operator's credentials in the URL) is a closed port, and a tracker that is down fails a
+    job (FTQ_TRACKER_FAILURE=fail): only a job asking for MLflow sees either."""
+    with running_up(
+        tmp_path_factory.mktemp("ftq-running"),
+        tiny_dir,
+        mlflow_tracking_uri=f"http://ftq-op:{TRACKER_PASSWORD}@127.0.0.1:{closed_port()}",
+        tracker_failure="fail",
+        tracker_check_seconds="3",
+    ) as dep:
         yield dep
+
+
+TRACKER_PASSWORD = "op-s3cret-pw"
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.harness import Deployment, no_text_field_folder, run_pids, tiny_spec
+from tests.integration.preflight.conftest import TRACKER_PASSWORD
 from tests.integration.preflight.deployments import running_up
 
 
@@ -30,9 +31,12 @@ def early(quick_up: Deployment, tiny_dir: Path) -> dict[str, str]:
     no_field["dataset"]["name_or_path"] = str(no_text_field_folder(quick_up.data_dir))
     bad_target = tiny_spec(tiny_dir, name="bad-lora-target")
     bad_target["lora"]["target_modules"] = ["q_proj", "query_key_value"]
+    tracked = tiny_spec(tiny_dir, name="tracker-down")
+    tracked["integrations"] = {"mlflow": {"experiment": "down"}}
     return {
         "dataset": quick_up.post_job(no_field)["id"],
         "lora": quick_up.post_job(bad_target)["id"],
+        "tracker": quick_up.post_job(tracked)["id"],
     }
 
 
@@ -45,6 +49,25 @@ def test_dataset_without_its_text_field(quick_up: Deployment, early: dict[str, s
     assert "'text'" in err["message"] and "body" in err["message"], err
     assert "dataset.text_field" in err["message"], err
     assert err["exit_code"] != 0
+
+
+def test_a_tracker_that_is_down_fails_the_job_in_seconds_with_tracker_error(
+    quick_up: Deployment, early: dict[str, str]
+) -> None:
+    """Issue 28, finding 6 (FTQ_TRACKER_FAILURE=fail): the trainer's check, before the model loads,
+    finds the MLflow port closed; the job fails with `tracker_error`, not `unknown` after minutes of
+    retries. Finding 3: the operator's password is in no answer, log line or event."""
+    job = quick_up.wait_terminal(early["tracker"])
+    assert job["status"] == "failed", job
+    err = job["error"]
+    assert err["code"] == "tracker_error", (err, quick_up.train_log(early["tracker"])[-2000:])
+    assert "FTQ_MLFLOW_TRACKING_URI" in err["message"] and "FTQ_TRACKER_FAILURE=fail" in err["message"]
+    assert "http://127.0.0.1:" in err["message"]
+    events = quick_up.get(f"/jobs/{early['tracker']}/events")
+    for text in (str(job), str(events), quick_up.train_log(early["tracker"])):
+        assert TRACKER_PASSWORD not in text and "ftq-op" not in text
+    # Failed before the launch was set up and the model loaded (the `strategy ...` line comes after).
+    assert "process(es), device" not in quick_up.train_log(early["tracker"])
 
 
 def test_model_folder_without_weights_is_refused_at_post(quick_up: Deployment, tiny_dir: Path) -> None:

@@ -20,7 +20,7 @@ from ftq.contract.spec import JobSpec
 from ftq.runtime.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
-METHODS = ("get", "put", "post", "patch", "delete")
+METHODS = ("get", "put", "post", "patch", "delete", "head")
 
 
 def load_hooks() -> types.ModuleType:

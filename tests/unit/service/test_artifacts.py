@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from ftq.contract import runs
-from ftq.runtime.settings import Settings
+from ftq.runtime import redact
+from ftq.runtime.settings import Settings, get_settings
 from service.artifacts import hashes
 from service.artifacts import service as artifacts
 
@@ -75,7 +76,7 @@ def test_masked_reads_keep_the_size_and_mask_every_cut(tmp_path: Path) -> None:
     path = tmp_path / "train.log"
     path.write_bytes(text)
     want = text.replace(SECRET.encode(), b"*" * len(SECRET))
-    read = artifacts.masked_reader([SECRET, ""])
+    read = redact.masked_reader([SECRET, ""])
     fd = os.open(path, os.O_RDONLY)
     try:
         assert read(fd, 0, len(text)) == want
@@ -85,7 +86,7 @@ def test_masked_reads_keep_the_size_and_mask_every_cut(tmp_path: Path) -> None:
                 assert got == want[start : start + length], (start, length)
     finally:
         os.close(fd)
-    assert artifacts.masked_reader([]) is artifacts.plain_read
+    assert redact.masked_reader([]) is redact.plain_read
 
 
 def _settings(tmp_path: Path) -> Settings:
@@ -186,3 +187,54 @@ def test_sha256_is_computed_once_and_big_files_in_the_background(
     other = hashes.HashCache(tmp_path / "cache", artifacts.reader_for)
     assert other.lookup(job.id, run, runs.list_artifacts(run)) == again
     assert opened.count("final/big.bin") == 1
+
+
+def test_every_log_served_is_masked_and_downloads_answer_head(
+    make_client: Any, store_url: str, tiny_job: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28, findings 8 and 11, through the API in process: a secret in any log of the run (train.log,
+    an export's train.log, a log inside a folder tar) is served masked, and HEAD answers what GET would
+    (status and headers, no body) for an artifact, a folder's tar and an uploaded file's content."""
+    monkeypatch.setenv("FTQ_TEST_SECRET", SECRET)
+    client = make_client(store_url, api_tokens="tok:alice", pass_env="FTQ_TEST_SECRET")
+    auth = {"Authorization": "Bearer tok"}
+    job_id = client.post("/jobs", json=tiny_job, headers=auth).json()["id"]
+    run = runs.run_dir(get_settings().runs_dir, job_id)
+    export = run / "exports" / "exp_0000000000000001"
+    export.mkdir(parents=True)
+    line = f"token={SECRET} done\n".encode()
+    masked = line.replace(SECRET.encode(), b"*" * len(SECRET))
+    (run / "train.log").write_bytes(line)
+    (export / "train.log").write_bytes(line)
+    (export / "adapter_model.safetensors").write_bytes(b"\0" * 100)
+    base = f"/jobs/{job_id}/artifacts"
+    for path in ("train.log", "exports/exp_0000000000000001/train.log"):
+        got = client.get(f"{base}/{path}", headers=auth)
+        assert got.status_code == 200 and got.content == masked, (path, got.content)
+    tar = client.get(f"{base}/exports/exp_0000000000000001.tar", headers=auth)
+    assert tar.status_code == 200 and SECRET.encode() not in tar.content
+    with tarfile.open(fileobj=io.BytesIO(tar.content)) as opened:
+        log = opened.extractfile("exp_0000000000000001/train.log")
+        assert log is not None and log.read() == masked
+
+    # HEAD: GET's status and headers, no body (a 405 before).
+    for path, gets in (
+        ("exports/exp_0000000000000001/train.log", got),
+        ("exports/exp_0000000000000001.tar", tar),
+    ):
+        head = client.head(f"{base}/{path}", headers=auth)
+        assert head.status_code == 200, (path, head.status_code)
+        assert head.content == b""
+        for name in ("content-length", "content-type", "content-disposition"):
+            assert head.headers[name] == gets.headers[name], (path, name)
+    ranged = client.head(f"{base}/train.log", headers={**auth, "Range": "bytes=0-3"})
+    assert ranged.status_code == 206 and ranged.headers["content-range"] == f"bytes 0-3/{len(line)}"
+    assert client.head(f"{base}/nothing.bin", headers=auth).status_code == 404
+    upload = client.post(
+        "/files", content=b'{"text": "hello"}\n', headers={**auth, "Content-Type": "application/jsonl"}
+    )
+    assert upload.status_code == 201, upload.text
+    content = f"/files/{upload.json()['id']}/content"
+    head = client.head(content, headers=auth)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == str(len(b'{"text": "hello"}\n'))

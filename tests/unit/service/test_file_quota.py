@@ -4,9 +4,15 @@ SQLite here and on PostgreSQL in tests/integration/store/test_file_quota_on_post
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +78,58 @@ def test_two_uploads_finishing_together_cannot_both_take_the_last_room(
     # The refused upload's bytes are gone too: one file in the owner's folder, no partial left.
     assert len(list(files.owner_dir(settings.data_path, OWNER).iterdir())) == 1
     reset_caches()
+
+
+@pytest.fixture
+def tiny_disk(ftq_env: dict[str, str]) -> Iterator[Path]:
+    """The test's data dir on a 2 MiB tmpfs of its own (the test runs as root), unmounted at the end."""
+    data = Path(ftq_env["FTQ_DATA_DIR"])
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root and mount(8), which this machine does not give the test")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(data)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {res.stderr.decode().strip()}")
+    try:
+        yield data
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
+def test_a_full_disk_is_a_507_for_uploads_and_a_refusal_in_sensible_units(
+    tiny_disk: Path, make_client: Any, store_url: str, tiny_job: dict[str, Any]
+) -> None:
+    """Issue 28, finding 9: POST /files on a full disk was a 500 (ENOSPC); the disk refusal of a job read
+    "need about 0.0 GiB but 0.0 GiB is free"."""
+    client = make_client(store_url, api_tokens="tok:ann")
+    auth = {"Authorization": "Bearer tok", "Content-Type": "application/jsonl"}
+    row = b'{"text": "' + b"x" * 200 + b'"}\n'
+    r = client.post("/files", content=row * 15_000, headers=auth)  # 3 MiB on a 2 MiB disk
+    assert r.status_code == 507, r.text
+    assert r.json()["code"] == "insufficient_storage" and "no room" in r.json()["detail"]
+    assert not list(tiny_disk.rglob("*.part")), "the partial upload is removed"
+    assert client.post("/files", content=row * 10, headers=auth).status_code == 201  # room again
+
+    # A job whose checkpoints need more than is left: the sizes in KiB/MiB, not "0.0 GiB".
+    free = shutil.disk_usage(tiny_disk).free
+    (tiny_disk / "filler").write_bytes(b"\0" * (free - 64 * 1024))
+    r = client.post("/jobs", json=tiny_job, headers={"Authorization": "Bearer tok"})
+    assert r.status_code == 422, r.text
+    [msg] = [e["msg"] for e in r.json()["detail"] if e["loc"] == ["body", "training", "save_steps"]]
+    assert "0.0 GiB" not in msg and "KiB is free" in msg, msg
+
+
+def test_a_full_disk_under_the_sqlite_store_is_a_507(
+    tiny_disk: Path, make_client: Any, tiny_job: dict[str, Any]
+) -> None:
+    """`make up`'s store is a SQLite file in the data dir: with the disk full, a submit that cannot write
+    it is a 507 saying so, not a 500 nor a 503 "store unavailable"."""
+    # The store in the data dir, on the 2 MiB tmpfs; the operator lets a job skip the disk check.
+    client = make_client(api_tokens="tok:ann", allow_oversubscribe="true")
+    auth = {"Authorization": "Bearer tok"}
+    assert client.get("/jobs", headers=auth).status_code == 200
+    with (tiny_disk / "filler").open("wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    r = client.post("/jobs", json={**tiny_job, "allow_oversubscribe": True}, headers=auth)
+    assert r.status_code == 507, r.text
+    assert r.json()["code"] == "insufficient_storage"

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from ftq.contract.status import JobStatus
+from ftq.runtime.redact import mask
 from ftq.runtime.settings import Settings
 from ftq.store.models import Job
-from service.jobs.logs import LOG_CHUNK_MAX, mask, read_log
+from service.jobs.logs import LOG_CHUNK_MAX, read_log
 
 SECRET = "hf_SECRETXYZ"
 

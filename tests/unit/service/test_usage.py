@@ -79,6 +79,12 @@ def test_queue_usage_and_estimate_vs_actual(
     assert empty == []
     bad = client.get("/usage", params={"from": "2026-12-01T00:00:00"}, headers=_auth(BOB))
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "from"]
+    # Extreme offsets (issue 28, finding 10): a time whose UTC instant is outside what a datetime holds
+    # is a 422 naming the field, not a 500 (OverflowError when compared or sent to the store).
+    for name, value in (("from", "9999-12-31T23:59:59-23:59"), ("to", "0001-01-01T00:00:00+23:59")):
+        extreme = client.get("/usage", params={name: value}, headers=_auth(BOB))
+        assert extreme.status_code == 422, extreme.text
+        assert extreme.json()["detail"][0]["loc"] == ["query", name]
 
     metrics = client.get("/metrics").text
     assert 'ftq_device_seconds_total{owner="alice"} 90.0' in metrics

@@ -90,7 +90,7 @@ def test_scheduler_reasons_and_the_trainers_own_word() -> None:
 
 def test_a_full_disk_explains_a_run_that_could_not_log_its_error() -> None:
     f = failures.classify(exit_code=1, log_tail="{'loss': '2.0'}\n", disk_free=4096)
-    assert f.code == "disk_full" and "4096 bytes were free" in f.message
+    assert f.code == "disk_full" and "4.0 KiB free when it ended" in f.message
     assert failures.classify(exit_code=1, log_tail="", disk_free=10 * 1024**3).code == "unknown"
 
 

@@ -41,7 +41,8 @@ def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pyt
     from tests.harness.rows import job_row
 
     (tmp_path / "data").mkdir()
-    use_settings(monkeypatch, data_dir=tmp_path / "data")
+    monkeypatch.setenv("FTQ_TEST_SECRET", "hf_ingestsecret42")
+    use_settings(monkeypatch, data_dir=tmp_path / "data", pass_env="FTQ_TEST_SECRET")
     migrate()
     with session_scope() as session:
         job = job_row("job_x", name="x", owner="o", status="running")
@@ -51,7 +52,9 @@ def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pyt
     checkpoint_dir(run_dir, 2, ranks=1)
     (run_dir / runs.CHECKPOINTS / "checkpoint-4").mkdir()  # being written: not yet an event
     (run_dir / runs.WARNINGS).write_text(json.dumps({"kind": "loss_spike", "step": 3, "message": "m"}) + "\n")
-    (run_dir / runs.SAMPLES).write_text(json.dumps({"step": 2, "prompt": "p", "completion": "c"}) + "\n{torn")
+    # A completion that echoes the operator's secret (issue 28, finding 8): an event shows it masked.
+    sample = {"step": 2, "prompt": "p", "completion": "token hf_ingestsecret42"}
+    (run_dir / runs.SAMPLES).write_text(json.dumps(sample) + "\n{torn")
     (run_dir / runs.METRICS).write_text(json.dumps({"step": 2, "eval_loss": 1.5}) + "\n")
 
     def types() -> list[tuple[str, object]]:
@@ -61,6 +64,9 @@ def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pyt
 
     ingest.ingest_job("job_x")
     first = types()
+    with session_scope() as session:
+        texts = [str(e.data) for e in session.query(JobEvent).filter(JobEvent.job_id == "job_x")]
+    assert "hf_ingestsecret42" not in "".join(texts) and any("token ***" in t for t in texts)
     assert sorted(first) == sorted(
         [("job.eval", 2), ("job.checkpoint", 2), ("job.warning", 3), ("job.sample", 2)]
     )

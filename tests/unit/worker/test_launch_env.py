@@ -112,7 +112,20 @@ def test_trackers_get_the_operators_settings_and_only_when_the_spec_asks() -> No
     assert tracker_environment(settings, both) == {
         "WANDB_MODE": "offline",
         "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+        "FTQ_TRACKER_FAILURE": "continue",
+        "FTQ_TRACKER_CHECK_SECONDS": "5",
     }
+    # Issue 28, finding 3: credentials in the operator's URL reach the run only as MLflow's own
+    # variables; the URL it prints and records has none, and the password is one of the masked secrets.
+    secret = Settings(
+        mlflow_tracking_uri="http://ftq-op:pa%3Ass@127.0.0.1:5000/prefix", tracker_failure="fail"
+    )
+    env = tracker_environment(secret, both)
+    assert env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000/prefix"
+    assert env["MLFLOW_TRACKING_USERNAME"] == "ftq-op" and env["MLFLOW_TRACKING_PASSWORD"] == "pa:ss"
+    assert env["FTQ_TRACKER_FAILURE"] == "fail"
+    assert "pa:ss" in secret.secret_values() and "pa%3Ass" in secret.secret_values()
+    assert secret.mlflow_url == "http://127.0.0.1:5000/prefix"
     # The spec has no field for where or how to log: those are the operator's.
     with pytest.raises(ValidationError):
         JobSpec.model_validate({**base, "integrations": {"mlflow": {"experiment": "e", "tracking_uri": "x"}}})

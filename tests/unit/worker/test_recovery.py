@@ -3,6 +3,10 @@ the operator's policy sends it round again."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,3 +73,42 @@ def test_an_exited_run_is_classified_by_its_exit_code_and_log(tmp_path: Path) ->
     (tmp_path / "train.log").unlink()
     plain = why_it_failed(tmp_path, RunState(phase=RunPhase.exited, exit_code=1))
     assert "exited with code 1" in plain.message and "processes are gone" not in plain.message
+
+
+def test_a_deleted_run_directory_is_reported_as_deleted(tmp_path: Path) -> None:
+    """Issue 28, finding 9: not "killed (SIGKILL, e.g. by the out-of-memory killer)"."""
+    gone = tmp_path / "job_0000000000000001"
+    for state in (LOST, RunState(phase=RunPhase.exited, exit_code=1)):
+        failure = why_it_failed(gone, state)
+        assert "was deleted while the job ran" in failure.message and "SIGKILL" not in failure.message
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs of this test's own (the test runs as root), unmounted at the end."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root and mount(8), which this machine does not give the test")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {res.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_run_that_died_on_a_full_disk_is_reported_as_disk_full(small_disk: Path) -> None:
+    """The checkpoint that filled the disk failed midway: neither its traceback nor the exit status
+    could be written (a lost run, a log without ENOSPC), and a little space is left."""
+    run = small_disk / "job_0000000000000002"
+    run.mkdir()
+    (run / "train.log").write_text("step 3 loss 1.2\nsaving checkpoint-4\n")
+    free = shutil.disk_usage(small_disk).free
+    with (run / "checkpoint.partial").open("wb") as f:
+        f.truncate(0)
+        f.write(b"\0" * (free - 2 * 1024**2))  # 2 MiB left: more than a log line needs
+    failure = why_it_failed(run, LOST)
+    assert failure.code == ErrorCode.disk_full, failure
+    assert "MiB free" in failure.message and "SIGKILL" not in failure.message
