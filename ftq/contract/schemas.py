@@ -352,9 +352,14 @@ class Delivery(BaseModel):
     )
     attempts: int
     last_status_code: int | None = Field(
-        description="The receiver's HTTP status of the last try; null: no answer."
+        description="The receiver's HTTP status of the last try; null: no answer, or a receiver at an "
+        "address that is not public (loopback, private: allowed by development or the operator), whose "
+        "failures all read the same so that a tenant cannot probe such addresses."
     )
-    last_error: str | None
+    last_error: str | None = Field(
+        description="Why the last try failed. A refused address reads `refused: ...` without the address "
+        "or the reason; a non-public receiver's failures read `the receiver did not accept the delivery`."
+    )
     created_at: datetime
     last_attempt_at: datetime | None
     next_attempt_at: datetime | None

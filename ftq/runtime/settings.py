@@ -286,7 +286,21 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How often the worker looks for webhook deliveries that are due."
     )
     webhook_timeout_seconds: float = Field(
-        5.0, gt=0, le=60, description="One delivery attempt's time limit (connect, send, answer)."
+        5.0,
+        gt=0,
+        le=60,
+        description="One delivery attempt's total deadline: connect, send and the answer's headers together "
+        "(a receiver that trickles its answer is cut off at it).",
+    )
+    webhook_slots: int = Field(
+        8, ge=1, le=64, description="Webhook endpoints the sender drains at once (one request each)."
+    )
+    webhook_slots_per_owner: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Of those, how many one owner's endpoints may take: one tenant's slow receivers "
+        "delay only that tenant's deliveries.",
     )
     webhook_retry_base_seconds: float = Field(
         5.0, gt=0, description="Delay before the first retry; each further retry waits twice as long."
