@@ -186,6 +186,29 @@ def validate_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Valid
 STALE_PART_SECONDS = 24 * 3600
 
 
+def bytes_in_flight(data_dir: Path, owner: str, *, younger_than: float, besides: Path | None = None) -> int:
+    """What the owner's uploads in progress hold: the sizes of its `.part` files (each upload's file is
+    as long as the room it has reserved, written or not), but those of none older than `younger_than`
+    seconds (no upload lasts longer: the body-read deadline), and not counting `besides`."""
+    import time
+
+    cutoff = time.time() - younger_than
+    total = 0
+    folder = owner_dir(data_dir, owner)
+    if not folder.is_dir():
+        return 0
+    for part in folder.glob(".file_*.part"):
+        if besides is not None and part.name == besides.name:
+            continue
+        try:
+            st = part.lstat()
+        except FileNotFoundError:
+            continue
+        if st.st_mtime >= cutoff:
+            total += st.st_size
+    return total
+
+
 def remove_stale_parts(data_dir: Path, *, older_than: float = STALE_PART_SECONDS) -> int:
     """Remove partial uploads left by API processes that died while receiving them; returns how many."""
     import time

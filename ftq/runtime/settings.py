@@ -150,6 +150,12 @@ class Settings(BaseSettings):
         description="Bytes of uploaded files one owner may keep; an upload past it is stopped and refused "
         "(429).",
     )
+    upload_deadline_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="Longest time `POST /files` reads one body; a slower upload is stopped (408) and its "
+        "partial file removed, and the room it reserved in the owner's quota freed.",
+    )
     preflight_sample_rows: int = Field(
         2000,
         ge=1,
