@@ -123,9 +123,12 @@ class JobPublic(BaseModel):
 class UsageRow(BaseModel):
     owner: str
     day: str | None = Field(description="UTC day (YYYY-MM-DD) the runs ended; null with group_by=owner.")
-    device_seconds: float = Field(description="Sum of the runs' devices x wall time.")
+    device_seconds: float = Field(
+        description="Sum of the runs' devices x wall time: jobs' and exports' (one device each)."
+    )
     gpu_hours: float = Field(description="The cuda runs' device_seconds / 3600.")
-    jobs: int = Field(description="Runs that ended in the range (jobs that never started are not counted).")
+    jobs: int = Field(description="Jobs that ended in the range (jobs that never started are not counted).")
+    exports: int = Field(0, description="Exports that ran and ended in the range (counted in device_seconds).")
 
 
 class UsagePage(BaseModel):

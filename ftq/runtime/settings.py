@@ -150,6 +150,13 @@ class Settings(BaseSettings):
         description="Bytes of uploaded files one owner may keep; an upload past it is stopped and refused "
         "(429).",
     )
+    max_queued_exports_per_owner: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="Exports one owner may have waiting for a device (queued) at once, over all its jobs; "
+        "one more is a 429 `quota_exceeded`.",
+    )
     upload_deadline_seconds: float = Field(
         3600.0,
         gt=0,

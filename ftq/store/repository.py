@@ -463,6 +463,24 @@ def account_run(
     return used
 
 
+def account_other_run(session: Session, owner: str, *, device_seconds: float, cuda: bool) -> None:
+    """A run that is not a job (an export) in its owner's usage: fair share, this period's GPU-seconds and
+    the totals; not in the owner's count of jobs."""
+    from ftq.runtime.settings import get_settings  # the store module is imported by migrations: settings late
+
+    settings = get_settings()
+    _add_usage(
+        session,
+        owner,
+        device_seconds=device_seconds,
+        gpu_seconds=device_seconds if cuda else 0.0,
+        now=utcnow(),
+        half_life_seconds=settings.fair_share_half_life_hours * 3600,
+        period_seconds=settings.quota_period_hours * 3600,
+        jobs=0,
+    )
+
+
 def _add_usage(
     session: Session,
     owner: str,
@@ -472,6 +490,7 @@ def _add_usage(
     now: datetime,
     half_life_seconds: float,
     period_seconds: float,
+    jobs: int = 1,
 ) -> None:
     dialect = session.get_bind().dialect.name
     ins: Any = postgresql.insert(OwnerUsage) if dialect == "postgresql" else sqlite.insert(OwnerUsage)
@@ -500,7 +519,7 @@ def _add_usage(
             period_gpu_seconds=period_used + gpu_seconds,
             total_device_seconds=OwnerUsage.total_device_seconds + device_seconds,
             total_gpu_seconds=OwnerUsage.total_gpu_seconds + gpu_seconds,
-            total_jobs=OwnerUsage.total_jobs + 1,
+            total_jobs=OwnerUsage.total_jobs + jobs,
         )
         .execution_options(synchronize_session=False)
     )
