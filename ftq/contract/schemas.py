@@ -128,7 +128,9 @@ class UsageRow(BaseModel):
     )
     gpu_hours: float = Field(description="The cuda runs' device_seconds / 3600.")
     jobs: int = Field(description="Jobs that ended in the range (jobs that never started are not counted).")
-    exports: int = Field(0, description="Exports that ran and ended in the range (counted in device_seconds).")
+    exports: int = Field(
+        0, description="Exports that ran and ended in the range (counted in device_seconds)."
+    )
 
 
 class UsagePage(BaseModel):

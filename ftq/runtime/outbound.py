@@ -135,21 +135,23 @@ def request(
     all_headers = {"user-agent": USER_AGENT, **(headers or {})}
     per_operation = httpx.Timeout(deadline_seconds)
     try:
-        with httpx.Client(
-            transport=_DeadlineTransport(deadline, verify),
-            timeout=per_operation,
-            follow_redirects=False,
-            trust_env=False,
-        ) as client:
-            with client.stream(method, url, headers=all_headers, content=content) as response:
-                body = b""
-                if read_body > 0:
-                    for chunk in response.iter_bytes():
-                        body += chunk
-                        if len(body) >= read_body:
-                            body = body[:read_body]
-                            break
-                return Answer(response.status_code, response.headers, body)
+        with (
+            httpx.Client(
+                transport=_DeadlineTransport(deadline, verify),
+                timeout=per_operation,
+                follow_redirects=False,
+                trust_env=False,
+            ) as client,
+            client.stream(method, url, headers=all_headers, content=content) as response,
+        ):
+            body = b""
+            if read_body > 0:
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) >= read_body:
+                        body = body[:read_body]
+                        break
+            return Answer(response.status_code, response.headers, body)
     except httpx.TimeoutException as exc:
         raise OutboundError(f"no answer within {deadline_seconds:g}s") from exc
     except (httpx.HTTPError, OSError, ssl.SSLError) as exc:

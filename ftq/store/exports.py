@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Sequence
-from typing import Any
-
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
@@ -152,7 +151,11 @@ def export_device_seconds(started: datetime, finished: datetime) -> float:
 
 
 def _account_export(
-    session: Session, export_id: str, *, run_started: datetime | None = None, run_ended: datetime | None = None
+    session: Session,
+    export_id: str,
+    *,
+    run_started: datetime | None = None,
+    run_ended: datetime | None = None,
 ) -> None:
     """EXPORTS' `on_ended`: an export that ran counts in its owner's usage (fair share, the period's GPU
     seconds), as a job's run does."""

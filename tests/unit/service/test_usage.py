@@ -74,7 +74,9 @@ def test_queue_usage_and_estimate_vs_actual(
     _run(b1, start, start + timedelta(seconds=30))
 
     usage = client.get("/usage", headers=_auth(ALICE)).json()["data"]
-    assert usage == [{"owner": "alice", "day": None, "device_seconds": 90.0, "gpu_hours": 0.0, "jobs": 1, "exports": 0}]
+    assert usage == [
+        {"owner": "alice", "day": None, "device_seconds": 90.0, "gpu_hours": 0.0, "jobs": 1, "exports": 0}
+    ]
     usage = client.get("/usage", params={"group_by": "day"}, headers=_auth(BOB)).json()["data"]
     assert [(u["owner"], u["jobs"], u["device_seconds"]) for u in usage] == [("bob", 1, 30.0)]
     # from/to select runs by the time they ended (the store's clock for a run given its own end: the
@@ -92,7 +94,6 @@ def test_queue_usage_and_estimate_vs_actual(
     with session_scope() as s:
         rows = {u.owner: u for u in repository.owner_usage(s)}
     assert rows["alice"].total_device_seconds == 90.0 and rows["bob"].total_jobs == 1
-
 
     # Issue 28, finding 4: exports are runs too. An owner may queue FTQ_MAX_QUEUED_EXPORTS_PER_OWNER of
     # them (then a 429 quota_exceeded naming it), and one that ran counts in /usage and owner usage.

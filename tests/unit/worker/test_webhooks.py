@@ -191,7 +191,9 @@ def test_a_failing_receiver_is_retried_in_order_then_gives_up_and_is_disabled(
         # Two gave up (the limit), the third waits for the endpoint to be enabled again.
         assert statuses == ["failed", "failed", "pending"]
         # A loopback receiver's answers are opaque (issue 28, finding 7): a 503 reads like a closed port.
-        assert all(d.last_status_code is None and "did not accept" in (d.last_error or "") for d, _ in rows[:2])
+        assert all(
+            d.last_status_code is None and "did not accept" in (d.last_error or "") for d, _ in rows[:2]
+        )
     # Enabled by its owner, with the receiver up: what waited is delivered.
     receiver.status = 200
     receiver.received.clear()

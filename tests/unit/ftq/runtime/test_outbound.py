@@ -63,7 +63,7 @@ def trickler() -> Iterator[Trickler]:
 def test_a_trickling_answer_ends_at_the_deadline(trickler: Trickler) -> None:
     # Each byte comes well within a read timeout; only a deadline on the whole request ends it.
     started = time.monotonic()
-    with pytest.raises(outbound.OutboundError, match="no answer within 1.5s"):
+    with pytest.raises(outbound.OutboundError, match=r"no answer within 1\.5s"):
         outbound.request("POST", f"http://127.0.0.1:{trickler.port}/", deadline_seconds=1.5, content=b"{}")
     assert time.monotonic() - started < 30  # a generous liveness bound: without the deadline, never
 
