@@ -87,7 +87,12 @@ def _die_with_parent() -> None:
 
 
 def worker_argv(
-    *, beat: bool, concurrency: int, log_level: str | None = None, queues: tuple[str, ...] | None = None
+    *,
+    beat: bool,
+    concurrency: int,
+    log_level: str | None = None,
+    queues: tuple[str, ...] | None = None,
+    node: str | None = None,
 ) -> list[str]:
     from ftq.runtime.queue import ALL_QUEUES
 
@@ -112,6 +117,7 @@ def worker_argv(
         "--without-heartbeat",
         "--queues",
         ",".join(queues or ALL_QUEUES),
+        *(["--hostname", node] if node else []),
     ]
     if beat:
         # The periodic schedule lives in memory: its intervals are seconds, so there is nothing worth
@@ -278,7 +284,7 @@ def up(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None
     )
     # The webhook sender in a process of its own: receivers, however slow, never hold the other tasks.
     sender = WorkerSupervisor(
-        worker_argv(beat=False, concurrency=2, log_level=level, queues=(WEBHOOK_QUEUE,))
+        worker_argv(beat=False, concurrency=2, log_level=level, queues=(WEBHOOK_QUEUE,), node="webhooks@%h")
     )
     worker_proc = supervisor.start()
     sender_proc = sender.start()

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from ftq.runtime import files
 from service.errors import BadRequest, FtqError, PayloadTooLarge, SpecError, TooManyRequests
 
 RAW_TYPES = ("application/jsonl", "application/x-ndjson", "application/jsonlines", "application/json-lines")
@@ -72,6 +73,9 @@ class _Sink:
     def __init__(self, path: Path):
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Held while this process lives: a `.part` file without it is a dead upload's, which reserves
+        # nothing in the owner's quota and is swept.
+        files.lock_part(self.fd)
         self.hash = hashlib.sha256()
         self.size = 0
 
