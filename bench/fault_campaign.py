@@ -282,10 +282,16 @@ class Campaign:
             headers={"Content-Type": "application/jsonl"},
         )
         reads = [self.request("GET", p).status_code for p in ("/jobs", "/files", "/usage", "/healthz")]
-        try:
-            job = self.wait(job_id, "an end", lambda j: j["status"] in TERMINAL, timeout=240)
-        finally:
-            filler.unlink(missing_ok=True)
+        # The embedded store is on the same disk: nothing can be recorded while it is full. The disk
+        # stays full until the run has died of it (a minute or two), then there is room again.
+        run_dir = self.dep.run_dir(job_id)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "exit_status").exists():
+            if "No space left" in "\n".join(_lines(run_dir / "train.log")[-50:]):
+                break
+            time.sleep(1)
+        filler.unlink(missing_ok=True)
+        job = self.wait(job_id, "an end", lambda j: j["status"] in TERMINAL, timeout=300)
         return {
             "job": job_id,
             "upload_on_full_disk": upload.status_code,
@@ -297,7 +303,7 @@ class Campaign:
 
     def deleted_run_dir(self) -> dict[str, Any]:
         job_id = self.submit("deleted_run_dir", "not_oom", max_steps=60, save_steps=None)
-        self.wait(job_id, "a step", lambda j: (j.get("progress") or {}).get("step", 0) >= 1, timeout=240)
+        self.wait(job_id, "a step", lambda j: ((j.get("progress") or {}).get("step") or 0) >= 1, timeout=240)
         shutil.rmtree(self.dep.run_dir(job_id), ignore_errors=True)
         job = self.wait(job_id, "an end", lambda j: j["status"] in TERMINAL, timeout=300)
         return {"job": job_id, "job_status": job["status"], "job_error": job.get("error")}
