@@ -180,7 +180,7 @@ def address_refusal(
     if target.is_private:
         return "a private address"
     if not target.is_global or ip in _NAT64_LOCAL:
-        return "not a public address"
+        return "an address that is not public"
     return None
 
 
@@ -228,5 +228,8 @@ def check_url(url: str, *, development: bool, allowlist: str = "", resolver: Res
         why = address_refusal(address, development=development, allowlist=nets)
         if why is not None:
             hint = "" if development else " (an operator may allow it with FTQ_WEBHOOK_ALLOWED_NETWORKS)"
-            raise UnsafeURL(f"{host} resolves to {address}, {why}; webhooks are not sent there{hint}")
+            # The address itself is not echoed: a tenant learns nothing of what an internal name
+            # resolves to beyond that it is refused.
+            shown = f"{host} is" if host == address else f"{host} resolves to"
+            raise UnsafeURL(f"{shown} {why}; webhooks are not sent there{hint}")
     return Target(scheme=scheme, host=host, port=port, addresses=tuple(addresses))
