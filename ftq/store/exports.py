@@ -14,10 +14,11 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, false, func, select, update
 from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, JobStatus
+from ftq.store.db import lock_for_transaction
 from ftq.store.models import Dispatch, Export, ExportQueue, Job
 from ftq.store.repository import account_other_run
 from ftq.store.transitions import RunTable
@@ -39,6 +40,13 @@ class ExportRepository:
 
     def _readable(self) -> Select[Any]:
         return select(Export).join(Job, Job.id == Export.job_id).where(Job.owner == self.owner)
+
+    def hold_queue(self) -> None:
+        """Hold this owner's export queue until the transaction ends, so that two requests together
+        cannot both pass the cap on queued exports: a transaction-scoped advisory lock per owner on
+        PostgreSQL; on SQLite, the database's write lock, taken now by a write that changes no row."""
+        if not lock_for_transaction(self.session, f"export-queue:{self.owner}"):
+            self.session.execute(update(Export).where(false()).values(kind=Export.kind))
 
     def queued_count(self) -> int:
         """This owner's exports waiting for a device (queued), over all its jobs."""

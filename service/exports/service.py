@@ -83,6 +83,7 @@ def create(
     same = repo.find_same(job.id, kind=body.kind, dtype=body.dtype, max_shard_size=shard, push_to_hub=push)
     if same is not None:
         return same, True
+    repo.hold_queue()
     waiting = repo.queued_count()
     if waiting >= settings.max_queued_exports_per_owner:
         raise QuotaExceeded(
