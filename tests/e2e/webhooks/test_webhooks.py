@@ -212,11 +212,12 @@ def test_the_tiny_job_delivers_signed_events_in_order(scenario: Scenario) -> Non
 
 
 def test_trickling_receivers_of_one_owner_stall_no_other_owner(scenario: Scenario) -> None:
-    """Issue 28, finding 2: mallory's 40 receivers trickle their answers and never end them. Before, each
-    webhook pass held a worker thread for as long as they trickled (forever) and a few passes took every
-    thread: alice's and bob's jobs stayed queued. Now the sender has its own queue and process, slots
-    per owner and one deadline per request: the others' jobs are placed and run (a generous bound), and
-    mallory's deliveries end in the same opaque failure, retried."""
+    """Issue 28, finding 2: mallory's 40 receivers trickle their answers and never end them. The report
+    saw every worker thread held by webhook passes and other owners' jobs stay queued; now the sender has
+    its own queue and process, slots per owner and one deadline per request: the others' jobs are
+    placed and run (a generous bound), and mallory's deliveries end in the same opaque failure, retried.
+    Before the fix this test fails at `tried` (no attempt on a trickling receiver ever ended); the stall
+    itself did not show in this setup (the pass that never ends: tests/unit/worker/test_webhooks.py)."""
     for api, job_id in (
         (JobsApi(scenario.dep.url, ALICE), scenario.alice_job),
         (JobsApi(scenario.dep.url, BOB), scenario.bob_job),
