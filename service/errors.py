@@ -56,6 +56,11 @@ class NotResumable(Conflict, code="not_resumable"):
     """A resume of a job that has ended, is being cancelled, or is still pausing."""
 
 
+class RequestTimeout(FtqError, status=408, code="request_timeout"):
+    def __init__(self, message: str):
+        super().__init__(message, headers={"Connection": "close"})
+
+
 class PayloadTooLarge(FtqError, status=413, code="payload_too_large"): ...
 
 
@@ -82,6 +87,13 @@ class Unauthorized(FtqError, status=401, code="unauthorized"):
 
 class TooManyRequests(FtqError, status=429, code="rate_limited"):
     def __init__(self, message: str, retry_after: int):
+        super().__init__(message, retry_after=max(1, retry_after))
+
+
+class QuotaExceeded(FtqError, status=429, code="quota_exceeded"):
+    """An owner's cap (a setting, named in the message) is reached; Retry-After says when to look again."""
+
+    def __init__(self, message: str, retry_after: int = 30):
         super().__init__(message, retry_after=max(1, retry_after))
 
 

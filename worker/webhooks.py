@@ -1,25 +1,37 @@
 """The webhook sender: works off the deliveries the store wrote with each event (the outbox).
 
-A periodic task (`ftq.webhooks`, every FTQ_WEBHOOK_INTERVAL_SECONDS) finds the webhooks with deliveries
-due and drains each in a thread of its own, under a lock per webhook (one sender per endpoint across
-workers and passes), so a slow or dead receiver holds up only itself: not another endpoint (the next
-pass drains the others while it is still being waited for), not the API (which never sends) and not
-the controller (other tasks, other threads). Per webhook and job, deliveries go out in event order:
-the store hands out a job's next event only once the one before it succeeded or gave up.
+A periodic task (`ftq.webhooks`, every FTQ_WEBHOOK_INTERVAL_SECONDS) runs on a queue of its own
+(`WEBHOOK_QUEUE`), which `ftq up` consumes in a worker process of its own, so no receiver can take a
+thread from submit, cancel, reconcile or ingest. A pass finds the webhooks with deliveries due and drains
+each in a thread of its own, under a lock per webhook (one request in flight per endpoint across
+workers and passes), at most FTQ_WEBHOOK_SLOTS endpoints at once and FTQ_WEBHOOK_SLOTS_PER_OWNER of one
+owner's (the rest wait for the next pass), so one tenant's slow receivers hold up only that tenant's
+deliveries. Every request has ONE total deadline, FTQ_WEBHOOK_TIMEOUT_SECONDS, from connect to the
+answer's headers (`ftq.runtime.outbound`): a receiver that trickles its answer a byte at a time is cut
+off like one that never answers, and a pass lasts at most PASS_SECONDS plus one request. Per webhook and
+job, deliveries go out in event order: the store hands out a job's next event only once the one before
+it succeeded or gave up.
 
 Each request is signed as Standard Webhooks says (`webhook-id` is the event's stable id, the same on
 every retry; `webhook-timestamp`; `webhook-signature: v1,<base64 HMAC-SHA256>`). The address is checked
 again before every send (ftq.contract.events.check_url: the name may resolve elsewhere by now), plain-http
-requests go to the very address that was checked, and redirects are not followed. A failure is retried
-with exponential backoff and jitter until FTQ_WEBHOOK_RETRY_TOTAL_SECONDS after the first try; then the
-delivery fails, and FTQ_WEBHOOK_DISABLE_AFTER_FAILURES such failures in a row disable the endpoint.
+requests go to the very address that was checked, and redirects are not followed. What the delivery log
+says of a failure is opaque where it could teach a tenant about addresses that are not its receiver's
+to tell: a refused address is "not allowed" (no address, no reason), and a receiver at an address that
+is not global (allowed by development or the operator's allowlist) is "did not accept" whether its port
+was closed, open, silent or answered an error. A failure is retried with exponential backoff and jitter
+until FTQ_WEBHOOK_RETRY_TOTAL_SECONDS after the first try; then the delivery fails, and
+FTQ_WEBHOOK_DISABLE_AFTER_FAILURES such failures in a row disable the endpoint.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import random
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +39,7 @@ from typing import Any
 import httpx
 
 from ftq.contract import events as ev
+from ftq.runtime import outbound
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store import events as store
 from ftq.store.db import session_scope
@@ -34,10 +47,11 @@ from worker import locks
 
 log = logging.getLogger(__name__)
 
-# One drain of a webhook lasts at most this long (plus one request's timeout); the next pass goes on.
+# One drain of a webhook lasts at most this long (plus one request's deadline); the next pass goes on.
 PASS_SECONDS = 10.0
-MAX_THREADS = 8
 USER_AGENT = "ftq-webhooks/1"
+REFUSED = "refused: the receiver's address is not allowed (checked again before each send)"
+NOT_ACCEPTED = "the receiver did not accept the delivery (no answer, or not a 2xx answer)"
 
 
 def payload(due: store.Due) -> bytes:
@@ -63,14 +77,16 @@ def headers_for(due: store.Due, body: bytes, now: int) -> dict[str, str]:
     }
 
 
-def _post(client: httpx.Client, due: store.Due, settings: Settings) -> tuple[int | None, str | None]:
-    """(status code, error): one attempt. The body of the answer is not read."""
+def _post(due: store.Due, settings: Settings) -> tuple[int | None, str | None]:
+    """(status code, error): one attempt, over by FTQ_WEBHOOK_TIMEOUT_SECONDS. The answer's body is not
+    read."""
     try:
         target = ev.check_url(
             due.url, development=settings.development, allowlist=settings.webhook_allowed_networks
         )
     except ev.UnsafeURL as exc:
-        return None, f"refused: {exc}"
+        log.info("webhook %s: not sent to %s: %s", due.webhook_id, due.url, exc)
+        return None, REFUSED
     body = payload(due)
     headers = headers_for(due, body, int(time.time()))
     url = httpx.URL(due.url)
@@ -79,14 +95,25 @@ def _post(client: httpx.Client, due: store.Due, settings: Settings) -> tuple[int
         # the name, whose certificate a rebound address cannot present.
         headers["host"] = url.netloc.decode()
         url = url.copy_with(host=target.addresses[0])
+    opaque = not all(_is_global(a) for a in target.addresses)
     try:
-        with client.stream("POST", url, content=body, headers=headers) as response:
-            code = response.status_code
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        answer = outbound.request(
+            "POST", url, content=body, headers=headers, deadline_seconds=settings.webhook_timeout_seconds
+        )
+    except outbound.OutboundError as exc:
+        return None, NOT_ACCEPTED if opaque else f"no answer: {exc}"
+    code = answer.status_code
     if 200 <= code < 300:
         return code, None
+    if opaque:
+        return None, NOT_ACCEPTED
     return code, f"HTTP {code}"
+
+
+def _is_global(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    inner = ev.embedded_ipv4(ip)
+    return (inner or ip).is_global
 
 
 def _settle(due: store.Due, code: int | None, error: str | None, settings: Settings) -> None:
@@ -138,31 +165,58 @@ def drain(webhook_id: str, deadline: float, settings: Settings) -> int:
 
 def _drain(webhook_id: str, deadline: float, settings: Settings) -> int:
     sent = 0
-    timeout = httpx.Timeout(settings.webhook_timeout_seconds)
-    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            with session_scope() as session:
-                due = store.due_for(session, webhook_id, datetime.now(UTC))
-            if not due:
+    while time.monotonic() < deadline:
+        with session_scope() as session:
+            due = store.due_for(session, webhook_id, datetime.now(UTC))
+        if not due:
+            break
+        for d in due:
+            if time.monotonic() >= deadline:
                 break
-            for d in due:
-                if time.monotonic() >= deadline:
-                    break
-                code, error = _post(client, d, settings)
-                _settle(d, code, error, settings)
-                sent += error is None
+            code, error = _post(d, settings)
+            _settle(d, code, error, settings)
+            sent += error is None
     return sent
 
 
+def this_pass(hooks: list[tuple[str, str]], slots: int, per_owner: int) -> list[str]:
+    """Which of the webhooks with deliveries due this pass drains: at most `per_owner` of one owner's
+    (chosen at random, so an owner's slow endpoints do not always go first) and `slots` in all, the
+    owners taking turns."""
+    by_owner: dict[str, list[str]] = defaultdict(list)
+    for hook, owner in hooks:
+        by_owner[owner].append(hook)
+    queues = []
+    for owner_hooks in by_owner.values():
+        random.shuffle(owner_hooks)
+        queues.append(owner_hooks[:per_owner])
+    random.shuffle(queues)
+    chosen: list[str] = []
+    for turn in range(per_owner):
+        for q in queues:
+            if turn < len(q) and len(chosen) < slots:
+                chosen.append(q[turn])
+    return chosen
+
+
 def send_due(pass_seconds: float = PASS_SECONDS) -> int:
-    """One pass: every webhook with due deliveries drained in parallel; returns how many succeeded."""
+    """One pass (one at a time per store): the chosen webhooks drained in parallel; returns how many
+    deliveries succeeded. Lasts at most `pass_seconds` plus one request's deadline."""
+    with locks.singleton("webhook-pass") as mine:
+        if not mine:
+            return 0
+        return _send_due(pass_seconds)
+
+
+def _send_due(pass_seconds: float) -> int:
     settings = get_settings()
     with session_scope() as session:
-        hooks = store.webhooks_with_due(session, datetime.now(UTC))
+        due = store.webhooks_with_due(session, datetime.now(UTC))
+    hooks = this_pass(due, settings.webhook_slots, settings.webhook_slots_per_owner)
     if not hooks:
         return 0
     deadline = time.monotonic() + pass_seconds
-    with ThreadPoolExecutor(max_workers=min(MAX_THREADS, len(hooks)), thread_name_prefix="webhook") as pool:
+    with ThreadPoolExecutor(max_workers=len(hooks), thread_name_prefix="webhook") as pool:
         results: list[Any] = [pool.submit(drain, h, deadline, settings) for h in hooks]
         total = 0
         for f in results:

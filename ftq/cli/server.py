@@ -86,7 +86,16 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def worker_argv(*, beat: bool, concurrency: int, log_level: str | None = None) -> list[str]:
+def worker_argv(
+    *,
+    beat: bool,
+    concurrency: int,
+    log_level: str | None = None,
+    queues: tuple[str, ...] | None = None,
+    node: str | None = None,
+) -> list[str]:
+    from ftq.runtime.queue import ALL_QUEUES
+
     level = log_level or get_settings().log_level
     argv = [
         sys.executable,
@@ -106,6 +115,9 @@ def worker_argv(*, beat: bool, concurrency: int, log_level: str | None = None) -
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
+        "--queues",
+        ",".join(queues or ALL_QUEUES),
+        *(["--hostname", node] if node else []),
     ]
     if beat:
         # The periodic schedule lives in memory: its intervals are seconds, so there is nothing worth
@@ -231,11 +243,27 @@ def worker(
     ] = True,
     concurrency: Annotated[int, typer.Option(help="Tasks run at once.")] = 4,
     log_level: LogLevelOpt = None,
+    queues: Annotated[
+        str,
+        typer.Option(
+            "--queues",
+            help="Comma-separated queues to consume: `celery` (submit, cancel, reconcile, ingest, relay, "
+            "exports, validation) and `ftq.webhooks` (the webhook sender). Both by default; a deployment "
+            "runs one worker for each so that slow webhook receivers never delay the others.",
+        ),
+    ] = "celery,ftq.webhooks",
 ) -> None:
-    """Run a Celery worker (submit, cancel, reconcile, ingest, relay)."""
+    """Run a Celery worker (submit, cancel, reconcile, ingest, relay, webhooks)."""
+    from ftq.runtime.queue import ALL_QUEUES
+
     level = _log_level(log_level)
+    chosen = tuple(q.strip() for q in queues.split(",") if q.strip())
+    unknown = [q for q in chosen if q not in ALL_QUEUES]
+    if not chosen or unknown:
+        typer.echo(f"ftq: --queues takes some of {', '.join(ALL_QUEUES)}; got {queues!r}", err=True)
+        raise typer.Exit(2)
     _migrate()
-    argv = worker_argv(beat=beat, concurrency=concurrency, log_level=level)
+    argv = worker_argv(beat=beat, concurrency=concurrency, log_level=level, queues=chosen)
     os.execv(sys.executable, argv)  # noqa: S606 (an argv list, no shell)
 
 
@@ -249,12 +277,23 @@ def up(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None
     level = _log_level(log_level)
     _check_listen(host)
     _migrate()
-    supervisor = WorkerSupervisor(worker_argv(beat=True, concurrency=4, log_level=level))
+    from ftq.runtime.queue import DEFAULT_QUEUE, WEBHOOK_QUEUE
+
+    supervisor = WorkerSupervisor(
+        worker_argv(beat=True, concurrency=4, log_level=level, queues=(DEFAULT_QUEUE,))
+    )
+    # The webhook sender in a process of its own: receivers, however slow, never hold the other tasks.
+    sender = WorkerSupervisor(
+        worker_argv(beat=False, concurrency=2, log_level=level, queues=(WEBHOOK_QUEUE,), node="webhooks@%h")
+    )
     worker_proc = supervisor.start()
+    sender_proc = sender.start()
     typer.echo(
         f"ftq: API on http://{host}:{port}  data in {settings.data_path}  worker pid {worker_proc.pid}"
+        f"  webhook sender pid {sender_proc.pid}"
     )
     try:
         _serve(host, port, level)
     finally:
+        sender.stop()
         supervisor.stop()

@@ -137,25 +137,55 @@ def _networks(allowlist: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Netw
     return nets
 
 
+# NAT64's well-known prefix (RFC 6052): the last 32 bits are the IPv4 address the gateway connects to.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Local-use NAT64 (RFC 8215): whatever the operator's translator maps it to; never a public receiver.
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+
+
+def embedded_ipv4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address reaches through a translator or tunnel: IPv4-mapped
+    (`::ffff:a.b.c.d`), 6to4 (`2002:AABB:CCDD::/48`), NAT64 (`64:ff9b::a.b.c.d`), Teredo's client."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return None
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    return None
+
+
 def address_refusal(
     address: str, *, development: bool, allowlist: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]
 ) -> str | None:
-    """Why `address` may not receive webhooks, or None when it may. The operator's allowlist wins; then
-    development allows loopback; private, loopback, link-local (cloud metadata), multicast, reserved
-    and unspecified addresses are refused."""
+    """Why `address` may not receive webhooks, or None when it may.
+
+    The operator's allowlist wins; then development allows loopback; everything else must be a global
+    address (`ipaddress`'s `is_global`: not private, loopback, link-local (cloud metadata), shared/CGNAT
+    `100.64.0.0/10` (which holds another cloud's metadata address), documentation, benchmarking...),
+    neither multicast nor reserved, and so must the IPv4 address an IPv6 form of it reaches (IPv4-mapped,
+    6to4 `2002::/16`, NAT64 `64:ff9b::/96`, Teredo): `2002:a9fe:a9fe::` is 169.254.169.254.
+    """
     ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if any(ip in net for net in allowlist):
+    inner = embedded_ipv4(ip)
+    if any(ip in net for net in allowlist) or (inner is not None and any(inner in net for net in allowlist)):
         return None
-    if ip.is_loopback:
+    # An address that embeds an IPv4 one is judged by where it leads (its own prefix is the tunnel's).
+    target = inner if inner is not None else ip
+    if target.is_loopback:
         return None if development else "a loopback address"
-    if ip.is_link_local:
+    if target.is_link_local:
         return "a link-local address"
-    if ip.is_multicast or ip.is_reserved or ip.is_unspecified:
+    if target.is_multicast or target.is_reserved or target.is_unspecified:
         return "a reserved address"
-    if ip.is_private:
+    if target.is_private:
         return "a private address"
+    if not target.is_global or ip in _NAT64_LOCAL:
+        return "an address that is not public"
     return None
 
 
@@ -203,5 +233,8 @@ def check_url(url: str, *, development: bool, allowlist: str = "", resolver: Res
         why = address_refusal(address, development=development, allowlist=nets)
         if why is not None:
             hint = "" if development else " (an operator may allow it with FTQ_WEBHOOK_ALLOWED_NETWORKS)"
-            raise UnsafeURL(f"{host} resolves to {address}, {why}; webhooks are not sent there{hint}")
+            # The address itself is not echoed: a tenant learns nothing of what an internal name
+            # resolves to beyond that it is refused.
+            shown = f"{host} is" if host == address else f"{host} resolves to"
+            raise UnsafeURL(f"{shown} {why}; webhooks are not sent there{hint}")
     return Target(scheme=scheme, host=host, port=port, addresses=tuple(addresses))

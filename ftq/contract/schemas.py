@@ -124,9 +124,14 @@ class JobPublic(BaseModel):
 class UsageRow(BaseModel):
     owner: str
     day: str | None = Field(description="UTC day (YYYY-MM-DD) the runs ended; null with group_by=owner.")
-    device_seconds: float = Field(description="Sum of the runs' devices x wall time.")
+    device_seconds: float = Field(
+        description="Sum of the runs' devices x wall time: jobs' and exports' (one device each)."
+    )
     gpu_hours: float = Field(description="The cuda runs' device_seconds / 3600.")
-    jobs: int = Field(description="Runs that ended in the range (jobs that never started are not counted).")
+    jobs: int = Field(description="Jobs that ended in the range (jobs that never started are not counted).")
+    exports: int = Field(
+        0, description="Exports that ran and ended in the range (counted in device_seconds)."
+    )
 
 
 class UsagePage(BaseModel):
@@ -354,9 +359,14 @@ class Delivery(BaseModel):
     )
     attempts: int
     last_status_code: int | None = Field(
-        description="The receiver's HTTP status of the last try; null: no answer."
+        description="The receiver's HTTP status of the last try; null: no answer, or a receiver at an "
+        "address that is not public (loopback, private: allowed by development or the operator), whose "
+        "failures all read the same so that a tenant cannot probe such addresses."
     )
-    last_error: str | None
+    last_error: str | None = Field(
+        description="Why the last try failed. A refused address reads `refused: ...` without the address "
+        "or the reason; a non-public receiver's failures read `the receiver did not accept the delivery`."
+    )
     created_at: datetime
     last_attempt_at: datetime | None
     next_attempt_at: datetime | None

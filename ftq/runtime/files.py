@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -184,14 +185,73 @@ def validate_jsonl(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Valid
 # An upload's bytes arrive in `.<id>.part` in its owner's folder; an API process killed mid-upload leaves
 # one behind. Older than this, no upload is still writing it.
 STALE_PART_SECONDS = 24 * 3600
+# A `.part` file nobody holds the lock of (`lock_part`) is a dead upload's once older than this (the
+# writer takes the lock right after creating it).
+DEAD_PART_SECONDS = 60
 
 
-def remove_stale_parts(data_dir: Path, *, older_than: float = STALE_PART_SECONDS) -> int:
-    """Remove partial uploads left by API processes that died while receiving them; returns how many."""
+def lock_part(fd: int) -> None:
+    """Mark an upload's `.part` file as being written: its writer holds this lock for as long as it
+    lives (the kernel drops it when the process dies, SIGKILL included)."""
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def part_is_live(part: Path) -> bool:
+    """Whether a process is still writing this `.part` file (holds `lock_part`'s lock)."""
+    import fcntl
+
+    try:
+        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def bytes_in_flight(data_dir: Path, owner: str, *, younger_than: float, besides: Path | None = None) -> int:
+    """What the owner's uploads in progress hold: the sizes of its `.part` files that a live process is
+    writing (each upload's file is as long as the room it has reserved, written or not; a dead upload's
+    file, left by a killed API process, reserves nothing), none older than `younger_than` seconds (no
+    upload lasts longer: the body-read deadline), and not counting `besides`."""
+    import time
+
+    cutoff = time.time() - younger_than
+    total = 0
+    folder = owner_dir(data_dir, owner)
+    if not folder.is_dir():
+        return 0
+    for part in folder.glob(".file_*.part"):
+        if besides is not None and part.name == besides.name:
+            continue
+        try:
+            st = part.lstat()
+        except FileNotFoundError:
+            continue
+        if st.st_mtime >= cutoff and part_is_live(part):
+            total += st.st_size
+    return total
+
+
+def remove_stale_parts(
+    data_dir: Path, *, older_than: float = STALE_PART_SECONDS, dead_after: float = DEAD_PART_SECONDS
+) -> int:
+    """Remove partial uploads left by API processes that died while receiving them (no writer holds
+    their lock, and they are older than `dead_after`), or older than `older_than` in any case; returns
+    how many."""
     import time
 
     removed = 0
-    cutoff = time.time() - older_than
+    now = time.time()
+    cutoff = now - older_than
     root = files_dir(data_dir)
     if not root.is_dir():
         return 0
@@ -200,7 +260,8 @@ def remove_stale_parts(data_dir: Path, *, older_than: float = STALE_PART_SECONDS
             continue
         for part in folder.glob(".file_*.part"):
             try:
-                if part.lstat().st_mtime < cutoff:
+                mtime = part.lstat().st_mtime
+                if mtime < cutoff or (mtime < now - dead_after and not part_is_live(part)):
                     part.unlink()
                     removed += 1
             except FileNotFoundError:

@@ -27,6 +27,12 @@ TASK_RELAY = "ftq.relay"
 # Start or cancel a job's exports now rather than at the next sweep (its argument is the job id).
 TASK_EXPORTS = "ftq.exports"
 TASK_WEBHOOKS = "ftq.webhooks"
+# The queues: every task on Celery's default one but the webhook sender's, which has its own so that
+# its own worker process (`ftq up` starts one; `ftq worker --queues`) sends webhooks: a slow receiver
+# can then never take a thread that submit, cancel, reconcile or ingest needs.
+DEFAULT_QUEUE = "celery"
+WEBHOOK_QUEUE = "ftq.webhooks"
+ALL_QUEUES = (DEFAULT_QUEUE, WEBHOOK_QUEUE)
 # Validate an uploaded file (POST /files): validating -> ready | invalid.
 TASK_VALIDATE_FILE = "ftq.validate_file"
 
@@ -106,6 +112,8 @@ def make_celery(settings: Settings | None = None, *, include: list[str] | None =
         timezone="UTC",
         enable_utc=True,
         worker_hijack_root_logger=False,
+        task_default_queue=DEFAULT_QUEUE,
+        task_routes={TASK_WEBHOOKS: {"queue": WEBHOOK_QUEUE}},
     )
     return app
 

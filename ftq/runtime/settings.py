@@ -171,6 +171,19 @@ class Settings(BaseSettings):
         description="Bytes of uploaded files one owner may keep; an upload past it is stopped and refused "
         "(429).",
     )
+    max_queued_exports_per_owner: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="Exports one owner may have waiting for a device (queued) at once, over all its jobs; "
+        "one more is a 429 `quota_exceeded`.",
+    )
+    upload_deadline_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="Longest time `POST /files` reads one body; a slower upload is stopped (408) and its "
+        "partial file removed, and the room it reserved in the owner's quota freed.",
+    )
     preflight_sample_rows: int = Field(
         2000,
         ge=1,
@@ -320,7 +333,21 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How often the worker looks for webhook deliveries that are due."
     )
     webhook_timeout_seconds: float = Field(
-        5.0, gt=0, le=60, description="One delivery attempt's time limit (connect, send, answer)."
+        5.0,
+        gt=0,
+        le=60,
+        description="One delivery attempt's total deadline: connect, send and the answer's headers together "
+        "(a receiver that trickles its answer is cut off at it).",
+    )
+    webhook_slots: int = Field(
+        8, ge=1, le=64, description="Webhook endpoints the sender drains at once (one request each)."
+    )
+    webhook_slots_per_owner: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Of those, how many one owner's endpoints may take: one tenant's slow receivers "
+        "delay only that tenant's deliveries.",
     )
     webhook_retry_base_seconds: float = Field(
         5.0, gt=0, description="Delay before the first retry; each further retry waits twice as long."

@@ -210,9 +210,10 @@ class Due:
     first_attempt_at: datetime | None
 
 
-def webhooks_with_due(session: Session, now: datetime) -> list[str]:
+def webhooks_with_due(session: Session, now: datetime) -> list[tuple[str, str]]:
+    """(webhook id, its owner) of every enabled webhook with a delivery due now, oldest webhook first."""
     stmt = (
-        select(WebhookDelivery.webhook_id)
+        select(WebhookDelivery.webhook_id, Webhook.owner)
         .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
         .where(
             WebhookDelivery.status == PENDING,
@@ -220,8 +221,9 @@ def webhooks_with_due(session: Session, now: datetime) -> list[str]:
             Webhook.enabled.is_(True),
         )
         .distinct()
+        .order_by(WebhookDelivery.webhook_id)
     )
-    return [str(w) for w in session.scalars(stmt)]
+    return [(str(w), str(owner)) for w, owner in session.execute(stmt)]
 
 
 def due_for(session: Session, webhook_id: str, now: datetime, limit: int = 50) -> list[Due]:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, false, func, select, update
 from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, JobStatus
+from ftq.store.db import lock_for_transaction
 from ftq.store.models import Dispatch, Export, ExportQueue, Job
+from ftq.store.repository import account_other_run
 from ftq.store.transitions import RunTable
 
 # The outbox's dispatch kind that wakes the worker's export sweep (`ftq.runtime.queue.TASK_EXPORTS`).
@@ -37,6 +40,38 @@ class ExportRepository:
 
     def _readable(self) -> Select[Any]:
         return select(Export).join(Job, Job.id == Export.job_id).where(Job.owner == self.owner)
+
+    def hold_queue(self) -> None:
+        """Hold this owner's export queue until the transaction ends, so that two requests together
+        cannot both pass the cap on queued exports: a transaction-scoped advisory lock per owner on
+        PostgreSQL; on SQLite, the database's write lock, taken now by a write that changes no row."""
+        if not lock_for_transaction(self.session, f"export-queue:{self.owner}"):
+            self.session.execute(update(Export).where(false()).values(kind=Export.kind))
+
+    def queued_count(self) -> int:
+        """This owner's exports waiting for a device (queued), over all its jobs."""
+        stmt = self._readable().where(Export.status == JobStatus.queued).with_only_columns(func.count())
+        return int(self.session.scalar(stmt) or 0)
+
+    def usage_rows(
+        self, since: datetime | None, until: datetime | None
+    ) -> list[tuple[str, datetime, float, str]]:
+        """(owner, finished_at, device_seconds, device) of this owner's exports that ran and ended in
+        [since, until): one device each, from launch to end."""
+        stmt = (
+            self._readable()
+            .with_only_columns(Job.owner, Export.started_at, Export.finished_at, Job.device)
+            .where(Export.started_at.is_not(None), Export.finished_at.is_not(None))
+        )
+        if since is not None:
+            stmt = stmt.where(Export.finished_at >= since)
+        if until is not None:
+            stmt = stmt.where(Export.finished_at < until)
+        return [
+            (o, f, export_device_seconds(s, f), dev)
+            for o, s, f, dev in self.session.execute(stmt)
+            if s is not None and f is not None
+        ]
 
     def get(self, job_id: str, export_id: str) -> Export | None:
         stmt = self._readable().where(Export.job_id == job_id, Export.id == export_id)
@@ -118,8 +153,38 @@ def holding_devices(session: Session) -> list[Any]:
     return [r for r in session.execute(stmt) if r.resources]
 
 
-# An export's transitions (no events of its own; its cancel's dispatch wakes the export sweep).
-EXPORTS = RunTable(Export, cancel_dispatch=DISPATCH_KIND)
+def export_device_seconds(started: datetime, finished: datetime) -> float:
+    """An export holds one device from its launch to its end."""
+    return max(0.0, (finished - started).total_seconds())
+
+
+def _account_export(
+    session: Session,
+    export_id: str,
+    *,
+    run_started: datetime | None = None,
+    run_ended: datetime | None = None,
+) -> None:
+    """EXPORTS' `on_ended`: an export that ran counts in its owner's usage (fair share, the period's GPU
+    seconds), as a job's run does."""
+    row = session.execute(
+        select(Job.owner, Job.device, Export.started_at, Export.finished_at)
+        .join(Job, Job.id == Export.job_id)
+        .where(Export.id == export_id)
+    ).one_or_none()
+    if row is None:
+        return
+    start, end = run_started or row.started_at, run_ended or row.finished_at
+    if start is None or end is None:
+        return
+    account_other_run(
+        session, row.owner, device_seconds=export_device_seconds(start, end), cuda=row.device == "cuda"
+    )
+
+
+# An export's transitions (no events of its own; its cancel's dispatch wakes the export sweep); its end
+# is accounted in its owner's usage.
+EXPORTS = RunTable(Export, cancel_dispatch=DISPATCH_KIND, on_ended=_account_export)
 
 
 def request_cancel(session: Session, export: Export) -> str | None:

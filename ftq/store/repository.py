@@ -572,6 +572,24 @@ def account_run(
     return used
 
 
+def account_other_run(session: Session, owner: str, *, device_seconds: float, cuda: bool) -> None:
+    """A run that is not a job (an export) in its owner's usage: fair share, this period's GPU-seconds and
+    the totals; not in the owner's count of jobs."""
+    from ftq.runtime.settings import get_settings  # the store module is imported by migrations: settings late
+
+    settings = get_settings()
+    _add_usage(
+        session,
+        owner,
+        device_seconds=device_seconds,
+        gpu_seconds=device_seconds if cuda else 0.0,
+        now=utcnow(),
+        half_life_seconds=settings.fair_share_half_life_hours * 3600,
+        period_seconds=settings.quota_period_hours * 3600,
+        jobs=0,
+    )
+
+
 def _add_usage(
     session: Session,
     owner: str,

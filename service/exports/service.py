@@ -25,7 +25,7 @@ from ftq.store import exports as store
 from ftq.store.exports import ExportRepository, new_export_id
 from ftq.store.models import Export, ExportQueue, Job
 from ftq.store.repository import JobRepository, utcnow
-from service.errors import Conflict, NotFound, spec_field_error
+from service.errors import Conflict, NotFound, QuotaExceeded, spec_field_error
 
 
 def _job_or_404(session: Session, owner: str, job_id: str) -> Job:
@@ -83,6 +83,15 @@ def create(
     same = repo.find_same(job.id, kind=body.kind, dtype=body.dtype, max_shard_size=shard, push_to_hub=push)
     if same is not None:
         return same, True
+    repo.hold_queue()
+    waiting = repo.queued_count()
+    if waiting >= settings.max_queued_exports_per_owner:
+        raise QuotaExceeded(
+            f"you have {waiting} exports waiting for a device, the most one owner may queue "
+            f"(FTQ_MAX_QUEUED_EXPORTS_PER_OWNER={settings.max_queued_exports_per_owner}); wait for some to "
+            "start, or cancel one (POST /jobs/{id}/exports/{eid}/cancel)",
+            retry_after=30,
+        )
     now = utcnow()
     export = Export(
         id=new_export_id(),

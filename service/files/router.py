@@ -22,6 +22,7 @@ from service.errors import (
     InsufficientStorage,
     NotFound,
     PayloadTooLarge,
+    RequestTimeout,
     TooManyRequests,
     UnsupportedMediaType,
     parse_cursor,
@@ -86,9 +87,12 @@ _UPLOAD_BODY = {
     responses={
         400: error("The multipart body does not parse"),
         403: CROSS_SITE,
+        408: error("The body took longer than FTQ_UPLOAD_DEADLINE_SECONDS"),
         413: error("The file is larger than FTQ_MAX_FILE_BYTES"),
         415: error("Neither multipart/form-data nor application/jsonl"),
-        429: error("The upload would pass the owner's FTQ_FILE_QUOTA_BYTES"),
+        429: error(
+            "The upload would pass the owner's FTQ_FILE_QUOTA_BYTES (its files and its uploads in progress)"
+        ),
         507: error("The server's disk has no room left for it (the partial file is removed)"),
         401: UNAUTHORIZED,
     },
@@ -113,15 +117,8 @@ async def upload_file(
             "(curl -H 'Content-Type: application/jsonl' --data-binary @data.jsonl)"
         )
 
-    def used(session: Any) -> int:
-        return FileRepository(session, owner).bytes_used()
-
-    limits = upload.Limits(
-        settings.max_file_bytes,
-        settings.file_quota_bytes,
-        await anyio.to_thread.run_sync(_in_thread_session(used)),
-    )
     declared = request.headers.get("content-length", "")
+    body_bytes: int | None = None
     if declared.isdigit():
         # Refused before a byte is read when the body says it is too large.
         body_bytes = int(declared)
@@ -130,17 +127,31 @@ async def upload_file(
             raise PayloadTooLarge(
                 f"the file is over the {settings.max_file_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)"
             )
-        if ctype != "multipart/form-data":
-            limits.check(body_bytes)
 
     file_id = files.new_file_id()
     try:
         part = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
-        got = await upload.receive(request.stream(), content_type, part, limits)
+
+        async def reserve(want: int) -> None:
+            def run(session: Any) -> None:
+                file_service.reserve(session, FileRepository(session, owner), settings, part, want)
+
+            await anyio.to_thread.run_sync(_in_thread_session(run))
+
+        limits = upload.Limits(settings.max_file_bytes, reserve, declared=body_bytes)
+        # One deadline for the whole body: a client cannot hold its reservation (and a connection)
+        # as long as it likes by sending slowly.
+        with anyio.fail_after(settings.upload_deadline_seconds):
+            got = await upload.receive(request.stream(), content_type, part, limits)
     except (PayloadTooLarge, TooManyRequests) as exc:
         # Stop reading: the client is told at once, and the connection is not kept for the rest.
         exc.headers = {**exc.headers, "Connection": "close"}
         raise
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the upload took longer than the {settings.upload_deadline_seconds:g} s an upload may take "
+            "(FTQ_UPLOAD_DEADLINE_SECONDS); nothing was kept"
+        ) from None
     except ClientDisconnect:
         # The client went away mid-upload: its partial file is gone (upload.receive); nobody to answer.
         raise BadRequest("the upload was cut short") from None

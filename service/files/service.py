@@ -51,6 +51,38 @@ def new_upload_path(settings: Settings, owner: str, file_id: str) -> Path:
     return folder / f".{file_id}.part"
 
 
+# Room an upload reserves beyond what it has received when it needs more (a chunked body, or one longer
+# than it said): few reservations per upload, and little held that is not yet written.
+RESERVE_STEP = 1024 * 1024
+
+
+def reserve(
+    session: Session, repo: FileRepository, settings: Settings, part: Path, want: int, *, also_held: int = 0
+) -> None:
+    """Reserve room for `want` bytes of the upload whose bytes arrive in `part`, against the owner's
+    quota, under the owner's quota lock: what the owner's files hold, plus what its other uploads in
+    flight have reserved, plus this one's must fit. The reservation is the `.part` file's length (a
+    sparse file: the room is counted, not taken), which every API process sees; TooManyRequests when it
+    does not fit (the upload stops there). `also_held`: bytes held elsewhere that count too (the parts of
+    the owner's unfinished `/v1` uploads)."""
+    repo.hold_quota()
+    used = repo.bytes_used()
+    flight = files.bytes_in_flight(
+        settings.data_path, repo.owner, younger_than=settings.upload_deadline_seconds, besides=part
+    )
+    flight += also_held
+    if used + flight + want > settings.file_quota_bytes:
+        raise TooManyRequests(
+            f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
+            f"(FTQ_FILE_QUOTA_BYTES; {used} in use, {flight} held by your uploads in progress); delete "
+            "files you no longer need (DELETE /files/{id}) or wait for your other uploads",
+            retry_after=60,
+        )
+    if part.stat().st_size < want:
+        os.truncate(part, want)
+    session.commit()
+
+
 def record(
     session: Session,
     repo: FileRepository,
@@ -66,7 +98,10 @@ def record(
     is now (another upload may have finished meanwhile), checked and taken under the owner's quota lock."""
     repo.hold_quota()
     used = repo.bytes_used()
-    if used + size > settings.file_quota_bytes:
+    flight = files.bytes_in_flight(
+        settings.data_path, repo.owner, younger_than=settings.upload_deadline_seconds, besides=part
+    )
+    if used + flight + size > settings.file_quota_bytes:
         part.unlink(missing_ok=True)
         raise TooManyRequests(
             f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "

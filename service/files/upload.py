@@ -2,6 +2,10 @@
 names as it arrives (hashed on the way), and stopped the moment it passes the size cap or the owner's
 quota, with the partial file removed.
 
+Uploads in flight count against the quota: before any bytes are written, the room for them is reserved
+under the owner's quota lock (`Limits.room_for`: the declared length at once, then a step at a time
+while a chunked body streams), so ten parallel uploads never hold more than the quota between them.
+
 Two bodies are taken: `multipart/form-data` (the file in field `file`; other fields are read past), parsed
 incrementally by python-multipart's push parser, and a raw JSON Lines body (`application/jsonl`).
 Writes leave the event loop in batches of about a megabyte.
@@ -11,26 +15,33 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from ftq.runtime import files
 from service.errors import BadRequest, FtqError, PayloadTooLarge, SpecError, TooManyRequests
 
 RAW_TYPES = ("application/jsonl", "application/x-ndjson", "application/jsonlines", "application/json-lines")
 # Bytes gathered before one write in a worker thread.
 _BATCH = 1024 * 1024
+# Room reserved beyond the bytes received when an upload needs more (a chunked body).
+RESERVE_STEP = 1024 * 1024
 
 
 class Limits:
-    """The size cap and what is left of the owner's quota; `check(total)` raises past either."""
+    """The size cap, checked as bytes arrive (`check`), and the room reserved in the owner's quota for
+    them (`room_for`, through `reserve(bytes)`, which raises TooManyRequests when it does not fit)."""
 
-    def __init__(self, max_bytes: int, quota_bytes: int, used_bytes: int):
+    def __init__(
+        self, max_bytes: int, reserve: Callable[[int], Awaitable[None]], *, declared: int | None = None
+    ):
         self.max_bytes = max_bytes
-        self.quota_bytes = quota_bytes
-        self.used_bytes = used_bytes
+        self._reserve = reserve
+        self.declared = declared
+        self.reserved = 0
 
     def check(self, total: int) -> None:
         if total > self.max_bytes:
@@ -38,13 +49,22 @@ class Limits:
                 f"the file is over the {self.max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES); "
                 "split it, or ask the operator"
             )
-        if self.used_bytes + total > self.quota_bytes:
-            raise TooManyRequests(
-                f"this upload would take your files past the {self.quota_bytes} bytes you may keep "
-                f"(FTQ_FILE_QUOTA_BYTES; {self.used_bytes} in use); delete files you no longer need "
-                "(DELETE /files/{id})",
-                retry_after=60,
-            )
+
+    async def room_for(self, total: int) -> None:
+        """Make sure `total` bytes are reserved, reserving a step more than needed at a time (or exactly
+        what is needed where a step more does not fit)."""
+        self.check(total)
+        if total <= self.reserved:
+            return
+        want = min(self.max_bytes, total + RESERVE_STEP)
+        try:
+            await self._reserve(want)
+        except TooManyRequests:
+            if want == total:
+                raise
+            want = total
+            await self._reserve(want)
+        self.reserved = want
 
 
 class _Sink:
@@ -53,6 +73,9 @@ class _Sink:
     def __init__(self, path: Path):
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Held while this process lives: a `.part` file without it is a dead upload's, which reserves
+        # nothing in the owner's quota and is swept.
+        files.lock_part(self.fd)
         self.hash = hashlib.sha256()
         self.size = 0
 
@@ -64,6 +87,11 @@ class _Sink:
                 n = os.write(self.fd, view)
                 view = view[n:]
             self.size += len(chunk)
+
+    def finish(self) -> None:
+        """The file as long as what was written (it was as long as the room reserved), on disk."""
+        os.ftruncate(self.fd, self.size)
+        os.fsync(self.fd)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -105,12 +133,15 @@ async def receive(
     sink = await anyio.to_thread.run_sync(_Sink, path)
     try:
         fields: dict[str, str] = {}
+        if limits.declared:
+            # Said up front: all of it reserved before a byte is read (or refused at once).
+            await limits.room_for(min(limits.declared, limits.max_bytes))
         if ctype == "multipart/form-data":
             filename = await _receive_multipart(stream, _boundary(content_type), sink, limits, field, fields)
         else:
             filename = None
             await _receive_raw(stream, sink, limits)
-        await anyio.to_thread.run_sync(os.fsync, sink.fd)
+        await anyio.to_thread.run_sync(sink.finish)
         return Received(sink.size, sink.hash.hexdigest(), filename, fields)
     except BaseException:
         sink.close()
@@ -120,8 +151,9 @@ async def receive(
         sink.close()
 
 
-async def _flush(sink: _Sink, pending: list[bytes]) -> None:
+async def _flush(sink: _Sink, pending: list[bytes], limits: Limits) -> None:
     if pending:
+        await limits.room_for(sink.size + sum(len(p) for p in pending))
         batch = pending.copy()
         pending.clear()
         await anyio.to_thread.run_sync(sink.write, batch)
@@ -137,9 +169,9 @@ async def _receive_raw(stream: AsyncIterator[bytes], sink: _Sink, limits: Limits
         pending.append(chunk)
         held += len(chunk)
         if held >= _BATCH:
-            await _flush(sink, pending)
+            await _flush(sink, pending, limits)
             held = 0
-    await _flush(sink, pending)
+    await _flush(sink, pending, limits)
 
 
 _SMALL_FIELD = 1024
@@ -229,12 +261,12 @@ async def _receive_multipart(
             raise problem[0]
         held = sum(len(p) for p in pending)
         if held >= _BATCH:
-            await _flush(sink, pending)
+            await _flush(sink, pending, limits)
     try:
         parser.finalize()
     except Exception as exc:
         raise BadRequest(f"the multipart body does not parse: {exc}") from None
-    await _flush(sink, pending)
+    await _flush(sink, pending, limits)
     if not state["found"]:
         raise SpecError(
             [{"loc": ["body", field], "msg": f"the multipart body has no field `{field}`", "type": "missing"}]

@@ -41,7 +41,7 @@ from ftq.store.files_repository import FileRepository
 from ftq.store.models import UploadedFile
 from ftq.store.openai_repository import OpenAIRepository
 from service.deps import current_owner
-from service.errors import BadRequest, PayloadTooLarge, TooManyRequests
+from service.errors import BadRequest, PayloadTooLarge, RequestTimeout, TooManyRequests
 from service.files import service as file_service
 from service.files import upload
 from service.openai import ids
@@ -105,13 +105,23 @@ def _check_purpose(purpose: str | None) -> None:
         )
 
 
-async def _limits(owner: str, settings: Settings) -> upload.Limits:
-    def used(session: Any) -> int:
-        return FileRepository(session, owner).bytes_used()
+def _limits(
+    owner: str, settings: Settings, part: Path, *, max_bytes: int | None = None, declared: int | None = None
+) -> upload.Limits:
+    """The size cap and the owner's quota as the native upload reserves it (its files, its uploads in
+    flight, and here also the parts of its unfinished `/v1` uploads)."""
 
-    return upload.Limits(
-        settings.max_file_bytes, settings.file_quota_bytes, await anyio.to_thread.run_sync(_session_run(used))
-    )
+    async def reserve(want: int) -> None:
+        def run(session: Any) -> None:
+            pending = _pending_bytes(settings, owner, besides=part)
+            file_service.reserve(
+                session, FileRepository(session, owner), settings, part, want, also_held=pending
+            )
+
+        await anyio.to_thread.run_sync(_session_run(run))
+
+    cap = settings.max_file_bytes if max_bytes is None else max_bytes
+    return upload.Limits(cap, reserve, declared=declared)
 
 
 async def _receive(request: Request, path: Path, limits: upload.Limits, field: str) -> upload.Received:
@@ -123,11 +133,19 @@ async def _receive(request: Request, path: Path, limits: upload.Limits, field: s
         raise PayloadTooLarge(
             f"the file is over the {limits.max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)"
         )
+    if declared.isdigit():
+        limits.declared = int(declared)
+    deadline = get_settings().upload_deadline_seconds
     try:
-        return await upload.receive(request.stream(), content_type, path, limits, field=field)
+        with anyio.fail_after(deadline):
+            return await upload.receive(request.stream(), content_type, path, limits, field=field)
     except (PayloadTooLarge, TooManyRequests) as exc:
         exc.headers = {**exc.headers, "Connection": "close"}
         raise
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the upload took longer than the {deadline:g} s an upload may take (FTQ_UPLOAD_DEADLINE_SECONDS)"
+        ) from None
     except ClientDisconnect:
         raise BadRequest("the upload was cut short") from None
 
@@ -157,10 +175,9 @@ def _record(
 @router.post("/v1/files", response_model=OpenAIFile, summary="Upload a file (OpenAI: files.create)")
 async def create_file(request: Request, background: BackgroundTasks, owner: OwnerDep) -> OpenAIFile:
     settings = get_settings()
-    limits = await _limits(owner, settings)
     file_id = files.new_file_id()
     part = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
-    got = await _receive(request, part, limits, "file")
+    got = await _receive(request, part, _limits(owner, settings, part), "file")
     try:
         _check_purpose(got.fields.get("purpose"))
     except BaseException:
@@ -266,9 +283,9 @@ def _upload_dir(settings: Settings, owner: str, upload_id: str) -> Path:
     return files.owner_dir(settings.data_path, owner) / "uploads" / upload_id
 
 
-def _pending_bytes(settings: Settings, owner: str) -> int:
-    """What the owner's unfinished uploads hold, which counts in the quota as files do; uploads that
-    expired or were cancelled are removed on the way."""
+def _pending_bytes(settings: Settings, owner: str, besides: Path | None = None) -> int:
+    """What the owner's unfinished uploads hold (but `besides`, a part being written), which counts in
+    the quota as files do; uploads that expired or were cancelled are removed on the way."""
     root = files.owner_dir(settings.data_path, owner) / "uploads"
     if not root.is_dir():
         return 0
@@ -283,7 +300,7 @@ def _pending_bytes(settings: Settings, owner: str) -> int:
         if state.get("status") != "pending" or state.get("expires_at", 0) < now:
             shutil.rmtree(folder, ignore_errors=True)
             continue
-        total += sum(p.stat().st_size for p in folder.glob("part_*"))
+        total += sum(p.stat().st_size for p in folder.glob("part_*") if p != besides)
     return total
 
 
@@ -369,11 +386,10 @@ async def add_part(upload_id: V1Id, request: Request, owner: OwnerDep) -> Upload
     held = sum(p.stat().st_size for p in folder.glob("part_*"))
     # A part may hold what is left of the upload's declared bytes, within the owner's quota (which the
     # parts of every unfinished upload count in).
-    limits = await _limits(owner, settings)
-    limits.max_bytes = max(0, state["bytes"] - held)
-    limits.used_bytes += await anyio.to_thread.run_sync(_pending_bytes, settings, owner)
     part_id = "part_" + secrets.token_hex(12)
-    await _receive(request, folder / part_id, limits, "data")
+    part = folder / part_id
+    limits = _limits(owner, settings, part, max_bytes=max(0, state["bytes"] - held))
+    await _receive(request, part, limits, "data")
     return UploadPart(id=part_id, created_at=int(time.time()), upload_id=upload_id)
 
 

@@ -5,22 +5,33 @@ from __future__ import annotations
 from datetime import datetime
 
 from ftq.contract.schemas import UsagePage, UsageRow
+from ftq.store.exports import ExportRepository
 from ftq.store.repository import JobRepository
 
 
 def usage(repo: JobRepository, since: datetime | None, until: datetime | None, group_by: str) -> UsagePage:
-    """Runs that ended in [since, until), summed per owner (group_by=owner) or per owner and day (the UTC
-    day each run ended). Read through the owner filter: an owner sees their own usage."""
+    """Runs that ended in [since, until), jobs' and exports', summed per owner (group_by=owner) or per
+    owner and day (the UTC day each run ended). Read through the owner filter: an owner sees their own
+    usage."""
     sums: dict[tuple[str, str | None], list[float]] = {}
-    for owner, finished, device_seconds, device in repo.usage_rows(since, until):
+    runs = [(row, 2) for row in repo.usage_rows(since, until)]
+    runs += [(row, 3) for row in ExportRepository(repo.session, repo.owner).usage_rows(since, until)]
+    for (owner, finished, device_seconds, device), counter in runs:
         day = finished.date().isoformat() if group_by == "day" else None
-        row = sums.setdefault((owner, day), [0.0, 0.0, 0])
+        row = sums.setdefault((owner, day), [0.0, 0.0, 0, 0])
         row[0] += device_seconds
         row[1] += device_seconds / 3600 if device == "cuda" else 0.0
-        row[2] += 1
+        row[counter] += 1
     return UsagePage(
         data=[
-            UsageRow(owner=o, day=d, device_seconds=round(v[0], 3), gpu_hours=round(v[1], 6), jobs=int(v[2]))
+            UsageRow(
+                owner=o,
+                day=d,
+                device_seconds=round(v[0], 3),
+                gpu_hours=round(v[1], 6),
+                jobs=int(v[2]),
+                exports=int(v[3]),
+            )
             for (o, d), v in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
         ]
     )

@@ -268,7 +268,9 @@ class Deployment:
         if up is None or up.poll() is not None:
             return None
         for child in proc_children(up.pid):
-            if any(b"celery" in part for part in cmdline(child)):
+            argv = cmdline(child)
+            # The worker, not the webhook sender `ftq up` also runs (a Celery worker on its own queue).
+            if any(b"celery" in part for part in argv) and b"ftq.webhooks" not in argv:
                 return child
         return None
 

@@ -14,8 +14,9 @@ TOKENS = {
     "alice": "tok-alice-files-0123456789",
     "bob": "tok-bob-files-0123456789",
     "carol": "tok-carol-files-012345",
+    "dave": "tok-dave-files-0123456",
 }
-ALICE, BOB, CAROL = TOKENS["alice"], TOKENS["bob"], TOKENS["carol"]
+ALICE, BOB, CAROL, DAVE = TOKENS["alice"], TOKENS["bob"], TOKENS["carol"], TOKENS["dave"]
 MAX_FILE_BYTES = 2 * 1024 * 1024
 QUOTA_BYTES = 5 * 1024 * 1024
 

@@ -9,7 +9,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.e2e.files.conftest import ALICE, BOB, CAROL, MAX_FILE_BYTES, QUOTA_BYTES
+import httpx
+
+from tests.e2e.files.conftest import ALICE, BOB, CAROL, DAVE, MAX_FILE_BYTES, QUOTA_BYTES
 from tests.e2e.files.helpers import owner_files, upload_form, upload_raw, wait_validated
 from tests.harness import Deployment, tiny_spec
 
@@ -278,3 +280,52 @@ def test_a_client_that_goes_away_mid_upload_leaves_no_partial_file(files_server:
     assert owner_files(files_server) == before
     with files_server.client(BOB) as c:
         assert c.get("/files").status_code == 200
+
+
+def test_parallel_uploads_never_hold_more_than_the_quota_in_part_files(files_server: Deployment) -> None:
+    """Issue 28, finding 5: ten parallel uploads, each within the size cap, together three times the
+    quota, sent chunked (no Content-Length to check first) and slowly, so they are all in flight at once.
+    Polled from outside, the owner's `.part` files never hold more than the quota; what is stored fits
+    in it, the rest are 429s naming it, and no `.part` file is left."""
+    import hashlib
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = int(QUOTA_BYTES * 0.3)
+    folder = files_server.data_dir / "files" / hashlib.sha256(b"dave").hexdigest()[:32]
+    peak, stop = [0], threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            held = 0
+            for p in folder.glob(".*.part") if folder.exists() else []:
+                try:
+                    held += p.stat().st_size
+                except FileNotFoundError:
+                    continue
+            peak[0] = max(peak[0], held)
+            time.sleep(0.005)
+
+    def slowly() -> Iterator[bytes]:
+        for piece in _chunks(size, 64 * 1024):
+            time.sleep(0.02)
+            yield piece
+
+    def one(_: int) -> httpx.Response:
+        with files_server.client(DAVE) as c:
+            return c.post("/files", content=slowly(), headers={"Content-Type": "application/jsonl"})
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(one, range(10)))
+    finally:
+        stop.set()
+        watcher.join()
+    codes = sorted(r.status_code for r in answers)
+    assert set(codes) == {201, 429} and codes.count(201) <= QUOTA_BYTES // size, codes
+    assert all("FTQ_FILE_QUOTA_BYTES" in r.json()["detail"] for r in answers if r.status_code == 429)
+    assert 0 < peak[0] <= QUOTA_BYTES, f"the .part files held {peak[0]} bytes at the peak"
+    assert not any(n.endswith(".part") for n in owner_files(files_server))

@@ -3,7 +3,9 @@
 One deployment and three jobs serve the module (they train at the same time):
 - alice's tiny job (checkpoints and evals), whose deliveries reach a receiver that is up;
 - bob's tiny job, whose receiver is down until its deliveries have been retried a few times, then up;
-- alice's job with a learning rate that makes its loss explode, which ends `failed` with `diverged`.
+- alice's job with a learning rate that makes its loss explode, which ends `failed` with `diverged`;
+- mallory's 40 webhooks at a receiver that trickles one header byte at a time and never ends its answer
+  (issue 28, finding 2), set up before the others' jobs: they must still be placed, run and be delivered.
 
 The operator allowlists loopback (FTQ_WEBHOOK_ALLOWED_NETWORKS: the deployment runs with FTQ_ENV=test,
 where loopback is refused otherwise) and scales the retry schedule down to seconds.
@@ -25,7 +27,8 @@ from tests.harness import TINY_RELATIVE, Deployment, run_ftq, tiny_assets, tiny_
 from tests.harness.api import JobsApi
 from tests.harness.deployment import QUICK_SETTINGS
 
-ALICE, BOB = "alice-webhooks-token", "bob-webhooks-token"
+ALICE, BOB, MALLORY = "alice-webhooks-token", "bob-webhooks-token", "mallory-webhooks-token"
+TRICKLING_HOOKS = 40
 TYPES = [
     "job.queued",
     "job.started",
@@ -51,6 +54,8 @@ class Scenario:
     alice_job: str
     bob_job: str
     diverged_job: str
+    mallory: httpx.Client
+    mallory_job: str
 
 
 def learning_job() -> dict[str, Any]:
@@ -86,12 +91,23 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         "webhook_retry_base_seconds": 1,
         "webhook_retry_max_delay_seconds": 2,
         "webhook_retry_total_seconds": 600,
+        "max_webhooks_per_owner": TRICKLING_HOOKS,
     }
     up, down = Receiver().start(), Receiver()  # `down` has its port, nothing listens there yet
     root = tmp_path_factory.mktemp("webhooks")
-    with Deployment(root, mode="up", tokens={"alice": ALICE, "bob": BOB}, settings=settings) as dep:
-        alice, bob = dep.client(ALICE), dep.client(BOB)
+    from tests.unit.ftq.runtime.test_outbound import Trickler
+
+    trickler = Trickler(every=3.0)  # `HTTP/1.1 200 OK\r\nX-A: ` then one byte every 3 s, forever
+    tokens = {"alice": ALICE, "bob": BOB, "mallory": MALLORY}
+    with Deployment(root, mode="up", tokens=tokens, settings=settings) as dep:
+        alice, bob, mallory = dep.client(ALICE), dep.client(BOB), dep.client(MALLORY)
         try:
+            for i in range(TRICKLING_HOOKS):
+                url = f"http://127.0.0.1:{trickler.port}/slow/{i}"
+                r = mallory.post("/webhooks", json={"url": url, "events": ["job.queued", "job.cancelled"]})
+                assert r.status_code == 201, r.text
+            mallory_job = JobsApi(dep.url, MALLORY).post_job(learning_job())["id"]
+            assert mallory.post(f"/jobs/{mallory_job}/cancel").status_code == 202
             r = alice.post("/webhooks", json={"url": up.url, "events": TYPES})
             assert r.status_code == 201, r.text
             alice_hook = r.json()
@@ -101,10 +117,25 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
             alice_job = dep.post_job(learning_job())["id"]
             bob_job = JobsApi(dep.url, BOB).post_job(learning_job())["id"]
             diverged_job = dep.post_job(diverging_job())["id"]
-            yield Scenario(dep, alice, bob, up, down, alice_hook, bob_hook, alice_job, bob_job, diverged_job)
+            yield Scenario(
+                dep,
+                alice,
+                bob,
+                up,
+                down,
+                alice_hook,
+                bob_hook,
+                alice_job,
+                bob_job,
+                diverged_job,
+                mallory,
+                mallory_job,
+            )
         finally:
+            trickler.close()
             alice.close()
             bob.close()
+            mallory.close()
             up.stop()
             down.stop()
             dep.close(cancel_active=True)
@@ -178,6 +209,29 @@ def test_the_tiny_job_delivers_signed_events_in_order(scenario: Scenario) -> Non
     assert cli.stdout == text
     for e in events:
         assert f"event {e['id']}  {e['type']}" in cli.stderr, cli.stderr
+
+
+def test_trickling_receivers_of_one_owner_stall_no_other_owner(scenario: Scenario) -> None:
+    """Issue 28, finding 2: mallory's 40 receivers trickle their answers and never end them. The report
+    saw every worker thread held by webhook passes and other owners' jobs stay queued; now the sender has
+    its own queue and process, slots per owner and one deadline per request: the others' jobs are
+    placed and run (a generous bound), and mallory's deliveries end in the same opaque failure, retried.
+    Before the fix this test fails at `tried` (no attempt on a trickling receiver ever ended); the stall
+    itself did not show in this setup (the pass that never ends: tests/unit/worker/test_webhooks.py)."""
+    for api, job_id in (
+        (JobsApi(scenario.dep.url, ALICE), scenario.alice_job),
+        (JobsApi(scenario.dep.url, BOB), scenario.bob_job),
+    ):
+        job = api.wait_terminal(job_id, timeout=400)
+        assert job["status"] == "succeeded", scenario.dep.report(job_id)
+    hooks = scenario.mallory.get("/webhooks", params={"limit": 100}).json()["data"]
+    assert len(hooks) == TRICKLING_HOOKS
+    tried = []
+    for hook in hooks[:10]:
+        log = scenario.mallory.get(f"/webhooks/{hook['id']}/deliveries").json()["data"]
+        tried += [d for d in log if d["attempts"] > 0]
+    assert tried, "none of the trickling receivers was tried"
+    assert all(d["last_status_code"] is None and "did not accept" in d["last_error"] for d in tried), tried
 
 
 def test_a_receiver_down_for_a_while_loses_nothing_and_keeps_order(scenario: Scenario) -> None:

@@ -33,7 +33,11 @@ def test_queue_usage_and_estimate_vs_actual(
     make_client: MakeClient, store_url: str, tiny_job: dict[str, Any]
 ) -> None:
     client = make_client(
-        store_url, api_tokens=f"{ALICE}:alice,{BOB}:bob", cpu_slots="1", max_priority="bob:normal"
+        store_url,
+        api_tokens=f"{ALICE}:alice,{BOB}:bob",
+        cpu_slots="1",
+        max_priority="bob:normal",
+        max_queued_exports_per_owner="2",
     )
     ids = []
     for token in (ALICE, ALICE, BOB):
@@ -70,7 +74,9 @@ def test_queue_usage_and_estimate_vs_actual(
     _run(b1, start, start + timedelta(seconds=30))
 
     usage = client.get("/usage", headers=_auth(ALICE)).json()["data"]
-    assert usage == [{"owner": "alice", "day": None, "device_seconds": 90.0, "gpu_hours": 0.0, "jobs": 1}]
+    assert usage == [
+        {"owner": "alice", "day": None, "device_seconds": 90.0, "gpu_hours": 0.0, "jobs": 1, "exports": 0}
+    ]
     usage = client.get("/usage", params={"group_by": "day"}, headers=_auth(BOB)).json()["data"]
     assert [(u["owner"], u["jobs"], u["device_seconds"]) for u in usage] == [("bob", 1, 30.0)]
     # from/to select runs by the time they ended (the store's clock for a run given its own end: the
@@ -94,3 +100,33 @@ def test_queue_usage_and_estimate_vs_actual(
     with session_scope() as s:
         rows = {u.owner: u for u in repository.owner_usage(s)}
     assert rows["alice"].total_device_seconds == 90.0 and rows["bob"].total_jobs == 1
+
+    # Issue 28, finding 4: exports are runs too. An owner may queue FTQ_MAX_QUEUED_EXPORTS_PER_OWNER of
+    # them (then a 429 quota_exceeded naming it), and one that ran counts in /usage and owner usage.
+    from ftq.runtime.settings import get_settings
+    from ftq.store.exports import EXPORTS
+
+    (get_settings().runs_dir / a1 / "final").mkdir(parents=True)
+    exports = []
+    for dtype in ("fp32", "bf16"):
+        r = client.post(f"/jobs/{a1}/exports", json={"kind": "merged", "dtype": dtype}, headers=_auth(ALICE))
+        assert r.status_code == 202, r.text
+        exports.append(r.json()["id"])
+    r = client.post(f"/jobs/{a1}/exports", json={"kind": "merged", "dtype": "fp16"}, headers=_auth(ALICE))
+    assert r.status_code == 429 and r.json()["code"] == "quota_exceeded", r.text
+    assert "FTQ_MAX_QUEUED_EXPORTS_PER_OWNER" in r.json()["detail"] and r.headers["retry-after"]
+    with session_scope() as s:
+        assert EXPORTS.mark_starting(s, exports[0], resources={"cpu_slots": [0]})
+    with session_scope() as s:
+        assert EXPORTS.mark_running(s, exports[0], external_id=None, pid=None, pid_start_ticks=None)
+        assert EXPORTS.mark_finished(s, exports[0], JobStatus.succeeded, exit_code=0)
+    # One fewer waits: room for one more.
+    r = client.post(f"/jobs/{a1}/exports", json={"kind": "merged", "dtype": "fp16"}, headers=_auth(ALICE))
+    assert r.status_code == 202, r.text
+    # Its one device from launch to end (the store's clock here: a moment).
+    usage = client.get("/usage", headers=_auth(ALICE)).json()["data"]
+    assert [(u["jobs"], u["exports"]) for u in usage] == [(1, 1)] and usage[0]["device_seconds"] > 90.0
+    assert client.get("/usage", headers=_auth(BOB)).json()["data"][0]["exports"] == 0
+    with session_scope() as s:
+        rows = {u.owner: u for u in repository.owner_usage(s)}
+    assert rows["alice"].total_device_seconds > 90.0 and rows["alice"].total_jobs == 1

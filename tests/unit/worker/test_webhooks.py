@@ -190,7 +190,10 @@ def test_a_failing_receiver_is_retried_in_order_then_gives_up_and_is_disabled(
         statuses = [d.status for d, _ in rows]
         # Two gave up (the limit), the third waits for the endpoint to be enabled again.
         assert statuses == ["failed", "failed", "pending"]
-        assert all(d.last_status_code == 503 for d, _ in rows[:2])
+        # A loopback receiver's answers are opaque (issue 28, finding 7): a 503 reads like a closed port.
+        assert all(
+            d.last_status_code is None and "did not accept" in (d.last_error or "") for d, _ in rows[:2]
+        )
     # Enabled by its owner, with the receiver up: what waited is delivered.
     receiver.status = 200
     receiver.received.clear()
@@ -245,7 +248,9 @@ def test_a_loopback_receiver_is_refused_at_send_time_outside_development(
     assert receiver.received == []
     with session_scope() as session:
         row = session.query(WebhookDelivery).one()
-        assert row.status == "failed" and "loopback" in (row.last_error or "")
+        from worker import webhooks
+
+        assert row.status == "failed" and row.last_error == webhooks.REFUSED  # no address, no reason
 
 
 def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -> None:
@@ -288,3 +293,70 @@ def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -
     finally:
         release.set()
         slow.close()
+
+
+def test_trickling_receivers_of_one_owner_delay_neither_the_pass_nor_another_owner(
+    store: None, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28, finding 2: receivers that send `HTTP/1.1 200 OK\\r\\nX-A: ` and then a byte now and then
+    (each within a read timeout) held a pass forever. Now each request has one total deadline, a pass
+    ends, and one owner's endpoints take at most their slots: the other owner's receiver gets its event."""
+    from tests.unit.ftq.runtime.test_outbound import Trickler
+    from worker import webhooks
+
+    monkeypatch.setenv("FTQ_WEBHOOK_TIMEOUT_SECONDS", "1")
+    from ftq.runtime.settings import get_settings
+
+    get_settings.cache_clear()
+    trickler = Trickler(every=0.3)
+    try:
+        for _ in range(12):
+            add_webhook(f"http://127.0.0.1:{trickler.port}/hook", ["job.queued"], owner="mallory")
+        add_webhook(receiver.url, ["job.queued"], owner="alice")
+        new_job("job_m", owner="mallory")
+        new_job("job_a", owner="alice")
+        sender = threading.Thread(target=webhooks.send_due, kwargs={"pass_seconds": 1}, daemon=True)
+        sender.start()
+        sender.join(30)  # a generous liveness bound: before the deadline, the pass never ended
+        assert not sender.is_alive()
+        assert [json.loads(b)["data"]["job_id"] for _, b in receiver.received] == ["job_a"]
+        with session_scope() as session:
+            tried = session.query(WebhookDelivery).filter(WebhookDelivery.attempts > 0).count()
+        # alice's one delivery and at most FTQ_WEBHOOK_SLOTS_PER_OWNER (2) of mallory's twelve endpoints
+        assert 2 <= tried <= 3
+    finally:
+        trickler.close()
+
+
+def test_the_delivery_log_does_not_tell_an_open_loopback_port_from_a_closed_one(
+    store: None, receiver: Receiver
+) -> None:
+    """Issue 28, finding 7: a tenant's webhook at a loopback port learnt from `last_status_code` and
+    `last_error` whether something listened there; now both read the same for a port that is closed,
+    one that answers 404 and one that never answers in time."""
+    import socket
+
+    from tests.unit.ftq.runtime.test_outbound import Trickler
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    receiver.status = 404
+    silent = Trickler(every=0.3)
+    try:
+        hooks = [
+            add_webhook(f"http://127.0.0.1:{closed_port}/x", ["job.queued"])[0],
+            add_webhook(receiver.url, ["job.queued"])[0],
+            add_webhook(f"http://127.0.0.1:{silent.port}/x", ["job.queued"])[0],
+        ]
+        new_job("job_p")
+        send_until_quiet()
+        with session_scope() as session:
+            rows = {r.webhook_id: r for r in session.query(WebhookDelivery).all()}
+        seen = {(rows[h].status, rows[h].last_status_code, rows[h].last_error) for h in hooks}
+        assert len(receiver.received) >= 1  # the open port did answer
+        assert len(seen) == 1, seen
+        assert seen.pop()[1] is None
+    finally:
+        silent.close()

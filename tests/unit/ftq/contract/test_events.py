@@ -109,6 +109,24 @@ HOSTS = resolver(
         ("http://mixed/", False, "", "private"),
         ("http://0.0.0.0:80/", True, "", "reserved"),
         ("http://nowhere.invalid/", True, "", "does not resolve"),
+        # Issue 28, finding 7: addresses that are not global, in every form (CGNAT holds a cloud's
+        # metadata address; 6to4, NAT64 and Teredo forms lead to the IPv4 address inside them).
+        ("http://100.100.100.200/latest/meta-data", False, "", "not public"),
+        ("http://100.64.0.1/", True, "", "not public"),
+        ("http://[2002:a9fe:a9fe::]/", False, "", "link-local"),
+        ("http://[2002:7f00:1::]/", False, "", "loopback"),
+        ("http://[2002:a00:1::]/", True, "", "private"),
+        ("http://[64:ff9b::a9fe:a9fe]/", False, "", "link-local"),
+        ("http://[64:ff9b::6440:101]/", False, "", "not public"),
+        ("http://[64:ff9b:1::a00:1]/", False, "", "reserved|not public"),
+        ("http://[::ffff:100.100.100.200]/", False, "", "not public"),
+        ("http://[::ffff:a9fe:a9fe]/", True, "", "link-local"),
+        ("http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/", False, "", "private|reserved|not public"),
+        ("http://192.0.2.10/", False, "", "private|not public"),
+        ("http://[ff0e::1]/", False, "", "reserved"),
+        ("http://[2002:5db8:d822::]/", False, "", None),
+        ("http://[64:ff9b::5db8:d822]/", False, "", None),
+        ("http://[2002:a9fe:a9fe::]/", False, "169.254.0.0/16", None),
         ("http:///nohost", True, "", "no host"),
         ("http://hooks.example.com:99999/", True, "", "not a valid URL"),
     ],
@@ -141,3 +159,10 @@ def test_pause_and_resume_are_event_types_webhooks_subscribe_to_with_their_statu
     assert {"job.paused", "job.resumed"} <= set(ev.EVENT_TYPES)
     assert ev.status_at("job.paused") == "paused" and ev.status_at("job.resumed") == "queued"
     assert ev.status_at("job.checkpoint") == "running"
+
+
+def test_a_refusal_does_not_tell_what_an_internal_name_resolves_to() -> None:
+    """Issue 28, finding 7: a tenant learns that an address is refused, not which address it is."""
+    with pytest.raises(ev.UnsafeURL) as refused:
+        ev.check_url("http://intranet/", development=False, resolver=HOSTS)
+    assert "10.1.2.3" not in str(refused.value) and "private" in str(refused.value)

@@ -187,3 +187,30 @@ def test_openai_rows_that_break_the_format_are_errors_naming_line_and_message(tm
     assert messages[11].startswith("input must be an object with messages")
     assert messages[12] == "parallel_tool_calls must be true or false"
     assert got.rows == 2 and got.formats == ["messages"]
+
+
+def test_a_dead_uploads_part_file_reserves_nothing_and_is_swept(tmp_path: Path) -> None:
+    """An upload reserves room as its `.part` file's length while its writer lives (it holds the file's
+    lock); the fault campaign found that a SIGKILLed API left reservations that blocked the owner's
+    uploads until the body deadline. Without a live writer, a `.part` file counts for nothing and is
+    swept a minute later."""
+    import os
+    import time
+
+    folder = files.owner_dir(tmp_path, "alice")
+    folder.mkdir(parents=True)
+    live, dead = folder / ".file_live.part", folder / ".file_dead.part"
+    fd = os.open(live, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        files.lock_part(fd)
+        os.ftruncate(fd, 3000)
+        dead.write_bytes(b"\0" * 5000)
+        assert files.bytes_in_flight(tmp_path, "alice", younger_than=3600) == 3000
+        assert files.bytes_in_flight(tmp_path, "alice", younger_than=3600, besides=live) == 0
+        a_while_ago = time.time() - files.DEAD_PART_SECONDS - 10
+        for p in (live, dead):
+            os.utime(p, (a_while_ago, a_while_ago))
+        assert files.remove_stale_parts(tmp_path) == 1
+        assert live.exists() and not dead.exists()
+    finally:
+        os.close(fd)
