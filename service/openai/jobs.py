@@ -213,6 +213,10 @@ def resolve(
     if valid is not None:
         dataset["eval_file_id"] = valid.id
         training["eval_steps"] = steps_per_epoch
+    if kind == "supervised" and "messages" in (train.formats or []):
+        # As OpenAI does: a chat file trains on the assistant turns only (less those with `weight: 0`),
+        # unless the operator's template chose otherwise.
+        training.setdefault("loss_on", "assistant")
     if kind == "dpo":
         beta = hyper.get("beta", "auto")
         beta = DEFAULT_BETA if beta == "auto" else float(beta)
