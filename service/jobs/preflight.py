@@ -68,35 +68,35 @@ class Deadline:
 
 
 def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadline: Deadline) -> JobSpec:
-    """Local model and dataset paths become absolute, symlink-free paths under the allowed roots,
-    outside ftq's own state and other owners' run directories."""
+    """Local model, adapter and dataset paths become absolute, symlink-free paths under the allowed
+    roots, outside ftq's own state and other owners' run directories."""
     roots = settings.allowed_roots
     resolved = spec.model_copy(deep=True)
-    for section in ("model", "dataset"):
+    for section, key in (("model", "name_or_path"), ("model", "adapter"), ("dataset", "name_or_path")):
         part = getattr(resolved, section)
-        if part.name_or_path is None:  # dataset.file_id: an upload, resolved by the worker at launch
+        original = getattr(part, key)
+        if original is None:  # dataset.file_id: an upload, resolved by the worker at launch
             continue
         try:
-            original = part.name_or_path
             twin = deadline.run(functools.partial(_local_twin, original, roots))
             if twin is not None:
                 raise spec_field_error(
-                    [section, "name_or_path"],
+                    [section, key],
                     f"did you mean ./{original}? {twin} exists under the allowed local roots, but "
                     f"`{original}` is read as a Hugging Face Hub id; write a local path with ./ or /",
                     "ambiguous_path",
                 )
-            part.name_or_path = deadline.run(functools.partial(resolve_local, original, roots))
+            setattr(part, key, deadline.run(functools.partial(resolve_local, original, roots)))
             if looks_local(original):
                 # In this thread: the ownership check reads the store through the request's session.
                 refuse_ftq_state(
-                    part.name_or_path,
+                    getattr(part, key),
                     data_dir=settings.data_path,
                     runs_dir=settings.runs_dir,
                     own_run=lambda job_id: repo.get(job_id) is not None,
                 )
         except PathRefused as exc:
-            raise spec_field_error([section, "name_or_path"], str(exc), "path_refused") from None
+            raise spec_field_error([section, key], str(exc), "path_refused") from None
     return resolved
 
 
