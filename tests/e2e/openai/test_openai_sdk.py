@@ -251,3 +251,28 @@ def test_cancel_and_owners_apart(dep: Deployment, trained: Trained, tiny_dir: Pa
     assert trained.sft.fine_tuned_model not in [m.id for m in bob.models.list()]
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{dep.url}/v1", api_key="nope", max_retries=0).fine_tuning.jobs.list()
+
+
+def _first_train_loss(client: openai.OpenAI, job_id: str) -> float:
+    metrics = [cast(dict[str, Any], e.data) for e in client.fine_tuning.jobs.list_events(job_id)]
+    return float(min((d for d in metrics if "train_loss" in d), key=lambda d: d["step"])["train_loss"])
+
+
+def test_a_fine_tuned_model_goes_on_training_from_its_adapter(dep: Deployment, trained: Trained) -> None:
+    """`model="ft:..."`: the SFT job's LoRA adapter trained further (a short run, 12 steps): it starts
+    where the SFT job ended, not from the base model's loss."""
+    client = sdk(dep)
+    assert trained.sft.fine_tuned_model
+    job = client.fine_tuning.jobs.create(
+        model=trained.sft.fine_tuned_model,
+        training_file=trained.sft.training_file,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 8}}},
+    )
+    native = "job_" + job.id.removeprefix("ftjob-")
+    assert _wait(client, job.id, dep).status == "succeeded", dep.report(native)
+    source = "job_" + trained.sft.id.removeprefix("ftjob-")
+    spec = dep.http.get(f"/jobs/{native}").json()["spec"]
+    assert spec["model"]["adapter"].endswith(f"/runs/{source}/final") and spec["lora"] is not None
+    assert job.model == trained.sft.fine_tuned_model
+    # The base model's first loss (the SFT job's) is well above where the adapter left it.
+    assert _first_train_loss(client, job.id) < _first_train_loss(client, trained.sft.id) - 0.5
