@@ -154,6 +154,21 @@ def load_model(
     return model
 
 
+def load_adapter(model: Any, adapter: str) -> Any:
+    """The model with a LoRA adapter loaded onto it (a job's final/), its weights trainable: a job that
+    goes on from a LoRA fine-tune trains the same adapter further rather than a new one on top."""
+    from peft import PeftModel
+
+    if getattr(model.config, "use_cache", True) is False:  # gradient checkpointing (load_model)
+        # The frozen embeddings' output must carry grad for checkpointed blocks to backpropagate into the
+        # adapter; TRL does this only for the adapters it creates itself.
+        model.enable_input_require_grads()
+    try:
+        return PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot load the adapter {adapter}: {_first_line(err)}") from err
+
+
 def _to_empty_keeping_buffers(model: Any, device: str) -> None:
     buffers = {name: buf.clone() for name, buf in model.named_buffers()}
     model.to_empty(device=device)

@@ -43,6 +43,7 @@ from .memory import peak_rss
 from .model import (
     check_model_path,
     check_target_modules,
+    load_adapter,
     load_dtype,
     load_model,
     load_tokenizer,
@@ -194,7 +195,9 @@ def load_policy(spec: JobSpec, launch: Launch, fmt: str) -> tuple[Any, Any]:
     with peak_rss("loading" if placeholders is None else f"loading ({placeholders} placeholders)"):
         model = load_model(spec, load_dtype(spec, launch.strategy), attn, placeholders=placeholders)
     peft_config = None
-    if spec.lora is not None:
+    if spec.model.adapter is not None:
+        model = load_adapter(model, spec.model.adapter)
+    elif spec.lora is not None:
         check_target_modules(model, spec.lora)
         peft_config = lora_config(spec.lora, task_type="SEQ_CLS" if method == "reward" else "CAUSAL_LM")
     log.info(
@@ -202,7 +205,9 @@ def load_policy(spec: JobSpec, launch: Launch, fmt: str) -> tuple[Any, Any]:
         spec.model.name_or_path,
         attn,
         model.dtype,
-        "LoRA" if peft_config else "full fine-tuning",
+        f"LoRA on from {spec.model.adapter}"
+        if spec.model.adapter
+        else ("LoRA" if peft_config else "full fine-tuning"),
         method,
         METHOD_TRAINERS[method],
         fmt,

@@ -88,14 +88,18 @@ def check_local_paths(spec: dict[str, Any]) -> None:
     (a rule of the resolved path alone). At launch each must still resolve to itself: a symbolic link
     planted meanwhile (in a run directory of the owner's, say) would lead the trainer elsewhere, into
     what the rule refuses."""
-    for section, code in (("model", "model_error"), ("dataset", "dataset_error")):
-        path = (spec.get(section) or {}).get("name_or_path")
+    for section, key, code in (
+        ("model", "name_or_path", "model_error"),
+        ("model", "adapter", "model_error"),
+        ("dataset", "name_or_path", "dataset_error"),
+    ):
+        path = (spec.get(section) or {}).get(key)
         if not isinstance(path, str) or not path.startswith("/"):
             continue
         if str(Path(path).resolve()) != path:
             raise PathChanged(
                 code,
-                f"{section}.name_or_path: {path} now leads elsewhere (a symbolic link was made since the "
+                f"{section}.{key}: {path} now leads elsewhere (a symbolic link was made since the "
                 "job was submitted); submit the job again",
             )
 

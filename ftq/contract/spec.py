@@ -208,10 +208,19 @@ class ModelSpec(_Strict):
         ),
     )
 
-    @field_validator("name_or_path")
+    adapter: PathOrHubId | None = Field(
+        None,
+        description=(
+            "A LoRA adapter to go on training (the `final/` folder of a LoRA job of yours, a local path or "
+            "a hub id): loaded onto `name_or_path`, its weights trainable. Needs `lora`; the adapter's own "
+            "r, alpha and modules apply."
+        ),
+    )
+
+    @field_validator("name_or_path", "adapter")
     @classmethod
-    def _hub_id_or_path(cls, v: str) -> str:
-        return _check_hub_id_or_path(v)
+    def _hub_id_or_path(cls, v: str | None) -> str | None:
+        return None if v is None else _check_hub_id_or_path(v)
 
 
 FileId = Annotated[str, StringConstraints(pattern=r"^file_[0-9a-f]{24}$")]
@@ -746,6 +755,12 @@ class JobSpec(_Strict):
                     ("training", "loss_on"),
                     f"loss_on {tr.loss_on} needs dataset.format {' or '.join(needs)}, not {fmt}",
                 )
+        if self.model.adapter is not None and self.lora is None:
+            raise _field_error(
+                ("model", "adapter"),
+                "an adapter goes on training as LoRA: give `lora` as well (full fine-tuning starts from "
+                "model.name_or_path; for a full model a job made, name its final/ folder there)",
+            )
         if tr.dpo is not None and tr.dpo.sync_ref_model and self.lora is not None:
             raise _field_error(
                 ("training", "dpo", "sync_ref_model"),

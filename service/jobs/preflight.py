@@ -68,8 +68,8 @@ class Deadline:
 
 
 def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadline: Deadline) -> JobSpec:
-    """Local model and dataset paths become absolute, symlink-free paths under the allowed roots,
-    outside ftq's own state and other owners' run directories."""
+    """Local model, adapter and dataset paths become absolute, symlink-free paths under the allowed
+    roots, outside ftq's own state and other owners' run directories."""
     roots = settings.allowed_roots
     resolved = spec.model_copy(deep=True)
 
@@ -77,11 +77,11 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
         # In this thread: the ownership check reads the store through the request's session.
         return repo.get(job_id) is not None
 
-    for section in ("model", "dataset"):
+    for section, key in (("model", "name_or_path"), ("model", "adapter"), ("dataset", "name_or_path")):
         part = getattr(resolved, section)
-        if part.name_or_path is None:  # dataset.file_id: an upload, resolved by the worker at launch
+        original = getattr(part, key)
+        if original is None:  # dataset.file_id: an upload, resolved by the worker at launch
             continue
-        original = part.name_or_path
         # One rule for every path a spec names (service/paths.py): ftq's state in the data dir is out
         # of reach, and so are other owners' run directories.
         rule = StateRule(settings.data_path, settings.runs_dir)
@@ -89,21 +89,21 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
             twin = deadline.run(functools.partial(_local_twin, original, roots, rule))
             if twin is not None and _owned(rule, twin, own_run):
                 raise spec_field_error(
-                    [section, "name_or_path"],
+                    [section, key],
                     f"did you mean ./{original}? {twin} exists under the allowed local roots, but "
                     f"`{original}` is read as a Hugging Face Hub id; write a local path with ./ or /",
                     "ambiguous_path",
                 )
             rule.run_ids.clear()
             try:
-                part.name_or_path = deadline.run(functools.partial(resolve_local, original, roots, rule))
+                setattr(part, key, deadline.run(functools.partial(resolve_local, original, roots, rule)))
             except PathRefused:
                 rule.check_owners(original, own_run)  # the same answer whether the path exists or not
                 raise
             if looks_local(original):
-                rule.check_owners(original, own_run, part.name_or_path)
+                rule.check_owners(original, own_run, getattr(part, key))
         except PathRefused as exc:
-            raise spec_field_error([section, "name_or_path"], str(exc), "path_refused") from None
+            raise spec_field_error([section, key], str(exc), "path_refused") from None
     return resolved
 
 

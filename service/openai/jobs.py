@@ -5,6 +5,7 @@ checkpoints and its result file. Nothing here is stored twice."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
@@ -158,19 +159,65 @@ def _ready_files(
     return found["training_file"], found.get("validation_file")
 
 
-def resolve(
-    body: JobCreate, settings: Settings, train: UploadedFile, valid: UploadedFile | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the native spec, the method with every "auto" resolved) of a create request."""
-    kind, hyper = _method_of(body)
-    _check_hyper("legacy" if body.method is None else kind, hyper)
-    if body.model.startswith("ft:"):
+# The spec keys a job made from a fine-tuned model keeps of the job that made it (the rest is the request's).
+_KEPT = ("model", "lora", "distributed", "resources", "training")
+# Training keys `resolve` sets from the request, dropped from the source job's training.
+_PER_JOB = ("loss_on", "method", "dpo", "seed", "eval_steps", "max_steps")
+
+
+def fine_tuned_template(repo: OpenAIRepository, settings: Settings, model: str) -> dict[str, Any]:
+    """The spec template of a job that goes on from `model`, an `ft:` name of one of this owner's
+    succeeded jobs (as OpenAI allows): the source job's model, LoRA, strategy, resources and training,
+    starting from its final/ (the adapter, trained further, for LoRA; the full weights otherwise) at the
+    source's base learning rate. Another owner's name, or one that names no model, is a 404 on `model`."""
+    job_hex = model.rsplit(":", 1)[-1]
+    native = ids.job_in("ftjob-" + job_hex)
+    found = repo.get(native) if native else None
+    if found is None or fine_tuned_model(*found) != model:
+        raise not_found(f"The model {model!r} does not exist or you do not have access to it", "model")
+    source, extra = found
+    final = runs.run_dir(settings.runs_dir, source.id) / runs.FINAL
+    if not final.is_dir():
         raise invalid(
-            "continuing from a fine-tuned model is not available yet; give a base model of GET /v1/models",
+            f"the weights of {model} are no longer on this server (its final/ folder was removed)",
             "model",
             "model_not_available",
         )
-    template = catalog(settings.openai_models).template_for(body.model)
+    template = {k: copy.deepcopy(v) for k, v in source.spec.items() if k in _KEPT and v is not None}
+    training = template.setdefault("training", {})
+    for key in _PER_JOB:
+        training.pop(key, None)
+    if extra is not None:  # the request's multiplier scales the source's base rate, not its scaled one
+        hyper = extra.method.get(extra.method["type"], {}).get("hyperparameters", {})
+        multiplier = float(hyper.get("learning_rate_multiplier") or 1.0)
+        training["learning_rate"] = float(training.get("learning_rate", 5.0e-5)) / multiplier
+    model_part = template.setdefault("model", {})
+    if template.get("lora") is not None:
+        model_part["adapter"] = str(final)  # on the source's base model (and its adapter's own LoRA shape)
+    else:
+        model_part["name_or_path"] = str(final)
+        model_part.pop("adapter", None)
+        model_part.pop("revision", None)
+    return template
+
+
+def resolve(
+    body: JobCreate,
+    settings: Settings,
+    train: UploadedFile,
+    valid: UploadedFile | None,
+    fine_tuned: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the native spec, the method with every "auto" resolved) of a create request; `fine_tuned` is the
+    template of an `ft:` model (fine_tuned_template)."""
+    kind, hyper = _method_of(body)
+    _check_hyper("legacy" if body.method is None else kind, hyper)
+    if fine_tuned is not None:
+        template: dict[str, Any] | None = fine_tuned
+    elif body.model.startswith("ft:"):
+        raise invalid(f"model {body.model!r} names no fine-tuned model of yours", "model", "model_not_found")
+    else:
+        template = catalog(settings.openai_models).template_for(body.model)
     if template is None:
         raise invalid(
             f"model {body.model!r} is not available for fine-tuning: give an alias of GET /v1/models, a hub "
@@ -213,6 +260,10 @@ def resolve(
     if valid is not None:
         dataset["eval_file_id"] = valid.id
         training["eval_steps"] = steps_per_epoch
+    if kind == "supervised" and "messages" in (train.formats or []):
+        # As OpenAI does: a chat file trains on the assistant turns only (less those with `weight: 0`),
+        # unless the operator's template chose otherwise.
+        training.setdefault("loss_on", "assistant")
     if kind == "dpo":
         beta = hyper.get("beta", "auto")
         beta = DEFAULT_BETA if beta == "auto" else float(beta)
@@ -254,8 +305,11 @@ def create(
     _check_metadata(body.metadata)
     if body.suffix is not None and not all(c.isalnum() or c in "-_" for c in body.suffix):
         raise invalid("suffix may hold letters, digits, - and _ only", "suffix")
+    fine_tuned = None
+    if body.model.startswith("ft:"):
+        fine_tuned = fine_tuned_template(OpenAIRepository(session, owner), settings, body.model)
     train, valid = _ready_files(session, FileRepository(session, owner), body, settings)
-    spec, method = resolve(body, settings, train, valid)
+    spec, method = resolve(body, settings, train, valid, fine_tuned)
     seed = int(spec["training"].get("seed", 42))
 
     def with_openai_row(job: Job) -> None:

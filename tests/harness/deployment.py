@@ -53,7 +53,15 @@ QUICK_SETTINGS: dict[str, object] = {
     "reconcile_interval_seconds": 1,
     "ingest_interval_seconds": 1,
 }
-WORKER_READY = " ready."  # what Celery logs once its consumer is up
+WORKER_READY = " ready."  # what Celery logs once its consumer is up: `celery@<host> ready.`
+# `ftq up` also runs the webhook sender, a Celery worker of its own (node `webhooks@<host>`) that logs
+# to the same output: its readiness says nothing about the worker that launches jobs.
+WEBHOOK_SENDER_NODE = "webhooks@"
+
+
+def worker_ready_lines(log: str) -> int:
+    """How many times the job worker (not the webhook sender) became ready in `log`."""
+    return sum(1 for line in log.splitlines() if WORKER_READY in line and WEBHOOK_SENDER_NODE not in line)
 
 
 class Deployment:
@@ -244,9 +252,9 @@ class Deployment:
         return self.log_path("worker" if self.separate_worker else "up")
 
     def worker_ready_count(self) -> int:
-        """How many times a worker has become ready in this deployment's logs so far."""
+        """How many times the job worker has become ready in this deployment's logs so far."""
         try:
-            return self.worker_log.read_text(errors="replace").count(WORKER_READY)
+            return worker_ready_lines(self.worker_log.read_text(errors="replace"))
         except FileNotFoundError:
             return 0
 

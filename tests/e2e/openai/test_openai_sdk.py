@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,11 @@ pytestmark = pytest.mark.slow
 
 TOKENS = {"alice": "tok-alice-e2e", "bob": "tok-bob-e2e"}
 TERMINAL = ("succeeded", "failed", "cancelled")
+# The SFT job: 96 rows, 2 a step (one on each of the tiny model's 2 processes), 2 epochs. Small steps and
+# many of them, so that a pause after step 2 reaches a run with most of its training still to go.
+SFT_ROWS, SFT_BATCH, SFT_EPOCHS = 96, 2, 2
+SFT_STEPS_PER_EPOCH = SFT_ROWS // SFT_BATCH
+SFT_STEPS = SFT_STEPS_PER_EPOCH * SFT_EPOCHS
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +68,33 @@ class Trained:
     paused: FineTuningJob  # the SFT job as it was while paused
 
 
+def _openai_preference(path: Path, n: int) -> io.BytesIO:
+    """ftq's prompt/chosen/rejected rows in OpenAI's preference format."""
+    out = []
+    for line in path.read_text().splitlines()[:n]:
+        row = json.loads(line)
+        out.append(
+            {
+                "input": {"messages": [{"role": "user", "content": row["prompt"]}]},
+                "preferred_output": [{"role": "assistant", "content": row["chosen"]}],
+                "non_preferred_output": [{"role": "assistant", "content": row["rejected"]}],
+            }
+        )
+    return io.BytesIO("".join(json.dumps(r) + "\n" for r in out).encode())
+
+
 def _pause_and_resume(client: openai.OpenAI, job_id: str, dep: Deployment) -> FineTuningJob:
-    """Pause the job after its first steps, wait until it is paused, resume it."""
+    """Pause the job after its first steps (most of its SFT_STEPS still to go, so that the pause reaches a
+    running job), wait until it is paused, resume it."""
     native = "job_" + job_id.removeprefix("ftjob-")
     deadline = time.monotonic() + 600
     while (dep.http.get(f"/jobs/{native}").json()["progress"].get("step") or 0) < 2:
         assert time.monotonic() < deadline, dep.report(native)
         time.sleep(0.5)
-    client.fine_tuning.jobs.pause(job_id)
+    assert str(client.fine_tuning.jobs.pause(job_id).status) in ("running", "queued", "paused")
+    # The pause is acknowledged (stored, the run told to stop) before the run has ended.
+    progress = dep.http.get(f"/jobs/{native}").json()
+    assert progress["status"] == "paused" or progress["progress"].get("phase") == "pausing", progress
     while str((job := client.fine_tuning.jobs.retrieve(job_id)).status) != "paused":
         assert job.status not in TERMINAL and time.monotonic() < deadline, dep.report(native)
         time.sleep(1)
@@ -81,7 +106,7 @@ def _pause_and_resume(client: openai.OpenAI, job_id: str, dep: Deployment) -> Fi
 def trained(dep: Deployment, tiny_dir: Path) -> Trained:
     client = sdk(dep)
     train = client.files.create(
-        file=("train.jsonl", _lines(tiny_dir / "chat" / "train.jsonl", 96)), purpose="fine-tune"
+        file=("train.jsonl", _lines(tiny_dir / "chat" / "train.jsonl", SFT_ROWS)), purpose="fine-tune"
     )
     valid = client.files.create(
         file=("valid.jsonl", _lines(tiny_dir / "chat" / "eval.jsonl", 16)), purpose="fine-tune"
@@ -90,13 +115,18 @@ def trained(dep: Deployment, tiny_dir: Path) -> Trained:
         model="ftq-tiny",
         training_file=train.id,
         validation_file=valid.id,
-        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 8}}},
+        method={
+            "type": "supervised",
+            "supervised": {"hyperparameters": {"n_epochs": SFT_EPOCHS, "batch_size": SFT_BATCH}},
+        },
         suffix="tiny",
         seed=11,
         metadata={"pipeline": "e2e"},
     )
+    # DPO on a file in OpenAI's own preference format (input / preferred_output / non_preferred_output).
     prefs = client.files.create(
-        file=("prefs.jsonl", _lines(tiny_dir / "preference" / "train.jsonl", 64)), purpose="fine-tune"
+        file=("prefs.jsonl", _openai_preference(tiny_dir / "preference" / "train.jsonl", 64)),
+        purpose="fine-tune",
     )
     dpo = client.fine_tuning.jobs.create(
         model="ftq-tiny",
@@ -113,13 +143,15 @@ def test_the_sft_job_succeeds_with_openai_fields(dep: Deployment, trained: Train
     assert job.fine_tuned_model == f"ft:ftq-tiny:alice:tiny:{job.id.removeprefix('ftjob-')}"
     assert job.finished_at is not None and job.finished_at >= job.created_at
     assert job.trained_tokens and job.trained_tokens > 0
-    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == 8
+    assert job.hyperparameters.n_epochs == SFT_EPOCHS and job.hyperparameters.batch_size == SFT_BATCH
     assert job.seed == 11 and job.metadata == {"pipeline": "e2e"}
     assert job.result_files and job.training_file.startswith("file-")
     assert job.fine_tuned_model in [m.id for m in sdk(dep).models.list()]
     # An ordinary ftq job underneath.
     native = dep.http.get(f"/jobs/job_{job.id.removeprefix('ftjob-')}").json()
-    assert native["status"] == "succeeded" and native["spec"]["training"]["num_train_epochs"] == 2
+    assert native["status"] == "succeeded" and native["spec"]["training"]["num_train_epochs"] == SFT_EPOCHS
+    # Like OpenAI's, the loss of a chat file covers the assistant turns only (less those with weight 0).
+    assert native["spec"]["training"]["loss_on"] == "assistant"
 
 
 def test_events_walk_every_page_newest_first_with_metrics(dep: Deployment, trained: Trained) -> None:
@@ -130,19 +162,23 @@ def test_events_walk_every_page_newest_first_with_metrics(dep: Deployment, train
     assert events[-1].message == "Created fine-tuning job"
     metrics = [cast(dict[str, Any], e.data) for e in events if e.type == "metrics"]
     steps = [data["step"] for data in metrics]
-    assert steps == sorted(steps, reverse=True) and max(steps) == 24  # 96 rows / 8 a step x 2 epochs
+    assert steps == sorted(steps, reverse=True) and max(steps) == SFT_STEPS
     # Every training step's loss and learning rate (the last point may be the final evaluation alone).
-    assert all("train_loss" in d and "learning_rate" in d for d in metrics if d["step"] != 24)
+    assert all("train_loss" in d and "learning_rate" in d for d in metrics if d["step"] != SFT_STEPS)
     assert any("valid_loss" in d for d in metrics)
 
 
 def test_checkpoints_carry_openai_metric_names(dep: Deployment, trained: Trained) -> None:
     ckpts = list(sdk(dep).fine_tuning.jobs.checkpoints.list(trained.sft.id, limit=1))
-    assert [c.step_number for c in ckpts] == [24, 12]  # one per epoch, newest first
+    # One per epoch, newest first, and the one the pause saved.
+    steps = [c.step_number for c in ckpts]
+    assert steps == sorted(steps, reverse=True) and steps[:2] == [SFT_STEPS, SFT_STEPS_PER_EPOCH]
+    assert len(steps) <= 3 and len(set(steps)) == len(steps)
     for c in ckpts:
         assert c.fine_tuned_model_checkpoint == f"{trained.sft.fine_tuned_model}:ckpt-step-{c.step_number}"
-        assert c.metrics.train_loss is not None and c.metrics.valid_loss is not None
-        assert c.metrics.full_valid_loss == c.metrics.valid_loss
+        assert c.metrics.train_loss is not None
+    for c in ckpts[:2]:  # the epochs' checkpoints were evaluated
+        assert c.metrics.valid_loss is not None and c.metrics.full_valid_loss == c.metrics.valid_loss
 
 
 def test_a_paused_job_resumes_from_its_checkpoint_and_succeeds(dep: Deployment, trained: Trained) -> None:
@@ -154,7 +190,13 @@ def test_a_paused_job_resumes_from_its_checkpoint_and_succeeds(dep: Deployment, 
         for e in sdk(dep).fine_tuning.jobs.list_events(trained.sft.id)
         if e.type == "metrics"
     ]
-    assert set(range(1, 25)) <= set(steps) and max(steps) == 24
+    paused_at = [
+        cast(dict[str, Any], e.data).get("step")
+        for e in sdk(dep).fine_tuning.jobs.list_events(trained.sft.id)
+        if e.type == "message" and cast(dict[str, Any], e.data).get("ftq_type") == "job.paused"
+    ]
+    assert len(paused_at) == 1 and paused_at[0] is not None and 2 <= paused_at[0] < SFT_STEPS, paused_at
+    assert max(steps) == SFT_STEPS and any(s > paused_at[0] for s in steps)
 
 
 def test_the_result_file_is_openai_csv(dep: Deployment, trained: Trained) -> None:
@@ -181,6 +223,9 @@ def test_a_dpo_job_trains_with_its_beta(dep: Deployment, trained: Trained) -> No
     assert job.method.dpo.hyperparameters.beta == 0.2
     native = dep.http.get(f"/jobs/job_{job.id.removeprefix('ftjob-')}").json()
     assert native["spec"]["training"]["method"] == "dpo" and native["spec"]["training"]["dpo"]["beta"] == 0.2
+    # It trained on OpenAI's preference rows, found by the file's format.
+    upload = dep.http.get(f"/files/{native['spec']['dataset']['file_id']}").json()
+    assert upload["formats"] == ["openai_preference"], upload
 
 
 def test_cancel_and_owners_apart(dep: Deployment, trained: Trained, tiny_dir: Path) -> None:
@@ -206,3 +251,28 @@ def test_cancel_and_owners_apart(dep: Deployment, trained: Trained, tiny_dir: Pa
     assert trained.sft.fine_tuned_model not in [m.id for m in bob.models.list()]
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{dep.url}/v1", api_key="nope", max_retries=0).fine_tuning.jobs.list()
+
+
+def _first_train_loss(client: openai.OpenAI, job_id: str) -> float:
+    metrics = [cast(dict[str, Any], e.data) for e in client.fine_tuning.jobs.list_events(job_id)]
+    return float(min((d for d in metrics if "train_loss" in d), key=lambda d: d["step"])["train_loss"])
+
+
+def test_a_fine_tuned_model_goes_on_training_from_its_adapter(dep: Deployment, trained: Trained) -> None:
+    """`model="ft:..."`: the SFT job's LoRA adapter trained further (a short run, 12 steps): it starts
+    where the SFT job ended, not from the base model's loss."""
+    client = sdk(dep)
+    assert trained.sft.fine_tuned_model
+    job = client.fine_tuning.jobs.create(
+        model=trained.sft.fine_tuned_model,
+        training_file=trained.sft.training_file,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 8}}},
+    )
+    native = "job_" + job.id.removeprefix("ftjob-")
+    assert _wait(client, job.id, dep).status == "succeeded", dep.report(native)
+    source = "job_" + trained.sft.id.removeprefix("ftjob-")
+    spec = dep.http.get(f"/jobs/{native}").json()["spec"]
+    assert spec["model"]["adapter"].endswith(f"/runs/{source}/final") and spec["lora"] is not None
+    assert job.model == trained.sft.fine_tuned_model
+    # The base model's first loss (the SFT job's) is well above where the adapter left it.
+    assert _first_train_loss(client, job.id) < _first_train_loss(client, trained.sft.id) - 0.5

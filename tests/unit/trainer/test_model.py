@@ -56,3 +56,46 @@ def test_placeholders_hold_no_weights_but_rank_0s_buffers_and_ties(
         assert buf.device.type == "cpu" and torch.equal(buf, buffers[name]), name
     # FSDP must see one shared parameter, as rank 0's model has, or the ranks' units disagree.
     assert built.lm_head.weight is built.model.embed_tokens.weight
+
+
+def test_an_adapter_is_loaded_trainable_with_its_own_weights(tied_model: Path, tmp_path: Path) -> None:
+    """A job that goes on from a LoRA job's final/ (model.adapter) trains that adapter, not a new one."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trainer.model import load_adapter
+
+    base: Any = AutoModelForCausalLM.from_pretrained(tied_model)
+    made: Any = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in made.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.5)  # not PEFT's zeros, so that the load is seen
+    made.save_pretrained(tmp_path / "final")
+
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name_or_path": str(tied_model), "adapter": str(tmp_path / "final")},
+            "lora": {"r": 4},
+            "dataset": {"name_or_path": "/data/train.jsonl"},
+            "training": {"max_steps": 1},
+        }
+    )
+    loaded: Any = load_adapter(load_model(spec, torch.float32, "sdpa"), str(spec.model.adapter))
+    trainable = {n: p for n, p in loaded.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert all(torch.all(p == 0.5) for n, p in trainable.items() if "lora_B" in n)
+
+
+def test_an_adapter_needs_lora() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="adapter"):
+        JobSpec.model_validate(
+            {
+                "model": {"name_or_path": "/m", "adapter": "/runs/job_x/final"},
+                "dataset": {"name_or_path": "/data/train.jsonl"},
+                "training": {"max_steps": 1},
+            }
+        )

@@ -266,3 +266,110 @@ def test_a_job_created_right_after_the_upload_waits_for_the_validation(
     finally:
         later.join()
     assert job.status == "queued" and sdk.files.retrieve(train.id).status == "processed"
+
+
+def _succeed(v1_id: str, tiny_dir: Path) -> Path:
+    """Record the job `ftjob-<hex>` succeeded, as the controller does, with a final/ folder (the tiny
+    model: what a job's model is checked for when it is created); returns the folder."""
+    import shutil
+
+    from ftq.contract import runs
+    from ftq.contract.status import JobStatus
+    from ftq.runtime.settings import get_settings
+    from ftq.store import repository
+    from ftq.store.db import session_scope
+
+    native = "job_" + v1_id.removeprefix("ftjob-")
+    with session_scope() as s:
+        assert repository.JOBS.mark_starting(s, native, resources=None)
+        assert repository.JOBS.mark_running(s, native, external_id=None, pid=None, pid_start_ticks=None)
+        assert repository.JOBS.mark_finished(s, native, JobStatus.succeeded, exit_code=0)
+    final = runs.run_dir(get_settings().runs_dir, native) / runs.FINAL
+    final.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_dir / "model", final)
+    return final.resolve()
+
+
+def test_a_fine_tuned_model_goes_on_training_from_its_final_folder(
+    make_client: MakeClient, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """`model="ft:..."` of one of this owner's succeeded jobs: its LoRA adapter trained further on the
+    same base (model.adapter), or its full weights (model.name_or_path); another owner's is a 404."""
+    catalog = tmp_path / "models.yaml"
+    catalog.write_text(
+        json.dumps(
+            {
+                "default": "tiny-lora",
+                "models": {
+                    "tiny-lora": {
+                        "model": {"name_or_path": "./tiny/model"},
+                        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+                        "resources": {"device": "cpu", "processes_per_node": 1},
+                        "training": {"learning_rate": 1.0e-3, "max_seq_len": 128},
+                    },
+                    "tiny-full": {
+                        "model": {"name_or_path": "./tiny/model"},
+                        "resources": {"device": "cpu", "processes_per_node": 1},
+                        "training": {"learning_rate": 1.0e-4, "max_seq_len": 128},
+                    },
+                },
+            }
+        )
+    )
+    client = make_client(api_tokens=TOKENS, openai_file_wait_seconds="0", openai_models=str(catalog))
+    alice, bob = _sdk(client), _sdk(client, "tok-bob")
+    train = _upload(alice, _chat_lines(tiny_dir, 8))
+    lora = alice.fine_tuning.jobs.create(
+        model="tiny-lora",
+        training_file=train,
+        suffix="a",
+        hyperparameters={"learning_rate_multiplier": 2, "n_epochs": 1},
+    )
+    full = alice.fine_tuning.jobs.create(model="tiny-full", training_file=train)
+    lora_final, full_final = _succeed(lora.id, tiny_dir), _succeed(full.id, tiny_dir)
+    lora_name = alice.fine_tuning.jobs.retrieve(lora.id).fine_tuned_model
+    full_name = alice.fine_tuning.jobs.retrieve(full.id).fine_tuned_model
+    assert lora_name and full_name and {lora_name, full_name} <= {m.id for m in alice.models.list()}
+
+    more = alice.fine_tuning.jobs.create(model=lora_name, training_file=train, suffix="more")
+    assert more.model == lora_name and more.status == "queued"
+    spec = _native_job(client, more.id)["spec"]
+    source = _native_job(client, lora.id)["spec"]
+    assert spec["model"]["adapter"] == str(lora_final)
+    assert spec["model"]["name_or_path"] == source["model"]["name_or_path"]
+    assert spec["lora"] == source["lora"]
+    # The request's multiplier (1 here) scales the source's base rate, not the rate it trained at.
+    assert source["training"]["learning_rate"] == 2.0e-3 and spec["training"]["learning_rate"] == 1.0e-3
+    assert spec["training"]["loss_on"] == "assistant"
+
+    again = alice.fine_tuning.jobs.create(model=full_name, training_file=train)
+    spec = _native_job(client, again.id)["spec"]
+    assert spec["model"]["name_or_path"] == str(full_final) and spec.get("lora") is None
+    assert spec["model"].get("adapter") is None
+
+    # Another owner's fine-tuned model, and names of none: a 404 naming `model`.
+    bob_train = _upload(bob, _chat_lines(tiny_dir, 8))
+    for name in (lora_name, lora_name.replace(":a:", ":b:"), "ft:tiny-lora:alice::" + "0" * 16, "ft:x"):
+        with pytest.raises(openai.NotFoundError) as got:
+            (alice if name != lora_name else bob).fine_tuning.jobs.create(
+                model=name, training_file=train if name != lora_name else bob_train
+            )
+        assert _body(got.value)["param"] == "model", name
+    # A job that has not succeeded names no model either.
+    queued = alice.fine_tuning.jobs.create(model="tiny-lora", training_file=train)
+    with pytest.raises(openai.NotFoundError):
+        alice.fine_tuning.jobs.create(
+            model=f"ft:tiny-lora:alice::{queued.id.removeprefix('ftjob-')}", training_file=train
+        )
+    # The native spec's model.adapter is checked as model.name_or_path is: another owner's run is refused.
+    foreign = {
+        "model": {"name_or_path": "./tiny/model", "adapter": str(lora_final)},
+        "lora": {"r": 4},
+        "dataset": {"file_id": "file_" + bob_train.removeprefix("file-")},
+        "resources": {"device": "cpu", "processes_per_node": 1},
+        "training": {"max_steps": 1},
+    }
+    refused = client.post("/jobs", json=foreign, headers={"Authorization": "Bearer tok-bob"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"] == ["body", "model", "adapter"]
+    assert refused.json()["detail"][0]["type"] == "path_refused"
