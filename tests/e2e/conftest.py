@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.bank import Bank, BankedRun, finished, open_bank
-from tests.e2e.session import AUTH_OWNER, AUTH_TOKEN, TINY_SPEC, FinishedJob, Walkthrough
+from tests.e2e.session import AUTH_OWNER, AUTH_TOKEN, TINY_SPEC, FinishedJob, Walkthrough, session_dpo_spec
 from tests.harness import Deployment, run_ftq, tiny_assets
 
 
@@ -48,6 +48,13 @@ def finished_job(server: Deployment, walkthrough: Walkthrough) -> FinishedJob:
     match = re.search(r"submitted (job_[0-9a-f]+)", result.stdout)
     assert match, f"no job id in the output of ftq submit:\n{result.stdout}\n{result.stderr}"
     return FinishedJob(result=result, job_id=match.group(1))
+
+
+@pytest.fixture(scope="session")
+def dpo_job(server: Deployment) -> str:
+    """The session's DPO job (session.session_dpo_spec()), posted on `server` and not waited for: the
+    methods test reads its reward metrics through the API, the dashboard test its method charts."""
+    return str(server.post_job(session_dpo_spec())["id"])
 
 
 # The bank of shared trained runs (tests/e2e/bank.py): built by the first test that asks for it.
