@@ -1,5 +1,6 @@
 """What the end-to-end session shares (its fixtures are in conftest.py): the shipped example its job runs,
-the auth server's token, the finished job, and the curl walkthrough running in the background."""
+the auth server's token, the finished job, the curl walkthrough running in the background, and the DPO
+job's spec."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tests.harness import REPO, CliResult, Deployment, clean_env
+from tests.harness import REPO, TINY_RELATIVE, CliResult, Deployment, clean_env, tiny_spec
 
 # The shipped example the session's job runs (FTQ_TEST_TINY_SPEC: another while developing).
 TINY_SPEC = Path(os.environ.get("FTQ_TEST_TINY_SPEC") or REPO / "examples" / "tiny-cpu.yaml")
@@ -55,3 +57,23 @@ class Walkthrough:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+def dpo_spec(dataset: str, **training: Any) -> dict[str, Any]:
+    """A DPO job with LoRA on the tiny model (`dataset` under examples/tiny), 10 steps. One process
+    (sharding is not the point here) taking the 8 sequences a step that two took 4 each of."""
+    spec = tiny_spec(TINY_RELATIVE, name="dpo", max_steps=10)
+    spec["dataset"] = {"name_or_path": f"{TINY_RELATIVE}/{dataset}"}
+    spec["training"].update(
+        method="dpo", learning_rate=5e-3, per_device_train_batch_size=8, dpo={"beta": 0.1}, **training
+    )
+    spec["lora"]["r"], spec["lora"]["alpha"] = 8, 16
+    return spec
+
+
+def session_dpo_spec() -> dict[str, Any]:
+    """The session's DPO job (`dpo_job`): dpo_spec on the preference folder, whose eval.jsonl is its eval
+    split, with an evaluation at steps 5 and 10."""
+    spec = dpo_spec("preference", eval_steps=5)
+    spec["dataset"]["eval_split"] = "eval"
+    return spec

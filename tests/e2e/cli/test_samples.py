@@ -1,43 +1,32 @@
-"""Samples during training end to end, through HTTP only on a real `ftq up` with two owners: the tiny job
-with an eval split and two sample prompts succeeds, and GET /jobs/{id}/samples holds one completion per
-prompt per evaluation (the steps its eval loss was logged at); `ftq samples` and the SDK show the same;
-another owner gets 404; bad sample settings are a 422 naming the field."""
+"""Samples during training end to end, through HTTP only on a real `ftq up` with two owners (the bank's,
+tests/e2e/bank.py): its rich job, with an eval split and two sample prompts, succeeds, and GET
+/jobs/{id}/samples holds one completion per prompt per evaluation (the steps its eval loss was logged at);
+`ftq samples` and the SDK show the same; another owner gets 404; bad sample settings are a 422 naming the
+field."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ftq.client import Client
-from tests.harness import TINY_RELATIVE, Deployment, run_ftq, tiny_assets, tiny_spec
-
-ALICE, BOB = "samples-alice-token", "samples-bob-token"
-PROMPTS = ["one two three", "the cat"]
+from tests.e2e.bank import ALICE, BOB, PROMPTS, BankedRun, rich_spec
+from tests.harness import Deployment, run_ftq
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    tiny_assets()
-    d = Deployment(tmp_path_factory.mktemp("samples"), tokens={"alice": ALICE, "bob": BOB}).start()
-    yield d
-    d.close(cancel_active=True)
+def dep(bank_dep: Deployment) -> Deployment:
+    return bank_dep
+
+
+@pytest.fixture(scope="module")
+def finished(rich_job: BankedRun) -> str:
+    return rich_job.id
 
 
 def sampled_spec() -> dict[str, Any]:
-    spec = tiny_spec(TINY_RELATIVE, name="samples", max_steps=4, eval_steps=2)
-    spec["dataset"] = {"name_or_path": f"{TINY_RELATIVE}/data", "eval_split": "eval"}
-    spec["eval"] = {"sample_prompts": PROMPTS, "sample_max_new_tokens": 8}
-    return spec
-
-
-@pytest.fixture(scope="module")
-def finished(dep: Deployment) -> str:
-    job = dep.post_job(sampled_spec())
-    done = dep.wait_terminal(job["id"], timeout=400)
-    assert done["status"] == "succeeded", dep.report(job["id"])
-    return str(job["id"])
+    return rich_spec()
 
 
 @pytest.mark.slow  # a real tiny training run

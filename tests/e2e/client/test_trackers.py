@@ -1,8 +1,9 @@
 """Experiment trackers end to end: a real `ftq up` whose operator settings say where runs log (W&B
-offline, a real `mlflow server` on loopback), and the tiny job asking for all three trackers. What each
-tracker holds is read back with its own format: MLflow's metric history over its REST API, the offline
-W&B run file (protobuf records), TensorBoard's event files with its EventAccumulator; each equals ftq's
-points from GET /jobs/{id}/metrics. The job shows its tracker runs; nothing leaves loopback.
+offline, a real `mlflow server` on loopback), and the tiny job asking for all three trackers (the bank's
+rich job, tests/e2e/bank.py). What each tracker holds is read back with its own format: MLflow's metric
+history over its REST API, the offline W&B run file (protobuf records), TensorBoard's event files with
+its EventAccumulator; each equals ftq's points from GET /jobs/{id}/metrics. The job shows its tracker
+runs; nothing leaves loopback.
 
 Issue 28: the operator's URL carries credentials (finding 3), which no job, log, event or run file
 shows; the trainer checks the server answers before the model loads (finding 6), and once the server is
@@ -10,12 +11,8 @@ down, a job trains on with a job.warning (FTQ_TRACKER_FAILURE=continue, the defa
 
 from __future__ import annotations
 
-import os
-import signal
 import struct
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,91 +20,34 @@ import httpx
 import pytest
 
 from ftq.client import Client
-from tests.harness import REPO, TINY_RELATIVE, Deployment, free_port, tiny_assets, tiny_spec, wait_until
+from tests.e2e.bank import ALICE, EXPERIMENT, MLFLOW_PASSWORD, BankedRun, MlflowServer
+from tests.harness import TINY_RELATIVE, Deployment, tiny_spec
 
 pytestmark = pytest.mark.slow
 
-MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"  # `make test` makes it (see the Makefile)
-EXPERIMENT = "ftq-e2e"
-# The operator's credentials in FTQ_MLFLOW_TRACKING_URI (the server has no auth: it ignores them).
-PASSWORD = "op-s3cret-pw"
 
-
-@dataclass
-class MlflowServer:
-    """A real MLflow tracking server on 127.0.0.1, its store a SQLite file of its own."""
-
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def up(self) -> bool:
-        assert self.proc.poll() is None, self.log.read_text()[-3000:]
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+@pytest.fixture(scope="module")
+def dep(rich_job: BankedRun) -> Deployment:
+    return rich_job.dep
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """The server, started (not yet waited for: ftq starts meanwhile, see `dep`)."""
-    assert MLFLOW.exists(), f"{MLFLOW} is missing: `make .venv-mlflow/bin/mlflow` (or `make test`) builds it"
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    with (root / "server.log").open("w") as log:
-        proc = subprocess.Popen(
-            [
-                str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                "--default-artifact-root", str(root / "artifacts"),
-            ],
-            cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            # No background job runner (a dozen worker processes the tests do not use).
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        )  # fmt: skip
-    try:
-        yield MlflowServer(f"http://127.0.0.1:{port}", proc, root / "server.log")
-    finally:
-        if proc.poll() is None:  # the last test stops it itself
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn process it starts
-            proc.wait(timeout=30)
+def mlflow_url(rich_job: BankedRun) -> str:
+    return rich_job.bank.mlflow.url
 
 
 @pytest.fixture(scope="module")
-def mlflow_url(mlflow_server: MlflowServer, dep: Deployment) -> str:
-    """The tracking server's URL once it answers (it started while `dep` did)."""
-    wait_until("mlflow server up", mlflow_server.up, timeout=300)
-    return mlflow_server.url
+def mlflow_server(rich_job: BankedRun) -> MlflowServer:
+    return rich_job.bank.mlflow
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory: pytest.TempPathFactory, mlflow_server: MlflowServer) -> Iterator[Deployment]:
-    tiny_assets()
-    with_credentials = mlflow_server.url.replace("http://", f"http://ftq-op:{PASSWORD}@")
-    settings = {"wandb_mode": "offline", "mlflow_tracking_uri": with_credentials}
-    d = Deployment(tmp_path_factory.mktemp("trackers"), settings=settings).start()
-    yield d
-    d.close(cancel_active=True)
-
-
-@pytest.fixture(scope="module")
-def job(dep: Deployment, mlflow_url: str) -> dict[str, Any]:
-    spec = tiny_spec(TINY_RELATIVE, name="tracked", max_steps=4, eval_steps=2)
-    spec["dataset"] = {"name_or_path": f"{TINY_RELATIVE}/data", "eval_split": "eval"}
-    spec["integrations"] = {
-        "wandb": {"project": "ftq-e2e", "tags": ["tiny", "e2e"]},
-        "mlflow": {"experiment": EXPERIMENT},
-        "tensorboard": True,
-    }
-    posted = dep.post_job(spec)
-    done = dep.wait_terminal(posted["id"], timeout=400)
-    assert done["status"] == "succeeded", dep.report(posted["id"])
-    return dict(dep.get(f"/jobs/{posted['id']}"))
+def job(rich_job: BankedRun) -> dict[str, Any]:
+    return rich_job.job
 
 
 def ftq_points(dep: Deployment, job_id: str, field: str) -> list[tuple[int, float]]:
-    with Client(dep.url) as client:
+    with Client(dep.url, ALICE) as client:
         return [
             (p.step, float(getattr(p, field)))
             for p in client.jobs.iter_metrics(job_id)
@@ -213,11 +153,11 @@ def test_the_operators_tracker_credentials_reach_no_tenant(dep: Deployment, job:
         json.dumps(dep.get(f"/jobs/{job['id']}/events")),
     ]
     for text in answers:
-        assert PASSWORD not in text and "ftq-op" not in text
+        assert MLFLOW_PASSWORD not in text and "ftq-op" not in text
     run_dir = dep.run_dir(job["id"])
     for path in run_dir.rglob("*"):
         if path.is_file() and not path.is_symlink() and path.stat().st_size < 50_000_000:
-            assert PASSWORD.encode() not in path.read_bytes(), path
+            assert MLFLOW_PASSWORD.encode() not in path.read_bytes(), path
 
 
 def test_the_reachability_check_finds_the_real_server(mlflow_url: str) -> None:
@@ -229,10 +169,10 @@ def test_the_reachability_check_finds_the_real_server(mlflow_url: str) -> None:
 def test_with_the_server_down_a_job_trains_on_and_warns(
     dep: Deployment, job: dict[str, Any], mlflow_server: MlflowServer
 ) -> None:
-    """Finding 6, last in this module: it stops the server. The port is then closed; the job does not
-    spend minutes in MLflow's retries, it trains on (continue) and says why in a job.warning."""
-    os.killpg(mlflow_server.proc.pid, signal.SIGTERM)
-    mlflow_server.proc.wait(timeout=30)
+    """Finding 6, last in this module: it stops the bank's MLflow server. The port is then closed; the
+    job does not spend minutes in MLflow's retries, it trains on (continue) and says why in a
+    job.warning."""
+    mlflow_server.stop()  # the bank's: no later test reads MLflow (the bank's teardown stops it again)
     spec = tiny_spec(TINY_RELATIVE, name="tracker-down", max_steps=2)
     spec["integrations"] = {"mlflow": {"experiment": EXPERIMENT}}
     posted = dep.post_job(spec)
@@ -242,7 +182,11 @@ def test_with_the_server_down_a_job_trains_on_and_warns(
     warnings = [e for e in events if e["type"] == "job.warning"]
     assert [w["data"]["kind"] for w in warnings] == ["tracker_unreachable"], events
     message = warnings[0]["data"]["message"]
-    assert "FTQ_MLFLOW_TRACKING_URI" in message and mlflow_server.url in message and PASSWORD not in message
+    assert (
+        "FTQ_MLFLOW_TRACKING_URI" in message
+        and mlflow_server.url in message
+        and MLFLOW_PASSWORD not in message
+    )
     assert [s for s, _ in ftq_points(dep, posted["id"], "loss")] == [1, 2]  # every metric kept in ftq
 
 

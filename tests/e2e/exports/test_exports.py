@@ -1,55 +1,36 @@
-"""Exports end to end, through HTTP on a real `ftq up` with two owners: the tiny LoRA job succeeds and its
-final/ carries a model card; a merged bf16 export runs as a launch of its own, and the folder it writes
-loads with AutoModelForCausalLM and generates what base + adapter generate; an adapter export loads with
-PEFT; the rules (409 for a job that has not succeeded and for `adapter` of a full fine-tune, one export
-per identical request, 404 for another owner, 422 naming the field); cancel of a running export; a push
-to an unreachable Hub fails fast with hub_error; the CLI's `ftq export --follow` and `ftq exports`."""
+"""Exports end to end, through HTTP on a real `ftq up` with two owners (the bank's, tests/e2e/bank.py, with a
+Hub token and a Hub endpoint where nothing listens): its tiny LoRA job (the rich job) and its full
+fine-tune succeed, and the LoRA job's final/ carries a model card; a merged bf16 export runs as a launch of
+its own, and the folder it writes loads with AutoModelForCausalLM and generates what base + adapter
+generate; an adapter export loads with PEFT; the rules (409 for a job that has not succeeded and for
+`adapter` of a full fine-tune, one export per identical request, 404 for another owner, 422 naming the
+field); cancel of a running export; a push to an unreachable Hub fails fast with hub_error; the CLI's `ftq
+export --follow` and `ftq exports`."""
 
 from __future__ import annotations
 
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import (
-    QUICK_SETTINGS,
-    TINY,
-    TINY_RELATIVE,
-    Deployment,
-    free_port,
-    procs_with,
-    run_ftq,
-    tiny_assets,
-    tiny_spec,
-    wait_until,
-)
+from tests.e2e.bank import ALICE, BOB, BankedRun
+from tests.harness import TINY, TINY_RELATIVE, Deployment, procs_with, run_ftq, tiny_spec, wait_until
 from tests.harness.inprocess import MakeClient
 
 pytestmark = pytest.mark.slow
 
-ALICE, BOB = "alice-export-token-0001", "bob-export-token-0002"
 TERMINAL = ("succeeded", "failed", "cancelled")
 PROMPT = "The quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """`ftq up` with tokens for alice and bob, a Hub token, and a Hub endpoint where nothing listens."""
-    tiny_assets()
-    root = tmp_path_factory.mktemp("exports")
-    with Deployment(
-        root,
-        tokens={"alice": ALICE, "bob": BOB},
-        settings={**QUICK_SETTINGS, "hub_token": "hf_operator_token_for_tests"},
-        env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"},
-    ) as d:
-        yield d
-        d.close(cancel_active=True)
+def dep(bank_dep: Deployment) -> Deployment:
+    """The bank's `ftq up`: tokens for alice and bob, a Hub token, a Hub endpoint where nothing listens."""
+    return bank_dep
 
 
 def alice(dep: Deployment) -> httpx.Client:
@@ -77,34 +58,15 @@ def wait_export(
 
 
 @pytest.fixture(scope="module")
-def posted(dep: Deployment) -> dict[str, str]:
-    """The module's two jobs, posted together so that they train side by side: a LoRA job of 4 steps and
-    a full fine-tune of 2."""
-    full = tiny_spec(TINY_RELATIVE, name="full", max_steps=2)
-    full["lora"] = None
-    ids = {}
-    with alice(dep) as c:
-        for kind, spec in (("lora", tiny_spec(TINY_RELATIVE, name="lora", max_steps=4)), ("full", full)):
-            r = c.post("/jobs", json=spec)
-            assert r.status_code == 201, r.text
-            ids[kind] = str(r.json()["id"])
-    return ids
-
-
-def succeeded(dep: Deployment, job_id: str) -> str:
-    job = dep.wait_terminal(job_id, timeout=400)
-    assert job["status"] == "succeeded", dep.report(job_id)
-    return job_id
+def lora_job(rich_job: BankedRun) -> str:
+    """A LoRA job of 4 steps on one process (the bank's rich job; it trained beside `full_job`)."""
+    return rich_job.id
 
 
 @pytest.fixture(scope="module")
-def lora_job(dep: Deployment, posted: dict[str, str]) -> str:
-    return succeeded(dep, posted["lora"])
-
-
-@pytest.fixture(scope="module")
-def full_job(dep: Deployment, posted: dict[str, str]) -> str:
-    return succeeded(dep, posted["full"])
+def full_job(bank_full_job: BankedRun) -> str:
+    """A full fine-tune of 2 steps (the bank's)."""
+    return bank_full_job.id
 
 
 @pytest.fixture(scope="module")

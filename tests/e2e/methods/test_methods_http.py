@@ -8,34 +8,22 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.session import dpo_spec, session_dpo_spec
 from tests.harness import TINY_RELATIVE, Deployment, tiny_assets, tiny_spec
 
 DPO_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    tiny_assets()
-    with Deployment(tmp_path_factory.mktemp("methods"), mode="up", settings={"cpu_slots": 4}) as d:
-        yield d
-
-
-def dpo_spec(dataset: str, **training: Any) -> dict[str, Any]:
-    # One process (sharding is not the point here) taking the 8 sequences a step that two took 4 each of.
-    spec = tiny_spec(TINY_RELATIVE, name="dpo", max_steps=10)
-    spec["dataset"] = {"name_or_path": f"{TINY_RELATIVE}/{dataset}"}
-    spec["training"].update(
-        method="dpo", learning_rate=5e-3, per_device_train_batch_size=8, dpo={"beta": 0.1}, **training
-    )
-    spec["lora"]["r"], spec["lora"]["alpha"] = 8, 16
-    return spec
+def dep(server: Deployment) -> Deployment:
+    """The session's `ftq up` (no tokens)."""
+    return server
 
 
 def upload(dep: Deployment, path: Path) -> dict[str, Any]:
@@ -58,24 +46,23 @@ def upload(dep: Deployment, path: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class DpoJobs:
-    local: str  # 10 steps on the local preference file
+    local: str  # 10 steps on the local preference files (the session's `dpo_job`)
     upload: str  # 3 steps on the same rows uploaded through POST /files
     prefs: dict[str, Any]  # that upload, validated
 
 
 @pytest.fixture(scope="module")
-def dpo_jobs(dep: Deployment) -> DpoJobs:
+def dpo_jobs(dep: Deployment, dpo_job: str) -> DpoJobs:
     """The module's two DPO jobs, posted together so that they train side by side."""
     prefs = upload(dep, tiny_assets() / "preference" / "train.jsonl")
     on_upload = dpo_spec("preference/train.jsonl", max_steps=3)
     on_upload["dataset"] = {"file_id": prefs["id"]}
-    local = dep.post_job(dpo_spec("preference/train.jsonl"))["id"]
-    return DpoJobs(local=local, upload=dep.post_job(on_upload)["id"], prefs=prefs)
+    return DpoJobs(local=dpo_job, upload=dep.post_job(on_upload)["id"], prefs=prefs)
 
 
 @pytest.mark.slow
 def test_a_dpo_job_trains_and_its_reward_metrics_reach_the_api(dep: Deployment, dpo_jobs: DpoJobs) -> None:
-    plan = dep.dry_run(dpo_spec("preference/train.jsonl"))
+    plan = dep.dry_run(session_dpo_spec())
     assert plan["trainer"] == "trl.DPOTrainer" and plan["warnings"] == []
 
     job_id = dpo_jobs.local

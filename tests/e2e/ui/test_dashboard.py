@@ -301,19 +301,16 @@ def _variation(d: str) -> float:
     return sum(abs(a - b) for a, b in itertools.pairwise(ys))
 
 
-@pytest.mark.slow  # a real tiny DPO run
-def test_method_metrics_get_a_chart_per_name_group(server: Deployment, page: Any) -> None:
+@pytest.mark.slow  # a real tiny DPO run (the session's, which test_methods_http reads too)
+def test_method_metrics_get_a_chart_per_name_group(server: Deployment, dpo_job: str, page: Any) -> None:
     """Point.extra on the job page: DPO's rewards/* (train, and eval as markers) in one `rewards` chart."""
-    spec = example_spec("tiny-dpo-cpu.yaml", max_steps=4, eval_steps=2, save_steps=None, logging_steps=1)
-    spec["resources"]["processes_per_node"] = 1
-    spec["distributed"]["strategy"] = "none"
-    job_id = server.post_job(spec)["id"]
+    job_id = dpo_job  # 10 steps, logged at each, evaluated at 5 and 10
     job = server.wait_terminal(job_id, timeout=600)
     assert job["status"] == "succeeded", server.report(job_id)
     points = server.get(f"/jobs/{job_id}/metrics")["data"]
     n = sum(p["extra"] is not None and "rewards/margins" in p["extra"] for p in points)
     n_eval = sum(p["extra"] is not None and "eval_rewards/margins" in p["extra"] for p in points)
-    assert (n, n_eval) == (4, 2), points
+    assert (n, n_eval) == (10, 2), points
 
     page.goto(f"{server.url}/ui/jobs/{job_id}")
     expect(page.locator("#refresh-state")).to_contain_text("no more updates", timeout=30_000)

@@ -1,6 +1,7 @@
 """The job page's artifacts card in real headless Chromium: every file of the run with a download link
-and a .tar link per folder; a click saves the bytes the API lists (sha256), with auth off (a plain link)
-and on (the tab's token sent by the page, which a plain link could not carry)."""
+and a .tar link per folder; a click saves the bytes the API lists (sha256), with auth off (a plain link, the
+session's server) and on (the bank's: the tab's token sent by the page, which a plain link could not
+carry)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.bank import ALICE, BankedRun
 from tests.e2e.session import FinishedJob
-from tests.harness import ARTIFACTS, Deployment, config_only_model, text_dataset
+from tests.harness import ARTIFACTS, Deployment
 
 pytestmark = pytest.mark.browser
 
@@ -59,34 +61,22 @@ def test_job_page_lists_artifacts_with_download_links(
         assert "final/adapter_model.safetensors" in tar.getnames()
 
 
-def test_with_a_token_a_click_downloads_through_the_api(tmp_path: Path, page: Any) -> None:
-    data = tmp_path / "data"
-    config_only_model(data / "model")
-    text_dataset(data / "data" / "train.jsonl")
-    with Deployment(tmp_path, mode="api", data_dir=data, tokens={"ann": "ann-ui-token"}) as dep:
-        job = dep.post_job(
-            {
-                "name": "ui-artifacts",
-                "model": {"name_or_path": "./model"},
-                "dataset": {"name_or_path": "./data/train.jsonl", "text_field": "text"},
-                "training": {"max_steps": 1, "max_seq_len": 32, "mixed_precision": "no"},
-                "resources": {"device": "cpu", "processes_per_node": 1},
-            }
-        )
-        dep.cancel(job["id"])  # a terminal job: the page stops polling
-        final = dep.run_dir(job["id"]) / "final"
-        final.mkdir(parents=True)
-        content = bytes(range(256)) * 40
-        (final / "adapter_model.safetensors").write_bytes(content)
-        page.goto(f"{dep.url}/ui/jobs/{job['id']}?token=ann-ui-token")
-        link = page.locator('#artifact-files tr[data-path="final/adapter_model.safetensors"] a')
-        expect(link).to_be_visible()
-        # Without the token the link itself is refused: the click must send it.
-        with dep.client() as anonymous:
-            assert anonymous.get(link.get_attribute("href")).status_code == 401
-        with page.expect_download() as info:
-            link.click()
-        saved = tmp_path / "saved"
-        info.value.save_as(saved)
-        assert saved.read_bytes() == content
-        expect(page.locator("#banner")).to_be_hidden()
+def test_with_a_token_a_click_downloads_through_the_api(
+    rich_job: BankedRun, tmp_path: Path, page: Any
+) -> None:
+    # The bank's `ftq up` has tokens; its rich job (alice's, succeeded: the page stops polling) has an
+    # adapter.
+    dep, job_id = rich_job.dep, rich_job.id
+    content = (dep.run_dir(job_id) / "final" / "adapter_model.safetensors").read_bytes()
+    page.goto(f"{dep.url}/ui/jobs/{job_id}?token={ALICE}")
+    link = page.locator('#artifact-files tr[data-path="final/adapter_model.safetensors"] a')
+    expect(link).to_be_visible()
+    # Without the token the link itself is refused: the click must send it.
+    with dep.client() as anonymous:
+        assert anonymous.get(link.get_attribute("href")).status_code == 401
+    with page.expect_download() as info:
+        link.click()
+    saved = tmp_path / "saved"
+    info.value.save_as(saved)
+    assert saved.read_bytes() == content
+    expect(page.locator("#banner")).to_be_hidden()

@@ -1,7 +1,7 @@
 """The client distribution (client/pyproject.toml) installed alone: `pip install ./client` into a fresh
 venv brings none of the server's packages and ships none of its modules, importing the SDK loads no
 server module, the venv's `ftq` has the client commands and not the server's, and its SDK and its CLI
-each run a job to the end against a live `ftq up` of the full install.
+each run a job to the end against a live `ftq up` of the full install (the e2e session's `server`).
 
 The venv's Python runs from a folder outside the checkout, so what it imports is what the wheel put in
 the venv, never the checkout's ftq/.
@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,12 @@ from typing import Any
 import pytest
 
 from tests.harness import (
-    QUICK_SETTINGS,
     REPO,
     TINY,
     TINY_RELATIVE,
     Deployment,
     clean_env,
     run_ftq,
-    tiny_assets,
     tiny_spec,
 )
 
@@ -137,14 +134,6 @@ def venv_python(venv: Path, code: str, *args: str, cwd: Path, **env: str) -> dic
     assert done.returncode == 0, done.stdout + done.stderr
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """`ftq up` of the full install (the checkout's venv), on its default roots (examples/ is one)."""
-    tiny_assets()
-    with Deployment(tmp_path_factory.mktemp("client-dist"), settings=QUICK_SETTINGS) as dep:
-        yield dep
 
 
 def test_client_install_has_no_server_package_and_loads_no_server_module(
