@@ -19,7 +19,7 @@ webhook receiver on 127.0.0.1. Each round runs these phases, in the spirit of be
 The audit counts jobs (and exports) lost (never terminal, or gone), run twice (more than one line in
 launches.log, or the trainer started twice), reported with the wrong cause (a failure whose code is not
 the one the fault calls for), and 5xx answers (every answer of every request is counted; 503 while the
-server restarts is allowed and counted apart).
+server restarts, and 507 while the disk is full, are the answers asked for and counted apart).
 
     python -m bench.fault_campaign [--rounds 1] [--disk-mb 256]
 
@@ -121,11 +121,13 @@ class Campaign:
         self.codes: Counter[str] = Counter()
         self.errors_5xx: list[str] = []
         self.restart_503s = 0
+        self.disk_full_507s = 0
         self.jobs: dict[str, dict[str, Any]] = {}  # job id -> {"phase", "expect": code or "succeeded"}
         self.exports: dict[str, str] = {}  # export id -> job id
         self.findings: list[str] = []
         self.receiver = Receiver()
         self._restarting = threading.Event()
+        self._disk_full = threading.Event()  # the full_disk phase's fault: a 507 then is the answer asked for
 
     # HTTP, counted -----------------------------------------------------------------------------------------
 
@@ -142,6 +144,8 @@ class Campaign:
             self.codes[str(r.status_code)] += 1
             if r.status_code == 503 and self._restarting.is_set():
                 self.restart_503s += 1
+            elif r.status_code == 507 and self._disk_full.is_set():
+                self.disk_full_507s += 1
             elif r.status_code >= 500:
                 self.errors_5xx.append(f"{method} {path} -> {r.status_code}: {r.text[:200]}")
             return r
@@ -268,6 +272,7 @@ class Campaign:
             return {"skipped": "no tmpfs"}
         filler = self.dep.data_dir / "filler"
         free = shutil.disk_usage(self.dep.data_dir).free
+        self._disk_full.set()
         with open(filler, "wb") as f, contextlib.suppress(OSError):
             block = b"\0" * (1024 * 1024)
             for _ in range(max(0, free // len(block) - 1)):
@@ -291,6 +296,7 @@ class Campaign:
                 break
             time.sleep(1)
         filler.unlink(missing_ok=True)
+        self._disk_full.clear()
         job = self.wait(job_id, "an end", lambda j: j["status"] in TERMINAL, timeout=300)
         return {
             "job": job_id,
@@ -369,6 +375,7 @@ class Campaign:
             "misreported": misreported,
             "http_5xx": self.errors_5xx,
             "http_503_while_restarting": self.restart_503s,
+            "http_507_while_disk_full": self.disk_full_507s,
             "events_undelivered": undelivered,
             "deliveries_repeated": duplicates,
             "answers": dict(self.codes),

@@ -68,6 +68,9 @@ _HOST_OOM = Failure(
     "lower per_device_train_batch_size, max_seq_len or processes_per_node, or enable FSDP "
     "cpu_ram_efficient_loading",
 )
+# The local launcher's reaper saw the run end on a nearly full disk, with no exit status written
+# (launch.sh could not): said as a reason, since the disk may have room again by the time it is read.
+DISK_FULL_AT_EXIT = "DISK_FULL_AT_EXIT"
 _TIME_LIMIT = _REASONS["TIMEOUT"]
 _PREEMPTED = _REASONS["PREEMPTED"]
 _NODE_FAIL = _REASONS["NODE_FAIL"]
@@ -166,6 +169,9 @@ def classify(
     space where the run writes; a full disk explains a run that could not even log its error.
     `since_uptime` (seconds since boot when the run started) bounds the kernel messages considered.
     """
+    if reason and reason.startswith(DISK_FULL_AT_EXIT):
+        free = reason.removeprefix(DISK_FULL_AT_EXIT + ": ").split(" ", 1)[0]
+        return _disk_full(int(free)) if free.isdigit() else _DISK_FULL
     if reason:
         for key, failure in _REASONS.items():
             if reason.upper().startswith(key):
@@ -212,6 +218,11 @@ def nearly_full(run_dir: Path) -> Failure | None:
     if usage.free < max(DISK_FULL_BYTES, min(NEARLY_FULL_BYTES, usage.total // 20)):
         return _disk_full(usage.free)
     return None
+
+
+def disk_full_reason(free: int) -> str:
+    """The reason a launcher gives for a run that ended on a nearly full disk without an exit status."""
+    return f"{DISK_FULL_AT_EXIT}: {free} bytes free when the run ended"
 
 
 def _sigkill(log_tail: str, kernel_log: str | None, since_uptime: float | None) -> Failure:

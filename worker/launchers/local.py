@@ -38,6 +38,7 @@ from typing import Any
 
 from ftq.contract import runs
 from ftq.runtime.settings import Settings, get_settings
+from worker import failures
 from worker.launchers.base import (
     LaunchHandle,
     LaunchRequest,
@@ -296,10 +297,23 @@ def _cwd_matches(pid: int, run_dir: Path) -> bool:
         return False
 
 
-def _reap(proc: subprocess.Popen[bytes], on_exit: Callable[[], None] | None) -> None:
+# Runs this process started that ended on a nearly full disk without writing their exit status
+# (launch.sh could not), by leader pid: the reason their end is read with, since the disk may have room
+# again by then. In memory: after a worker restart the run directory is all there is to read.
+_ENDED_ON_FULL_DISK: dict[int, str] = {}
+
+
+def _reap(proc: subprocess.Popen[bytes], on_exit: Callable[[], None] | None, run_dir: Path) -> None:
     # The worker is the run's parent until it exits: wait so the ended run is not left a zombie.
     with contextlib.suppress(Exception):
         proc.wait()
+    with contextlib.suppress(Exception):
+        if runs.read_exit_status(run_dir) is None:
+            nearly = failures.nearly_full(run_dir)
+            if nearly is not None:
+                import shutil
+
+                _ENDED_ON_FULL_DISK[proc.pid] = failures.disk_full_reason(shutil.disk_usage(run_dir).free)
     if on_exit is not None:
         try:
             on_exit()
@@ -383,7 +397,7 @@ class LocalLauncher:
                 **as_user,
             )
         threading.Thread(
-            target=_reap, args=(proc, self.on_exit), name=f"reap-{proc.pid}", daemon=True
+            target=_reap, args=(proc, self.on_exit, run_dir), name=f"reap-{proc.pid}", daemon=True
         ).start()
         info = read_stat(proc.pid)
         # The process may already have ended (and been reaped); its ticks then no longer matter.
@@ -446,6 +460,8 @@ class LocalLauncher:
         code = runs.read_exit_status(ref.run_dir)
         if code is not None:
             return RunState(phase=RunPhase.exited, exit_code=code)
+        if ref.pid and ref.pid in _ENDED_ON_FULL_DISK:
+            return RunState(phase=RunPhase.lost, reason=_ENDED_ON_FULL_DISK[ref.pid])
         return RunState(phase=RunPhase.lost, reason="no process and no exit status")
 
     def cancel(self, run: RunRef) -> None:

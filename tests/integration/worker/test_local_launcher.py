@@ -199,3 +199,42 @@ def test_a_cancelled_training_run_saves_a_checkpoint_within_the_grace(tiny_dir: 
     assert "ftq-error" not in log and "Traceback" not in log, log[-3000:]
     assert f"cancelled after step {stopped_at} with a checkpoint" in log
     assert runs.read_exit_status(run_dir) == 0
+
+
+FILLS_THE_DISK = """#!/usr/bin/env bash
+# A run that fills its disk and dies of it: neither its error nor its exit status can be written.
+head -c 200000000 /dev/zero > filler 2>/dev/null
+exit 1
+"""
+
+
+def test_a_run_that_ended_on_a_full_disk_freed_since_is_disk_full_not_a_kill(tmp_path: Path) -> None:
+    """Issue 28, finding 9 (the fault campaign's full-disk phase): the run dies on a full disk without an
+    exit status, then the space comes back before the worker reads the run. The reaper saw the disk
+    full when the run ended, so the run is disk_full, not "killed (SIGKILL ...)"."""
+    import shutil
+    import subprocess
+
+    from worker.recovery import why_it_failed
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root and mount(8), which this machine does not give the test")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {res.stderr.decode().strip()}")
+    try:
+        ended = threading.Event()
+        launcher = LocalLauncher(Settings(data_dir=disk), on_exit=ended.set)
+        req = _request(disk, "job_full", FILLS_THE_DISK)
+        handle = launcher.submit(req)
+        assert ended.wait(30)
+        (req.run_dir / "filler").unlink()  # room again, before the run's end is read
+        ref = RunRef("job_full", req.run_dir, None, handle.pid, handle.pid_start_ticks)
+        state = launcher.poll([ref])["job_full"]
+        assert state.phase == RunPhase.lost, state
+        failure = why_it_failed(req.run_dir, state)
+        assert failure.code == "disk_full" and "SIGKILL" not in failure.message, failure
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
