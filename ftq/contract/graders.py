@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# What a template may name: `{{sample.output_text}}`, `{{sample.output_json.<key>...}}`, `{{item.<field>...}}`.
+# What a template may name: `{{sample.output_text}}`, `{{sample.output_json.<key>}}`, `{{item.<field>}}`.
 TEMPLATE_ROOTS = ("sample", "item")
 # The limit on a grader's JSON pieces a user sends: sources, templates, formulas.
 MAX_SOURCE_CHARS = 100_000

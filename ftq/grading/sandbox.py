@@ -43,8 +43,7 @@ class Limits:
 
 # The child's program: read {"source", "batch"} from stdin, answer {"rewards"} or {"error", "kind"} on
 # the stdout it was given (the grader's own prints go to stderr).
-_CHILD = (
-    r"""
+_CHILD = r"""
 import json, math, sys, traceback
 out = sys.stdout
 sys.stdout = sys.stderr
@@ -68,7 +67,7 @@ def trimmed():
             show = True
         if show or not line.startswith(" "):
             keep.append(line)
-    return "\n".join(keep[-%d:])
+    return "\n".join(keep[-TRACEBACK_LINES:])
 try:
     scope = {"__name__": "grader"}
     exec(compile(request["source"], "<grader>", "exec"), scope)
@@ -85,9 +84,7 @@ except BaseException as e:
     answer({"kind": "raised", "error": trimmed()})
 else:
     answer({"rewards": rewards})
-"""
-    % _TRACEBACK_LINES
-)
+""".replace("TRACEBACK_LINES", str(_TRACEBACK_LINES))
 
 
 def _unshare_net() -> None:

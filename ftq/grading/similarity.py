@@ -11,6 +11,7 @@ without stemming).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -85,9 +86,9 @@ def meteor(
     precision, recall = matches / len(hyp), matches / len(ref)
     fmean = precision * recall / (alpha * precision + (1 - alpha) * recall)
     chunks = 1 + sum(
-        1 for (i0, j0), (i1, j1) in zip(pairs, pairs[1:], strict=False) if not (i1 == i0 + 1 and j1 == j0 + 1)
+        1 for (i0, j0), (i1, j1) in itertools.pairwise(pairs) if not (i1 == i0 + 1 and j1 == j0 + 1)
     )
-    return fmean * (1 - gamma * (chunks / matches) ** beta)
+    return float(fmean * (1 - gamma * (chunks / matches) ** beta))
 
 
 def _rouge_tokens(text: str) -> list[str]:

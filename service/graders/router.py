@@ -14,11 +14,11 @@ from ftq.contract.graders import (
 from ftq.runtime.settings import get_settings
 from service.deps import OwnerDep
 from service.graders import service
-from service.routes import UNAUTHORIZED, error
+from service.routes import UNAUTHORIZED, Responses, error
 
 router = APIRouter(prefix="/graders", tags=["graders"])
 
-_ERRORS = {401: UNAUTHORIZED, 422: error("An invalid grader: `detail[].loc` names the field")}
+_ERRORS: Responses = {401: UNAUTHORIZED, 422: error("An invalid grader: `detail[].loc` names the field")}
 
 
 @router.post(
