@@ -39,6 +39,7 @@ class Limits:
     processes: int = 64
     uid: int | None = None  # the run user's; None: the caller's own user
     gid: int | None = None
+    python: str = sys.executable  # the interpreter the child runs in (the standard library is enough)
 
 
 # The child's program: read {"source", "batch"} from stdin, answer {"rewards"} or {"error", "kind"} on
@@ -130,7 +131,7 @@ def run_python(
         if limits.uid is not None:
             os.chown(cwd, limits.uid, limits.gid if limits.gid is not None else limits.uid)
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _CHILD],
+            [limits.python, "-I", "-S", "-c", _CHILD],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -161,6 +161,11 @@ class Settings(BaseSettings):
         le=4096,
         description="Processes the run user may have while a python grader runs (RLIMIT_NPROC).",
     )
+    grader_python: str = Field(
+        "",
+        description="Interpreter python graders run in (the standard library is all they get); empty: "
+        "FTQ_PYTHON. With FTQ_RUN_AS_USER, the run user must be able to execute it.",
+    )
     grader_score_models: str = Field(
         "",
         description="Comma-separated models a score_model grader may name (local paths or names the "

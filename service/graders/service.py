@@ -80,6 +80,7 @@ def limits_for(settings: Settings, owner: str) -> Limits:
         memory_mb=settings.grader_memory_mb,
         timeout_seconds=settings.grader_timeout_seconds,
         processes=settings.grader_processes,
+        python=settings.grader_python or settings.python,
         uid=uid,
         gid=gid,
     )
