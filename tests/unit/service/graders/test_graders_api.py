@@ -18,11 +18,17 @@ from typer.testing import CliRunner
 from ftq.client import Client
 from ftq.client.errors import ValidationError
 from tests.harness.inprocess import MakeClient
-from tests.unit.ftq.cli.test_client_cli import InProcess
 from tests.harness.users import RUN_USERS, run_users
+from tests.unit.ftq.cli.test_client_cli import InProcess
 
 ALICE = {"Authorization": "Bearer tok-alice"}
-EXACT = {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}", "reference": "{{item.answer}}", "operation": "eq"}  # fmt: skip
+EXACT = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "eq",
+}
 
 
 @pytest.fixture
@@ -48,7 +54,7 @@ def test_run_and_validate(api: Any) -> None:
                 "reference": "{{item.answer}}",
                 "evaluation_metric": "fuzzy_match",
             },
-        },  # fmt: skip
+        },
         "calculate_output": "0.5 * exact + 0.5 * sim",
     }
     r = api.post(
@@ -69,7 +75,11 @@ def test_run_and_validate(api: Any) -> None:
     r = api.post("/graders/validate", json={"grader": bad}, headers=ALICE)
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "grader", "graders", "b", "operation"]
-    r = api.post("/graders/validate", json={"grader": {**bad, "graders": {"b": EXACT}, "calculate_output": "__import__('os')"}}, headers=ALICE)  # fmt: skip
+    r = api.post(
+        "/graders/validate",
+        json={"grader": {**bad, "graders": {"b": EXACT}, "calculate_output": "__import__('os')"}},
+        headers=ALICE,
+    )
     assert r.status_code == 422 and "calculate_output" in r.text
     # score_model: the operator's allow-list decides.
     scored = {
@@ -77,7 +87,11 @@ def test_run_and_validate(api: Any) -> None:
         "model": "gpt-4o",
         "input": [{"role": "user", "content": "{{sample.output_text}}"}],
     }
-    r = api.post("/graders/validate", json={"grader": {"type": "multi", "graders": {"m": scored}, "calculate_output": "m"}}, headers=ALICE)  # fmt: skip
+    r = api.post(
+        "/graders/validate",
+        json={"grader": {"type": "multi", "graders": {"m": scored}, "calculate_output": "m"}},
+        headers=ALICE,
+    )
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "grader", "graders", "m", "model"]
     r = api.post(
@@ -151,7 +165,8 @@ def test_hostile_graders_are_held(api: Any) -> None:
         t.start()
         body = _run(
             api,
-            f"import socket\ndef grade(s, i):\n    socket.create_connection(('127.0.0.1', {port}), 2)\n    return 1.0\n",
+            "import socket\ndef grade(s, i):\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), 2)\n    return 1.0\n",
         )
         t.join()
     _held(body, None, "refuses socket")
@@ -178,7 +193,8 @@ def test_hostile_graders_are_held(api: Any) -> None:
     # No inherited environment: no FTQ_ setting, no token reaches the grader.
     body = _run(
         api,
-        "import os\ndef grade(s, i):\n    return float(len([k for k in os.environ if k.startswith('FTQ')]) + 7 * ('HOME' in os.environ))\n",
+        "import os\ndef grade(s, i):\n"
+        "    return float(sum(k.startswith('FTQ') for k in os.environ) + 7 * ('HOME' in os.environ))\n",
     )
     assert os.environ.get("FTQ_API_TOKENS") and body["reward"] == 0.0, body
 
