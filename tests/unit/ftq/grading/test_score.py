@@ -173,7 +173,7 @@ def test_formula_refuses_what_is_not_allowed(formula: str) -> None:
 
 
 def test_invalid_graders_name_the_field() -> None:
-    body = {
+    body: dict[str, Any] = {
         "grader": {
             "type": "multi",
             "graders": {"b": {"type": "string_check", "input": "", "reference": "", "operation": "contains"}},
