@@ -16,6 +16,7 @@ from ftq.contract.graders import (
     GraderRunResponse,
     score_models,
 )
+from ftq.grading import model as score_model
 from ftq.grading.errors import GraderError
 from ftq.grading.sandbox import Limits
 from ftq.grading.score import sample_dict, score
@@ -108,7 +109,7 @@ def run_blocking(body: GraderRunRequest, limits: Limits) -> GraderRunResponse:
     sub: dict[str, float] = {}
     errors: dict[str, Any] = {}
     try:
-        result = score(body.grader, sample_dict(body.model_sample), body.item, limits)
+        result = score(body.grader, sample_dict(body.model_sample), body.item, limits, score_model.generate)
         reward, sub = result.reward, result.sub_rewards
     except GraderError as e:
         reward, errors = 0.0, _errors_of(body.grader, e)

@@ -195,3 +195,38 @@ def test_invalid_graders_name_the_field() -> None:
         GraderRunRequest.model_validate(body)
     with pytest.raises(ValidationError, match="defines no top-level"):
         GRADER.validate_python({"type": "python", "source": "def other(): pass"})
+
+
+def test_score_model_parses_the_number_in_range() -> None:
+    grader = GRADER.validate_python(
+        {
+            "type": "score_model",
+            "model": "m",
+            "input": [{"role": "user", "content": "{{item.q}} {{sample.output_text}}"}],
+            "range": [0, 10],
+        }
+    )
+    seen: list[list[dict[str, str]]] = []
+
+    def answer(text: str) -> Any:
+        def model(_: Any, messages: list[dict[str, str]]) -> str:
+            seen.append(messages)
+            return text
+
+        return model
+
+    assert score(grader, sample_dict("42"), {"q": "Rate:"}, Limits(), answer("Score: 7.5/10")).reward == 7.5
+    assert seen[0] == [{"role": "user", "content": "Rate: 42"}]
+    with pytest.raises(GraderError, match=r"answered 11, outside range \[0, 10\]"):
+        score(grader, sample_dict("42"), {"q": ""}, Limits(), answer("11"))
+    with pytest.raises(GraderError, match="answered no number"):
+        score(grader, sample_dict("42"), {"q": ""}, Limits(), answer("great"))
+    with pytest.raises(ValidationError, match="low < high"):
+        GRADER.validate_python(
+            {
+                "type": "score_model",
+                "model": "m",
+                "input": [{"role": "user", "content": "x"}],
+                "range": [1, 0],
+            }
+        )

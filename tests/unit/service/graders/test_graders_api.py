@@ -21,6 +21,7 @@ from tests.harness.inprocess import MakeClient
 from tests.harness.users import RUN_USERS, run_users
 from tests.unit.ftq.cli.test_client_cli import InProcess
 
+TINY_MODEL = str(Path("examples/tiny/model").resolve())
 ALICE = {"Authorization": "Bearer tok-alice"}
 EXACT = {
     "type": "string_check",
@@ -35,11 +36,11 @@ EXACT = {
 def api(make_client: MakeClient) -> Any:
     return make_client(
         api_tokens="tok-alice:alice",
-        grader_cpu_seconds="2",
+        grader_cpu_seconds="1",
         grader_memory_mb="512",
-        grader_timeout_seconds="4",
+        grader_timeout_seconds="10",
         grader_processes="16",
-        grader_score_models="examples/tiny/model",
+        grader_score_models=TINY_MODEL,
     )
 
 
@@ -94,10 +95,14 @@ def test_run_and_validate(api: Any) -> None:
     )
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "grader", "graders", "m", "model"]
-    r = api.post(
-        "/graders/validate", json={"grader": {**scored, "model": "examples/tiny/model"}}, headers=ALICE
-    )
-    assert r.status_code == 200 and r.json()["grader"]["model"] == "examples/tiny/model"
+    r = api.post("/graders/validate", json={"grader": {**scored, "model": TINY_MODEL}}, headers=ALICE)
+    assert r.status_code == 200 and r.json()["grader"]["model"] == TINY_MODEL
+    # The allowed model generates (the tiny random model answers words, not a number in range).
+    run = {"grader": {**scored, "model": TINY_MODEL}, "model_sample": "4"}
+    r = api.post("/graders/run", json=run, headers=ALICE)
+    errors = r.json()["metadata"]["errors"]
+    assert r.status_code == 200 and errors["code"] == "grader_error", r.text
+    assert "the model answered" in errors["message"]
 
 
 def test_v1_alpha_graders_with_the_openai_sdk(api: Any) -> None:
@@ -160,7 +165,7 @@ def test_hostile_graders_are_held(api: Any) -> None:
         server.listen()
         port = server.getsockname()[1]
         accepted: list[object] = []
-        server.settimeout(6)
+        server.settimeout(12)
         t = threading.Thread(target=lambda: accepted.append(_try_accept(server)))
         t.start()
         body = _run(
@@ -171,11 +176,11 @@ def test_hostile_graders_are_held(api: Any) -> None:
         t.join()
     _held(body, None, "refuses socket")
     assert accepted == [None], "the grader reached the listening port"
-    _held(_run(api, "def grade(s, i):\n    while True:\n        pass\n"), "cpu", "CPU-time limit (2 s)")
+    _held(_run(api, "def grade(s, i):\n    while True:\n        pass\n"), "cpu", "CPU-time limit (1 s)")
     _held(
         _run(api, "import time\ndef grade(s, i):\n    time.sleep(60)\n"),
         "wall_clock",
-        "wall-clock limit (4 s)",
+        "wall-clock limit (10 s)",
     )
     _held(
         _run(api, "def grade(s, i):\n    b = bytearray(2 * 1024 ** 3)\n    return 1.0\n"),
