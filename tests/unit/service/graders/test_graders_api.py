@@ -176,6 +176,15 @@ def test_hostile_graders_are_held(api: Any) -> None:
         t.join()
     _held(body, None, "refuses socket")
     assert accepted == [None], "the grader reached the listening port"
+    # Apart from the hook: the grader's network namespace has only a loopback (/proc/net/dev lists lo).
+    interfaces = "def grade(s, i):\n    return float(len(open('/proc/net/dev').read().splitlines()) - 2)\n"
+    assert _run(api, interfaces)["reward"] == 1.0
+    # The fork that skips os.fork's audit event.
+    _held(
+        _run(api, "import _posixsubprocess\ndef grade(s, i):\n    return 1.0\n"),
+        None,
+        "refuses _posixsubprocess",
+    )
     _held(_run(api, "def grade(s, i):\n    while True:\n        pass\n"), "cpu", "CPU-time limit (1 s)")
     _held(
         _run(api, "import time\ndef grade(s, i):\n    time.sleep(60)\n"),
@@ -221,6 +230,8 @@ def test_run_user_cannot_read_the_data_dir(make_client: MakeClient, ftq_env: dic
         api_tokens="tok-alice:alice",
         run_as_user=f"alice:{RUN_USERS['alice']}",
         grader_python="/usr/bin/python3",
+        grader_processes="8",
+        grader_memory_mb="16384",
     )
     data = Path(ftq_env["FTQ_DATA_DIR"])
     secret = data / "secret.txt"
@@ -231,6 +242,15 @@ def test_run_user_cannot_read_the_data_dir(make_client: MakeClient, ftq_env: dic
     _held(body, None, "PermissionError")
     body = _run(api, "import os\ndef grade(s, i):\n    return float(os.getuid())\n")
     assert body["reward"] == float(users["alice"].pw_uid)
+    # RLIMIT_NPROC binds the run user: threads (tasks to the kernel) stop at the limit, the grader's
+    # own process being the 8th (RLIMIT_AS raised here, or glibc's 64 MB arenas per thread stop it first).
+    bomb = (
+        "import threading, time\ndef grade(s, i):\n    n = 0\n    try:\n        while n < 1000:\n"
+        "            threading.Thread(target=time.sleep, args=(3,), daemon=True).start()\n"
+        "            n += 1\n"
+        "    except RuntimeError:\n        pass\n    return float(n)\n"
+    )
+    assert _run(api, bomb)["reward"] == 7.0
     # The same grader as the worker's own user (root here) reads it: the run user is what holds.
     root_api = make_client(api_tokens="tok-alice:alice", run_as_user="")
     assert _run(root_api, source)["reward"] == float(len("service secret"))
