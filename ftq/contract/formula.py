@@ -81,7 +81,10 @@ def _walk(node: ast.expr, names: set[str], values: Mapping[str, float] | None) -
             return None
         if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
             raise FormulaError(f"exponent {right} is too large")
-        return _BINARY[type(node.op)](left, right)
+        value = _BINARY[type(node.op)](left, right)
+        if isinstance(value, complex):
+            raise FormulaError(f"{left} ** {right} is not a real number")
+        return value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         operand = _walk(node.operand, names, values)
         return None if values is None else (-operand if isinstance(node.op, ast.USub) else operand)

@@ -96,7 +96,15 @@ def score(
         messages = [
             {"role": m.role, "content": render(m.content, sample, item, grader.name)} for m in grader.input
         ]
-        return Result(parse_score(grader, score_model(grader, messages)))
+        try:
+            answer = score_model(grader, messages)
+        except GraderError:
+            raise
+        except Exception as e:  # the model cannot be loaded or fails to generate: the grader's failure
+            raise GraderError(
+                grader.name, f"model {grader.model!r} failed: {type(e).__name__}: {e}"
+            ) from None
+        return Result(parse_score(grader, answer))
     assert isinstance(grader, MultiGrader)
     sub = {name: score(g, sample, item, limits, score_model).reward for name, g in grader.graders.items()}
     try:

@@ -164,6 +164,9 @@ def test_formula_evaluates_the_allowed_nodes() -> None:
         "a if b else 1",
         "a and b",
         "10 ** 10 ** 10",
+        "(0 - a) ** 0.5",
+        "log(a - a)",
+        "a / (b - b)",
     ],
 )
 def test_formula_refuses_what_is_not_allowed(formula: str) -> None:
@@ -221,6 +224,12 @@ def test_score_model_parses_the_number_in_range() -> None:
         score(grader, sample_dict("42"), {"q": ""}, Limits(), answer("11"))
     with pytest.raises(GraderError, match="answered no number"):
         score(grader, sample_dict("42"), {"q": ""}, Limits(), answer("great"))
+
+    def broken(_: Any, __: Any) -> str:
+        raise OSError("no such model")
+
+    with pytest.raises(GraderError, match="model 'm' failed: OSError: no such model"):
+        score(grader, sample_dict("42"), {"q": ""}, Limits(), broken)
     with pytest.raises(ValidationError, match="low < high"):
         GRADER.validate_python(
             {
