@@ -254,3 +254,40 @@ def test_run_user_cannot_read_the_data_dir(make_client: MakeClient, ftq_env: dic
     # The same grader as the worker's own user (root here) reads it: the run user is what holds.
     root_api = make_client(api_tokens="tok-alice:alice", run_as_user="")
     assert _run(root_api, source)["reward"] == float(len("service secret"))
+
+
+def test_a_slow_grader_does_not_block_the_event_loop(api: Any) -> None:
+    """While a python grader sleeps in its sandbox, the same app answers other requests."""
+    import anyio
+    import httpx
+
+    slow = {
+        "grader": {
+            "type": "python",
+            "source": "import time\ndef grade(s, i):\n    time.sleep(3)\n    return 1.0\n",
+        }
+    }
+    answered: list[str] = []
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=api.app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://testserver", headers=ALICE
+        ) as http:
+
+            async def grade() -> None:
+                r = await http.post("/graders/run", json={**slow, "model_sample": "x"})
+                assert r.json()["reward"] == 1.0, r.text
+                answered.append("grader")
+
+            async def health() -> None:
+                await anyio.sleep(0.5)
+                assert (await http.get("/healthz")).status_code == 200
+                answered.append("healthz")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(grade)
+                tg.start_soon(health)
+
+    anyio.run(main)
+    assert answered == ["healthz", "grader"]
