@@ -61,7 +61,7 @@ def main() -> None:
         )
     note(
         "graders: per scored sample, a python grader in the sandbox (one child process per batch: "
-        "python -I -S, rlimits, unshare(CLONE_NEWNET), the audit hook) against the same grade() called "
+        "unshare --net, python -I -S, rlimits, the audit hook) against the same grade() called "
         "in process; the ratio is almost all process start-up, paid once per batch."
     )
 

@@ -2,21 +2,20 @@
 
 The child is `python -I` (no environment, no user site, no script folder on sys.path) started with an
 empty environment in a fresh empty working directory, in a session of its own (the deadline kills its
-whole process group). Before it runs the grader, the child's preexec step: leaves the host's network
-(`unshare(CLONE_NEWNET)`: only a loopback that is down, so no socket reaches anything; where the kernel
-refuses, the audit hook below still refuses socket creation), sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC
-and RLIMIT_FSIZE, and, with a run user (FTQ_RUN_AS_USER), becomes that user, who cannot read the
-service's data directory. In the child, an audit hook refuses sockets, fork/exec/subprocess and ctypes
-before the grader's code is compiled.
+whole process group). It is started by `unshare --net` where the host allows it (only a loopback that
+is down, so no socket reaches anything; elsewhere the audit hook below still refuses socket creation),
+with a run user (FTQ_RUN_AS_USER) becomes that user, who cannot read the service's data directory, and
+sets its own RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC and RLIMIT_FSIZE before anything else. In the child,
+an audit hook refuses sockets, fork/exec/subprocess, rlimit changes and ctypes before the grader's code
+is compiled.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -26,7 +25,6 @@ from typing import Any
 
 from ftq.grading.errors import GraderError
 
-_CLONE_NEWNET = 0x40000000
 # How much of the grader's traceback an error message keeps.
 _TRACEBACK_LINES = 12
 
@@ -45,11 +43,14 @@ class Limits:
 # The child's program: read {"source", "batch"} from stdin, answer {"rewards"} or {"error", "kind"} on
 # the stdout it was given (the grader's own prints go to stderr).
 _CHILD = r"""
-import json, math, sys, traceback
+import json, math, resource, sys, traceback
+for name, value in json.loads(sys.argv[1]).items():
+    resource.setrlimit(getattr(resource, name), (value, value))
 out = sys.stdout
 sys.stdout = sys.stderr
 _DENIED = ("socket.", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
-           "subprocess.Popen", "pty.spawn", "ctypes.", "os.kill", "os.killpg", "os.putenv")
+           "subprocess.Popen", "pty.spawn", "ctypes.", "os.kill", "os.killpg", "os.putenv",
+           "resource.setrlimit", "resource.prlimit")
 def _hook(event, args):
     if event.startswith(_DENIED):
         raise PermissionError(f"the grader sandbox refuses {event}")
@@ -88,37 +89,39 @@ else:
 """.replace("TRACEBACK_LINES", str(_TRACEBACK_LINES))
 
 
-def _unshare_net() -> None:
-    if hasattr(os, "unshare"):
-        os.unshare(_CLONE_NEWNET)
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
-
-
-def _preexec(limits: Limits) -> None:
-    # Runs in the child between fork and exec: no logging, nothing that allocates much.
-    with contextlib.suppress(OSError):
-        _unshare_net()  # refused without CAP_SYS_ADMIN: the audit hook is then the only guard
-    memory = limits.memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024 * 1024, 16 * 1024 * 1024))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    if limits.uid is not None:
-        os.setgroups([])
-        os.setgid(limits.gid if limits.gid is not None else limits.uid)
-        os.setuid(limits.uid)
-
-
+@functools.cache
 def net_isolated() -> bool:
-    """Whether this host lets the sandbox leave the network (a child can unshare CLONE_NEWNET)."""
+    """Whether this host lets the sandbox leave the network (`unshare --net` works: root or
+    CAP_SYS_ADMIN, and util-linux's unshare installed)."""
     try:
         subprocess.run(["unshare", "--net", "true"], check=True, capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
     return True
+
+
+def _argv(limits: Limits) -> list[str]:
+    """The child's command line: python in a network namespace of its own (where the host allows one),
+    switched to the run user by `unshare` after the namespace is made (making one needs root)."""
+    memory = limits.memory_mb * 1024 * 1024
+    rlimits = {
+        "RLIMIT_CPU": limits.cpu_seconds,
+        "RLIMIT_AS": memory,
+        "RLIMIT_FSIZE": 16 * 1024 * 1024,
+        "RLIMIT_NPROC": limits.processes,
+    }
+    python = [limits.python, "-I", "-S", "-c", _CHILD, json.dumps(rlimits)]
+    if not net_isolated():
+        return python
+    who = []
+    if limits.uid is not None:
+        who = [
+            "--setgid",
+            str(limits.gid if limits.gid is not None else limits.uid),
+            "--setuid",
+            str(limits.uid),
+        ]
+    return ["unshare", "--net", *who, "--", *python]
 
 
 def run_python(
@@ -130,8 +133,11 @@ def run_python(
     with tempfile.TemporaryDirectory(prefix="ftq-grader-") as cwd:
         if limits.uid is not None:
             os.chown(cwd, limits.uid, limits.gid if limits.gid is not None else limits.uid)
+        # No preexec_fn: the API calls this from threads, where code between fork and exec may deadlock.
+        # The child sets its own rlimits first thing; `unshare` or Popen switches the user.
+        switch = limits.uid is not None and not net_isolated()
         proc = subprocess.Popen(
-            [limits.python, "-I", "-S", "-c", _CHILD],
+            _argv(limits),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -139,7 +145,10 @@ def run_python(
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True,
             close_fds=True,
-            preexec_fn=lambda: _preexec(limits),
+            user=limits.uid if switch else None,
+            group=(limits.gid if limits.gid is not None else limits.uid) if switch else None,
+            # Root's supplementary groups are dropped (before `unshare` switches the user, too).
+            extra_groups=[] if limits.uid is not None else None,
         )
         try:
             out, err = proc.communicate(request.encode(), timeout=limits.timeout_seconds)
