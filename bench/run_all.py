@@ -99,6 +99,8 @@ BENCHES = [
         1800,
         json_adapter="trainer",
     ),
+    # Issue 29: the python grader sandbox's overhead per scored sample against an in-process call.
+    Bench("graders", ["-m", "bench.graders_bench"], ["-m", "bench.graders_bench", "--samples", "16"], 600),
     # Issue 28: kills during uploads, exports and webhook deliveries, a full disk, a deleted run dir.
     Bench("fault_campaign", ["-m", "bench.fault_campaign"], ["-m", "bench.fault_campaign"], 1800),
 ]

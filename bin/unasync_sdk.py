@@ -38,6 +38,7 @@ REPLACEMENTS = {
     "AsyncClient": "Client",
     "AsyncJobs": "Jobs",
     "AsyncFiles": "Files",
+    "AsyncGraders": "Graders",
     "AsyncExitStack": "ExitStack",
     "AsyncBaseTransport": "BaseTransport",
     "enter_async_context": "enter_context",

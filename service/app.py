@@ -22,6 +22,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ftq import __version__
+from ftq.contract.graders import clean_loc
 from ftq.contract.schemas import Health
 from ftq.contract.spec import JobSpec
 from ftq.runtime import logs
@@ -32,6 +33,7 @@ from service.errors import FtqError, InsufficientStorage, PayloadTooLarge, Servi
 from service.events.router import router as events_router
 from service.exports.router import router as exports_router
 from service.files.router import router as files_router
+from service.graders.router import router as graders_router
 from service.guard import RequestGuard, send_error
 from service.jobs.poll import MetricsPollPath
 from service.jobs.router import RateLimiter
@@ -172,7 +174,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
     errors = [
-        {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), "type": e.get("type", "value_error")}
+        {
+            "loc": clean_loc(list(e.get("loc", []))),
+            "msg": e.get("msg", ""),
+            "type": e.get("type", "value_error"),
+        }
         for e in cast(RequestValidationError, exc).errors()
     ]
     if openai_errors.under_v1(request.url.path):
@@ -242,7 +248,7 @@ def _add_routes(app: FastAPI) -> None:
     for router in (jobs_router, exports_router, events_router, webhooks_router):
         app.include_router(router)
     add_webhook_docs(app)
-    for router in (usage_router, artifacts_router, files_router):
+    for router in (usage_router, artifacts_router, files_router, graders_router):
         app.include_router(router)
     app.add_api_route("/healthz", healthz, response_model=Health, tags=["health"], summary="Liveness")
     app.add_api_route(

@@ -15,6 +15,7 @@ a non-zero exit, never a traceback:
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import threading
@@ -528,6 +529,51 @@ def usage(
             f"{row.gpu_hours:.3f}",
         )
     out.print(table)
+
+
+@_command("grade")
+def grade(
+    grader_file: Annotated[
+        Path, typer.Argument(help="A grader, in OpenAI's grader JSON.", show_default=False)
+    ],
+    sample: Annotated[str, typer.Option("--sample", help="The model's answer to score (its text).")] = "",
+    item_file: Annotated[
+        Path | None, typer.Option("--item", help="The dataset row as a JSON object (item.* in templates).")
+    ] = None,
+    validate_only: Annotated[bool, typer.Option("--validate", help="Only check the grader.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the server's answer as JSON.")] = False,
+) -> None:
+    """Score one sample with a grader (POST /graders/run), or check it (--validate)."""
+    grader_obj = _json_object(grader_file, "grader")
+    item = _json_object(item_file, "--item") if item_file is not None else {}
+    with api() as client:
+        if validate_only:
+            checked = client.graders.validate(grader_obj)
+            if as_json:
+                out.print_json(data=checked.model_dump(mode="json"))
+            else:
+                out.print("valid")
+            return
+        result = client.graders.run(grader_obj, sample, item)
+    if as_json:
+        out.print_json(data=result.model_dump(mode="json"))
+    else:
+        out.print(f"reward {result.reward:g}")
+        for name, value in result.sub_rewards.items():
+            out.print(f"  {escape(name)} {value:g}")
+    if result.metadata.errors:
+        err.print(escape(str(result.metadata.errors.get("message") or result.metadata.errors)))
+        raise typer.Exit(1)
+
+
+def _json_object(path: Path, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(f"{what}: cannot read {path}: {e}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"{what}: {path} holds no JSON object")
+    return value
 
 
 @_command("logs")

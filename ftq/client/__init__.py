@@ -14,9 +14,9 @@ Responses are the API's own models (`ftq.contract.schemas`), failures typed exce
 
 from __future__ import annotations
 
-from ftq.client._async import AsyncClient, AsyncFiles, AsyncJobs
+from ftq.client._async import AsyncClient, AsyncFiles, AsyncGraders, AsyncJobs
 from ftq.client._core import DEFAULT_URL, OUTAGE_ERRORS, OUTAGE_PATIENCE_SECONDS, Downloaded, SpecInput
-from ftq.client._sync import Client, Files, Jobs
+from ftq.client._sync import Client, Files, Graders, Jobs
 from ftq.client.errors import (
     ApiError,
     BadRequest,
@@ -40,6 +40,7 @@ from ftq.client.errors import (
     ValidationError,
     WaitTimeout,
 )
+from ftq.contract.graders import GraderRunResponse, GraderValidateResponse
 from ftq.contract.schemas import (
     Artifact,
     ArtifactList,
@@ -70,6 +71,7 @@ __all__ = [
     "ArtifactList",
     "AsyncClient",
     "AsyncFiles",
+    "AsyncGraders",
     "AsyncJobs",
     "BadRequest",
     "Checkpoint",
@@ -87,6 +89,9 @@ __all__ = [
     "Forbidden",
     "FtqAPIError",
     "FtqClientError",
+    "GraderRunResponse",
+    "GraderValidateResponse",
+    "Graders",
     "Health",
     "InvalidURL",
     "JobList",

@@ -14,6 +14,7 @@ from typing import Any, Never, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
+import pydantic_core
 
 from ftq.client import _core
 from ftq.client._core import Downloaded, M, SpecInput, StatusFilter, job_path
@@ -31,12 +32,13 @@ from ftq.client._plan import (
     sleep,
 )
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
-from ftq.contract import schemas
+from ftq.contract import graders, schemas
 
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)
 
 _SSE = {"Accept": "text/event-stream"}
+_JSON = {"Content-Type": "application/json"}
 
 
 def reads(model: type[M]) -> Callable[[httpx.Response, str], M]:
@@ -70,6 +72,27 @@ def usage(*, since: datetime | None, until: datetime | None, group_by: str) -> C
         "to": None if until is None else until.isoformat(),
     }
     return Call("GET", "/usage", reads(schemas.UsagePage), params)
+
+
+def run_grader(
+    grader: Mapping[str, Any], model_sample: str | Mapping[str, Any], item: Mapping[str, Any]
+) -> Call[graders.GraderRunResponse]:
+    body = {"grader": grader, "model_sample": model_sample, "item": item}
+    return Call(
+        "POST", "/graders/run", reads(graders.GraderRunResponse), {}, pydantic_core.to_json(body), _JSON
+    )
+
+
+def validate_grader(grader: Mapping[str, Any]) -> Call[graders.GraderValidateResponse]:
+    body = {"grader": grader}
+    return Call(
+        "POST",
+        "/graders/validate",
+        reads(graders.GraderValidateResponse),
+        {},
+        pydantic_core.to_json(body),
+        _JSON,
+    )
 
 
 # Jobs --------------------------------------------------------------------------------------------------

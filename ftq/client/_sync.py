@@ -20,7 +20,7 @@ import httpx
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._plan import A, Progress, R, T
-from ftq.contract import schemas
+from ftq.contract import graders, schemas
 from ftq.contract.schemas import FileList, FilePublic
 
 
@@ -50,6 +50,7 @@ class Client:
         )
         self.jobs = Jobs(self)
         self.files = Files(self)
+        self.graders = Graders(self)
 
     def events(self, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
@@ -347,6 +348,27 @@ class Jobs:
         (Range + If-Range: only if the server still has the same version of the file). `progress` is
         called with (bytes just written, total bytes of the download)."""
         return self._client._run(_api.download(job_id, path, out, progress, verify))
+
+
+class Graders:
+    """The /graders routes (try a grader before training with it); reached as `client.graders`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def run(
+        self,
+        grader: Mapping[str, Any],
+        model_sample: str | Mapping[str, Any],
+        item: Mapping[str, Any] | None = None,
+    ) -> graders.GraderRunResponse:
+        """POST /graders/run: the grader's reward for the sample (its text, or {output_text,
+        output_json}) and the dataset row `item`; `metadata.errors` says what went wrong."""
+        return self._client._call(_api.run_grader(grader, model_sample, item or {}))
+
+    def validate(self, grader: Mapping[str, Any]) -> graders.GraderValidateResponse:
+        """POST /graders/validate: the grader as the server reads it (a ValidationError naming the field)."""
+        return self._client._call(_api.validate_grader(grader))
 
 
 class Files:

@@ -26,6 +26,8 @@ class ErrorCode(StrEnum):
     # An experiment tracker (W&B online, MLflow) unreachable when the run started, with
     # FTQ_TRACKER_FAILURE=fail (the default, continue, trains on without it and says so in a job.warning).
     tracker_error = "tracker_error"
+    # A grader (training.grader, POST /graders/run) raised, hung or exceeded a sandbox limit.
+    grader_error = "grader_error"
 
 
 # How the trainer reports a failure the user can fix: exit status 2 and one stderr line

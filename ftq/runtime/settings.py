@@ -142,6 +142,36 @@ class Settings(BaseSettings):
         "the worker's own user. Needs a worker running as root.",
     )
 
+    # Graders (POST /graders/run, training.grader): the python grader's sandbox, and the score models.
+    grader_cpu_seconds: int = Field(
+        10, ge=1, le=3600, description="CPU seconds a python grader's batch may use (RLIMIT_CPU)."
+    )
+    grader_memory_mb: int = Field(
+        1024, ge=64, le=65536, description="Address space a python grader's process may map (RLIMIT_AS), MB."
+    )
+    grader_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Wall-clock seconds a python grader's batch may take; then it is killed.",
+    )
+    grader_processes: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="Processes the run user may have while a python grader runs (RLIMIT_NPROC).",
+    )
+    grader_python: str = Field(
+        "",
+        description="Interpreter python graders run in (the standard library is all they get); empty: "
+        "FTQ_PYTHON. With FTQ_RUN_AS_USER, the run user must be able to execute it.",
+    )
+    grader_score_models: str = Field(
+        "",
+        description="Comma-separated models a score_model grader may name (local paths or names the "
+        "server has). Empty: score_model graders are refused.",
+    )
+
     # Limits
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_header_bytes: int = Field(
@@ -576,6 +606,10 @@ class Settings(BaseSettings):
     @property
     def pass_env_names(self) -> list[str]:
         return [x.strip() for x in self.pass_env.split(",") if x.strip()]
+
+    @property
+    def grader_score_model_names(self) -> list[str]:
+        return [x.strip() for x in self.grader_score_models.split(",") if x.strip()]
 
     @property
     def run_users(self) -> dict[str, str]:

@@ -11,6 +11,12 @@ import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
 from pydantic import BaseModel
 
+from ftq.contract.graders import (
+    GraderRunRequest,
+    GraderRunResponse,
+    GraderValidateRequest,
+    GraderValidateResponse,
+)
 from ftq.contract.openai import (
     FineTuningJob,
     FineTuningJobCheckpoint,
@@ -25,6 +31,7 @@ from ftq.store import outbox
 from ftq.store.db import new_session, read_session
 from ftq.store.openai_repository import OpenAIRepository
 from service.deps import current_owner
+from service.graders import service as graders
 from service.jobs.poll import json_response
 from service.jobs.reads import in_thread
 from service.openai import ids
@@ -235,3 +242,20 @@ def retrieve_model(model: str, owner: OwnerDep) -> Model:
         if m.id == model:
             return m
     raise not_found(f"The model '{model}' does not exist", "model")
+
+
+@router.post(
+    "/v1/fine_tuning/alpha/graders/run", response_model=GraderRunResponse, summary="Run a grader on a sample"
+)
+async def run_grader(body: GraderRunRequest, owner: OwnerDep) -> GraderRunResponse:
+    return await graders.run(body, get_settings(), owner)
+
+
+@router.post(
+    "/v1/fine_tuning/alpha/graders/validate",
+    response_model=GraderValidateResponse,
+    summary="Validate a grader",
+)
+async def validate_grader(body: GraderValidateRequest, owner: OwnerDep) -> GraderValidateResponse:
+    graders.check_allowed(body.grader, get_settings())
+    return GraderValidateResponse(grader=body.grader)
