@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 import shlex
 from importlib import resources
@@ -40,6 +41,36 @@ PORT_BASE = 20000
 PORT_SPAN = 9500
 # What torch's elastic agent forwards to its ranks: its defaults plus SLURM's time-limit warning.
 ELASTIC_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# After SLURM's warning the trainer checkpoints at its next step: the lead time leaves this long for the
+# step in flight on top of writing the checkpoint.
+SIGNAL_STEP_MARGIN_S = 120
+# The most --signal=...@N accepts (a 16-bit field in SLURM).
+SIGNAL_MAX_S = 65535
+
+
+def signal_lead_seconds(settings: Settings, estimate: Estimate | None) -> int:
+    """How long before the time limit SLURM warns the job: the time to write the estimated checkpoint at
+    FTQ_CHECKPOINT_WRITE_GBPS plus one step, in whole minutes, never under FTQ_SLURM_SIGNAL_GRACE_SECONDS
+    (0 there: no warning at all). Without a disk estimate, that floor."""
+    floor = settings.slurm_signal_grace_seconds
+    disk = estimate.disk if estimate is not None else None
+    if not floor or disk is None or not disk.checkpoint_bytes:
+        return floor
+    write_s = disk.checkpoint_bytes / (settings.checkpoint_write_gbps * 1e9)
+    lead = math.ceil((write_s + SIGNAL_STEP_MARGIN_S) / 60) * 60
+    return min(SIGNAL_MAX_S, max(floor, lead))
+
+
+def cuda_env_line(spec: JobSpec, settings: Settings) -> str:
+    """`export PYTORCH_CUDA_ALLOC_CONF=...` for a cuda job (the run's own value wins: the operator's,
+    passed in its environment); empty for a CPU job or with FTQ_CUDA_ALLOC_CONF empty."""
+    if spec.resources.device != "cuda" or not settings.cuda_alloc_conf:
+        return ""
+    value = shlex.quote(settings.cuda_alloc_conf)
+    return (
+        "# Fewer fragmentation OOMs hours in (FTQ_CUDA_ALLOC_CONF); a value in the run's environment wins\n"
+        f'export PYTORCH_CUDA_ALLOC_CONF="${{PYTORCH_CUDA_ALLOC_CONF:-{value}}}"'
+    )
 
 
 # Accelerate config ----------------------------------------------------------------------------------------
@@ -230,11 +261,12 @@ def _pairs(words: list[str]) -> list[list[str]]:
     return [words[i : i + 2] for i in range(0, len(words), 2)]
 
 
-def launch_script(run_dir: Path, argv: list[str]) -> str:
+def launch_script(run_dir: Path, argv: list[str], cuda_env: str = "") -> str:
     """`launch.sh` (templates/launch.sh): run the launch, log to train.log, then record its exit status."""
     return _fill(
         "launch.sh",
         run_dir=shlex.quote(str(run_dir)),
+        cuda_env=cuda_env,
         exit_status=runs.EXIT_STATUS,
         train_log=runs.TRAIN_LOG,
         command=_argv_lines(argv, 1 + len(ACCELERATE_LAUNCH)),
@@ -296,6 +328,7 @@ def sbatch_script(
     settings: Settings,
     port: int,
     resume_from_checkpoint: str | None,
+    estimate: Estimate | None = None,
 ) -> str:
     """`job.sbatch` (templates/job.sbatch): one `accelerate launch` per node under srun."""
     res = spec.resources
@@ -306,16 +339,18 @@ def sbatch_script(
     if resume_from_checkpoint:
         resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
     trainer_args = _pairs(trainer_argv(run_dir, None, trust_remote_code=spec.model.trust_remote_code))
+    lead = signal_lead_seconds(settings, estimate)
     return _fill(
         "job.sbatch",
-        sbatch_header=_sbatch_header(_job_sbatch_args(spec, job_id, run_dir, settings, cpus_per_task)),
+        sbatch_header=_sbatch_header(_job_sbatch_args(spec, job_id, run_dir, settings, cpus_per_task, lead)),
         run_dir=shlex.quote(str(run_dir)),
         exit_status=runs.EXIT_STATUS,
         site_setup=_site_setup(settings),
         nccl_env=_nccl_env(settings),
+        cuda_env=(cuda_env_line(spec, settings) + "\n") if res.device == "cuda" else "",
         port=str(port),
         elastic_signals=ELASTIC_SIGNALS,
-        shutdown_timeout=str(max(settings.slurm_signal_grace_seconds, 30)),
+        shutdown_timeout=str(max(lead, 30)),
         resume_args=resume,
         checkpoints=runs.CHECKPOINTS,
         checkpoint_prefix=runs.CHECKPOINT_PREFIX,
@@ -329,7 +364,7 @@ def sbatch_script(
 
 
 def _job_sbatch_args(
-    spec: JobSpec, job_id: str, run_dir: Path, settings: Settings, cpus_per_task: int
+    spec: JobSpec, job_id: str, run_dir: Path, settings: Settings, cpus_per_task: int, signal_lead: int
 ) -> list[str]:
     """A job's `#SBATCH` options: its nodes and devices, where it runs, its priority, its requeue and
     time-limit warning, then the operator's extra options."""
@@ -347,9 +382,10 @@ def _job_sbatch_args(
     args += _output_args(run_dir)
     # Preempted or failed-node jobs go back in the queue and resume from their newest checkpoint.
     args.append("--requeue")
-    if settings.slurm_signal_grace_seconds:
-        # A warning before the time limit, to this script only (B:): it asks the trainer to checkpoint.
-        args.append(f"--signal=B:USR1@{settings.slurm_signal_grace_seconds}")
+    if signal_lead:
+        # A warning before the time limit, to this script only (B:): it asks the trainer to checkpoint,
+        # early enough to write the estimated checkpoint (signal_lead_seconds).
+        args.append(f"--signal=B:USR1@{signal_lead}")
     return args + _extra_sbatch_args(settings.slurm_extra_args)
 
 
@@ -459,6 +495,7 @@ def render_plan(
             settings=settings,
             port=port,
             resume_from_checkpoint=resume_from_checkpoint,
+            estimate=estimate,
         )
     te = time_estimate(
         spec,
@@ -481,7 +518,7 @@ def render_plan(
         time_estimate=te,
         # The dataset section repeats the one estimate next to the token counts it rests on.
         dataset=dataset.model_copy(update={"time_estimate": te}) if dataset is not None else None,
-        launch_script=launch_script(run_dir, argv),
+        launch_script=launch_script(run_dir, argv, cuda_env_line(spec, settings)),
     )
 
 
@@ -540,5 +577,5 @@ def render_export_plan(spec: JobSpec, *, export_id: str, export_dir: Path, setti
         command=argv,
         sbatch_script=sbatch,
         trainer_args={"request": str(export_dir / runs.EXPORT_REQUEST)},
-        launch_script=launch_script(export_dir, [*EXPORT_LAUNCHER, *argv]),
+        launch_script=launch_script(export_dir, [*EXPORT_LAUNCHER, *argv], cuda_env_line(spec, settings)),
     )
