@@ -502,6 +502,7 @@ def render_plan(
         settings,
         parameters=estimate.num_parameters if estimate is not None else None,
         run_tokens=dataset.run_tokens if dataset is not None else None,
+        trainable=estimate.trainable_parameters if estimate is not None else None,
     )
     return Plan(
         accelerate_config=cfg,
