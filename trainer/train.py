@@ -32,7 +32,7 @@ from typing import Any
 
 from ftq.contract import runs
 from ftq.contract.modelcard import RunFacts, render_model_card
-from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec
+from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec, resolved_save_dtype
 
 from . import trackers
 from .args import TrainerArgs
@@ -310,7 +310,13 @@ def save_run(job: Job, spec: JobSpec, out: Path, run_started: float) -> None:
     """final/ (every rank takes part in the gather), then its model card on rank 0; logs `saved`."""
     trainer = job.trainer
     with peak_rss("final save"):
-        save_final(trainer, out / runs.FINAL, job.data.tokenizer, job.launch.strategy)
+        save_final(
+            trainer,
+            out / runs.FINAL,
+            job.data.tokenizer,
+            job.launch.strategy,
+            save_dtype=resolved_save_dtype(spec.training.save_dtype, spec.training.mixed_precision),
+        )
     if trainer.accelerator.is_main_process:
         facts = run_facts(trainer, job.data.splits, job.launch.state, time.time() - run_started)
         write_model_card(spec, facts, out)
@@ -623,14 +629,17 @@ def resume_path(resume: str | None, out: Path) -> str | None:
     return str(last.path)
 
 
-def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> None:
+def save_final(
+    trainer: Any, final_dir: Path, tokenizer: Any, strategy: str, save_dtype: str = "fp32"
+) -> None:
     """Write `final/`: the LoRA adapter, or a full model that from_pretrained loads, plus the tokenizer.
 
     Intermediate checkpoints stay sharded under FSDP (each rank writes its shard: fast, resumable); only this
     save gathers a full state dict, and under LoRA only the adapter's: the frozen base is what the job
     started from, and gathering it to rank 0's CPU would take ~276 GB for 70B in float32. Under ZeRO-3
     the 16-bit weights are gathered whatever the config's `zero3_save_16bit_model` says, so `final/` is
-    always loadable. Every rank takes part in the gather, then waits for rank 0 to finish writing.
+    always loadable. Every rank takes part in the gather, then waits for rank 0 to finish writing. A full
+    model is written in `save_dtype` (`training.save_dtype`, resolved): 138 GB in bf16 for 70B, not 276.
     """
     from peft import PeftModel
 
@@ -646,14 +655,54 @@ def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> 
         state_dict = trainer.model_wrapped._zero3_consolidated_16bit_state_dict(
             exclude_frozen_parameters=is_peft
         )
+    if not is_peft and acc.is_main_process:
+        if state_dict is None:
+            state_dict = acc.unwrap_model(trainer.model).state_dict()
+        state_dict = cast_state_dict(state_dict, save_dtype)
     nbytes = sum(t.numel() * t.element_size() for t in (state_dict or {}).values())
     with wait_for_main_process_write(nbytes):
         if acc.is_main_process:
             model = acc.unwrap_model(trainer.model)
-            model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
+            save_full_or_adapter(model, final_dir, state_dict)
             if is_peft:
                 _unwrapped_adapter_names(final_dir / "adapter_model.safetensors")
             tokenizer.save_pretrained(str(final_dir))
+
+
+SAVE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def cast_state_dict(state_dict: dict[str, Any], save_dtype: str) -> dict[str, Any]:
+    """The floating-point tensors in `save_dtype` (bf16|fp16|fp32), replaced in the dict one at a time (so
+    a gathered dict's peak grows by one tensor, not the model); tensors that share storage (tied
+    embeddings) stay shared, integer buffers are left alone. The config's `dtype` follows on save."""
+    import torch
+
+    dtype = getattr(torch, SAVE_DTYPES[save_dtype])
+    done: dict[tuple[Any, ...], Any] = {}
+    out = state_dict
+    for key, tensor in list(state_dict.items()):
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dtype == dtype:
+            continue
+        same = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
+        if same not in done:
+            done[same] = tensor.detach().to(dtype)
+        out[key] = done[same]
+    return out
+
+
+def save_full_or_adapter(model: Any, final_dir: Path, state_dict: dict[str, Any] | None) -> None:
+    """`save_pretrained` with the given state dict; for a full model, config.json's dtype says what the
+    weights are, so from_pretrained(dtype="auto") loads them as saved."""
+    model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
+    if state_dict and not hasattr(model, "peft_config"):
+        # save_pretrained writes the in-memory parameters' dtype (the fp32 master weights) to config.json.
+        floats = {t.dtype for t in state_dict.values() if getattr(t, "is_floating_point", bool)()}
+        if len(floats) == 1:
+            was = model.config.dtype
+            model.config.dtype = next(iter(floats))
+            model.config.save_pretrained(str(final_dir))
+            model.config.dtype = was
 
 
 def full_state_dict(acc: Any, model: Any) -> dict[str, Any]:

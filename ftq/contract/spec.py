@@ -66,6 +66,21 @@ class MixedPrecision(StrEnum):
     no = "no"
 
 
+class SaveDtype(StrEnum):
+    auto = "auto"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+def resolved_save_dtype(save_dtype: str, mixed_precision: str) -> str:
+    """The dtype of a full fine-tune's final/ weights: `auto` is the training's compute dtype (bf16 or fp16
+    under mixed precision), fp32 without it."""
+    if save_dtype != SaveDtype.auto:
+        return str(save_dtype)
+    return {"bf16": "bf16", "fp16": "fp16"}.get(str(mixed_precision), "fp32")
+
+
 class LRScheduler(StrEnum):
     linear = "linear"
     cosine = "cosine"
@@ -421,6 +436,12 @@ class TrainingSpec(_Strict):
     packing: bool = False
     gradient_checkpointing: bool = False
     mixed_precision: MixedPrecision = MixedPrecision.bf16
+    save_dtype: SaveDtype = Field(
+        SaveDtype.auto,
+        description="The dtype of a full fine-tune's final/ weights: bf16, fp16, fp32, or auto (the "
+        "training's mixed_precision dtype: bf16 when training in bf16; fp32 with mixed_precision no). A "
+        "LoRA adapter is saved in fp32 whatever this says (it is small); checkpoints keep full precision.",
+    )
     seed: int = Field(42, ge=0, le=2**32 - 1)
     stop_on_nan: bool = Field(
         True,
@@ -723,6 +744,19 @@ class JobSpec(_Strict):
             )
         if tr.mixed_precision == MixedPrecision.fp16 and res.device == Device.cpu:
             raise _field_error(("training", "mixed_precision"), "fp16 needs cuda; use bf16 or no on cpu")
+        if (
+            tr.save_dtype == SaveDtype.fp32
+            and self.lora is None
+            and dist.strategy == Strategy.deepspeed
+            and dist.deepspeed.zero_stage == 3
+            and tr.mixed_precision != MixedPrecision.no
+        ):
+            # ZeRO-3's final gather is of the 16-bit weights: an fp32 final/ would be upcast bf16 values.
+            raise _field_error(
+                ("training", "save_dtype"),
+                "save_dtype fp32 under ZeRO-3 with mixed precision: the final save gathers the 16-bit "
+                "weights; use auto (or bf16/fp16), or FSDP for an fp32 final/",
+            )
         if (
             dist.strategy == Strategy.fsdp
             and dist.fsdp.activation_checkpointing

@@ -33,7 +33,7 @@ from typing import Any
 
 from ftq.contract import runs
 from ftq.contract.plans import DiskEstimate, Estimate
-from ftq.contract.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local
+from ftq.contract.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local, resolved_save_dtype
 from ftq.runtime import userfiles
 
 GiB = 1024**3
@@ -57,6 +57,8 @@ CPU_TILE_BYTES = 33
 # Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
 ADAM_MASTER_AND_MOMENTS = 12
 ADAM_MOMENTS = 8
+# Bytes per weight of a full fine-tune's final/ by training.save_dtype (resolved).
+SAVE_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 LLAMA_LIKE = {
@@ -815,11 +817,11 @@ def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> DiskEst
     elif deepspeed:
         # 16-bit weights plus fp32 master and moments, in per-rank shards.
         per_checkpoint = total * (2 + ADAM_MASTER_AND_MOMENTS)
-        final = total * (2 if dist.deepspeed.save_16bit_model else 4)
+        final = total * SAVE_DTYPE_BYTES[resolved_save_dtype(tr.save_dtype, tr.mixed_precision)]
     else:
-        # fp32 weights (sharded under FSDP) plus Adam moments.
+        # fp32 weights (sharded under FSDP) plus Adam moments; final/ in training.save_dtype.
         per_checkpoint = total * (4 + ADAM_MOMENTS)
-        final = total * 4
+        final = total * SAVE_DTYPE_BYTES[resolved_save_dtype(tr.save_dtype, tr.mixed_precision)]
     out = DiskEstimate(checkpoint_bytes=int(per_checkpoint), final_bytes=int(final))
     if not tr.save_steps:
         count: int | None = 0

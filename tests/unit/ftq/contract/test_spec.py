@@ -167,3 +167,26 @@ def test_integrations_are_strict(integrations: dict[str, Any], where: tuple[Any,
     with pytest.raises(ValidationError) as exc:
         JobSpec.model_validate(_minimal(integrations=integrations))
     assert [tuple(e["loc"]) for e in exc.value.errors()] == [where]
+
+
+def test_save_dtype_defaults_to_auto_and_zero3_cannot_save_fp32_from_16_bit_weights() -> None:
+    assert JobSpec.model_validate(_minimal()).training.save_dtype == "auto"
+    for dtype in ("bf16", "fp16", "fp32", "auto"):
+        JobSpec.model_validate(_minimal(training={"max_steps": 10, "save_dtype": dtype}))
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate(_minimal(training={"max_steps": 10, "save_dtype": "int8"}))
+    zero3 = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+    res = {"device": "cuda", "processes_per_node": 2}
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate(
+            _minimal(training={"max_steps": 10, "save_dtype": "fp32"}, distributed=zero3, resources=res)
+        )
+    assert "save_dtype" in str(err.value) and "16-bit" in str(err.value)
+    # Without mixed precision ZeRO-3's weights are fp32, and so is the gather.
+    JobSpec.model_validate(
+        _minimal(
+            training={"max_steps": 10, "save_dtype": "fp32", "mixed_precision": "no"},
+            distributed=zero3,
+            resources=res,
+        )
+    )
