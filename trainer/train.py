@@ -147,9 +147,17 @@ def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
     # DeepSpeed's config, which from_pretrained needs for FSDP RAM-efficient loading and ZeRO-3 init.
     report_to = trackers.configure(spec.integrations, out)
     config = training_config(
-        spec, out, has_eval=splits.eval is not None, fmt=splits.format, report_to=report_to
+        spec,
+        out,
+        has_eval=splits.eval is not None,
+        fmt=splits.format,
+        report_to=report_to,
+        process_group_timeout=args.process_group_timeout,
     )
     state = PartialState()
+    # The final save's gloo group, made and checked now: a wrong GLOO_SOCKET_IFNAME fails here, not
+    # after the whole training run.
+    open_save_group()
     strategy = _strategy(state)
     # Read before engaging FSDP on CPU, which hides the flag from accelerate's later plugin parsing.
     ram_efficient = strategy == "fsdp" and _env_flag("FSDP_CPU_RAM_EFFICIENT_LOADING")
@@ -385,14 +393,23 @@ def configure_logging() -> None:
 
 
 def training_config(
-    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+    spec: JobSpec,
+    out: Path,
+    has_eval: bool,
+    fmt: str = "text",
+    report_to: list[str] | None = None,
+    process_group_timeout: int | None = None,
 ) -> Any:
     """The job spec as the TRL config of its method (SFTConfig, DPOConfig, KTOConfig, RewardConfig);
     `report_to`: the trackers (trainer.trackers.configure), none by default."""
     method = str(spec.training.method)
     if method == "sft":
-        return sft_config(spec, out, has_eval, fmt, report_to=report_to)
-    common = common_config_args(spec, out, has_eval, report_to=report_to)
+        return sft_config(
+            spec, out, has_eval, fmt, report_to=report_to, process_group_timeout=process_group_timeout
+        )
+    common = common_config_args(
+        spec, out, has_eval, report_to=report_to, process_group_timeout=process_group_timeout
+    )
     t = spec.training
     if method == "dpo":
         from trl import DPOConfig
@@ -437,9 +454,17 @@ def training_config(
 
 
 def common_config_args(
-    spec: JobSpec, out: Path, has_eval: bool, packing: bool = False, report_to: list[str] | None = None
+    spec: JobSpec,
+    out: Path,
+    has_eval: bool,
+    packing: bool = False,
+    report_to: list[str] | None = None,
+    process_group_timeout: int | None = None,
 ) -> dict[str, Any]:
-    """The TrainingArguments every method's config takes from the spec alike."""
+    """The TrainingArguments every method's config takes from the spec alike. `process_group_timeout`
+    (the plan's `--process_group_timeout`, sized from the model's load) becomes `ddp_timeout`: the
+    timeout of the process group that creating these arguments starts, and so of the first collective,
+    where the other ranks wait while rank 0 reads the weights; never under the default 30 min."""
     t = spec.training
     if spec.training.eval_steps is not None and not has_eval:
         log.warning("training.eval_steps is set but dataset.eval_split is not: no evaluation will run")
@@ -476,6 +501,7 @@ def common_config_args(
         # drop every document's EOS from tokens/s. Unpacked batches have a mask that "non_padding" reads.
         include_num_input_tokens_seen="all" if packing else "non_padding",
         ddp_find_unused_parameters=False,
+        ddp_timeout=max(PROCESS_GROUP_TIMEOUT_MIN_S, process_group_timeout or 0),
         report_to=report_to or "none",
         run_name=out.name,  # the job id: the trackers' run name
         disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
@@ -484,14 +510,26 @@ def common_config_args(
 
 
 def sft_config(
-    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+    spec: JobSpec,
+    out: Path,
+    has_eval: bool,
+    fmt: str = "text",
+    report_to: list[str] | None = None,
+    process_group_timeout: int | None = None,
 ) -> Any:
     """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
     from trl import SFTConfig
 
     t = spec.training
     return SFTConfig(
-        **common_config_args(spec, out, has_eval, packing=t.packing, report_to=report_to),
+        **common_config_args(
+            spec,
+            out,
+            has_eval,
+            packing=t.packing,
+            report_to=report_to,
+            process_group_timeout=process_group_timeout,
+        ),
         max_length=t.max_seq_len,
         packing=t.packing,
         packing_strategy="bfd",
@@ -798,6 +836,30 @@ def _unwrapped_adapter_names(adapter_file: Path) -> None:
         save_file(renamed, adapter_file, metadata={"format": "pt"})
 
 
+# The process group's timeout (TrainingArguments' ddp_timeout) is never under its usual 30 min.
+PROCESS_GROUP_TIMEOUT_MIN_S = 1800
+# The gloo group the final save waits in (wait_for_main_process_write), made at start by open_save_group.
+_save_group: Any = None
+
+
+def open_save_group() -> Any:
+    """Make the final save's gloo group on every rank and pass one barrier in it; None on one process.
+
+    Made at the end, a gloo group that cannot connect (a wrong GLOO_SOCKET_IFNAME on a GPU cluster, where
+    the training itself runs over NCCL) would fail only after the whole training run."""
+    global _save_group
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    if _save_group is None:
+        group = dist.new_group(backend="gloo")
+        dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_MIN_S))
+        _save_group = group
+        log.info("final save group (gloo) ready on %d ranks", dist.get_world_size())
+    return _save_group
+
+
 # Writing a 70B model to a shared filesystem can take longer than any collective timeout; the wait
 # is given a bound that grows with what is written, assuming a slow 25 MB/s, and never under 30 min.
 SAVE_WAIT_MIN_S = 1800.0
@@ -822,8 +884,8 @@ def wait_for_main_process_write(nbytes: int) -> Iterator[None]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         yield
         return
-    # Made by every rank before rank 0 starts writing (creating a group is itself collective).
-    group = dist.new_group(backend="gloo")
+    # Made at start (open_save_group); else here, by every rank before rank 0 starts writing.
+    group = open_save_group()
     size = [nbytes]
     dist.broadcast_object_list(size, src=0, group=group)
     timeout = save_wait_timeout(int(size[0]))
@@ -831,7 +893,6 @@ def wait_for_main_process_write(nbytes: int) -> Iterator[None]:
         log.info("final save: %.1f GB to write; the other ranks wait up to %.0f s", size[0] / 1e9, timeout)
     yield
     dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True)
-    dist.destroy_process_group(group)
 
 
 def engage_sharding_on_cpu(strategy: str, config: Any) -> bool:

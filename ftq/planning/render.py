@@ -61,6 +61,20 @@ def signal_lead_seconds(settings: Settings, estimate: Estimate | None) -> int:
     return min(SIGNAL_MAX_S, max(floor, lead))
 
 
+# The first collective's timeout never goes under torch's usual 30 min.
+PROCESS_GROUP_TIMEOUT_MIN_S = 1800
+
+
+def process_group_timeout_seconds(settings: Settings, estimate: Estimate | None) -> int | None:
+    """The trainer's process-group timeout: the other ranks wait in the first collective while rank 0
+    reads the model's 16-bit weights, so it is their bytes at FTQ_LOAD_BANDWIDTH_GBPS, in whole minutes,
+    never under 30 min; None (the trainer's 30 min) without a parameter count."""
+    if estimate is None or not estimate.num_parameters:
+        return None
+    load_s = estimate.num_parameters * 2 / (settings.load_bandwidth_gbps * 1e9)
+    return max(PROCESS_GROUP_TIMEOUT_MIN_S, math.ceil(load_s / 60) * 60)
+
+
 def cuda_env_line(spec: JobSpec, settings: Settings) -> str:
     """`export PYTORCH_CUDA_ALLOC_CONF=...` for a cuda job (the run's own value wins: the operator's,
     passed in its environment); empty for a CPU job or with FTQ_CUDA_ALLOC_CONF empty."""
@@ -189,9 +203,16 @@ def default_port(job_id: str) -> int:
 
 
 def trainer_argv(
-    run_dir: Path, resume_from_checkpoint: str | None, *, trust_remote_code: bool = False
+    run_dir: Path,
+    resume_from_checkpoint: str | None,
+    *,
+    trust_remote_code: bool = False,
+    process_group_timeout: int | None = None,
 ) -> list[str]:
     argv = ["-m", TRAINER_MODULE, "--spec", str(run_dir / runs.SPEC), "--output_dir", str(run_dir)]
+    if process_group_timeout is not None:
+        # Sized from the model's load (process_group_timeout_seconds).
+        argv += ["--process_group_timeout", str(process_group_timeout)]
     if trust_remote_code:
         # The plan rendered when the operator's policy let this job run remote code (checked at submit):
         # the trainer passes trust_remote_code to transformers only with this flag and the spec's field.
@@ -202,7 +223,13 @@ def trainer_argv(
 
 
 def launch_argv(
-    spec: JobSpec, *, run_dir: Path, settings: Settings, port: int, resume_from_checkpoint: str | None
+    spec: JobSpec,
+    *,
+    run_dir: Path,
+    settings: Settings,
+    port: int,
+    resume_from_checkpoint: str | None,
+    estimate: Estimate | None = None,
 ) -> list[str]:
     """The local launch: one `accelerate launch` on this host."""
     res = spec.resources
@@ -213,12 +240,23 @@ def launch_argv(
         "--num_processes", str(res.num_nodes * res.processes_per_node),
         "--num_machines", str(res.num_nodes),
         "--main_process_port", str(port),
-        *trainer_argv(run_dir, resume_from_checkpoint, trust_remote_code=spec.model.trust_remote_code),
+        *trainer_argv(
+            run_dir,
+            resume_from_checkpoint,
+            trust_remote_code=spec.model.trust_remote_code,
+            process_group_timeout=process_group_timeout_seconds(settings, estimate),
+        ),
     ]  # fmt: skip
 
 
 def slurm_node_argv(
-    spec: JobSpec, *, run_dir: Path, settings: Settings, port: int, resume_from_checkpoint: str | None
+    spec: JobSpec,
+    *,
+    run_dir: Path,
+    settings: Settings,
+    port: int,
+    resume_from_checkpoint: str | None,
+    estimate: Estimate | None = None,
 ) -> list[str]:
     """What job.sbatch runs on every node under srun (a first run; a requeued one adds
     `--resume_from_checkpoint latest`). `$SLURM_NODEID` and `$MASTER_ADDR` are that node's, set by SLURM
@@ -235,7 +273,12 @@ def slurm_node_argv(
         "--main_process_port", str(port),
         "--rdzv_backend", "static",
         "--same_network",
-        *trainer_argv(run_dir, resume_from_checkpoint, trust_remote_code=spec.model.trust_remote_code),
+        *trainer_argv(
+            run_dir,
+            resume_from_checkpoint,
+            trust_remote_code=spec.model.trust_remote_code,
+            process_group_timeout=process_group_timeout_seconds(settings, estimate),
+        ),
     ]  # fmt: skip
 
 
@@ -338,7 +381,14 @@ def sbatch_script(
     resume = "()"
     if resume_from_checkpoint:
         resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
-    trainer_args = _pairs(trainer_argv(run_dir, None, trust_remote_code=spec.model.trust_remote_code))
+    trainer_args = _pairs(
+        trainer_argv(
+            run_dir,
+            None,
+            trust_remote_code=spec.model.trust_remote_code,
+            process_group_timeout=process_group_timeout_seconds(settings, estimate),
+        )
+    )
     lead = signal_lead_seconds(settings, estimate)
     return _fill(
         "job.sbatch",
@@ -479,14 +529,24 @@ def render_plan(
     port = main_process_port if main_process_port is not None else default_port(job_id)
     cfg = accelerate_config(spec, job_id)
     argv = launch_argv(
-        spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
+        spec,
+        run_dir=run_dir,
+        settings=settings,
+        port=port,
+        resume_from_checkpoint=resume_from_checkpoint,
+        estimate=estimate,
     )
     command = argv
     sbatch = None
     if spec.resources.launcher == "slurm":
         # The plan shows what job.sbatch runs on each node, not a one-host launch that never runs.
         command = slurm_node_argv(
-            spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
+            spec,
+            run_dir=run_dir,
+            settings=settings,
+            port=port,
+            resume_from_checkpoint=resume_from_checkpoint,
+            estimate=estimate,
         )
         sbatch = sbatch_script(
             spec,

@@ -99,9 +99,10 @@ class Settings(BaseSettings):
         "checkpoint at this rate (never under FTQ_SLURM_SIGNAL_GRACE_SECONDS).",
     )
     load_bandwidth_gbps: float = Field(
-        0.5,
+        0.05,
         gt=0,
-        description="GB/s at which rank 0 reads and prepares the model's weights at start; the first "
+        description="GB/s at which rank 0 reads and prepares the model's 16-bit weights at start (a "
+        "conservative 50 MB/s: a longer timeout only delays the report of a stuck start); the first "
         "collective's timeout is sized to load the model at this rate (never under 30 minutes).",
     )
     cuda_alloc_conf: str = Field(

@@ -18,6 +18,7 @@ export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:T
   -m trainer \
   --spec /shared/ftq/runs/job_0123456789abcdef/spec.json \
   --output_dir /shared/ftq/runs/job_0123456789abcdef \
+  --process_group_timeout 2760 \
   >> train.log 2>&1
 status=$?
 

@@ -246,14 +246,20 @@ def test_two_node_argv_and_sbatch(name: str) -> None:
     assert argv[argv.index("--num_processes") + 1] == "16"
     assert argv[argv.index("--num_machines") + 1] == "2"
     assert argv[argv.index("--config_file") + 1] == str(GOLDEN_RUN_DIR / "accelerate_config.yaml")
-    assert argv[-6:] == [
+    # The process group's timeout follows the model's 16-bit bytes at FTQ_LOAD_BANDWIDTH_GBPS (0.05):
+    # 138 GB for Llama 2 70B is 2760 s, 357 GB for Falcon 180B 7200 s (whole minutes, at least 1800).
+    timeout = {"falcon-180b-lora-zero3": "7200"}.get(name, "2760")
+    assert argv[-8:] == [
         "-m",
         "trainer",
         "--spec",
         str(GOLDEN_RUN_DIR / "spec.json"),
         "--output_dir",
         str(GOLDEN_RUN_DIR),
+        "--process_group_timeout",
+        timeout,
     ]
+    assert f"  --process_group_timeout {timeout} \\\n" in (plan.sbatch_script or "")
     assert plan.trainer_args == {
         "spec": str(GOLDEN_RUN_DIR / "spec.json"),
         "output_dir": str(GOLDEN_RUN_DIR),
@@ -743,3 +749,15 @@ def test_the_time_limit_warning_leaves_time_to_write_the_checkpoint() -> None:
         example("llama2-70b-fsdp"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings()
     )
     assert "#SBATCH --signal=B:USR1@300\n" in (bare.sbatch_script or "")
+
+
+def test_the_process_group_timeout_follows_the_load_never_under_30_minutes() -> None:
+    fast = golden_plan("llama2-70b-fsdp", load_bandwidth_gbps=1.0)
+    assert fast.command[-2:] == ["--process_group_timeout", "1800"]
+    slow = golden_plan("llama2-70b-fsdp", load_bandwidth_gbps=0.01)
+    assert slow.command[-2:] == ["--process_group_timeout", str(13_800)]  # 138 GB at 10 MB/s, in minutes
+    # Without a parameter count (model config unreadable), the trainer's own 30 min: no flag.
+    bare = render_plan(
+        example("llama2-70b-fsdp"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings()
+    )
+    assert "--process_group_timeout" not in bare.command
