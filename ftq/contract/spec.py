@@ -505,12 +505,29 @@ class TrainingSpec(_Strict):
         return None
 
 
+class QuantizationSpec(_Strict):
+    """QLoRA: the frozen base weights in 4 bits (bitsandbytes), the adapters trained on top."""
+
+    bits: Literal[4] = 4
+    type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type: nf4 (QLoRA's) or fp4.")
+    double_quant: bool = Field(True, description="Quantize the quantization constants too (~0.4 bit/param).")
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="The dtype the 4-bit weights are dequantized to for each matmul."
+    )
+
+
 class LoraSpec(_Strict):
     r: int = Field(16, ge=1, le=4096)
     alpha: float = Field(32, gt=0, le=65_536)
     dropout: float = Field(0.05, ge=0, lt=1)
     target_modules: list[Ident] | Literal["all-linear"] = Field(
         "all-linear", description="Module names (e.g. [q_proj, v_proj]) or `all-linear`."
+    )
+    quantization: QuantizationSpec | None = Field(
+        None,
+        description="QLoRA: load the base model's linear layers in 4 bits with bitsandbytes ({bits: 4, "
+        "type: nf4, double_quant: true, compute_dtype: bf16}); cuda only, with strategy none, ddp or "
+        "DeepSpeed ZeRO without parameter offload.",
     )
 
     @field_validator("target_modules")
@@ -713,6 +730,26 @@ class JobSpec(_Strict):
         False, description="Launch even when the memory estimate says the job will not fit."
     )
 
+    def _check_quantization(self) -> None:
+        """Where 4-bit base weights (bitsandbytes) cannot run, a 422 naming lora.quantization."""
+        loc = ("lora", "quantization")
+        res, dist = self.resources, self.distributed
+        if res.device != Device.cuda:
+            raise _field_error(loc, "4-bit base weights (bitsandbytes) need resources.device: cuda")
+        if dist.strategy == Strategy.fsdp:
+            raise _field_error(
+                loc,
+                "QLoRA under FSDP is not supported here (its 4-bit weights and RAM-efficient loading are "
+                "untested together); use distributed.strategy deepspeed (ZeRO-3 shards the 4-bit weights) "
+                "or ddp",
+            )
+        if dist.strategy == Strategy.deepspeed and dist.deepspeed.offload_params != Offload.none:
+            raise _field_error(
+                loc,
+                "4-bit weights cannot be offloaded by DeepSpeed; "
+                "set distributed.deepspeed.offload_params: none",
+            )
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
         res, dist, tr = self.resources, self.distributed, self.training
@@ -744,6 +781,8 @@ class JobSpec(_Strict):
             )
         if tr.mixed_precision == MixedPrecision.fp16 and res.device == Device.cpu:
             raise _field_error(("training", "mixed_precision"), "fp16 needs cuda; use bf16 or no on cpu")
+        if self.lora is not None and self.lora.quantization is not None:
+            self._check_quantization()
         if (
             tr.save_dtype == SaveDtype.fp32
             and self.lora is None

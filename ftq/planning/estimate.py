@@ -395,6 +395,24 @@ class _States:
     optimizer: int
 
 
+# QLoRA's 4-bit base weights (bitsandbytes): half a byte a weight, plus one fp32 scale per block of 64
+# weights, or with double quantization an 8-bit one and an fp32 scale per 256 of those.
+QLORA_WEIGHT_BYTES = 0.5
+QLORA_SCALE_BYTES = 4 / 64
+QLORA_DOUBLE_QUANT_SCALE_BYTES = 1 / 64 + 4 / (64 * 256)
+
+
+def _frozen_base_bytes(job: _Job, base_bytes: int) -> float:
+    """The frozen base's weights: `base_bytes` each, but under QLoRA the decoder layers' Linear weights
+    in 4 bits (embeddings, the head and the norms stay in the compute dtype)."""
+    quant = job.spec.lora.quantization if job.spec.lora is not None else None
+    if quant is None:
+        return float(job.total * base_bytes)
+    linear = job.arch.layers * sum(lin.d_in * lin.d_out for lin in job.arch.linears)
+    per = QLORA_WEIGHT_BYTES + (QLORA_DOUBLE_QUANT_SCALE_BYTES if quant.double_quant else QLORA_SCALE_BYTES)
+    return linear * per + (job.total - linear) * job.cb
+
+
 def _model_states(job: _Job) -> _States:
     """Weights, gradients and Adam state before sharding (ZeRO-3: DeepSpeed's own, already per device)."""
     spec, dist, cb, total, trainable = job.spec, job.spec.distributed, job.cb, job.total, job.trainable
@@ -410,7 +428,7 @@ def _model_states(job: _Job) -> _States:
         params = (
             0
             if dist.deepspeed.offload_params != "none"
-            else int(cb * (total + _adapters(spec, job.arch)) / job.world)
+            else int((_frozen_base_bytes(job, cb) + cb * _adapters(spec, job.arch)) / job.world)
         )
         states = 0 if dist.deepspeed.offload_optimizer != "none" else int(state_bytes * trainable / job.world)
         grads = states * cb // state_bytes
@@ -424,7 +442,8 @@ def _model_states(job: _Job) -> _States:
         return _States(total * p_bytes, trainable * g_bytes, trainable * o_bytes)
     # Frozen base weights; adapters in fp32 (PEFT keeps them so) with fp32 grads and Adam moments.
     base_bytes = 4 if job.strategy == "fsdp" else cb
-    return _States(total * base_bytes + trainable * 4, trainable * 4, trainable * ADAM_MOMENTS)
+    base = int(_frozen_base_bytes(job, base_bytes))
+    return _States(base + trainable * 4, trainable * 4, trainable * ADAM_MOMENTS)
 
 
 def _placed(job: _Job, states: _States) -> tuple[_States, int]:

@@ -56,3 +56,23 @@ def test_placeholders_hold_no_weights_but_rank_0s_buffers_and_ties(
         assert buf.device.type == "cpu" and torch.equal(buf, buffers[name]), name
     # FSDP must see one shared parameter, as rank 0's model has, or the ranks' units disagree.
     assert built.lm_head.weight is built.model.embed_tokens.weight
+
+
+def test_qlora_loads_with_4_bit_nf4_weights_stored_for_sharding() -> None:
+    import torch
+
+    from ftq.contract.spec import JobSpec
+    from trainer.model import quantization_config
+
+    body: dict[str, Any] = {
+        "model": {"name_or_path": "/models/m"},
+        "dataset": {"name_or_path": "/data/train.jsonl"},
+        "training": {"max_steps": 1},
+        "resources": {"device": "cuda"},
+        "lora": {"r": 8, "quantization": {"bits": 4, "compute_dtype": "bf16"}},
+    }
+    cfg = quantization_config(JobSpec.model_validate(body))
+    assert cfg.load_in_4bit and cfg.bnb_4bit_quant_type == "nf4" and cfg.bnb_4bit_use_double_quant
+    assert cfg.bnb_4bit_compute_dtype == torch.bfloat16 and cfg.bnb_4bit_quant_storage == torch.bfloat16
+    body["lora"] = {"r": 8}
+    assert quantization_config(JobSpec.model_validate(body)) is None

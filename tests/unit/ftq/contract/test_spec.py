@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from ftq.contract.spec import JobSpec, looks_local
+from ftq.contract.spec import JobSpec, SpecFieldError, looks_local
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "design_example.yaml"
 
@@ -190,3 +190,35 @@ def test_save_dtype_defaults_to_auto_and_zero3_cannot_save_fp32_from_16_bit_weig
             resources=res,
         )
     )
+
+
+def test_qlora_needs_cuda_and_a_strategy_that_can_hold_4_bit_weights() -> None:
+    lora = {
+        "r": 16,
+        "quantization": {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bf16"},
+    }
+    cuda = {"device": "cuda", "processes_per_node": 8}
+    ok = JobSpec.model_validate(
+        _minimal(
+            lora=lora, resources=cuda, distributed={"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+        )
+    )
+    assert ok.lora is not None and ok.lora.quantization is not None and ok.lora.quantization.type == "nf4"
+    JobSpec.model_validate(_minimal(lora=lora, resources=cuda, distributed={"strategy": "ddp"}))
+    refused = [
+        {"lora": lora, "resources": {"device": "cpu"}},
+        {"lora": lora, "resources": cuda, "distributed": {"strategy": "fsdp"}},
+        {
+            "lora": lora,
+            "resources": cuda,
+            "distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3, "offload_params": "cpu"}},
+        },
+    ]
+    for body in refused:
+        with pytest.raises(ValidationError) as err:
+            JobSpec.model_validate(_minimal(**body))
+        (error,) = err.value.errors()
+        cause = (error.get("ctx") or {}).get("error")
+        assert isinstance(cause, SpecFieldError) and cause.loc == ("lora", "quantization"), error
+    with pytest.raises(ValidationError):  # only 4 bits
+        JobSpec.model_validate(_minimal(lora={"quantization": {"bits": 8}}, resources=cuda))
