@@ -761,3 +761,21 @@ def test_the_process_group_timeout_follows_the_load_never_under_30_minutes() -> 
         example("llama2-70b-fsdp"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings()
     )
     assert "--process_group_timeout" not in bare.command
+
+
+def test_the_allocator_export_keeps_a_value_the_run_already_has() -> None:
+    import subprocess
+
+    line = next(
+        ln
+        for ln in golden_plan("llama2-70b-fsdp").launch_script.splitlines()
+        if "PYTORCH_CUDA_ALLOC_CONF=" in ln
+    )
+    script = f'{line}\nprintf %s "$PYTORCH_CUDA_ALLOC_CONF"'
+    unset = subprocess.run(
+        ["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
+    )
+    assert unset.stdout == "expandable_segments:True"
+    env = {"PATH": "/usr/bin:/bin", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    kept = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert kept.stdout == "max_split_size_mb:512"
