@@ -176,6 +176,7 @@ class TrainerArgs:
     output_dir: Path
     resume_from_checkpoint: str | None = None
     from_train_py_flags: bool = False  # parsed from train.py's flags, not --spec
+    process_group_timeout: int | None = None  # seconds; the plan's, sized from the model's load
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="True|False",
         help="Let transformers run code from the model repo, when the spec also sets "
         "model.trust_remote_code (ftq's plan adds it only where the operator allows remote code).",
+    )
+    parser.add_argument(
+        "--process_group_timeout",
+        type=int,
+        metavar="SECONDS",
+        help="Timeout of the process group's collectives, the first of which waits for rank 0 to load "
+        "the model (ftq's plan sizes it from the model's bytes); never under 1800.",
     )
     train_py = parser.add_argument_group("train.py flags (instead of --spec)")
     hints = {"str": str, "int": int, "float": float, "bool": str2bool}
@@ -258,6 +266,7 @@ def parse_args(argv: list[str] | None = None) -> TrainerArgs:
         output_dir=Path(ns.output_dir),
         resume_from_checkpoint=resume,
         from_train_py_flags=ns.spec is None,
+        process_group_timeout=ns.process_group_timeout,
     )
 
 

@@ -97,6 +97,26 @@ def load_tokenizer(spec: ModelSpec) -> Any:
     return tokenizer
 
 
+def quantization_config(spec: JobSpec) -> Any:
+    """QLoRA's BitsAndBytesConfig for `lora.quantization`, or None. The 4-bit weights are stored in the
+    compute dtype's storage (`bnb_4bit_quant_storage`) so that ZeRO-3 can partition them like any other
+    16-bit parameter. Building it needs no bitsandbytes; loading with it does (a model_error without)."""
+    quant = spec.lora.quantization if spec.lora is not None else None
+    if quant is None:
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[quant.compute_dtype]
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quant.type,
+        bnb_4bit_use_double_quant=quant.double_quant,
+        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_quant_storage=compute,
+    )
+
+
 def load_model(
     spec: JobSpec, dtype: torch.dtype, attn_implementation: str, *, placeholders: str | None = None
 ) -> Any:
@@ -139,6 +159,9 @@ def load_model(
             # Tying inside init_empty_weights (or to_empty) leaves two parameters instead of one shared.
             model.tie_weights()
         else:
+            quant = quantization_config(spec)
+            if quant is not None:
+                head = {**head, "quantization_config": quant}
             model = auto.from_pretrained(
                 m.name_or_path,
                 **head,

@@ -32,7 +32,7 @@ from typing import Any
 
 from ftq.contract import runs
 from ftq.contract.modelcard import RunFacts, render_model_card
-from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec
+from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec, resolved_save_dtype
 
 from . import trackers
 from .args import TrainerArgs
@@ -148,9 +148,17 @@ def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
     # DeepSpeed's config, which from_pretrained needs for FSDP RAM-efficient loading and ZeRO-3 init.
     report_to = trackers.configure(spec.integrations, out)
     config = training_config(
-        spec, out, has_eval=splits.eval is not None, fmt=splits.format, report_to=report_to
+        spec,
+        out,
+        has_eval=splits.eval is not None,
+        fmt=splits.format,
+        report_to=report_to,
+        process_group_timeout=args.process_group_timeout,
     )
     state = PartialState()
+    # The final save's gloo group, made and checked now: a wrong GLOO_SOCKET_IFNAME fails here, not
+    # after the whole training run.
+    open_save_group()
     strategy = _strategy(state)
     # Read before engaging FSDP on CPU, which hides the flag from accelerate's later plugin parsing.
     ram_efficient = strategy == "fsdp" and _env_flag("FSDP_CPU_RAM_EFFICIENT_LOADING")
@@ -315,7 +323,13 @@ def save_run(job: Job, spec: JobSpec, out: Path, run_started: float) -> None:
     """final/ (every rank takes part in the gather), then its model card on rank 0; logs `saved`."""
     trainer = job.trainer
     with peak_rss("final save"):
-        save_final(trainer, out / runs.FINAL, job.data.tokenizer, job.launch.strategy)
+        save_final(
+            trainer,
+            out / runs.FINAL,
+            job.data.tokenizer,
+            job.launch.strategy,
+            save_dtype=resolved_save_dtype(spec.training.save_dtype, spec.training.mixed_precision),
+        )
     if trainer.accelerator.is_main_process:
         facts = run_facts(trainer, job.data.splits, job.launch.state, time.time() - run_started)
         write_model_card(spec, facts, out)
@@ -384,14 +398,23 @@ def configure_logging() -> None:
 
 
 def training_config(
-    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+    spec: JobSpec,
+    out: Path,
+    has_eval: bool,
+    fmt: str = "text",
+    report_to: list[str] | None = None,
+    process_group_timeout: int | None = None,
 ) -> Any:
     """The job spec as the TRL config of its method (SFTConfig, DPOConfig, KTOConfig, RewardConfig);
     `report_to`: the trackers (trainer.trackers.configure), none by default."""
     method = str(spec.training.method)
     if method == "sft":
-        return sft_config(spec, out, has_eval, fmt, report_to=report_to)
-    common = common_config_args(spec, out, has_eval, report_to=report_to)
+        return sft_config(
+            spec, out, has_eval, fmt, report_to=report_to, process_group_timeout=process_group_timeout
+        )
+    common = common_config_args(
+        spec, out, has_eval, report_to=report_to, process_group_timeout=process_group_timeout
+    )
     t = spec.training
     if method == "dpo":
         from trl import DPOConfig
@@ -436,9 +459,17 @@ def training_config(
 
 
 def common_config_args(
-    spec: JobSpec, out: Path, has_eval: bool, packing: bool = False, report_to: list[str] | None = None
+    spec: JobSpec,
+    out: Path,
+    has_eval: bool,
+    packing: bool = False,
+    report_to: list[str] | None = None,
+    process_group_timeout: int | None = None,
 ) -> dict[str, Any]:
-    """The TrainingArguments every method's config takes from the spec alike."""
+    """The TrainingArguments every method's config takes from the spec alike. `process_group_timeout`
+    (the plan's `--process_group_timeout`, sized from the model's load) becomes `ddp_timeout`: the
+    timeout of the process group that creating these arguments starts, and so of the first collective,
+    where the other ranks wait while rank 0 reads the weights; never under the default 30 min."""
     t = spec.training
     if spec.training.eval_steps is not None and not has_eval:
         log.warning("training.eval_steps is set but dataset.eval_split is not: no evaluation will run")
@@ -475,6 +506,7 @@ def common_config_args(
         # drop every document's EOS from tokens/s. Unpacked batches have a mask that "non_padding" reads.
         include_num_input_tokens_seen="all" if packing else "non_padding",
         ddp_find_unused_parameters=False,
+        ddp_timeout=max(PROCESS_GROUP_TIMEOUT_MIN_S, process_group_timeout or 0),
         report_to=report_to or "none",
         run_name=out.name,  # the job id: the trackers' run name
         disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
@@ -483,14 +515,26 @@ def common_config_args(
 
 
 def sft_config(
-    spec: JobSpec, out: Path, has_eval: bool, fmt: str = "text", report_to: list[str] | None = None
+    spec: JobSpec,
+    out: Path,
+    has_eval: bool,
+    fmt: str = "text",
+    report_to: list[str] | None = None,
+    process_group_timeout: int | None = None,
 ) -> Any:
     """The job spec as TRL's SFTConfig (TRL 1.x / transformers 5 names)."""
     from trl import SFTConfig
 
     t = spec.training
     return SFTConfig(
-        **common_config_args(spec, out, has_eval, packing=t.packing, report_to=report_to),
+        **common_config_args(
+            spec,
+            out,
+            has_eval,
+            packing=t.packing,
+            report_to=report_to,
+            process_group_timeout=process_group_timeout,
+        ),
         max_length=t.max_seq_len,
         packing=t.packing,
         packing_strategy="bfd",
@@ -628,14 +672,17 @@ def resume_path(resume: str | None, out: Path) -> str | None:
     return str(last.path)
 
 
-def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> None:
+def save_final(
+    trainer: Any, final_dir: Path, tokenizer: Any, strategy: str, save_dtype: str = "fp32"
+) -> None:
     """Write `final/`: the LoRA adapter, or a full model that from_pretrained loads, plus the tokenizer.
 
     Intermediate checkpoints stay sharded under FSDP (each rank writes its shard: fast, resumable); only this
     save gathers a full state dict, and under LoRA only the adapter's: the frozen base is what the job
     started from, and gathering it to rank 0's CPU would take ~276 GB for 70B in float32. Under ZeRO-3
     the 16-bit weights are gathered whatever the config's `zero3_save_16bit_model` says, so `final/` is
-    always loadable. Every rank takes part in the gather, then waits for rank 0 to finish writing.
+    always loadable. Every rank takes part in the gather, then waits for rank 0 to finish writing. A full
+    model is written in `save_dtype` (`training.save_dtype`, resolved): 138 GB in bf16 for 70B, not 276.
     """
     from peft import PeftModel
 
@@ -651,14 +698,54 @@ def save_final(trainer: Any, final_dir: Path, tokenizer: Any, strategy: str) -> 
         state_dict = trainer.model_wrapped._zero3_consolidated_16bit_state_dict(
             exclude_frozen_parameters=is_peft
         )
+    if not is_peft and acc.is_main_process:
+        if state_dict is None:
+            state_dict = acc.unwrap_model(trainer.model).state_dict()
+        state_dict = cast_state_dict(state_dict, save_dtype)
     nbytes = sum(t.numel() * t.element_size() for t in (state_dict or {}).values())
     with wait_for_main_process_write(nbytes):
         if acc.is_main_process:
             model = acc.unwrap_model(trainer.model)
-            model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
+            save_full_or_adapter(model, final_dir, state_dict)
             if is_peft:
                 _unwrapped_adapter_names(final_dir / "adapter_model.safetensors")
             tokenizer.save_pretrained(str(final_dir))
+
+
+SAVE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def cast_state_dict(state_dict: dict[str, Any], save_dtype: str) -> dict[str, Any]:
+    """The floating-point tensors in `save_dtype` (bf16|fp16|fp32), replaced in the dict one at a time (so
+    a gathered dict's peak grows by one tensor, not the model); tensors that share storage (tied
+    embeddings) stay shared, integer buffers are left alone. The config's `dtype` follows on save."""
+    import torch
+
+    dtype = getattr(torch, SAVE_DTYPES[save_dtype])
+    done: dict[tuple[Any, ...], Any] = {}
+    out = state_dict
+    for key, tensor in list(state_dict.items()):
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dtype == dtype:
+            continue
+        same = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
+        if same not in done:
+            done[same] = tensor.detach().to(dtype)
+        out[key] = done[same]
+    return out
+
+
+def save_full_or_adapter(model: Any, final_dir: Path, state_dict: dict[str, Any] | None) -> None:
+    """`save_pretrained` with the given state dict; for a full model, config.json's dtype says what the
+    weights are, so from_pretrained(dtype="auto") loads them as saved."""
+    model.save_pretrained(str(final_dir), state_dict=state_dict, safe_serialization=True)
+    if state_dict and not hasattr(model, "peft_config"):
+        # save_pretrained writes the in-memory parameters' dtype (the fp32 master weights) to config.json.
+        floats = {t.dtype for t in state_dict.values() if getattr(t, "is_floating_point", bool)()}
+        if len(floats) == 1:
+            was = model.config.dtype
+            model.config.dtype = next(iter(floats))
+            model.config.save_pretrained(str(final_dir))
+            model.config.dtype = was
 
 
 def full_state_dict(acc: Any, model: Any) -> dict[str, Any]:
@@ -754,6 +841,30 @@ def _unwrapped_adapter_names(adapter_file: Path) -> None:
         save_file(renamed, adapter_file, metadata={"format": "pt"})
 
 
+# The process group's timeout (TrainingArguments' ddp_timeout) is never under its usual 30 min.
+PROCESS_GROUP_TIMEOUT_MIN_S = 1800
+# The gloo group the final save waits in (wait_for_main_process_write), made at start by open_save_group.
+_save_group: Any = None
+
+
+def open_save_group() -> Any:
+    """Make the final save's gloo group on every rank and pass one barrier in it; None on one process.
+
+    Made at the end, a gloo group that cannot connect (a wrong GLOO_SOCKET_IFNAME on a GPU cluster, where
+    the training itself runs over NCCL) would fail only after the whole training run."""
+    global _save_group
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    if _save_group is None:
+        group = dist.new_group(backend="gloo")
+        dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_MIN_S))
+        _save_group = group
+        log.info("final save group (gloo) ready on %d ranks", dist.get_world_size())
+    return _save_group
+
+
 # Writing a 70B model to a shared filesystem can take longer than any collective timeout; the wait
 # is given a bound that grows with what is written, assuming a slow 25 MB/s, and never under 30 min.
 SAVE_WAIT_MIN_S = 1800.0
@@ -778,8 +889,8 @@ def wait_for_main_process_write(nbytes: int) -> Iterator[None]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         yield
         return
-    # Made by every rank before rank 0 starts writing (creating a group is itself collective).
-    group = dist.new_group(backend="gloo")
+    # Made at start (open_save_group); else here, by every rank before rank 0 starts writing.
+    group = open_save_group()
     size = [nbytes]
     dist.broadcast_object_list(size, src=0, group=group)
     timeout = save_wait_timeout(int(size[0]))
@@ -787,7 +898,6 @@ def wait_for_main_process_write(nbytes: int) -> Iterator[None]:
         log.info("final save: %.1f GB to write; the other ranks wait up to %.0f s", size[0] / 1e9, timeout)
     yield
     dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True)
-    dist.destroy_process_group(group)
 
 
 def engage_sharding_on_cpu(strategy: str, config: Any) -> bool:

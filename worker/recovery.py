@@ -151,6 +151,7 @@ def plan_for_attempt(job: Job, run_dir: Path) -> Plan:
         run_dir=run_dir,
         settings=get_settings(),
         resume_from_checkpoint="latest",
+        estimate=plan.estimate,
     )
     return plan.model_copy(
         update={

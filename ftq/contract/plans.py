@@ -28,6 +28,12 @@ class TimeEstimate(BaseModel):
         "seconds are then tokens / (this x devices) rather than FLOPs at an assumed utilisation.",
     )
     reason: str | None = Field(None, description="Why `seconds` is null, in one sentence; null otherwise.")
+    communication_seconds: float | None = Field(
+        None,
+        description="Of `seconds`, the part spent in collectives not hidden behind compute: FSDP's and "
+        "ZeRO-3's per-step all-gathers and reduce-scatters (DDP's all-reduce) over the interconnect "
+        "(FTQ_INTRA_NODE_GBPS, FTQ_INTER_NODE_GBPS, FTQ_COMM_OVERLAP); null where not estimated.",
+    )
 
 
 class TokenStats(BaseModel):

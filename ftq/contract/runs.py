@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -445,3 +446,35 @@ def _walk(fd: int, parts: list[str], out: list[ArtifactFile]) -> None:
                 _walk(sub, child, out)
             finally:
                 os.close(sub)
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """What a checkpoint folder says about the run that wrote it: `deepspeed` (ZeRO's per-rank
+    partitions under global_step<N>/), `fsdp` (torch.distributed.checkpoint folders, or FSDP's full
+    state dict files), or `plain` (one process or DDP: whole files); the world size its per-rank files
+    show (None where they do not say); and whether it holds a DeepSpeed universal checkpoint."""
+
+    kind: str
+    world_size: int | None
+    universal: bool = False
+
+
+_ZERO_RANK = re.compile(r"zero_pp_rank_(\d+)_")
+_DCP_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")
+
+
+def checkpoint_layout(folder: Path) -> CheckpointLayout:
+    """The layout of checkpoints/checkpoint-<step>/ from its file names alone (nothing is read)."""
+    step_dirs = [p for p in folder.glob("global_step*") if p.is_dir()]
+    if step_dirs:
+        ranks = {int(m[1]) for d in step_dirs for p in d.iterdir() if (m := _ZERO_RANK.search(p.name))}
+        universal = any("universal" in d.name for d in step_dirs) or (folder / "latest_universal").is_file()
+        return CheckpointLayout("deepspeed", max(ranks) + 1 if ranks else None, universal)
+    shard_dirs = [p for p in folder.glob("pytorch_model_fsdp*") if p.is_dir()]
+    if shard_dirs:
+        ranks = {int(m[1]) for d in shard_dirs for p in d.iterdir() if (m := _DCP_RANK.match(p.name))}
+        return CheckpointLayout("fsdp", max(ranks) + 1 if ranks else None)
+    if any(folder.glob("pytorch_model_fsdp*.bin")) or any(folder.glob("optimizer_*.bin")):
+        return CheckpointLayout("fsdp", None)
+    return CheckpointLayout("plain", None)

@@ -66,6 +66,21 @@ class MixedPrecision(StrEnum):
     no = "no"
 
 
+class SaveDtype(StrEnum):
+    auto = "auto"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+def resolved_save_dtype(save_dtype: str, mixed_precision: str) -> str:
+    """The dtype of a full fine-tune's final/ weights: `auto` is the training's compute dtype (bf16 or fp16
+    under mixed precision), fp32 without it."""
+    if save_dtype != SaveDtype.auto:
+        return str(save_dtype)
+    return {"bf16": "bf16", "fp16": "fp16"}.get(str(mixed_precision), "fp32")
+
+
 class LRScheduler(StrEnum):
     linear = "linear"
     cosine = "cosine"
@@ -430,6 +445,12 @@ class TrainingSpec(_Strict):
     packing: bool = False
     gradient_checkpointing: bool = False
     mixed_precision: MixedPrecision = MixedPrecision.bf16
+    save_dtype: SaveDtype = Field(
+        SaveDtype.auto,
+        description="The dtype of a full fine-tune's final/ weights: bf16, fp16, fp32, or auto (the "
+        "training's mixed_precision dtype: bf16 when training in bf16; fp32 with mixed_precision no). A "
+        "LoRA adapter is saved in fp32 whatever this says (it is small); checkpoints keep full precision.",
+    )
     seed: int = Field(42, ge=0, le=2**32 - 1)
     stop_on_nan: bool = Field(
         True,
@@ -493,12 +514,29 @@ class TrainingSpec(_Strict):
         return None
 
 
+class QuantizationSpec(_Strict):
+    """QLoRA: the frozen base weights in 4 bits (bitsandbytes), the adapters trained on top."""
+
+    bits: Literal[4] = 4
+    type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type: nf4 (QLoRA's) or fp4.")
+    double_quant: bool = Field(True, description="Quantize the quantization constants too (~0.4 bit/param).")
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="The dtype the 4-bit weights are dequantized to for each matmul."
+    )
+
+
 class LoraSpec(_Strict):
     r: int = Field(16, ge=1, le=4096)
     alpha: float = Field(32, gt=0, le=65_536)
     dropout: float = Field(0.05, ge=0, lt=1)
     target_modules: list[Ident] | Literal["all-linear"] = Field(
         "all-linear", description="Module names (e.g. [q_proj, v_proj]) or `all-linear`."
+    )
+    quantization: QuantizationSpec | None = Field(
+        None,
+        description="QLoRA: load the base model's linear layers in 4 bits with bitsandbytes ({bits: 4, "
+        "type: nf4, double_quant: true, compute_dtype: bf16}); cuda only, with strategy none, ddp or "
+        "DeepSpeed ZeRO without parameter offload.",
     )
 
     @field_validator("target_modules")
@@ -701,6 +739,26 @@ class JobSpec(_Strict):
         False, description="Launch even when the memory estimate says the job will not fit."
     )
 
+    def _check_quantization(self) -> None:
+        """Where 4-bit base weights (bitsandbytes) cannot run, a 422 naming lora.quantization."""
+        loc = ("lora", "quantization")
+        res, dist = self.resources, self.distributed
+        if res.device != Device.cuda:
+            raise _field_error(loc, "4-bit base weights (bitsandbytes) need resources.device: cuda")
+        if dist.strategy == Strategy.fsdp:
+            raise _field_error(
+                loc,
+                "QLoRA under FSDP is not supported here (its 4-bit weights and RAM-efficient loading are "
+                "untested together); use distributed.strategy deepspeed (ZeRO-3 shards the 4-bit weights) "
+                "or ddp",
+            )
+        if dist.strategy == Strategy.deepspeed and dist.deepspeed.offload_params != Offload.none:
+            raise _field_error(
+                loc,
+                "4-bit weights cannot be offloaded by DeepSpeed; "
+                "set distributed.deepspeed.offload_params: none",
+            )
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
         res, dist, tr = self.resources, self.distributed, self.training
@@ -732,6 +790,21 @@ class JobSpec(_Strict):
             )
         if tr.mixed_precision == MixedPrecision.fp16 and res.device == Device.cpu:
             raise _field_error(("training", "mixed_precision"), "fp16 needs cuda; use bf16 or no on cpu")
+        if self.lora is not None and self.lora.quantization is not None:
+            self._check_quantization()
+        if (
+            tr.save_dtype == SaveDtype.fp32
+            and self.lora is None
+            and dist.strategy == Strategy.deepspeed
+            and dist.deepspeed.zero_stage == 3
+            and tr.mixed_precision != MixedPrecision.no
+        ):
+            # ZeRO-3's final gather is of the 16-bit weights: an fp32 final/ would be upcast bf16 values.
+            raise _field_error(
+                ("training", "save_dtype"),
+                "save_dtype fp32 under ZeRO-3 with mixed precision: the final save gathers the 16-bit "
+                "weights; use auto (or bf16/fp16), or FSDP for an fp32 final/",
+            )
         if (
             dist.strategy == Strategy.fsdp
             and dist.fsdp.activation_checkpointing

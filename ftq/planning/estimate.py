@@ -33,7 +33,7 @@ from typing import Any
 
 from ftq.contract import runs
 from ftq.contract.plans import DiskEstimate, Estimate
-from ftq.contract.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local
+from ftq.contract.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local, resolved_save_dtype
 from ftq.runtime import userfiles
 
 GiB = 1024**3
@@ -57,6 +57,8 @@ CPU_TILE_BYTES = 33
 # Adam in mixed precision: fp32 master copy + two fp32 moments; in fp32: the two moments only.
 ADAM_MASTER_AND_MOMENTS = 12
 ADAM_MOMENTS = 8
+# Bytes per weight of a full fine-tune's final/ by training.save_dtype (resolved).
+SAVE_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 LLAMA_LIKE = {
@@ -393,6 +395,24 @@ class _States:
     optimizer: int
 
 
+# QLoRA's 4-bit base weights (bitsandbytes): half a byte a weight, plus one fp32 scale per block of 64
+# weights, or with double quantization an 8-bit one and an fp32 scale per 256 of those.
+QLORA_WEIGHT_BYTES = 0.5
+QLORA_SCALE_BYTES = 4 / 64
+QLORA_DOUBLE_QUANT_SCALE_BYTES = 1 / 64 + 4 / (64 * 256)
+
+
+def _frozen_base_bytes(job: _Job, base_bytes: int) -> float:
+    """The frozen base's weights: `base_bytes` each, but under QLoRA the decoder layers' Linear weights
+    in 4 bits (embeddings, the head and the norms stay in the compute dtype)."""
+    quant = job.spec.lora.quantization if job.spec.lora is not None else None
+    if quant is None:
+        return float(job.total * base_bytes)
+    linear = job.arch.layers * sum(lin.d_in * lin.d_out for lin in job.arch.linears)
+    per = QLORA_WEIGHT_BYTES + (QLORA_DOUBLE_QUANT_SCALE_BYTES if quant.double_quant else QLORA_SCALE_BYTES)
+    return linear * per + (job.total - linear) * job.cb
+
+
 def _model_states(job: _Job) -> _States:
     """Weights, gradients and Adam state before sharding (ZeRO-3: DeepSpeed's own, already per device)."""
     spec, dist, cb, total, trainable = job.spec, job.spec.distributed, job.cb, job.total, job.trainable
@@ -408,7 +428,7 @@ def _model_states(job: _Job) -> _States:
         params = (
             0
             if dist.deepspeed.offload_params != "none"
-            else int(cb * (total + _adapters(spec, job.arch)) / job.world)
+            else int((_frozen_base_bytes(job, cb) + cb * _adapters(spec, job.arch)) / job.world)
         )
         states = 0 if dist.deepspeed.offload_optimizer != "none" else int(state_bytes * trainable / job.world)
         grads = states * cb // state_bytes
@@ -422,7 +442,8 @@ def _model_states(job: _Job) -> _States:
         return _States(total * p_bytes, trainable * g_bytes, trainable * o_bytes)
     # Frozen base weights; adapters in fp32 (PEFT keeps them so) with fp32 grads and Adam moments.
     base_bytes = 4 if job.strategy == "fsdp" else cb
-    return _States(total * base_bytes + trainable * 4, trainable * 4, trainable * ADAM_MOMENTS)
+    base = int(_frozen_base_bytes(job, base_bytes))
+    return _States(base + trainable * 4, trainable * 4, trainable * ADAM_MOMENTS)
 
 
 def _placed(job: _Job, states: _States) -> tuple[_States, int]:
@@ -815,11 +836,11 @@ def estimate_disk(spec: JobSpec, model_config: dict[str, Any] | None) -> DiskEst
     elif deepspeed:
         # 16-bit weights plus fp32 master and moments, in per-rank shards.
         per_checkpoint = total * (2 + ADAM_MASTER_AND_MOMENTS)
-        final = total * (2 if dist.deepspeed.save_16bit_model else 4)
+        final = total * SAVE_DTYPE_BYTES[resolved_save_dtype(tr.save_dtype, tr.mixed_precision)]
     else:
-        # fp32 weights (sharded under FSDP) plus Adam moments.
+        # fp32 weights (sharded under FSDP) plus Adam moments; final/ in training.save_dtype.
         per_checkpoint = total * (4 + ADAM_MOMENTS)
-        final = total * 4
+        final = total * SAVE_DTYPE_BYTES[resolved_save_dtype(tr.save_dtype, tr.mixed_precision)]
     out = DiskEstimate(checkpoint_bytes=int(per_checkpoint), final_bytes=int(final))
     if not tr.save_steps:
         count: int | None = 0

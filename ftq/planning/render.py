@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 import shlex
 from importlib import resources
@@ -40,6 +41,50 @@ PORT_BASE = 20000
 PORT_SPAN = 9500
 # What torch's elastic agent forwards to its ranks: its defaults plus SLURM's time-limit warning.
 ELASTIC_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# After SLURM's warning the trainer checkpoints at its next step: the lead time leaves this long for the
+# step in flight on top of writing the checkpoint.
+SIGNAL_STEP_MARGIN_S = 120
+# The most --signal=...@N accepts (a 16-bit field in SLURM).
+SIGNAL_MAX_S = 65535
+
+
+def signal_lead_seconds(settings: Settings, estimate: Estimate | None) -> int:
+    """How long before the time limit SLURM warns the job: the time to write the estimated checkpoint at
+    FTQ_CHECKPOINT_WRITE_GBPS plus one step, in whole minutes, never under FTQ_SLURM_SIGNAL_GRACE_SECONDS
+    (0 there: no warning at all). Without a disk estimate, that floor."""
+    floor = settings.slurm_signal_grace_seconds
+    disk = estimate.disk if estimate is not None else None
+    if not floor or disk is None or not disk.checkpoint_bytes:
+        return floor
+    write_s = disk.checkpoint_bytes / (settings.checkpoint_write_gbps * 1e9)
+    lead = math.ceil((write_s + SIGNAL_STEP_MARGIN_S) / 60) * 60
+    return min(SIGNAL_MAX_S, max(floor, lead))
+
+
+# The first collective's timeout never goes under torch's usual 30 min.
+PROCESS_GROUP_TIMEOUT_MIN_S = 1800
+
+
+def process_group_timeout_seconds(settings: Settings, estimate: Estimate | None) -> int | None:
+    """The trainer's process-group timeout: the other ranks wait in the first collective while rank 0
+    reads the model's 16-bit weights, so it is their bytes at FTQ_LOAD_BANDWIDTH_GBPS, in whole minutes,
+    never under 30 min; None (the trainer's 30 min) without a parameter count."""
+    if estimate is None or not estimate.num_parameters:
+        return None
+    load_s = estimate.num_parameters * 2 / (settings.load_bandwidth_gbps * 1e9)
+    return max(PROCESS_GROUP_TIMEOUT_MIN_S, math.ceil(load_s / 60) * 60)
+
+
+def cuda_env_line(spec: JobSpec, settings: Settings) -> str:
+    """`export PYTORCH_CUDA_ALLOC_CONF=...` for a cuda job (the run's own value wins: the operator's,
+    passed in its environment); empty for a CPU job or with FTQ_CUDA_ALLOC_CONF empty."""
+    if spec.resources.device != "cuda" or not settings.cuda_alloc_conf:
+        return ""
+    value = shlex.quote(settings.cuda_alloc_conf)
+    return (
+        "# Fewer fragmentation OOMs hours in (FTQ_CUDA_ALLOC_CONF); a value in the run's environment wins\n"
+        f'export PYTORCH_CUDA_ALLOC_CONF="${{PYTORCH_CUDA_ALLOC_CONF:-{value}}}"'
+    )
 
 
 # Accelerate config ----------------------------------------------------------------------------------------
@@ -158,9 +203,16 @@ def default_port(job_id: str) -> int:
 
 
 def trainer_argv(
-    run_dir: Path, resume_from_checkpoint: str | None, *, trust_remote_code: bool = False
+    run_dir: Path,
+    resume_from_checkpoint: str | None,
+    *,
+    trust_remote_code: bool = False,
+    process_group_timeout: int | None = None,
 ) -> list[str]:
     argv = ["-m", TRAINER_MODULE, "--spec", str(run_dir / runs.SPEC), "--output_dir", str(run_dir)]
+    if process_group_timeout is not None:
+        # Sized from the model's load (process_group_timeout_seconds).
+        argv += ["--process_group_timeout", str(process_group_timeout)]
     if trust_remote_code:
         # The plan rendered when the operator's policy let this job run remote code (checked at submit):
         # the trainer passes trust_remote_code to transformers only with this flag and the spec's field.
@@ -171,7 +223,13 @@ def trainer_argv(
 
 
 def launch_argv(
-    spec: JobSpec, *, run_dir: Path, settings: Settings, port: int, resume_from_checkpoint: str | None
+    spec: JobSpec,
+    *,
+    run_dir: Path,
+    settings: Settings,
+    port: int,
+    resume_from_checkpoint: str | None,
+    estimate: Estimate | None = None,
 ) -> list[str]:
     """The local launch: one `accelerate launch` on this host."""
     res = spec.resources
@@ -182,12 +240,23 @@ def launch_argv(
         "--num_processes", str(res.num_nodes * res.processes_per_node),
         "--num_machines", str(res.num_nodes),
         "--main_process_port", str(port),
-        *trainer_argv(run_dir, resume_from_checkpoint, trust_remote_code=spec.model.trust_remote_code),
+        *trainer_argv(
+            run_dir,
+            resume_from_checkpoint,
+            trust_remote_code=spec.model.trust_remote_code,
+            process_group_timeout=process_group_timeout_seconds(settings, estimate),
+        ),
     ]  # fmt: skip
 
 
 def slurm_node_argv(
-    spec: JobSpec, *, run_dir: Path, settings: Settings, port: int, resume_from_checkpoint: str | None
+    spec: JobSpec,
+    *,
+    run_dir: Path,
+    settings: Settings,
+    port: int,
+    resume_from_checkpoint: str | None,
+    estimate: Estimate | None = None,
 ) -> list[str]:
     """What job.sbatch runs on every node under srun (a first run; a requeued one adds
     `--resume_from_checkpoint latest`). `$SLURM_NODEID` and `$MASTER_ADDR` are that node's, set by SLURM
@@ -204,7 +273,12 @@ def slurm_node_argv(
         "--main_process_port", str(port),
         "--rdzv_backend", "static",
         "--same_network",
-        *trainer_argv(run_dir, resume_from_checkpoint, trust_remote_code=spec.model.trust_remote_code),
+        *trainer_argv(
+            run_dir,
+            resume_from_checkpoint,
+            trust_remote_code=spec.model.trust_remote_code,
+            process_group_timeout=process_group_timeout_seconds(settings, estimate),
+        ),
     ]  # fmt: skip
 
 
@@ -230,11 +304,12 @@ def _pairs(words: list[str]) -> list[list[str]]:
     return [words[i : i + 2] for i in range(0, len(words), 2)]
 
 
-def launch_script(run_dir: Path, argv: list[str]) -> str:
+def launch_script(run_dir: Path, argv: list[str], cuda_env: str = "") -> str:
     """`launch.sh` (templates/launch.sh): run the launch, log to train.log, then record its exit status."""
     return _fill(
         "launch.sh",
         run_dir=shlex.quote(str(run_dir)),
+        cuda_env=cuda_env,
         exit_status=runs.EXIT_STATUS,
         train_log=runs.TRAIN_LOG,
         command=_argv_lines(argv, 1 + len(ACCELERATE_LAUNCH)),
@@ -296,6 +371,7 @@ def sbatch_script(
     settings: Settings,
     port: int,
     resume_from_checkpoint: str | None,
+    estimate: Estimate | None = None,
 ) -> str:
     """`job.sbatch` (templates/job.sbatch): one `accelerate launch` per node under srun."""
     res = spec.resources
@@ -305,17 +381,26 @@ def sbatch_script(
     resume = "()"
     if resume_from_checkpoint:
         resume = f"(--resume_from_checkpoint {shlex.quote(resume_from_checkpoint)})"
-    trainer_args = _pairs(trainer_argv(run_dir, None, trust_remote_code=spec.model.trust_remote_code))
+    trainer_args = _pairs(
+        trainer_argv(
+            run_dir,
+            None,
+            trust_remote_code=spec.model.trust_remote_code,
+            process_group_timeout=process_group_timeout_seconds(settings, estimate),
+        )
+    )
+    lead = signal_lead_seconds(settings, estimate)
     return _fill(
         "job.sbatch",
-        sbatch_header=_sbatch_header(_job_sbatch_args(spec, job_id, run_dir, settings, cpus_per_task)),
+        sbatch_header=_sbatch_header(_job_sbatch_args(spec, job_id, run_dir, settings, cpus_per_task, lead)),
         run_dir=shlex.quote(str(run_dir)),
         exit_status=runs.EXIT_STATUS,
         site_setup=_site_setup(settings),
         nccl_env=_nccl_env(settings),
+        cuda_env=(cuda_env_line(spec, settings) + "\n") if res.device == "cuda" else "",
         port=str(port),
         elastic_signals=ELASTIC_SIGNALS,
-        shutdown_timeout=str(max(settings.slurm_signal_grace_seconds, 30)),
+        shutdown_timeout=str(max(lead, 30)),
         resume_args=resume,
         checkpoints=runs.CHECKPOINTS,
         checkpoint_prefix=runs.CHECKPOINT_PREFIX,
@@ -329,7 +414,7 @@ def sbatch_script(
 
 
 def _job_sbatch_args(
-    spec: JobSpec, job_id: str, run_dir: Path, settings: Settings, cpus_per_task: int
+    spec: JobSpec, job_id: str, run_dir: Path, settings: Settings, cpus_per_task: int, signal_lead: int
 ) -> list[str]:
     """A job's `#SBATCH` options: its nodes and devices, where it runs, its priority, its requeue and
     time-limit warning, then the operator's extra options."""
@@ -347,9 +432,10 @@ def _job_sbatch_args(
     args += _output_args(run_dir)
     # Preempted or failed-node jobs go back in the queue and resume from their newest checkpoint.
     args.append("--requeue")
-    if settings.slurm_signal_grace_seconds:
-        # A warning before the time limit, to this script only (B:): it asks the trainer to checkpoint.
-        args.append(f"--signal=B:USR1@{settings.slurm_signal_grace_seconds}")
+    if signal_lead:
+        # A warning before the time limit, to this script only (B:): it asks the trainer to checkpoint,
+        # early enough to write the estimated checkpoint (signal_lead_seconds).
+        args.append(f"--signal=B:USR1@{signal_lead}")
     return args + _extra_sbatch_args(settings.slurm_extra_args)
 
 
@@ -443,14 +529,24 @@ def render_plan(
     port = main_process_port if main_process_port is not None else default_port(job_id)
     cfg = accelerate_config(spec, job_id)
     argv = launch_argv(
-        spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
+        spec,
+        run_dir=run_dir,
+        settings=settings,
+        port=port,
+        resume_from_checkpoint=resume_from_checkpoint,
+        estimate=estimate,
     )
     command = argv
     sbatch = None
     if spec.resources.launcher == "slurm":
         # The plan shows what job.sbatch runs on each node, not a one-host launch that never runs.
         command = slurm_node_argv(
-            spec, run_dir=run_dir, settings=settings, port=port, resume_from_checkpoint=resume_from_checkpoint
+            spec,
+            run_dir=run_dir,
+            settings=settings,
+            port=port,
+            resume_from_checkpoint=resume_from_checkpoint,
+            estimate=estimate,
         )
         sbatch = sbatch_script(
             spec,
@@ -459,12 +555,14 @@ def render_plan(
             settings=settings,
             port=port,
             resume_from_checkpoint=resume_from_checkpoint,
+            estimate=estimate,
         )
     te = time_estimate(
         spec,
         settings,
         parameters=estimate.num_parameters if estimate is not None else None,
         run_tokens=dataset.run_tokens if dataset is not None else None,
+        trainable=estimate.trainable_parameters if estimate is not None else None,
     )
     return Plan(
         accelerate_config=cfg,
@@ -481,7 +579,7 @@ def render_plan(
         time_estimate=te,
         # The dataset section repeats the one estimate next to the token counts it rests on.
         dataset=dataset.model_copy(update={"time_estimate": te}) if dataset is not None else None,
-        launch_script=launch_script(run_dir, argv),
+        launch_script=launch_script(run_dir, argv, cuda_env_line(spec, settings)),
     )
 
 
@@ -540,5 +638,5 @@ def render_export_plan(spec: JobSpec, *, export_id: str, export_dir: Path, setti
         command=argv,
         sbatch_script=sbatch,
         trainer_args={"request": str(export_dir / runs.EXPORT_REQUEST)},
-        launch_script=launch_script(export_dir, [*EXPORT_LAUNCHER, *argv]),
+        launch_script=launch_script(export_dir, [*EXPORT_LAUNCHER, *argv], cuda_env_line(spec, settings)),
     )

@@ -19,11 +19,21 @@ One estimate per plan: `plan.time_estimate` (the scheduler's backfill reads its 
 - peak FLOP/s: FTQ_GPU_PEAK_TFLOPS[FTQ_GPU_TYPE] per GPU (dense bf16/fp16), FTQ_CPU_PEAK_GFLOPS per CPU
   process; utilisation: FTQ_ASSUMED_MFU (default 0.35, what well-tuned fine-tuning runs reach on A100/H100
   with FSDP or ZeRO; calibrate it from jobs' `estimate_vs_actual`).
+- communication (cuda jobs over several GPUs, FLOPs estimate only: a measured throughput has it already):
+  FSDP and ZeRO-3 all-gather the weights in the compute dtype for the forward and again for the backward
+  (once with FSDP's reshard_after_forward off; gradient checkpointing's recompute reuses the backward's
+  gather), then reduce-scatter the trainable parameters' gradients, every micro-batch; DDP and ZeRO-1/2
+  all-reduce the gradients (twice their bytes). A ring collective moves (N-1)/N of the bytes through
+  the slowest link: NVLink on one node (FTQ_INTRA_NODE_GBPS), the node's network across nodes
+  (FTQ_INTER_NODE_GBPS). FTQ_COMM_OVERLAP of it hides behind compute (prefetching the next layer);
+  the rest adds to the time.
 - cost: seconds / 3600 x devices x FTQ_PRICE_PER_DEVICE_HOUR, where the operator set a price.
 Model loading, evaluation and saving are not counted.
 """
 
 from __future__ import annotations
+
+import math
 
 from ftq.contract.plans import TimeEstimate
 from ftq.contract.spec import JobSpec
@@ -49,6 +59,7 @@ def time_estimate(
     *,
     parameters: int | None,
     run_tokens: int | None = None,
+    trainable: int | None = None,
 ) -> TimeEstimate:
     """The estimate for `spec`; `parameters` from the memory preflight, `run_tokens` (the whole run's)
     from the dataset preflight where it tokenized the data. `assumptions` says what each number rests on."""
@@ -72,10 +83,19 @@ def time_estimate(
         notes.append(
             f"utilisation: {settings.assumed_mfu:g} of peak (FTQ_ASSUMED_MFU) on {devices} device(s)"
         )
-    notes.append("not counted: model loading, evaluation, checkpoint and final saves")
+    notes.append("not counted: model loading, evaluation, checkpoint and final saves, CPU offload traffic")
 
     flops = float(tokens) * factor * parameters if tokens is not None and parameters else None
     seconds, reason = _seconds(spec, settings, tokens=tokens, parameters=parameters, flops=flops, peak=peak)
+    comm = None
+    if seconds is not None and tps is None and tokens is not None and parameters:
+        comm, comm_note = communication_seconds(
+            spec, settings, tokens=tokens, parameters=parameters, trainable=trainable
+        )
+        if comm_note:
+            notes.append(comm_note)
+        if comm:
+            seconds += comm
     device_hours = seconds / 3600 * devices if seconds is not None else None
     cost = None
     if device_hours is not None and settings.price_per_device_hour is not None:
@@ -91,7 +111,58 @@ def time_estimate(
         cost=cost,
         tokens_per_second_per_device=tps,
         reason=reason,
+        communication_seconds=comm,
     )
+
+
+def _micro_steps(spec: JobSpec, tokens: int) -> int:
+    """Forward-backward passes per rank: max_steps x gradient accumulation, else the tokens in full-length
+    micro-batches."""
+    tr = spec.training
+    if tr.max_steps is not None:
+        return tr.max_steps * tr.gradient_accumulation_steps
+    per_pass = spec.resources.world_size * tr.per_device_train_batch_size * tr.max_seq_len
+    return max(1, math.ceil(tokens / per_pass))
+
+
+def communication_seconds(
+    spec: JobSpec, settings: Settings, *, tokens: int, parameters: int, trainable: int | None
+) -> tuple[float | None, str | None]:
+    """The collectives' time not hidden behind compute, and the sentence that says how it was counted;
+    (None, None) where there is no term (one device, a CPU job)."""
+    res, dist, tr = spec.resources, spec.distributed, spec.training
+    world = res.world_size
+    if world <= 1 or res.device != "cuda" or str(dist.strategy) == "none":
+        return None, None
+    width = 4 if tr.mixed_precision == "no" else 2
+    grads = trainable if trainable is not None else (parameters if spec.lora is None else 0)
+    strategy = str(dist.strategy)
+    sharded = strategy == "fsdp" or (strategy == "deepspeed" and dist.deepspeed.zero_stage == 3)
+    if sharded:
+        gathers = 2 if strategy == "deepspeed" or dist.fsdp.reshard_after_forward else 1
+        per_pass = gathers * parameters * width + grads * width
+        what = (
+            f"{gathers} all-gather(s) of the {parameters} weights and a reduce-scatter of {grads} gradients, "
+            f"{width} bytes each"
+        )
+    else:
+        per_pass = 2 * grads * width
+        what = f"an all-reduce of {grads} gradients ({width} bytes each, twice over a ring)"
+    if res.num_nodes > 1:
+        bandwidth, link = settings.inter_node_gbps, f"{settings.inter_node_gbps:g} GB/s between nodes"
+        link += " (FTQ_INTER_NODE_GBPS)"
+    else:
+        bandwidth, link = settings.intra_node_gbps, f"{settings.intra_node_gbps:g} GB/s within the node"
+        link += " (FTQ_INTRA_NODE_GBPS)"
+    passes = _micro_steps(spec, tokens)
+    total = passes * per_pass * (world - 1) / world / (bandwidth * 1e9)
+    exposed = total * (1 - settings.comm_overlap)
+    note = (
+        f"communication: {what} per micro-batch, x{passes} micro-batches, (N-1)/N of it over {link}: "
+        f"{total / 3600:.2f} h, of which {1 - settings.comm_overlap:g} not hidden behind compute "
+        f"(FTQ_COMM_OVERLAP {settings.comm_overlap:g}): +{exposed / 3600:.2f} h"
+    )
+    return exposed, note
 
 
 def _tokens(spec: JobSpec, run_tokens: int | None) -> tuple[int | None, str]:

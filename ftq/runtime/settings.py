@@ -91,6 +91,25 @@ class Settings(BaseSettings):
         description="SLURM warns a job this long before its time limit (--signal=B:USR1@N); the trainer "
         "checkpoints and stops. 0: no warning.",
     )
+    checkpoint_write_gbps: float = Field(
+        1.0,
+        gt=0,
+        description="GB/s at which a job's ranks together write a checkpoint to the run directory's "
+        "filesystem; SLURM's warning before the time limit comes early enough to write the estimated "
+        "checkpoint at this rate (never under FTQ_SLURM_SIGNAL_GRACE_SECONDS).",
+    )
+    load_bandwidth_gbps: float = Field(
+        0.05,
+        gt=0,
+        description="GB/s at which rank 0 reads and prepares the model's 16-bit weights at start (a "
+        "conservative 50 MB/s: a longer timeout only delays the report of a stuck start); the first "
+        "collective's timeout is sized to load the model at this rate (never under 30 minutes).",
+    )
+    cuda_alloc_conf: str = Field(
+        "expandable_segments:True",
+        description="PYTORCH_CUDA_ALLOC_CONF of cuda jobs, where the run's environment does not already "
+        "set one (less fragmentation when a job plans for most of the GPU's memory); empty: not set.",
+    )
     slurm_nccl_env: str = Field(
         "",
         description="`NAME=value` lines exported before the launch (NCCL_SOCKET_IFNAME=ib0, "
@@ -349,6 +368,25 @@ class Settings(BaseSettings):
         le=1,
         description="The share of peak FLOP/s a training run achieves (model FLOPs utilisation) that the "
         "time estimate assumes; calibrate it from the jobs' estimate_vs_actual.",
+    )
+    intra_node_gbps: float = Field(
+        150.0,
+        gt=0,
+        description="GB/s of a collective's bus bandwidth between the GPUs of one node (NVLink); the "
+        "time estimate's communication term for FSDP and ZeRO-3 on one node.",
+    )
+    inter_node_gbps: float = Field(
+        50.0,
+        gt=0,
+        description="GB/s of a node's network to the others (400 Gb/s EFA or InfiniBand: 50); the "
+        "communication term of jobs over several nodes.",
+    )
+    comm_overlap: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="The share of the per-step collectives hidden behind compute (FSDP and ZeRO-3 "
+        "prefetch the next layer); the rest adds to the time estimate.",
     )
     price_per_device_hour: float | None = Field(
         None, ge=0, description="Price of one device (GPU, or CPU slot) hour; set: every plan shows a cost."

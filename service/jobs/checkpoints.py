@@ -3,6 +3,9 @@ Which folders are checkpoints and which can be resumed is the run layout's rule 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from ftq.contract import runs
 from ftq.contract.schemas import Checkpoint
 from ftq.contract.spec import JobSpec
@@ -30,12 +33,72 @@ def resume_checkpoint(spec: JobSpec, repo: JobRepository, settings: Settings) ->
     if not ckpts:
         raise spec_field_error(["resume_from", "job_id"], "that job has no resumable checkpoint", "not_found")
     want = spec.resume_from.checkpoint
-    if want == "latest":
-        return ckpts[-1].path
-    for c in ckpts:
-        if c.step == want:
-            return c.path
-    steps = ", ".join(str(c.step) for c in ckpts)
-    raise spec_field_error(
-        ["resume_from", "checkpoint"], f"no resumable checkpoint at step {want} (have {steps})"
-    )
+    chosen = ckpts[-1] if want == "latest" else next((c for c in ckpts if c.step == want), None)
+    if chosen is None:
+        steps = ", ".join(str(c.step) for c in ckpts)
+        raise spec_field_error(
+            ["resume_from", "checkpoint"], f"no resumable checkpoint at step {want} (have {steps})"
+        )
+    check_resumable_here(spec, source, chosen)
+    return chosen.path
+
+
+def _kind(strategy: str) -> str:
+    return strategy if strategy in ("fsdp", "deepspeed") else "plain"
+
+
+def check_resumable_here(spec: JobSpec, source: Job, ckpt: Checkpoint) -> None:
+    """Refuse at submit a checkpoint this job's strategy and world size cannot load, naming `resume_from`
+    (rather than failing after the model has loaded). From the checkpoint folder's own files where they
+    tell (runs.checkpoint_layout), else from the source job's spec:
+
+    - one process or DDP (whole files): any strategy of that kind, any world size;
+    - FSDP: the same FSDP version; another world size is accepted, since accelerate loads sharded
+      (torch.distributed.checkpoint) and full state dicts through torch, which reshards at load;
+    - DeepSpeed ZeRO: the same stage and the same world size only; DeepSpeed refuses partitions of
+      another world size (a universal checkpoint could be loaded, but ftq's DeepSpeed config does not
+      ask for one);
+    - across strategies: never (each writes its own format)."""
+    layout = runs.checkpoint_layout(Path(ckpt.path))
+    src: dict[str, Any] = source.spec or {}
+    src_dist = src.get("distributed") or {}
+    src_res = src.get("resources") or {}
+    src_world = int(src_res.get("num_nodes", 1)) * int(src_res.get("processes_per_node", 1))
+    old_world = layout.world_size or src_world
+    dist, world = spec.distributed, spec.resources.world_size
+    new_kind = _kind(str(dist.strategy))
+    where = f"checkpoint-{ckpt.step} of {source.id}"
+    if layout.kind != new_kind:
+        raise spec_field_error(
+            ["resume_from"],
+            f"{where} was written under {layout.kind} and this job runs {dist.strategy}: a checkpoint "
+            f"resumes only under the strategy that wrote it; set distributed.strategy to match "
+            f"({src_dist.get('strategy', 'none')}), or start a new run from its final/ model",
+        )
+    if new_kind == "fsdp":
+        old_version = (src_dist.get("fsdp") or {}).get("version")
+        if old_version is not None and int(old_version) != dist.fsdp.version:
+            raise spec_field_error(
+                ["resume_from"],
+                f"{where} was written by FSDP{old_version} and this job runs FSDP{dist.fsdp.version}: "
+                f"their sharded states differ; set distributed.fsdp.version: {old_version}",
+            )
+    if new_kind == "deepspeed":
+        old_stage = (src_dist.get("deepspeed") or {}).get("zero_stage")
+        if old_stage is not None and int(old_stage) != dist.deepspeed.zero_stage:
+            raise spec_field_error(
+                ["resume_from"],
+                f"{where} was written under ZeRO-{old_stage} and this job runs ZeRO-"
+                f"{dist.deepspeed.zero_stage}; set distributed.deepspeed.zero_stage: {old_stage}",
+            )
+        if old_world and old_world != world:
+            universal = (
+                " (it holds a universal checkpoint, which ftq does not load)" if layout.universal else ""
+            )
+            raise spec_field_error(
+                ["resume_from"],
+                f"{where} holds DeepSpeed ZeRO partitions for {old_world} processes and this job runs "
+                f"{world}{universal}: DeepSpeed cannot load them on another world size; run on "
+                f"{old_world} processes (resources.num_nodes x processes_per_node), or start a new run "
+                "from its final/ model",
+            )

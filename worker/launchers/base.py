@@ -95,7 +95,7 @@ class Launcher(Protocol):
 RUN_ENV_NAMES = frozenset(
     {
         "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-        "PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "XDG_CACHE_HOME",
+        "PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "PYTORCH_CUDA_ALLOC_CONF",
         "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
         "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
     }

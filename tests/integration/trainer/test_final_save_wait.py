@@ -3,6 +3,7 @@
 A 70B full fine-tune's final save writes hundreds of GB from rank 0; the other ranks used to wait in
 a barrier bound by the collective timeout, which kills the job just as it finishes. Here the group's
 timeout is 3 s and rank 0's write takes 8 s (a slow tokenizer write stands for a slow filesystem).
+The wait's gloo group is the one made at start (`open_save_group`, issue 27), not one made at the end.
 """
 
 from __future__ import annotations
@@ -26,11 +27,24 @@ from types import SimpleNamespace
 from accelerate import Accelerator, PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer.train import save_final
+import torch.distributed as dist
+
+from trainer.train import open_save_group, save_final
 
 # Two CPU processes over gloo, as `accelerate launch` with use_cpu sets them up, with a short timeout.
 state = PartialState(cpu=True, timeout=datetime.timedelta(seconds=3))
 assert state.num_processes == 2 and state.distributed_type == "MULTI_CPU", state
+# The save's gloo group is made and checked at start, as the trainer does before loading the model
+# (a wrong GLOO_SOCKET_IFNAME fails here); the save must use it, never make a group at the end.
+group = open_save_group()
+assert group is not None and open_save_group() is group
+
+
+def no_new_group(*args, **kwargs):
+    raise AssertionError("the final save made a new process group instead of the one made at start")
+
+
+dist.new_group = no_new_group
 tiny, final = Path(sys.argv[1]), Path(sys.argv[2])
 tokenizer = AutoTokenizer.from_pretrained(tiny)
 

@@ -99,3 +99,91 @@ def test_an_unknown_job_or_one_without_checkpoints(settings: Settings, repo: Job
         resume_checkpoint(spec(job_id="job_empty"), repo, settings)
     loc, msg = field_error(exc)
     assert loc == ["body", "resume_from", "job_id"] and "no resumable checkpoint" in msg
+
+
+# Issue 27 (6): a checkpoint is checked at submit against this job's strategy and world size ----------
+
+
+def sharded_source(settings: Settings, kind: str, ranks: int, distributed: dict[str, Any]) -> JobRepository:
+    """A finished job of `ranks` processes under `distributed` with one checkpoint (step 4) of `kind`."""
+    checkpoint_dir(runs.run_dir(settings.runs_dir, SOURCE), 4, kind=kind, ranks=ranks)
+    source = Job(
+        id=SOURCE,
+        status="succeeded",
+        spec={
+            "distributed": distributed,
+            "resources": {"device": "cpu", "processes_per_node": ranks},
+        },
+    )
+    return cast(JobRepository, Jobs(source))
+
+
+def resuming(strategy: dict[str, Any], processes: int) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "model": {"name_or_path": "org/model"},
+            "dataset": {"name_or_path": "org/data"},
+            "training": {"max_steps": 8, "mixed_precision": "no"},
+            "distributed": strategy,
+            "resources": {"device": "cpu", "processes_per_node": processes},
+            "resume_from": {"job_id": SOURCE},
+        }
+    )
+
+
+ZERO3 = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+FSDP2 = {"strategy": "fsdp", "fsdp": {"version": 2}}
+
+
+def test_zero3_partitions_resume_on_their_world_size_and_are_refused_on_another(settings: Settings) -> None:
+    repo = sharded_source(settings, "deepspeed", 4, ZERO3)
+    assert resume_checkpoint(resuming(ZERO3, 4), repo, settings) is not None
+    with pytest.raises(SpecError) as exc:
+        resume_checkpoint(resuming(ZERO3, 2), repo, settings)
+    loc, msg = field_error(exc)
+    assert loc == ["body", "resume_from"]
+    assert "4 processes" in msg and "runs 2" in msg
+    # Another ZeRO stage is refused too, at any world size.
+    with pytest.raises(SpecError) as exc:
+        resume_checkpoint(
+            resuming({"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}}, 4), repo, settings
+        )
+    assert "ZeRO-3" in field_error(exc)[1]
+
+
+def test_the_world_size_is_read_from_the_checkpoints_own_files(settings: Settings) -> None:
+    # The source's spec says 2 processes, its checkpoint's partitions say 4: the files decide.
+    repo = sharded_source(settings, "deepspeed", 4, ZERO3)
+    job = repo.get(SOURCE)
+    assert job is not None
+    job.spec["resources"]["processes_per_node"] = 2
+    with pytest.raises(SpecError) as exc:
+        resume_checkpoint(resuming(ZERO3, 2), repo, settings)
+    assert "4 processes" in field_error(exc)[1]
+
+
+def test_fsdp_sharded_checkpoints_reshard_onto_another_world_size(settings: Settings) -> None:
+    repo = sharded_source(settings, "fsdp", 4, FSDP2)
+    for processes in (4, 2, 8):
+        path = resume_checkpoint(resuming(FSDP2, processes), repo, settings)
+        assert path is not None and path.endswith("checkpoint-4")
+    with pytest.raises(SpecError) as exc:
+        resume_checkpoint(resuming({"strategy": "fsdp", "fsdp": {"version": 1}}, 4), repo, settings)
+    loc, msg = field_error(exc)
+    assert loc == ["body", "resume_from"] and "FSDP2" in msg and "FSDP1" in msg
+
+
+def test_a_checkpoint_resumes_only_under_the_strategy_that_wrote_it(settings: Settings) -> None:
+    repo = sharded_source(settings, "fsdp", 2, FSDP2)
+    for other in (ZERO3, {"strategy": "ddp"}):
+        with pytest.raises(SpecError) as exc:
+            resume_checkpoint(resuming(other, 2), repo, settings)
+        loc, msg = field_error(exc)
+        assert loc == ["body", "resume_from"] and "written under fsdp" in msg
+
+
+def test_plain_checkpoints_resume_on_any_world_size(settings: Settings, repo: JobRepository) -> None:
+    # One process's whole files (the fixture's): DDP on 2 processes loads them as one process does.
+    assert resume_checkpoint(resuming({"strategy": "ddp"}, 2), repo, settings) is not None
+    with pytest.raises(SpecError):
+        resume_checkpoint(resuming(FSDP2, 2), repo, settings)

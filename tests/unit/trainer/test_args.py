@@ -80,3 +80,14 @@ def test_llama_train_py_flags_full_finetune_under_fsdp(monkeypatch: pytest.Monke
         8,
         "slurm",
     )
+
+
+def test_the_process_group_timeout_flag_reaches_the_trainer_args(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        '{"model": {"name_or_path": "/models/m"}, "dataset": {"name_or_path": "/data/train.jsonl"}, '
+        '"training": {"max_steps": 1}}'
+    )
+    base = ["--spec", str(spec), "--output_dir", str(tmp_path / "run")]
+    assert parse_args(base).process_group_timeout is None
+    assert parse_args([*base, "--process_group_timeout", "2760"]).process_group_timeout == 2760

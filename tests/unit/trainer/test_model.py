@@ -99,3 +99,23 @@ def test_an_adapter_needs_lora() -> None:
                 "training": {"max_steps": 1},
             }
         )
+
+
+def test_qlora_loads_with_4_bit_nf4_weights_stored_for_sharding() -> None:
+    import torch
+
+    from ftq.contract.spec import JobSpec
+    from trainer.model import quantization_config
+
+    body: dict[str, Any] = {
+        "model": {"name_or_path": "/models/m"},
+        "dataset": {"name_or_path": "/data/train.jsonl"},
+        "training": {"max_steps": 1},
+        "resources": {"device": "cuda"},
+        "lora": {"r": 8, "quantization": {"bits": 4, "compute_dtype": "bf16"}},
+    }
+    cfg = quantization_config(JobSpec.model_validate(body))
+    assert cfg.load_in_4bit and cfg.bnb_4bit_quant_type == "nf4" and cfg.bnb_4bit_use_double_quant
+    assert cfg.bnb_4bit_compute_dtype == torch.bfloat16 and cfg.bnb_4bit_quant_storage == torch.bfloat16
+    body["lora"] = {"r": 8}
+    assert quantization_config(JobSpec.model_validate(body)) is None

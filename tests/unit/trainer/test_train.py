@@ -72,3 +72,11 @@ def test_padding_free_packing_counts_every_token(tmp_path: Path) -> None:
     assert sft_config(job(lora=False), tmp_path, has_eval=False).include_num_input_tokens_seen == "all"
     padded = sft_config(job(lora=False, packing=False), tmp_path, has_eval=False)
     assert padded.include_num_input_tokens_seen == "non_padding"
+
+
+def test_the_plans_process_group_timeout_becomes_ddp_timeout_never_under_30_minutes(tmp_path: Path) -> None:
+    # ddp_timeout is what TrainingArguments hands accelerate's PartialState for init_process_group.
+    assert sft_config(job(lora=False), tmp_path, has_eval=False).ddp_timeout == 1800
+    config = sft_config(job(lora=False), tmp_path, has_eval=False, process_group_timeout=2760)
+    assert config.ddp_timeout == 2760
+    assert sft_config(job(lora=False), tmp_path, has_eval=False, process_group_timeout=60).ddp_timeout == 1800

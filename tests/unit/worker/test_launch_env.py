@@ -36,6 +36,8 @@ WORKER_ENV = {
     "HF_TOKEN": "hf_operator_token",
     "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
     "https_proxy": "http://proxy:3128",
+    # The operator's own allocator setting wins over the launch's expandable_segments default.
+    "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512",
 }
 
 
@@ -53,6 +55,7 @@ def test_only_the_allowlist_and_the_named_secrets_pass() -> None:
         "HF_TOKEN": "hf_operator_token",
         "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
         "https_proxy": "http://proxy:3128",
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512",
     }
 
 

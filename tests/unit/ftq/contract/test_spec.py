@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from ftq.contract.spec import JobSpec, looks_local
+from ftq.contract.spec import JobSpec, SpecFieldError, looks_local
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "design_example.yaml"
 
@@ -167,3 +167,58 @@ def test_integrations_are_strict(integrations: dict[str, Any], where: tuple[Any,
     with pytest.raises(ValidationError) as exc:
         JobSpec.model_validate(_minimal(integrations=integrations))
     assert [tuple(e["loc"]) for e in exc.value.errors()] == [where]
+
+
+def test_save_dtype_defaults_to_auto_and_zero3_cannot_save_fp32_from_16_bit_weights() -> None:
+    assert JobSpec.model_validate(_minimal()).training.save_dtype == "auto"
+    for dtype in ("bf16", "fp16", "fp32", "auto"):
+        JobSpec.model_validate(_minimal(training={"max_steps": 10, "save_dtype": dtype}))
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate(_minimal(training={"max_steps": 10, "save_dtype": "int8"}))
+    zero3 = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+    res = {"device": "cuda", "processes_per_node": 2}
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate(
+            _minimal(training={"max_steps": 10, "save_dtype": "fp32"}, distributed=zero3, resources=res)
+        )
+    assert "save_dtype" in str(err.value) and "16-bit" in str(err.value)
+    # Without mixed precision ZeRO-3's weights are fp32, and so is the gather.
+    JobSpec.model_validate(
+        _minimal(
+            training={"max_steps": 10, "save_dtype": "fp32", "mixed_precision": "no"},
+            distributed=zero3,
+            resources=res,
+        )
+    )
+
+
+def test_qlora_needs_cuda_and_a_strategy_that_can_hold_4_bit_weights() -> None:
+    lora = {
+        "r": 16,
+        "quantization": {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bf16"},
+    }
+    cuda = {"device": "cuda", "processes_per_node": 8}
+    ok = JobSpec.model_validate(
+        _minimal(
+            lora=lora, resources=cuda, distributed={"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+        )
+    )
+    assert ok.lora is not None and ok.lora.quantization is not None and ok.lora.quantization.type == "nf4"
+    JobSpec.model_validate(_minimal(lora=lora, resources=cuda, distributed={"strategy": "ddp"}))
+    refused = [
+        {"lora": lora, "resources": {"device": "cpu"}},
+        {"lora": lora, "resources": cuda, "distributed": {"strategy": "fsdp"}},
+        {
+            "lora": lora,
+            "resources": cuda,
+            "distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3, "offload_params": "cpu"}},
+        },
+    ]
+    for body in refused:
+        with pytest.raises(ValidationError) as err:
+            JobSpec.model_validate(_minimal(**body))
+        (error,) = err.value.errors()
+        cause = (error.get("ctx") or {}).get("error")
+        assert isinstance(cause, SpecFieldError) and cause.loc == ("lora", "quantization"), error
+    with pytest.raises(ValidationError):  # only 4 bits
+        JobSpec.model_validate(_minimal(lora={"quantization": {"bits": 8}}, resources=cuda))

@@ -8,6 +8,8 @@ rm -f -- exit_status
 # outlive the launch to record how it ended: with a trap, bash lets the foreground launch finish,
 # then runs the trap, and $? is still the launch's own status.
 trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
+# Fewer fragmentation OOMs hours in (FTQ_CUDA_ALLOC_CONF); a value in the run's environment wins
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 /opt/ftq/.venv/bin/python -m accelerate.commands.launch \
   --config_file /shared/ftq/runs/job_0123456789abcdef/accelerate_config.yaml \
   --num_processes 16 \
@@ -16,6 +18,7 @@ trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
   -m trainer \
   --spec /shared/ftq/runs/job_0123456789abcdef/spec.json \
   --output_dir /shared/ftq/runs/job_0123456789abcdef \
+  --process_group_timeout 2760 \
   >> train.log 2>&1
 status=$?
 

@@ -576,7 +576,15 @@ def test_disk_for_the_llama_full_finetune() -> None:
     assert disk.num_checkpoints == 2  # 500 steps, every 250
     # fp32 weights + two Adam moments per parameter, sharded across the ranks' files.
     assert disk.checkpoint_bytes == pytest.approx(69e9 * 12, rel=0.01)
-    assert disk.final_bytes == pytest.approx(69e9 * 4, rel=0.01)
+    # final/ in bf16 (training.save_dtype auto, training in bf16): 138 GB, not fp32's 276 GB.
+    assert disk.final_bytes == pytest.approx(69e9 * 2, rel=0.01)
+    fp32 = estimate_disk(example("llama2-70b-fsdp", training__save_dtype="fp32"), config(LLAMA))
+    assert fp32.final_bytes == pytest.approx(69e9 * 4, rel=0.01)
+    no_amp = estimate_disk(
+        example("llama2-70b-fsdp", training__mixed_precision="no", model__attn_implementation="sdpa"),
+        config(LLAMA),
+    )
+    assert no_amp.final_bytes == pytest.approx(69e9 * 4, rel=0.01)
     odd = estimate_disk(example("llama2-70b-fsdp", training__max_steps=501), config(LLAMA))
     assert odd.num_checkpoints == 3  # the last step is saved too
 
@@ -592,7 +600,7 @@ def test_disk_when_training_by_epochs() -> None:
         training__num_train_epochs=1,
         training__save_total_limit=2,
     )
-    assert estimate_disk(spec, config(LLAMA)).total_bytes == pytest.approx(3 * 69e9 * 12 + 69e9 * 4, rel=0.01)
+    assert estimate_disk(spec, config(LLAMA)).total_bytes == pytest.approx(3 * 69e9 * 12 + 69e9 * 2, rel=0.01)
 
 
 # Loading configs ----------
@@ -663,3 +671,37 @@ def test_full_fine_tuning_dpo_counts_the_reference_model_as_weights_only() -> No
     assert est.breakdown["reference_model"] == parse_arch(falcon).num_params * 2 // world  # type: ignore[union-attr]
     ddp = one_gpu("llama2-70b-fsdp", training__method="dpo", **full)
     assert estimate_memory(ddp, llama, device_memory_bytes=A100).breakdown["reference_model"] == total * 4
+
+
+# Issue 27 (11): QLoRA's 4-bit base weights ----------
+
+
+def test_qlora_counts_4_bit_base_weights_so_llama_70b_lora_fits_one_gpu_per_replica() -> None:
+    lora: dict[str, Any] = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
+    one_node = {"resources__num_nodes": 1, "resources__launcher": "local", "distributed": {"strategy": "ddp"}}
+    plain = estimate_memory(
+        example("llama2-70b-fsdp", lora=lora, **one_node), config(LLAMA), device_memory_bytes=A100
+    )
+    qlora = estimate_memory(
+        example("llama2-70b-fsdp", lora={**lora, "quantization": {"bits": 4}}, **one_node),
+        config(LLAMA),
+        device_memory_bytes=A100,
+    )
+    arch = parse_arch(config(LLAMA))
+    assert arch is not None
+    linear = arch.layers * sum(lin.d_in * lin.d_out for lin in arch.linears)
+    adapters = plain.breakdown["params"] - 2 * arch.num_params
+    # The decoder's Linear weights at 0.5 byte + double-quantized scales; embeddings and head in bf16.
+    want = linear * (0.5 + 1 / 64 + 4 / (64 * 256)) + (arch.num_params - linear) * 2 + adapters
+    assert qlora.breakdown["params"] == pytest.approx(want, rel=1e-6)
+    assert plain.fits is False and qlora.fits is True  # 129 GiB of bf16 weights vs about 35 GiB
+    single = estimate_memory(
+        example(
+            "llama2-70b-fsdp",
+            lora={**lora, "quantization": {"bits": 4, "double_quant": False}},
+            **one_node,
+        ),
+        config(LLAMA),
+        device_memory_bytes=A100,
+    )
+    assert single.breakdown["params"] > qlora.breakdown["params"]  # fp32 scales per 64 weights

@@ -22,15 +22,23 @@ from pydantic import ValidationError
 
 from ftq.contract.plans import DatasetPreflight, Estimate, Plan
 from ftq.contract.spec import JobSpec
+from ftq.planning.estimate import estimate_disk, estimate_memory, load_model_config
 from ftq.planning.render import default_port, render_plan
 from ftq.runtime.settings import Settings
 from tests.harness import EXAMPLES as EXAMPLES_DIR
+from tests.harness import MODEL_CONFIGS
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 EXAMPLES = {
     "llama2-70b-fsdp": EXAMPLES_DIR / "llama2-70b-fsdp.yaml",
     "llama2-70b-fsdp1": EXAMPLES_DIR / "llama2-70b-fsdp1.yaml",
     "falcon-180b-lora-zero3": EXAMPLES_DIR / "falcon-180b-lora-zero3.yaml",
+}
+# Each example's model config (tests/fixtures), for the estimate its plan is rendered with.
+EXAMPLE_MODELS = {
+    "llama2-70b-fsdp": "llama-2-70b-hf",
+    "llama2-70b-fsdp1": "llama-2-70b-hf",
+    "falcon-180b-lora-zero3": "falcon-180B",
 }
 GOLDEN_JOB = "job_0123456789abcdef"
 GOLDEN_RUN_DIR = Path("/shared/ftq/runs") / GOLDEN_JOB
@@ -88,8 +96,24 @@ def example(name: str) -> JobSpec:
     return JobSpec.model_validate(yaml.safe_load(EXAMPLES[name].read_text()))
 
 
-def golden_plan(name: str) -> Plan:
-    return render_plan(example(name), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings())
+def example_estimate(name: str) -> Estimate:
+    """The memory and disk estimate a submit computes for the example (its model's config.json)."""
+    spec = example(name)
+    cfg, reason = load_model_config(str(MODEL_CONFIGS / EXAMPLE_MODELS[name]))
+    assert cfg is not None, reason
+    est = estimate_memory(spec, cfg, device_memory_bytes=80 * 1024**3)
+    est.disk = estimate_disk(spec, cfg)
+    return est
+
+
+def golden_plan(name: str, **over: Any) -> Plan:
+    return render_plan(
+        example(name),
+        job_id=GOLDEN_JOB,
+        run_dir=GOLDEN_RUN_DIR,
+        settings=settings(**over),
+        estimate=example_estimate(name),
+    )
 
 
 def spec_for(**parts: Any) -> JobSpec:
@@ -222,14 +246,20 @@ def test_two_node_argv_and_sbatch(name: str) -> None:
     assert argv[argv.index("--num_processes") + 1] == "16"
     assert argv[argv.index("--num_machines") + 1] == "2"
     assert argv[argv.index("--config_file") + 1] == str(GOLDEN_RUN_DIR / "accelerate_config.yaml")
-    assert argv[-6:] == [
+    # The process group's timeout follows the model's 16-bit bytes at FTQ_LOAD_BANDWIDTH_GBPS (0.05):
+    # 138 GB for Llama 2 70B is 2760 s, 357 GB for Falcon 180B 7200 s (whole minutes, at least 1800).
+    timeout = {"falcon-180b-lora-zero3": "7200"}.get(name, "2760")
+    assert argv[-8:] == [
         "-m",
         "trainer",
         "--spec",
         str(GOLDEN_RUN_DIR / "spec.json"),
         "--output_dir",
         str(GOLDEN_RUN_DIR),
+        "--process_group_timeout",
+        timeout,
     ]
+    assert f"  --process_group_timeout {timeout} \\\n" in (plan.sbatch_script or "")
     assert plan.trainer_args == {
         "spec": str(GOLDEN_RUN_DIR / "spec.json"),
         "output_dir": str(GOLDEN_RUN_DIR),
@@ -558,10 +588,10 @@ def test_gpu_nodes_get_cpus_and_memory_derived_from_their_gpus() -> None:
 
 def test_the_time_limit_warning_reaches_the_trainer_and_nccl_lines_are_quoted() -> None:
     sb = golden_plan("llama2-70b-fsdp").sbatch_script or ""
-    assert "#SBATCH --signal=B:USR1@300\n" in sb
+    assert "#SBATCH --signal=B:USR1@960\n" in sb
     assert "trap stop_with_checkpoint USR1" in sb and 'kill -USR1 "$LAUNCH_PID"' in sb
     assert "export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1\n" in sb
-    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300\n" in sb
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=960\n" in sb
     assert "export NCCL_SOCKET_IFNAME=ib0\nexport NCCL_IB_HCA=mlx5\n" in sb
     odd = settings(slurm_nccl_env="NCCL_DEBUG_SUBSYS=INIT,NET $(touch /tmp/x)")
     plan = render_plan(example("llama2-70b-fsdp"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=odd)
@@ -669,3 +699,83 @@ def test_a_value_written_like_a_template_placeholder_is_filled_in_as_written() -
     sb = plan.sbatch_script or ""
     assert "RUN_DIR='/r/{{port}}'\n" in sb and "cd -- '/r/{{port}}' ||" in plan.launch_script
     assert '#SBATCH --job-name="ftq-j{{port}}"\n' in sb and "\necho {{run_dir}}\n" in sb
+
+
+# Issue 27: expandable segments and the time-limit warning sized from the checkpoint ----------
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_cuda_jobs_launch_with_expandable_segments_unless_the_run_sets_its_own(name: str) -> None:
+    line = 'export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"'
+    plan = golden_plan(name)
+    assert line in plan.launch_script
+    assert line in (plan.sbatch_script or "")
+    # The export comes before the launch it is for.
+    sb = plan.sbatch_script or ""
+    assert sb.index(line) < sb.index("srun --nodes")
+    # The operator turns it off (or sets another value) with FTQ_CUDA_ALLOC_CONF.
+    off = golden_plan(name, cuda_alloc_conf="")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in off.launch_script + (off.sbatch_script or "")
+    other = golden_plan(name, cuda_alloc_conf="max_split_size_mb:512")
+    assert "${PYTORCH_CUDA_ALLOC_CONF:-max_split_size_mb:512}" in other.launch_script
+
+
+def test_cpu_jobs_do_not_set_the_cuda_allocator() -> None:
+    spec = spec_for(resources={"device": "cpu"})
+    plan = render_plan(spec, job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings())
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in plan.launch_script
+
+
+def test_the_time_limit_warning_leaves_time_to_write_the_checkpoint() -> None:
+    # Llama 2 70B full fine-tune: 69e9 parameters x (4 + 8) bytes = 0.83 TB a checkpoint; at the default
+    # 1 GB/s that is 828 s, plus a step's 120 s, in whole minutes: 960 s, not the fixed 300 s.
+    est = example_estimate("llama2-70b-fsdp")
+    assert est.disk is not None and est.disk.checkpoint_bytes == pytest.approx(0.83e12, rel=0.01)
+    sb = golden_plan("llama2-70b-fsdp").sbatch_script or ""
+    assert "#SBATCH --signal=B:USR1@960\n" in sb
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=960\n" in sb
+    # A faster filesystem shortens it, never under FTQ_SLURM_SIGNAL_GRACE_SECONDS.
+    fast = golden_plan("llama2-70b-fsdp", checkpoint_write_gbps=4.0).sbatch_script or ""
+    assert "#SBATCH --signal=B:USR1@360\n" in fast
+    floor = golden_plan("llama2-70b-fsdp", checkpoint_write_gbps=100.0).sbatch_script or ""
+    assert "#SBATCH --signal=B:USR1@300\n" in floor
+    # The Falcon LoRA checkpoint is the adapter (a few GB): the floor.
+    assert "#SBATCH --signal=B:USR1@300\n" in (golden_plan("falcon-180b-lora-zero3").sbatch_script or "")
+    # 0 still means no warning at all.
+    none = golden_plan("llama2-70b-fsdp", slurm_signal_grace_seconds=0).sbatch_script or ""
+    assert "#SBATCH --signal" not in none
+    # Without an estimate (model config unreadable), the floor.
+    bare = render_plan(
+        example("llama2-70b-fsdp"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings()
+    )
+    assert "#SBATCH --signal=B:USR1@300\n" in (bare.sbatch_script or "")
+
+
+def test_the_process_group_timeout_follows_the_load_never_under_30_minutes() -> None:
+    fast = golden_plan("llama2-70b-fsdp", load_bandwidth_gbps=1.0)
+    assert fast.command[-2:] == ["--process_group_timeout", "1800"]
+    slow = golden_plan("llama2-70b-fsdp", load_bandwidth_gbps=0.01)
+    assert slow.command[-2:] == ["--process_group_timeout", str(13_800)]  # 138 GB at 10 MB/s, in minutes
+    # Without a parameter count (model config unreadable), the trainer's own 30 min: no flag.
+    bare = render_plan(
+        example("llama2-70b-fsdp"), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings()
+    )
+    assert "--process_group_timeout" not in bare.command
+
+
+def test_the_allocator_export_keeps_a_value_the_run_already_has() -> None:
+    import subprocess
+
+    line = next(
+        ln
+        for ln in golden_plan("llama2-70b-fsdp").launch_script.splitlines()
+        if "PYTORCH_CUDA_ALLOC_CONF=" in ln
+    )
+    script = f'{line}\nprintf %s "$PYTORCH_CUDA_ALLOC_CONF"'
+    unset = subprocess.run(
+        ["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
+    )
+    assert unset.stdout == "expandable_segments:True"
+    env = {"PATH": "/usr/bin:/bin", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    kept = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert kept.stdout == "max_split_size_mb:512"

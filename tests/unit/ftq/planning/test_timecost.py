@@ -35,7 +35,8 @@ def spec(**over: Any) -> JobSpec:
 
 
 def test_full_fine_tuning_is_6_flops_per_token_per_parameter() -> None:
-    s = Settings(gpu_type="H100", assumed_mfu=0.5, price_per_device_hour=2.0)
+    # comm_overlap 1: the collectives hidden behind compute, so the seconds are the FLOPs term alone.
+    s = Settings(gpu_type="H100", assumed_mfu=0.5, price_per_device_hour=2.0, comm_overlap=1.0)
     te = time_estimate(spec(), s, parameters=7_000_000_000)
     tokens = 100 * 4 * 2 * 8 * 1024
     assert te.tokens == tokens
@@ -70,7 +71,7 @@ def test_what_cannot_be_known_is_said_not_guessed() -> None:
     te = time_estimate(epochs, s, parameters=10)
     assert te.tokens is None and te.seconds is None
     assert te.reason is not None and "token count" in te.reason
-    te = time_estimate(epochs, s, parameters=10, run_tokens=10_000)
+    te = time_estimate(epochs, Settings(comm_overlap=1.0), parameters=10, run_tokens=10_000)
     assert te.tokens == 10_000 and te.seconds == pytest.approx(6 * 10_000 * 10 / (8 * 312e12 * 0.35))
     assert te.reason is None
     te = time_estimate(spec(), Settings(gpu_type="Z9000"), parameters=10)
@@ -111,3 +112,62 @@ def test_the_dataset_preflight_token_count_replaces_the_full_length_upper_bound(
     assert bound.tokens == 100 * 4 * 2 * 8 * 1024 and counted.tokens == 12_345
     assert counted.seconds == pytest.approx(12_345 / 8000)
     assert any("dataset preflight" in a for a in counted.assumptions)
+
+
+# Issue 27 (8): the collectives' term ----------
+
+
+def test_fsdp_and_zero3_pay_for_their_gathers_over_the_interconnect() -> None:
+    s = Settings(gpu_type="A100", intra_node_gbps=100.0, inter_node_gbps=25.0, comm_overlap=0.25)
+    params = 7_000_000_000
+    one_node = time_estimate(spec(), s, parameters=params)
+    # 100 steps x 2 micro-batches; 2 gathers + 1 reduce-scatter of 7e9 bf16 values; 7/8 over 100 GB/s.
+    per_pass = 3 * params * 2 * 7 / 8 / 100e9
+    assert one_node.communication_seconds == pytest.approx(200 * per_pass * 0.75)
+    compute = time_estimate(spec(), Settings(comm_overlap=1.0), parameters=params).seconds
+    assert compute is not None
+    assert compute == pytest.approx(6 * 100 * 4 * 2 * 8 * 1024 * params / (8 * 312e12 * 0.35))
+    assert one_node.seconds == pytest.approx(compute + 200 * per_pass * 0.75)
+    assert any("FTQ_INTRA_NODE_GBPS" in a and "FTQ_COMM_OVERLAP" in a for a in one_node.assumptions)
+    # Across nodes the node's network is the slow link (and 15/16 of the bytes cross it).
+    two = spec(resources={"device": "cuda", "processes_per_node": 8, "num_nodes": 2, "launcher": "slurm"})
+    te = time_estimate(two, s, parameters=params)
+    two_pass = 3 * params * 2 * 15 / 16 / 25e9
+    assert te.communication_seconds == pytest.approx(200 * two_pass * 0.75)
+    assert any("FTQ_INTER_NODE_GBPS" in a for a in te.assumptions)
+    # SHARD_GRAD_OP keeps the weights after the forward: one gather fewer.
+    grad_op = spec(distributed={"strategy": "fsdp", "fsdp": {"reshard_after_forward": False}})
+    te = time_estimate(grad_op, s, parameters=params)
+    assert te.communication_seconds == pytest.approx(200 * 2 * params * 2 * 7 / 8 / 100e9 * 0.75)
+    # LoRA under ZeRO-3: the frozen base is gathered twice, only the adapters' gradients reduced.
+    lora = spec(
+        distributed={"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
+        lora={"r": 16, "alpha": 32, "target_modules": ["q_proj"]},
+    )
+    te = time_estimate(lora, s, parameters=params, trainable=1_000_000)
+    assert te.communication_seconds == pytest.approx(
+        200 * (2 * params + 1_000_000) * 2 * 7 / 8 / 100e9 * 0.75
+    )
+
+
+def test_no_communication_term_where_there_is_none_or_it_was_measured() -> None:
+    one = spec(resources={"device": "cuda", "processes_per_node": 1}, distributed={"strategy": "none"})
+    assert time_estimate(one, Settings(), parameters=10**9).communication_seconds is None
+    cpu = spec(resources={"device": "cpu", "processes_per_node": 2})
+    assert time_estimate(cpu, Settings(), parameters=10**9).communication_seconds is None
+    measured = time_estimate(spec(), Settings(tokens_per_second_per_device=1000.0), parameters=10**9)
+    assert measured.communication_seconds is None
+
+
+def test_the_article_jobs_estimates_move_toward_their_reported_hours() -> None:
+    """Llama 2 70B FSDP (article: 13.5 h) and Falcon 180B LoRA ZeRO-3 (36 h), 2 x 8 A100 over 400 Gb/s."""
+    from tests.unit.ftq.planning.test_render import golden_plan
+
+    llama = golden_plan("llama2-70b-fsdp").time_estimate
+    falcon = golden_plan("falcon-180b-lora-zero3").time_estimate
+    assert llama is not None and falcon is not None
+    assert llama.seconds is not None and falcon.seconds is not None
+    assert llama.communication_seconds == pytest.approx(0.54 * 3600, rel=0.02)
+    assert llama.seconds / 3600 == pytest.approx(1.98, rel=0.02)  # was 1.44 h
+    assert falcon.communication_seconds == pytest.approx(9.31 * 3600, rel=0.02)
+    assert falcon.seconds / 3600 == pytest.approx(37.2, rel=0.02)  # was 27.9 h
