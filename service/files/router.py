@@ -6,7 +6,7 @@ import errno
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.requests import ClientDisconnect
 
@@ -14,9 +14,9 @@ from ftq.contract.schemas import FileList, FilePublic
 from ftq.runtime import files
 from ftq.runtime.settings import get_settings
 from ftq.store import outbox
-from ftq.store.db import new_session, read_session
+from ftq.store.db import read_session
 from ftq.store.files_repository import FileRepository
-from service.deps import current_owner
+from service.deps import LoopOwnerDep, in_thread_session
 from service.errors import (
     BadRequest,
     InsufficientStorage,
@@ -39,24 +39,6 @@ _MULTIPART_SLACK = 64 * 1024
 FileId = Annotated[str, id_in_path("File id, e.g. file_0123456789abcdef01234567")]
 
 _ERRORS = owner_errors("No such file for this owner")
-
-
-async def _owner(request: Request) -> str:
-    return current_owner(request, get_settings())
-
-
-OwnerDep = Annotated[str, Depends(_owner)]
-
-
-def _in_thread_session(fn: Any) -> Any:
-    def run() -> Any:
-        session = new_session()
-        try:
-            return fn(session)
-        finally:
-            session.close()
-
-    return run
 
 
 _UPLOAD_BODY = {
@@ -102,7 +84,7 @@ async def upload_file(
     request: Request,
     response: Response,
     background: BackgroundTasks,
-    owner: OwnerDep,
+    owner: LoopOwnerDep,
     filename: str | None = Query(
         None, max_length=1024, description="The name to show for it (default: the multipart filename)."
     ),
@@ -136,7 +118,7 @@ async def upload_file(
             def run(session: Any) -> None:
                 file_service.reserve(session, FileRepository(session, owner), settings, part, want)
 
-            await anyio.to_thread.run_sync(_in_thread_session(run))
+            await anyio.to_thread.run_sync(in_thread_session(run))
 
         limits = upload.Limits(settings.max_file_bytes, reserve, declared=body_bytes)
         # One deadline for the whole body: a client cannot hold its reservation (and a connection)
@@ -178,7 +160,7 @@ async def upload_file(
         )
         return file_service.to_public(row)
 
-    public: FilePublic = await anyio.to_thread.run_sync(_in_thread_session(store))
+    public: FilePublic = await anyio.to_thread.run_sync(in_thread_session(store))
     background.add_task(outbox.send_file_validation, file_id)
     response.headers["Location"] = f"/files/{file_id}"
     return public
@@ -194,7 +176,7 @@ async def upload_file(
     summary="List your files",
 )
 async def list_files(
-    owner: OwnerDep,
+    owner: LoopOwnerDep,
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, max_length=32, description="next_cursor of the previous page"),
 ) -> FileList:
@@ -216,7 +198,7 @@ async def list_files(
 @router.get(
     "/{file_id}", response_model=FilePublic, responses=_ERRORS, summary="Get a file's status and validation"
 )
-async def get_file(file_id: FileId, owner: OwnerDep) -> FilePublic:
+async def get_file(file_id: FileId, owner: LoopOwnerDep) -> FilePublic:
     def one() -> FilePublic:
         with read_session() as session:
             return file_service.to_public(file_service.get_or_404(FileRepository(session, owner), file_id))
@@ -236,7 +218,7 @@ async def get_file(file_id: FileId, owner: OwnerDep) -> FilePublic:
     response_class=FileResponse,
     summary="Download a file's bytes (streamed)",
 )
-async def get_content(file_id: FileId, owner: OwnerDep) -> FileResponse:
+async def get_content(file_id: FileId, owner: LoopOwnerDep) -> FileResponse:
     settings = get_settings()
 
     def find() -> tuple[str, str]:
@@ -258,11 +240,11 @@ async def get_content(file_id: FileId, owner: OwnerDep) -> FileResponse:
     responses={**_ERRORS, 409: error("A queued or running job uses it")},
     summary="Delete a file and its bytes",
 )
-async def delete_file(file_id: FileId, owner: OwnerDep) -> Response:
+async def delete_file(file_id: FileId, owner: LoopOwnerDep) -> Response:
     settings = get_settings()
 
     def remove(session: Any) -> None:
         file_service.delete(session, FileRepository(session, owner), settings, file_id)
 
-    await anyio.to_thread.run_sync(_in_thread_session(remove))
+    await anyio.to_thread.run_sync(in_thread_session(remove))
     return Response(status_code=204)

@@ -8,7 +8,7 @@ import time
 from collections import defaultdict, deque
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
@@ -31,7 +31,7 @@ from ftq.store import outbox
 from ftq.store.db import read_session
 from ftq.store.repository import JobRepository
 from service.body import media_type, read_spec_body
-from service.deps import RepoDep, SessionDep, SettingsDep, current_owner
+from service.deps import LoopOwnerDep, RepoDep, SessionDep, SettingsDep, current_owner
 from service.errors import TooManyRequests, parse_cursor, spec_field_error
 from service.jobs import checkpoints, log_stream, logs, poll, samples
 from service.jobs import service as jobs
@@ -150,15 +150,6 @@ async def create_job(
 # (by_alias, as FastAPI serializes).
 
 
-async def _owner_inline(request: Request) -> str:
-    # current_owner is pure CPU (a header and constant-time compares); declared async, it runs on the
-    # event loop instead of costing the two thread-pool hops FastAPI makes for sync dependencies.
-    return current_owner(request, get_settings())
-
-
-OwnerInline = Annotated[str, Depends(_owner_inline)]
-
-
 def _json(model: BaseModel) -> bytes:
     return model.__pydantic_serializer__.to_json(model, by_alias=True)
 
@@ -170,7 +161,7 @@ _json_response = poll.json_response
     "", response_model=JobList, responses={401: _ERRORS[401], 400: {"model": ErrorBody}}, summary="List jobs"
 )
 async def list_jobs(
-    owner: OwnerInline,
+    owner: LoopOwnerDep,
     status: str | None = Query(None, description="Comma-separated statuses, e.g. queued,running"),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, max_length=32, description="next_cursor of the previous page"),
@@ -200,7 +191,7 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=_ERRORS, summary="Get a job")
-async def get_job(job_id: JobId, owner: OwnerInline) -> Response:
+async def get_job(job_id: JobId, owner: LoopOwnerDep) -> Response:
     def body() -> bytes:
         with read_session() as session:
             repo = JobRepository(session, owner)
@@ -267,7 +258,7 @@ def get_plan(job_id: JobId, repo: RepoDep) -> PlanPublic:
 )
 async def get_logs(
     job_id: JobId,
-    owner: OwnerInline,
+    owner: LoopOwnerDep,
     offset: int = Query(0, ge=0, le=2**62),
     limit: int = Query(65536, ge=1, le=logs.LOG_CHUNK_MAX),
 ) -> Response:
@@ -300,7 +291,7 @@ async def get_logs(
 )
 async def stream_logs(
     job_id: JobId,
-    owner: OwnerInline,
+    owner: LoopOwnerDep,
     offset: int = Query(0, ge=0, le=2**62),
 ) -> Response:
     return await log_stream.follow(owner, job_id, offset, get_settings())
@@ -317,7 +308,7 @@ async def get_metrics(
 ) -> Response:
     # A plain poll is answered by poll.MetricsPollPath before it gets here; this route answers the rest
     # (and its errors), and is the one the OpenAPI document describes.
-    owner = current_owner(request, get_settings())  # as OwnerInline, without a dependency to resolve
+    owner = current_owner(request, get_settings())  # as LoopOwnerDep, without a dependency to resolve
     return _json_response(
         await poll.poll_body(request.app.state, owner, job_id, after_step=after_step, limit=limit)
     )
@@ -339,7 +330,7 @@ def get_checkpoints(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> Chec
 )
 async def get_samples(
     job_id: JobId,
-    owner: OwnerInline,
+    owner: LoopOwnerDep,
     after_step: int = Query(-1, ge=-1, le=2**31 - 1, description="Only samples of steps after this one."),
     limit: int = Query(
         100, ge=1, le=1000, description="At most this many steps (each with all its prompts)."

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
@@ -40,7 +40,7 @@ from ftq.store.db import new_session, read_session
 from ftq.store.files_repository import FileRepository
 from ftq.store.models import UploadedFile
 from ftq.store.openai_repository import OpenAIRepository
-from service.deps import current_owner
+from service.deps import LoopOwnerDep, in_thread_session
 from service.errors import BadRequest, PayloadTooLarge, RequestTimeout, TooManyRequests
 from service.files import service as file_service
 from service.files import upload
@@ -60,24 +60,6 @@ _UPLOAD_ID = re.compile(r"^upload_[0-9a-f]{24}$")
 _PART_ID = re.compile(r"^part_[0-9a-f]{24}$")
 
 V1Id = Annotated[str, PathParam(min_length=1, max_length=64)]
-
-
-async def _owner(request: Request) -> str:
-    return current_owner(request, get_settings())
-
-
-OwnerDep = Annotated[str, Depends(_owner)]
-
-
-def _session_run(fn: Any) -> Any:
-    def run() -> Any:
-        session = new_session()
-        try:
-            return fn(session)
-        finally:
-            session.close()
-
-    return run
 
 
 def to_openai(row: UploadedFile) -> OpenAIFile:
@@ -118,7 +100,7 @@ def _limits(
                 session, FileRepository(session, owner), settings, part, want, also_held=pending
             )
 
-        await anyio.to_thread.run_sync(_session_run(run))
+        await anyio.to_thread.run_sync(in_thread_session(run))
 
     cap = settings.max_file_bytes if max_bytes is None else max_bytes
     return upload.Limits(cap, reserve, declared=declared)
@@ -166,14 +148,14 @@ def _record(
         )
         return to_openai(row)
 
-    return _session_run(store)
+    return in_thread_session(store)
 
 
 # Files ----------------------------------------------------------------------------------------------------
 
 
 @router.post("/v1/files", response_model=OpenAIFile, summary="Upload a file (OpenAI: files.create)")
-async def create_file(request: Request, background: BackgroundTasks, owner: OwnerDep) -> OpenAIFile:
+async def create_file(request: Request, background: BackgroundTasks, owner: LoopOwnerDep) -> OpenAIFile:
     settings = get_settings()
     file_id = files.new_file_id()
     part = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
@@ -193,7 +175,7 @@ async def create_file(request: Request, background: BackgroundTasks, owner: Owne
 
 @router.get("/v1/files", response_model=OpenAIList[OpenAIFile], summary="List files (OpenAI: files.list)")
 def list_files(
-    owner: OwnerDep,
+    owner: LoopOwnerDep,
     after: str | None = AFTER,
     limit: int = Query(10_000, ge=1, le=10_000),
     purpose: str | None = Query(None, max_length=64),
@@ -230,7 +212,7 @@ def _get_row(repo: FileRepository, v1_id: str) -> UploadedFile:
 
 
 @router.get("/v1/files/{file_id}", response_model=OpenAIFile, summary="A file (OpenAI: files.retrieve)")
-def retrieve_file(file_id: V1Id, owner: OwnerDep) -> OpenAIFile:
+def retrieve_file(file_id: V1Id, owner: LoopOwnerDep) -> OpenAIFile:
     with read_session() as session:
         if ids.result_file_job(file_id):
             return v1_jobs.result_file(OpenAIRepository(session, owner), file_id)[0]
@@ -243,7 +225,7 @@ def retrieve_file(file_id: V1Id, owner: OwnerDep) -> OpenAIFile:
     responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes"}},
     summary="A file's bytes (OpenAI: files.content)",
 )
-def file_content(file_id: V1Id, owner: OwnerDep) -> Response:
+def file_content(file_id: V1Id, owner: LoopOwnerDep) -> Response:
     settings = get_settings()
     with read_session() as session:
         if ids.result_file_job(file_id):
@@ -261,7 +243,7 @@ def file_content(file_id: V1Id, owner: OwnerDep) -> Response:
 @router.delete(
     "/v1/files/{file_id}", response_model=FileDeleted, summary="Delete a file (OpenAI: files.delete)"
 )
-def delete_file(file_id: V1Id, owner: OwnerDep) -> FileDeleted:
+def delete_file(file_id: V1Id, owner: LoopOwnerDep) -> FileDeleted:
     settings = get_settings()
     native = ids.file_in(file_id)
     if native is None:
@@ -336,7 +318,7 @@ def _upload_out(state: dict[str, Any], file: OpenAIFile | None = None) -> Upload
 @router.post(
     "/v1/uploads", response_model=Upload, summary="Start an upload in parts (OpenAI: uploads.create)"
 )
-def create_upload(body: UploadCreate, owner: OwnerDep) -> Upload:
+def create_upload(body: UploadCreate, owner: LoopOwnerDep) -> Upload:
     settings = get_settings()
     _check_purpose(body.purpose)
     if body.bytes > settings.max_file_bytes:
@@ -377,7 +359,7 @@ def create_upload(body: UploadCreate, owner: OwnerDep) -> Upload:
     response_model=UploadPart,
     summary="Add a part (OpenAI: uploads.parts.create)",
 )
-async def add_part(upload_id: V1Id, request: Request, owner: OwnerDep) -> UploadPart:
+async def add_part(upload_id: V1Id, request: Request, owner: LoopOwnerDep) -> UploadPart:
     settings = get_settings()
     folder = _upload_dir(settings, owner, upload_id)
     state = await anyio.to_thread.run_sync(_read_state, folder, upload_id)
@@ -399,7 +381,7 @@ async def add_part(upload_id: V1Id, request: Request, owner: OwnerDep) -> Upload
     summary="Join the parts into a file (OpenAI: uploads.complete)",
 )
 async def complete_upload(
-    upload_id: V1Id, body: UploadComplete, background: BackgroundTasks, owner: OwnerDep
+    upload_id: V1Id, body: UploadComplete, background: BackgroundTasks, owner: LoopOwnerDep
 ) -> Upload:
     settings = get_settings()
     folder = _upload_dir(settings, owner, upload_id)
@@ -449,7 +431,7 @@ async def complete_upload(
     response_model=Upload,
     summary="Cancel an upload (OpenAI: uploads.cancel)",
 )
-def cancel_upload(upload_id: V1Id, owner: OwnerDep) -> Upload:
+def cancel_upload(upload_id: V1Id, owner: LoopOwnerDep) -> Upload:
     settings = get_settings()
     folder = _upload_dir(settings, owner, upload_id)
     state = _read_state(folder, upload_id)

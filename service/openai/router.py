@@ -8,7 +8,7 @@ import re
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Request, Response
 from pydantic import BaseModel
 
 from ftq.contract.graders import (
@@ -30,7 +30,7 @@ from ftq.runtime.settings import get_settings
 from ftq.store import outbox
 from ftq.store.db import new_session, read_session
 from ftq.store.openai_repository import OpenAIRepository
-from service.deps import current_owner
+from service.deps import LoopOwnerDep
 from service.graders import service as graders
 from service.jobs.poll import json_response
 from service.jobs.reads import in_thread
@@ -68,19 +68,12 @@ router.include_router(files_router)
 FtJobId = Annotated[str, Path(min_length=1, max_length=64, description="ftjob-<hex>")]
 
 
-async def _owner(request: Request) -> str:
-    return current_owner(request, get_settings())
-
-
-OwnerDep = Annotated[str, Depends(_owner)]
-
-
 @router.post("/v1/fine_tuning/jobs", response_model=FineTuningJob, summary="Create a fine-tuning job")
 async def create_job(
     request: Request,
     background: BackgroundTasks,
     body: JobCreate,
-    owner: OwnerDep,
+    owner: LoopOwnerDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> FineTuningJob:
     settings = get_settings()
@@ -101,7 +94,7 @@ async def create_job(
 @router.get("/v1/fine_tuning/jobs", response_model=OpenAIList[FineTuningJob], summary="List fine-tuning jobs")
 def list_jobs(
     request: Request,
-    owner: OwnerDep,
+    owner: LoopOwnerDep,
     after: str | None = AFTER,
     limit: int = LIMIT,
 ) -> OpenAIList[FineTuningJob]:
@@ -126,7 +119,7 @@ def list_jobs(
 @router.get(
     "/v1/fine_tuning/jobs/{job_id}", response_model=FineTuningJob, summary="Retrieve a fine-tuning job"
 )
-async def retrieve_job(job_id: FtJobId, owner: OwnerDep) -> Response:
+async def retrieve_job(job_id: FtJobId, owner: LoopOwnerDep) -> Response:
     def body() -> bytes:
         with read_session() as session:
             job, extra = v1_jobs.get_or_404(OpenAIRepository(session, owner), job_id)
@@ -138,7 +131,7 @@ async def retrieve_job(job_id: FtJobId, owner: OwnerDep) -> Response:
 @router.post(
     "/v1/fine_tuning/jobs/{job_id}/cancel", response_model=FineTuningJob, summary="Cancel a fine-tuning job"
 )
-def cancel_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) -> FineTuningJob:
+def cancel_job(job_id: FtJobId, owner: LoopOwnerDep, background: BackgroundTasks) -> FineTuningJob:
     settings = get_settings()
     session = new_session()
     try:
@@ -165,7 +158,7 @@ def _change(job_id: str, owner: str, background: BackgroundTasks, change: str) -
     response_model=FineTuningJob,
     summary="Pause a running fine-tuning job (it checkpoints and frees its devices)",
 )
-def pause_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) -> FineTuningJob:
+def pause_job(job_id: FtJobId, owner: LoopOwnerDep, background: BackgroundTasks) -> FineTuningJob:
     return _change(job_id, owner, background, "pause")
 
 
@@ -174,7 +167,7 @@ def pause_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) -> 
     response_model=FineTuningJob,
     summary="Resume a paused fine-tuning job from its checkpoint",
 )
-def resume_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) -> FineTuningJob:
+def resume_job(job_id: FtJobId, owner: LoopOwnerDep, background: BackgroundTasks) -> FineTuningJob:
     return _change(job_id, owner, background, "resume")
 
 
@@ -184,7 +177,7 @@ def resume_job(job_id: FtJobId, owner: OwnerDep, background: BackgroundTasks) ->
     summary="A fine-tuning job's events (messages and metrics), newest first",
 )
 async def list_events(
-    job_id: FtJobId, owner: OwnerDep, after: str | None = AFTER, limit: int = LIMIT
+    job_id: FtJobId, owner: LoopOwnerDep, after: str | None = AFTER, limit: int = LIMIT
 ) -> Response:
     def body() -> bytes:
         with read_session() as session:
@@ -201,7 +194,7 @@ async def list_events(
     summary="A fine-tuning job's checkpoints, newest first",
 )
 def list_checkpoints(
-    job_id: FtJobId, owner: OwnerDep, after: str | None = AFTER, limit: int = Query(10, ge=1, le=100)
+    job_id: FtJobId, owner: LoopOwnerDep, after: str | None = AFTER, limit: int = Query(10, ge=1, le=100)
 ) -> OpenAIList[FineTuningJobCheckpoint]:
     settings = get_settings()
     with read_session() as session:
@@ -229,13 +222,13 @@ def _models(owner: str) -> list[Model]:
 @router.get(
     "/v1/models", response_model=OpenAIList[Model], summary="Models to fine-tune, and your fine-tuned ones"
 )
-def list_models(owner: OwnerDep) -> OpenAIList[Model]:
+def list_models(owner: LoopOwnerDep) -> OpenAIList[Model]:
     models = _models(owner)
     return listing(models, False, lambda m: m.id)
 
 
 @router.get("/v1/models/{model:path}", response_model=Model, summary="Retrieve a model")
-def retrieve_model(model: str, owner: OwnerDep) -> Model:
+def retrieve_model(model: str, owner: LoopOwnerDep) -> Model:
     if len(model) > 512:
         raise invalid("model is too long", "model")
     for m in _models(owner):
@@ -247,7 +240,7 @@ def retrieve_model(model: str, owner: OwnerDep) -> Model:
 @router.post(
     "/v1/fine_tuning/alpha/graders/run", response_model=GraderRunResponse, summary="Run a grader on a sample"
 )
-async def run_grader(body: GraderRunRequest, owner: OwnerDep) -> GraderRunResponse:
+async def run_grader(body: GraderRunRequest, owner: LoopOwnerDep) -> GraderRunResponse:
     return await graders.run(body, get_settings(), owner)
 
 
@@ -256,6 +249,6 @@ async def run_grader(body: GraderRunRequest, owner: OwnerDep) -> GraderRunRespon
     response_model=GraderValidateResponse,
     summary="Validate a grader",
 )
-async def validate_grader(body: GraderValidateRequest, owner: OwnerDep) -> GraderValidateResponse:
+async def validate_grader(body: GraderValidateRequest, owner: LoopOwnerDep) -> GraderValidateResponse:
     graders.check_allowed(body.grader, get_settings())
     return GraderValidateResponse(grader=body.grader)

@@ -212,19 +212,10 @@ def test_a_run_that_ended_on_a_full_disk_freed_since_is_disk_full_not_a_kill(tmp
     """Issue 28, finding 9 (the fault campaign's full-disk phase): the run dies on a full disk without an
     exit status, then the space comes back before the worker reads the run. The reaper saw the disk
     full when the run ended, so the run is disk_full, not "killed (SIGKILL ...)"."""
-    import shutil
-    import subprocess
-
+    from tests.harness.disk import small_tmpfs
     from worker.recovery import why_it_failed
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a tmpfs needs root and mount(8), which this machine does not give the test")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not permitted here: {res.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "16m") as disk:
         ended = threading.Event()
         launcher = LocalLauncher(Settings(data_dir=disk), on_exit=ended.set)
         req = _request(disk, "job_full", FILLS_THE_DISK)
@@ -236,5 +227,3 @@ def test_a_run_that_ended_on_a_full_disk_freed_since_is_disk_full_not_a_kill(tmp
         assert state.phase == RunPhase.lost, state
         failure = why_it_failed(req.run_dir, state)
         assert failure.code == "disk_full" and "SIGKILL" not in failure.message, failure
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)

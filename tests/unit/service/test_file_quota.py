@@ -5,9 +5,7 @@ SQLite here and on PostgreSQL in tests/integration/store/test_file_quota_on_post
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from ftq.runtime import files
 from ftq.runtime.settings import get_settings
 from ftq.store.db import session_scope
 from ftq.store.files_repository import FileRepository
+from tests.harness.disk import small_tmpfs
 from tests.harness.inprocess import migrate, reset_caches, use_settings
 
 OWNER = "ann"
@@ -83,16 +82,8 @@ def test_two_uploads_finishing_together_cannot_both_take_the_last_room(
 @pytest.fixture
 def tiny_disk(ftq_env: dict[str, str]) -> Iterator[Path]:
     """The test's data dir on a 2 MiB tmpfs of its own (the test runs as root), unmounted at the end."""
-    data = Path(ftq_env["FTQ_DATA_DIR"])
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a tmpfs needs root and mount(8), which this machine does not give the test")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(data)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not permitted here: {res.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(Path(ftq_env["FTQ_DATA_DIR"]), "2m") as data:
         yield data
-    finally:
-        subprocess.run(["umount", "-l", str(data)], check=False)
 
 
 def test_a_full_disk_is_a_507_for_uploads_and_a_refusal_in_sensible_units(

@@ -3,15 +3,14 @@ the operator's policy sends it round again."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ftq.contract.errors import ErrorCode
+from tests.harness.disk import small_tmpfs
 from worker.launchers.base import RunPhase, RunState
 from worker.recovery import RETRYABLE, note_pause, retries_used, should_retry, why_it_failed
 
@@ -86,17 +85,8 @@ def test_a_deleted_run_directory_is_reported_as_deleted(tmp_path: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs of this test's own (the test runs as root), unmounted at the end."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a tmpfs needs root and mount(8), which this machine does not give the test")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not permitted here: {res.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "64m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_run_that_died_on_a_full_disk_is_reported_as_disk_full(small_disk: Path) -> None:
