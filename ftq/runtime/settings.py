@@ -685,9 +685,12 @@ class Settings(BaseSettings):
         return int(gb * 1024**3)
 
     def secret_values(self) -> list[str]:
-        """What is masked wherever the service stores or serves text: the pass-through secrets and the
-        tracker credentials."""
+        """What is masked wherever the service stores or serves text: the pass-through secrets, the
+        operator's Hub token (an export that pushes has it in its environment) and the tracker
+        credentials."""
         values = [os.environ[n] for n in self.pass_env_names if os.environ.get(n)]
+        if self.hub_token:
+            values.append(self.hub_token)
         _, user, password = split_userinfo(self.mlflow_tracking_uri)
         if password:
             values += [password, quote(password, safe="")]

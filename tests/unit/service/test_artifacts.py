@@ -196,7 +196,8 @@ def test_every_log_served_is_masked_and_downloads_answer_head(
     an export's train.log, a log inside a folder tar) is served masked, and HEAD answers what GET would
     (status and headers, no body) for an artifact, a folder's tar and an uploaded file's content."""
     monkeypatch.setenv("FTQ_TEST_SECRET", SECRET)
-    client = make_client(store_url, api_tokens="tok:alice", pass_env="FTQ_TEST_SECRET")
+    hub = "hf_operators_push_token_0123456789"  # in an export's environment when it pushes
+    client = make_client(store_url, api_tokens="tok:alice", pass_env="FTQ_TEST_SECRET", hub_token=hub)
     auth = {"Authorization": "Bearer tok"}
     job_id = client.post("/jobs", json=tiny_job, headers=auth).json()["id"]
     run = runs.run_dir(get_settings().runs_dir, job_id)
@@ -206,13 +207,16 @@ def test_every_log_served_is_masked_and_downloads_answer_head(
     masked = line.replace(SECRET.encode(), b"*" * len(SECRET))
     (run / "train.log").write_bytes(line)
     (export / "train.log").write_bytes(line)
+    (export / "push.log").write_bytes(f"pushing with {hub}\n".encode())
     (export / "adapter_model.safetensors").write_bytes(b"\0" * 100)
     base = f"/jobs/{job_id}/artifacts"
     for path in ("train.log", "exports/exp_0000000000000001/train.log"):
         got = client.get(f"{base}/{path}", headers=auth)
         assert got.status_code == 200 and got.content == masked, (path, got.content)
+    pushed = client.get(f"{base}/exports/exp_0000000000000001/push.log", headers=auth)
+    assert pushed.status_code == 200 and hub.encode() not in pushed.content, pushed.content
     tar = client.get(f"{base}/exports/exp_0000000000000001.tar", headers=auth)
-    assert tar.status_code == 200 and SECRET.encode() not in tar.content
+    assert tar.status_code == 200 and SECRET.encode() not in tar.content and hub.encode() not in tar.content
     with tarfile.open(fileobj=io.BytesIO(tar.content)) as opened:
         log = opened.extractfile("exp_0000000000000001/train.log")
         assert log is not None and log.read() == masked
