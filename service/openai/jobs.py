@@ -620,27 +620,18 @@ def result_file(repo: OpenAIRepository, v1_id: str) -> tuple[OpenAIFile, bytes]:
     )
 
 
-def pause(session: Session, owner: str, v1_id: str, settings: Settings) -> FineTuningJob:
-    """The native pause (a checkpoint, the ranks ended, the devices freed), seen as OpenAI's job."""
-    repo = OpenAIRepository(session, owner)
-    job, extra = get_or_404(repo, v1_id)
-    jobs_service.pause_job(session, JobRepository(session, owner), job.id)
-    session.refresh(job)
-    return to_openai(job, extra, settings)
+# The native lifecycle calls a /v1 job takes: a pause (a checkpoint, the ranks ended, the devices freed),
+# a resume (queued again, to continue from the pause's checkpoint) and a cancel.
+CHANGES = {
+    "pause": jobs_service.pause_job,
+    "resume": jobs_service.resume_job,
+    "cancel": jobs_service.cancel,
+}
 
 
-def resume(session: Session, owner: str, v1_id: str, settings: Settings) -> FineTuningJob:
-    """The native resume (queued again, to continue from the pause's checkpoint)."""
-    repo = OpenAIRepository(session, owner)
-    job, extra = get_or_404(repo, v1_id)
-    jobs_service.resume_job(session, JobRepository(session, owner), job.id)
-    session.refresh(job)
-    return to_openai(job, extra, settings)
-
-
-def cancel(session: Session, owner: str, v1_id: str, settings: Settings) -> FineTuningJob:
-    repo = OpenAIRepository(session, owner)
-    job, extra = get_or_404(repo, v1_id)
-    jobs_service.cancel(session, JobRepository(session, owner), job.id)
+def change(session: Session, owner: str, v1_id: str, settings: Settings, what: str) -> FineTuningJob:
+    """The native `what` (one of CHANGES) on this owner's /v1 job, seen as OpenAI's job."""
+    job, extra = get_or_404(OpenAIRepository(session, owner), v1_id)
+    CHANGES[what](session, JobRepository(session, owner), job.id)
     session.refresh(job)
     return to_openai(job, extra, settings)

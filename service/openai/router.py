@@ -132,21 +132,14 @@ async def retrieve_job(job_id: FtJobId, owner: LoopOwnerDep) -> Response:
     "/v1/fine_tuning/jobs/{job_id}/cancel", response_model=FineTuningJob, summary="Cancel a fine-tuning job"
 )
 def cancel_job(job_id: FtJobId, owner: LoopOwnerDep, background: BackgroundTasks) -> FineTuningJob:
+    return _change(job_id, owner, background, "cancel")
+
+
+def _change(job_id: str, owner: str, background: BackgroundTasks, what: str) -> FineTuningJob:
     settings = get_settings()
     session = new_session()
     try:
-        result = v1_jobs.cancel(session, owner, job_id, settings)
-    finally:
-        session.close()
-    background.add_task(outbox.send_for_job, ids.job_in(result.id) or result.id)
-    return result
-
-
-def _change(job_id: str, owner: str, background: BackgroundTasks, change: str) -> FineTuningJob:
-    settings = get_settings()
-    session = new_session()
-    try:
-        result = (v1_jobs.pause if change == "pause" else v1_jobs.resume)(session, owner, job_id, settings)
+        result = v1_jobs.change(session, owner, job_id, settings, what)
     finally:
         session.close()
     background.add_task(outbox.send_for_job, ids.job_in(result.id) or result.id)
