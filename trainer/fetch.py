@@ -75,7 +75,9 @@ def fetch_model(repo: str, revision: str | None) -> int:
         total, done = sum(sizes[f] for f in files), 0
         print(f"fetching {repo}: {done} of {total} bytes ({len(files)} files)", flush=True)
         for name in files:
-            hf_hub_download(repo, name, revision=info.sha or revision)
+            # The spec's revision (None: main), not the commit: the cache then maps it to that commit
+            # (refs/main), which is how the ranks' offline from_pretrained finds the files.
+            hf_hub_download(repo, name, revision=revision)
             done += sizes[name]
             print(f"fetching {repo}: {done} of {total} bytes", flush=True)
     except FtqError:
