@@ -329,6 +329,22 @@ def fetch_lines(spec: JobSpec, python: str) -> str:
     )
 
 
+def sbatch_fetch_lines(spec: JobSpec, python: str, run_dir: Path) -> str:
+    """job.sbatch's fetch step: on the batch script's node, once, into the shared HF_HUB_CACHE, before srun
+    starts a rank (under `set -e` its failure is the job's exit status); then HF_HUB_OFFLINE=1 for every
+    node's ranks. Empty when every model is a local path."""
+    if not hub_models(spec):
+        return ""
+    return "\n".join(
+        [
+            "# The fetch step: hub models downloaded once, here, before srun starts any rank; the ranks of",
+            "# every node then load from the shared cache (HF_HUB_CACHE) offline.",
+            _q([python, "-m", FETCH_MODULE, "--spec", str(run_dir / runs.SPEC)]),
+            "export HF_HUB_OFFLINE=1\n",
+        ]
+    )
+
+
 def launch_script(run_dir: Path, argv: list[str], cuda_env: str = "", fetch: str = "") -> str:
     """`launch.sh` (templates/launch.sh): run the launch, log to train.log, then record its exit status."""
     return _fill(
@@ -424,6 +440,7 @@ def sbatch_script(
         site_setup=_site_setup(settings),
         nccl_env=_nccl_env(settings),
         cuda_env=(cuda_env_line(spec, settings) + "\n") if res.device == "cuda" else "",
+        fetch=sbatch_fetch_lines(spec, settings.python, run_dir),
         port=str(port),
         elastic_signals=ELASTIC_SIGNALS,
         shutdown_timeout=str(max(lead, 30)),
