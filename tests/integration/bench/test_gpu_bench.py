@@ -22,9 +22,14 @@ def test_gpu_sh_parses() -> None:
 
 def test_dry_run_measures_real_jobs(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path / "out")}
-    work = Path("/tmp/ftq-gpu-bench")  # gpu_jobs' work folder: never under OUT
+    work = tmp_path / "work"  # the models and runs (default /tmp/ftq-gpu-bench): never under OUT
     proc = subprocess.run(
-        ["bash", "bench/gpu.sh", "--dry"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "bench/gpu.sh", "--dry", "--work", str(work)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu_jobs.json").read_text())
