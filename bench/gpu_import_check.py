@@ -19,7 +19,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # What gpu.sh runs (the trainer through accelerate's launcher).
-ENTRY_FILES = ("bench/gpu_jobs.py", "bench/gpu_bench.py", "bench/estimate_gpu.py", "trainer/__main__.py")
+ENTRY_FILES = (
+    "bench/gpu_jobs.py",
+    "bench/gpu_bench.py",
+    "bench/estimate_gpu.py",
+    "trainer/__main__.py",
+    "trainer/tiny.py",
+)
 EXTRA = ("accelerate.commands.launch", "accelerate.commands.accelerate_cli")
 OWN = ("bench", "ftq", "trainer")
 OPTIONAL = frozenset({"flash_attn", "bitsandbytes", "deepspeed", "mlflow", "wandb", "liger_kernel"})
