@@ -131,15 +131,16 @@ def launch_environment(settings: Settings, source: Mapping[str, str] | None = No
 
 
 def hub_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
-    """The Hugging Face Hub side of a run's environment: the operator's token (FTQ_HF_TOKEN) as HF_TOKEN,
-    which the fetch step and the ranks read from the environment (never from a file of the run), and,
-    for a spec naming a hub model, the shared cache the fetch step fills and the ranks load from
-    (FTQ_HUB_CACHE, as HF_HUB_CACHE)."""
-    env: dict[str, str] = {}
+    """The Hugging Face Hub side of the environment of a run whose spec names a hub model: the shared
+    cache the fetch step fills and the ranks load from (FTQ_HUB_CACHE, as HF_HUB_CACHE) and the
+    operator's token (FTQ_HF_TOKEN) as HF_TOKEN, which the fetch step and the ranks read from the
+    environment (never from a file of the run). Nothing for a run of local paths: it asks the Hub
+    nothing, so it gets no token (an export that pushes gets it apart, worker.exports)."""
+    if not hub_models(spec):
+        return {}
+    env = {"HF_HUB_CACHE": str(settings.hub_cache_dir)}
     if settings.hub_token:
         env["HF_TOKEN"] = settings.hub_token
-    if hub_models(spec):
-        env["HF_HUB_CACHE"] = str(settings.hub_cache_dir)
     return env
 
 
