@@ -15,7 +15,7 @@ HOST ?=
 PORT ?=
 LOG_LEVEL ?=
 
-.PHONY: help install up test test-fast lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench clean lock
+.PHONY: help install up test test-fast lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench gpu-wheels gpu-import-check clean lock
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -133,6 +133,15 @@ test-fast: install ## the unit tests alone (under a minute)
 
 bench: install ## run the benchmarks, rewrite bench/RESULTS.md
 	$(BIN)/python -m bench.run_all
+
+# The GPU bench on the lent GPU machine (docs/benchmarks.md): the wheels it lacks, as cp312 builds in .whl/
+# (carried with the run), and an import check in a clean venv of that machine's packages. Both download:
+# neither is part of `make test`.
+gpu-wheels: ## download the wheels the GPU machine lacks into .whl/ (cp312), print the size
+	bash bench/gpu_wheels.sh
+
+gpu-import-check: ## a clean venv of the GPU machine's packages + the carried ones: every bench module imports
+	bash bench/gpu_import_venv.sh
 
 clean: ## remove .venv, .ftq and the tiny example model
 	rm -rf $(VENV) .ftq examples/tiny

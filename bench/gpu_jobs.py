@@ -12,8 +12,16 @@ and saved in bf16 to local disk once (no hub). Measured per job:
   (PaLM's accounting: 6N per token for full fine-tuning, 4N for LoRA, whose frozen weights get no
   gradient, plus 12 x layers x hidden x attended length; over the GPU's dense bf16 peak), and the peak
   GPU memory the job used (nvidia-smi, sampled) next to ftq's estimate for the same spec;
-- peak host RSS per rank (VmHWM of every process of the launch, sampled), and the trainer's own
+- peak host memory per rank: PSS (/proc/PID/smaps_rollup, so pages shared between ranks count once)
+  and RSS (VmHWM), of every process of the launch, sampled from outside; and the trainer's own
   `peak RSS` lines for loading and the final save.
+
+It runs on the GPU machine as it is (Python 3.12, torch, transformers, accelerate, peft) plus the wheels
+`make gpu-wheels` carries (pydantic, pydantic-settings, trl, datasets, ...): it imports ftq's spec,
+estimate and render modules, never the test harness (psycopg, httpx) nor the service. Work files (models,
+runs: ~18 GB at 8B) go under /tmp (--work), never under OUT, which holds only the results. CPU jobs run
+with CUDA_VISIBLE_DEVICES="" so they cannot touch the GPU. Every job's timeout is its share of the
+540 s budget (the shares sum within it) and never more than what is left of it.
 
 Jobs (`--dry-run` shrinks the models, the steps and the matrix; every step is still a real launch):
 
@@ -21,7 +29,8 @@ Jobs (`--dry-run` shrinks the models, the steps and the matrix; every step is st
    ranks (one GPU cannot hold two NCCL ranks) with `cpu_ram_efficient_loading`: rank 1's loading peak
    must be a small fraction of rank 0's, and `final/` must hold the adapter alone;
 2. the 8B model with LoRA and a ~1B model fully fine-tuned, each with flash attention (when flash_attn
-   imports) and sdpa, packed and padded: tokens/s, MFU and peak memory against the estimate.
+   imports) and sdpa, packed and padded: tokens/s, MFU and peak memory against the estimate;
+3. QLoRA (4-bit nf4 base weights) of the 8B model when bitsandbytes imports (else a line saying skipped).
 
 Results: DIR/gpu_jobs.json and a printed table (also DIR/gpu_jobs.md).
 """
@@ -34,6 +43,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -76,8 +86,10 @@ DRY_SMALL: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 
-# No job starts after this many seconds (each then has its own bound): the device lends 15 minutes.
+# No job starts after this many seconds, and none runs past it: the device runs a command 10 minutes.
 BUDGET_S = 540.0
+# Work files: models (~18 GB at 8B) and runs, on the machine's own disk, never under OUT.
+WORK = Path("/tmp/ftq-gpu-bench")
 PEAK_LINE = re.compile(r"rank (\d+) (loading|final save)[^:]*: peak RSS (?:at most )?\+(\d+) MiB")
 
 
@@ -94,7 +106,8 @@ class Job:
     device: str = "cuda"
     processes: int = 1
     strategy: str = "none"
-    timeout_s: float = 600.0
+    timeout_s: float = 60.0
+    qlora: bool = False
 
 
 @dataclass
@@ -109,6 +122,7 @@ class Result:
     usable_bytes: int | None = None
     estimate_host_bytes: int | None = None
     peak_rss_by_rank: dict[str, int] = field(default_factory=dict)
+    peak_pss_by_rank: dict[str, int] = field(default_factory=dict)
     phase_rss_mib: dict[str, int] = field(default_factory=dict)
     final_files: dict[str, int] = field(default_factory=dict)
     error: str | None = None
@@ -176,7 +190,55 @@ def job_spec(job: Job, model_dir: Path, data: Path) -> JobSpec:
     }
     if job.strategy == "fsdp":
         body["distributed"]["fsdp"] = {"version": 2, "cpu_ram_efficient_loading": True}
+    if job.qlora and body["lora"] is not None:
+        body["lora"]["quantization"] = {
+            "bits": 4,
+            "type": "nf4",
+            "double_quant": True,
+            "compute_dtype": "bf16",
+        }
     return JobSpec.model_validate(body)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on (the harness's, without importing the harness)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tiny_model(work: Path) -> Path:
+    """The tiny model's folder (its tokenizer is what the bench takes): examples/tiny/model when built
+    (`make install`), else built by the real entry point under `work` (the GPU machine gets the tracked
+    tree only, and examples/tiny is ignored)."""
+    built = REPO / "examples" / "tiny" / "model"
+    if (built / "tokenizer.json").is_file():
+        return built
+    out = work / "tiny"
+    if not (out / "model" / "tokenizer.json").is_file():
+        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        subprocess.run(
+            [sys.executable, "-m", "trainer.tiny", "--out", str(out)],
+            cwd=REPO,
+            env=env,
+            check=True,
+            timeout=120,
+        )
+    return out / "model"
+
+
+def _pythonpath() -> str:
+    """The repository first, then what the caller had (the carried wheels' /tmp/site on the GPU machine)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def job_env(job: Job) -> dict[str, str]:
+    """The launch's environment: offline, the repository importable, and no GPU for a CPU job (its ranks
+    would otherwise see the GPU, and accelerate or NCCL could pick it)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": _pythonpath()}
+    if job.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 def descendants(root: int) -> list[int]:
@@ -195,6 +257,15 @@ def descendants(root: int) -> list[int]:
         found.append(pid)
         todo.extend(children.get(pid, []))
     return found
+
+
+def pss_bytes(pid: int) -> int:
+    """The process's proportional set size now (/proc/PID/smaps_rollup; 0 where it cannot be read)."""
+    try:
+        text = (Path("/proc") / str(pid) / "smaps_rollup").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("Pss:")), 0)
 
 
 def _rank_and_hwm(pid: int) -> tuple[str | None, int]:
@@ -235,6 +306,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.gpu, self.every = root, gpu, every
         self.rss: dict[str, int] = {}
+        self.pss: dict[str, int] = {}
         self.gpu_baseline = gpu_used_bytes() if gpu else None
         self.gpu_peak: int | None = None
         self.done = threading.Event()
@@ -245,14 +317,13 @@ class Sampler(threading.Thread):
                 rank, hwm = _rank_and_hwm(pid)
                 if rank is not None:
                     self.rss[rank] = max(self.rss.get(rank, 0), hwm)
+                    self.pss[rank] = max(self.pss.get(rank, 0), pss_bytes(pid))
             if self.gpu and (used := gpu_used_bytes()) is not None:
                 self.gpu_peak = max(self.gpu_peak or 0, used - (self.gpu_baseline or 0))
             self.done.wait(self.every)
 
 
 def run_job(job: Job, model_dir: Path, data: Path, runs: Path, peak_tflops: float | None) -> Result:
-    from tests.harness import free_port
-
     spec = job_spec(job, model_dir, data)
     run_dir = runs / job.name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -265,7 +336,7 @@ def run_job(job: Job, model_dir: Path, data: Path, runs: Path, peak_tflops: floa
     )  # fmt: skip
     (run_dir / "spec.json").write_text(spec.model_dump_json())
     (run_dir / "accelerate_config.yaml").write_text(plan.accelerate_config_yaml)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = job_env(job)
     result = Result(job=job, estimate_bytes=est.per_device_bytes, usable_bytes=est.usable_device_bytes)
     result.estimate_host_bytes = est.host_bytes_per_node
     started = time.monotonic()
@@ -286,6 +357,7 @@ def run_job(job: Job, model_dir: Path, data: Path, runs: Path, peak_tflops: floa
         sampler.join()
     result.seconds = time.monotonic() - started
     result.peak_rss_by_rank = dict(sorted(sampler.rss.items()))
+    result.peak_pss_by_rank = dict(sorted(sampler.pss.items()))
     result.peak_gpu_bytes = sampler.gpu_peak
     text = (run_dir / "train.log").read_text(errors="replace")
     for rank, phase, mib in PEAK_LINE.findall(text):
@@ -338,37 +410,57 @@ def flops_per_token(config: dict[str, Any], job: Job, mean_doc: float) -> float:
 # The matrix ------------------------------------------------------------------------------------------------
 
 
-def plan_jobs(dry_run: bool, attns: list[str], steps_big: int, steps_small: int) -> list[Job]:
-    """Sized for ~10 minutes of an H200: the training matrix first, then the 8B RAM check on CPU."""
-    if dry_run:
-        return [
-            Job("big-lora-sdpa-packed", "big", True, "sdpa", True, steps_big, 128, 2, "cpu"),
-            Job("rss-fsdp2-lora", "big", True, "sdpa", True, 2, 64, 1, "cpu", 2, "fsdp"),
-        ]
-    jobs = []
+# Seconds kept for building the models and the data before the first job (8B in bf16: ~16 GB to /tmp).
+SETUP_S = 90.0
+
+
+def plan_jobs(dry_run: bool, attns: list[str], steps_big: int, steps_small: int, qlora: bool) -> list[Job]:
+    """Sized for one 10-minute command on an H200: the training matrix's headline pair first, then the 8B
+    RAM check on two CPU ranks, QLoRA, and the other variants. `--dry-run` runs three of its kinds on CPU with
+    the tiny shapes (sdpa only; QLoRA is cuda-only, so reported as skipped there too). The timeouts are
+    shares: fit_timeouts scales them to sum within the budget."""
+    device = "cpu" if dry_run else "cuda"
+    seq = 128 if dry_run else 2048
+    jobs: list[Job] = []
     for attn in attns:
         for packing in (True, False):
             kind = "packed" if packing else "padded"
-            jobs.append(
-                Job(f"8b-lora-{attn}-{kind}", "big", True, attn, packing, steps_big, 2048, 2, timeout_s=150)
-            )
-            jobs.append(
-                Job(
-                    f"1b-full-{attn}-{kind}",
-                    "small",
-                    False,
-                    attn,
-                    packing,
-                    steps_small,
-                    2048,
-                    4,
-                    timeout_s=120,
-                )
-            )
-    # The first pair is the headline figure; the RAM check comes next, before the variants that a short
-    # budget may skip.
-    rss = Job("rss-fsdp2-lora-8b", "big", True, "sdpa", True, 1, 64, 1, "cpu", 2, "fsdp", timeout_s=300)
-    return [*jobs[:2], rss, *jobs[2:]]
+            big = Job(f"8b-lora-{attn}-{kind}", "big", True, attn, packing, steps_big, seq, 2, device)
+            small = Job(f"1b-full-{attn}-{kind}", "small", False, attn, packing, steps_small, seq, 4, device)
+            big.timeout_s, small.timeout_s = 75, 50
+            jobs += [big, small]
+    rss = Job("rss-fsdp2-lora-8b", "big", True, "sdpa", True, 2 if dry_run else 1, 64, 1, "cpu", 2, "fsdp")
+    rss.timeout_s = 120
+    extra = [rss]
+    if qlora:
+        q = Job("8b-qlora-sdpa-packed", "big", True, "sdpa", True, steps_big, seq, 2, device, qlora=True)
+        q.timeout_s = 60
+        extra.append(q)
+    if dry_run:
+        # The suite runs the dry mode: one launch of each kind (LoRA packed, full padded, the two-rank
+        # RAM check) keeps it short and still crosses every code path of the matrix.
+        return [jobs[0], rss, jobs[3]]
+    return [*jobs[:2], *extra, *jobs[2:]]
+
+
+def fit_timeouts(jobs: list[Job], budget_s: float, setup_s: float = SETUP_S) -> list[Job]:
+    """The jobs' timeouts scaled down (never up) so that they and the setup sum within `budget_s`."""
+    room = max(budget_s - setup_s, 1.0)
+    total = sum(j.timeout_s for j in jobs)
+    scale = min(1.0, room / total) if total else 1.0
+    for job in jobs:
+        job.timeout_s = max(1.0, int(job.timeout_s * scale))
+    return jobs
+
+
+def bitsandbytes_importable() -> bool:
+    import importlib
+
+    try:
+        importlib.import_module("bitsandbytes")
+    except (ImportError, OSError, RuntimeError):
+        return False
+    return True
 
 
 def flash_attn_importable() -> bool:
@@ -386,15 +478,16 @@ def flash_attn_importable() -> bool:
 def table(results: list[Result]) -> str:
     head = (
         "| job | exit | s | tokens/s | MFU | peak GPU GiB | estimate GiB (usable) | peak RSS GiB by rank "
-        "| notes |"
+        "| peak PSS GiB by rank | notes |"
     )
-    lines = [head, "|" + " --- |" * 9]
+    lines = [head, "|" + " --- |" * 10]
 
     def gib(n: int | None) -> str:
         return f"{n / GiB:.1f}" if n is not None else "-"
 
     for r in results:
         rss = ", ".join(f"{rank}: {gib(b)}" for rank, b in r.peak_rss_by_rank.items()) or "-"
+        pss = ", ".join(f"{rank}: {gib(b)}" for rank, b in r.peak_pss_by_rank.items()) or "-"
         notes = "; ".join(f"{k} +{v} MiB" for k, v in r.phase_rss_mib.items())
         if r.final_files:
             notes += ("; " if notes else "") + "final/: " + ", ".join(r.final_files)
@@ -404,7 +497,7 @@ def table(results: list[Result]) -> str:
             f"| {r.job.name} | {r.exit_code} | {r.seconds:.0f} | "
             + (f"{r.tokens_per_second:.0f}" if r.tokens_per_second else "-")
             + f" | {f'{r.mfu:.1%}' if r.mfu is not None else '-'} | {gib(r.peak_gpu_bytes)} | "
-            + f"{gib(r.estimate_bytes)} ({gib(r.usable_bytes)}) | {rss} | {notes} |"
+            + f"{gib(r.estimate_bytes)} ({gib(r.usable_bytes)}) | {rss} | {pss} | {notes} |"
         )
     return "\n".join(lines)
 
@@ -425,39 +518,48 @@ def ram_check(result: Result) -> dict[str, Any]:
     }
 
 
-def write_report(out: Path, dry_run: bool, device: str, results: list[Result]) -> str:
+def write_report(
+    out: Path, dry_run: bool, device: str, results: list[Result], skipped: list[str] | None = None
+) -> str:
     """gpu_jobs.json and gpu_jobs.md, rewritten after every job so a stopped bench keeps what it measured."""
+    skipped = skipped or []
     rss = next((ram_check(r) for r in results if r.job.name.startswith("rss-")), None)
-    report = {"dry_run": dry_run, "device": device, "results": [asdict(r) for r in results], "ram_check": rss}
+    report = {
+        "dry_run": dry_run, "device": device, "results": [asdict(r) for r in results], "ram_check": rss,
+        "skipped": skipped,
+    }  # fmt: skip
     (out / "gpu_jobs.json").write_text(json.dumps(report, indent=2))
     text = table(results) + (f"\n\nitems 1-2 (FSDP2 LoRA, 2 CPU ranks): {json.dumps(rss)}" if rss else "")
+    text += "".join(f"\nskipped: {line}" for line in skipped)
     (out / "gpu_jobs.md").write_text(text + "\n")
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="results only: gpu_jobs.json and gpu_jobs.md")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, few steps: the same code paths")
-    ap.add_argument("--work", type=Path, default=None, help="models and runs (default: OUT/work)")
+    ap.add_argument("--work", type=Path, default=WORK, help=f"models and runs (default: {WORK})")
     ap.add_argument("--steps-8b", type=int, default=50)
     ap.add_argument("--steps-1b", type=int, default=100)
-    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="start no job after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole bench ends within this")
     ap.add_argument("--only", default="", help="run only jobs whose name contains this")
     args = ap.parse_args(argv)
 
-    from tests.harness import tiny_assets
-
+    t0 = time.monotonic()
     out: Path = args.out
-    work: Path = args.work or out / "work"
+    work: Path = args.work
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    tiny = tiny_assets()
+    tokenizer_from = tiny_model(work)
     peak: float | None = None
     attns = ["sdpa"]
+    skipped: list[str] = []
     if args.dry_run:
         device, big_cfg, small_cfg = "cpu", DRY_BIG, DRY_SMALL
         steps_big, steps_small = 4, 4
+        skipped.append("8b-qlora: QLoRA runs on cuda only (bitsandbytes 4-bit); a dry run is on CPU")
+        qlora = False
     else:
         import torch
 
@@ -471,33 +573,41 @@ def main(argv: list[str] | None = None) -> int:
         if flash_attn_importable():
             attns.insert(0, "flash_attention_2")
         else:
-            print("gpu_jobs: flash_attn does not import; sdpa only", file=sys.stderr)
-    t0 = time.monotonic()
+            skipped.append("flash_attention_2: flash_attn does not import here; sdpa only")
+        qlora = bitsandbytes_importable()
+        if not qlora:
+            skipped.append("8b-qlora: bitsandbytes does not import here; QLoRA not measured")
+    for line in skipped:
+        print(f"gpu_jobs: skipped {line}", file=sys.stderr, flush=True)
+    jobs = [j for j in plan_jobs(args.dry_run, attns, steps_big, steps_small, qlora) if args.only in j.name]
+    fit_timeouts(jobs, args.budget_s)
     models = {
-        "big": build_model(work / "model-big", big_cfg, tiny / "model", device),
-        "small": build_model(work / "model-small", small_cfg, tiny / "model", device),
+        "big": build_model(work / "model-big", big_cfg, tokenizer_from, device),
+        "small": build_model(work / "model-small", small_cfg, tokenizer_from, device),
     }
     data = write_dataset(
         work / "train.jsonl", rows=6000 if not args.dry_run else 400, mean_words=12 if args.dry_run else 400
     )
     print(f"gpu_jobs: models and data ready in {time.monotonic() - t0:.0f} s", flush=True)
     results: list[Result] = []
-    for job in plan_jobs(args.dry_run, attns, steps_big, steps_small):
-        if args.only and args.only not in job.name:
-            continue
-        if time.monotonic() - t0 > args.budget_s:
+    for job in jobs:
+        left = args.budget_s - (time.monotonic() - t0)
+        if left < 10:
+            skipped.append(f"{job.name}: past the {args.budget_s:.0f} s budget")
             print(f"gpu_jobs: {job.name} skipped, past the {args.budget_s:.0f} s budget", flush=True)
             continue
+        job.timeout_s = min(job.timeout_s, left)
         r = run_job(job, models[job.model], data, work / "runs", peak)
         results.append(r)
-        write_report(out, args.dry_run, device, results)
+        write_report(out, args.dry_run, device, results, skipped)
         summary = {
             "job": job.name, "exit": r.exit_code, "tokens_per_second": r.tokens_per_second, "mfu": r.mfu,
             "peak_gpu_bytes": r.peak_gpu_bytes, "estimate_bytes": r.estimate_bytes,
-            "peak_rss_by_rank": r.peak_rss_by_rank, "seconds": round(r.seconds),
+            "peak_rss_by_rank": r.peak_rss_by_rank, "peak_pss_by_rank": r.peak_pss_by_rank,
+            "seconds": round(r.seconds),
         }  # fmt: skip
         print(json.dumps(summary), flush=True)
-    text = write_report(out, args.dry_run, device, results)
+    text = write_report(out, args.dry_run, device, results, skipped)
     print(text)
     return 0 if all(r.exit_code == 0 for r in results) else 1
 

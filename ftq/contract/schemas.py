@@ -28,7 +28,9 @@ class Progress(BaseModel):
     eta_seconds: float | None = None
     phase: str | None = Field(
         None,
-        description="What the job is doing: queued, starting (processes starting), loading (tokenizer, "
+        description="What the job is doing: queued, starting (processes starting), fetching (the fetch "
+        "step downloading hub models before the processes start; the message gives the bytes done), "
+        "loading (tokenizer, "
         "data, model, trainer), training, saving (the final model), cancelling, pausing (a pause is saving a "
         "checkpoint and stopping the run), paused; null once it ended.",
     )

@@ -862,3 +862,14 @@ class SpecFieldError(ValueError):
 
 def _field_error(loc: tuple[str, ...], message: str) -> SpecFieldError:
     return SpecFieldError(loc, message)
+
+
+def hub_models(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """(hub id, revision) of each hub model a run loads (`model.name_or_path`, `model.adapter`): what the
+    fetch step (trainer.fetch) downloads before the ranks start; empty when every one is a local path."""
+    found: list[tuple[str, str | None]] = []
+    if not looks_local(spec.model.name_or_path):
+        found.append((spec.model.name_or_path, spec.model.revision))
+    if spec.model.adapter and not looks_local(spec.model.adapter):
+        found.append((spec.model.adapter, None))
+    return found

@@ -26,7 +26,7 @@ import yaml
 
 from ftq.contract import runs
 from ftq.contract.plans import DatasetPreflight, Estimate, Plan
-from ftq.contract.spec import METHOD_TRAINERS, JobSpec
+from ftq.contract.spec import METHOD_TRAINERS, JobSpec, hub_models
 from ftq.planning.timecost import time_estimate
 from ftq.runtime.settings import Settings, slurm_env_lines
 
@@ -304,11 +304,53 @@ def _pairs(words: list[str]) -> list[list[str]]:
     return [words[i : i + 2] for i in range(0, len(words), 2)]
 
 
-def launch_script(run_dir: Path, argv: list[str], cuda_env: str = "") -> str:
+FETCH_MODULE = "trainer.fetch"
+
+
+def fetch_lines(spec: JobSpec, python: str) -> str:
+    """launch.sh's fetch step when the spec names a hub model: `python -m trainer.fetch` once, before the
+    ranks start (into the launcher's HF_HUB_CACHE, with its HF_TOKEN: neither is written here), its
+    failure the run's exit status; then HF_HUB_OFFLINE=1, so the ranks load from that cache alone.
+    Empty when every model is a local path."""
+    if not hub_models(spec):
+        return ""
+    status = runs.EXIT_STATUS
+    return "\n".join(
+        [
+            "# The fetch step: hub models downloaded once, before the ranks start (progress in train.log)",
+            f"{_q([python, '-m', FETCH_MODULE, '--spec', runs.SPEC])} >> {runs.TRAIN_LOG} 2>&1",
+            "status=$?",
+            'if [ "$status" -ne 0 ]; then',
+            f"  printf '%s\\n' \"$status\" > .{status}.tmp && mv -f -- .{status}.tmp {status}",
+            '  exit "$status"',
+            "fi",
+            "export HF_HUB_OFFLINE=1",
+        ]
+    )
+
+
+def sbatch_fetch_lines(spec: JobSpec, python: str, run_dir: Path) -> str:
+    """job.sbatch's fetch step: on the batch script's node, once, into the shared HF_HUB_CACHE, before srun
+    starts a rank (under `set -e` its failure is the job's exit status); then HF_HUB_OFFLINE=1 for every
+    node's ranks. Empty when every model is a local path."""
+    if not hub_models(spec):
+        return ""
+    return "\n".join(
+        [
+            "# The fetch step: hub models downloaded once, here, before srun starts any rank; the ranks of",
+            "# every node then load from the shared cache (HF_HUB_CACHE) offline.",
+            _q([python, "-m", FETCH_MODULE, "--spec", str(run_dir / runs.SPEC)]),
+            "export HF_HUB_OFFLINE=1\n",
+        ]
+    )
+
+
+def launch_script(run_dir: Path, argv: list[str], cuda_env: str = "", fetch: str = "") -> str:
     """`launch.sh` (templates/launch.sh): run the launch, log to train.log, then record its exit status."""
     return _fill(
         "launch.sh",
         run_dir=shlex.quote(str(run_dir)),
+        fetch=fetch,
         cuda_env=cuda_env,
         exit_status=runs.EXIT_STATUS,
         train_log=runs.TRAIN_LOG,
@@ -398,6 +440,7 @@ def sbatch_script(
         site_setup=_site_setup(settings),
         nccl_env=_nccl_env(settings),
         cuda_env=(cuda_env_line(spec, settings) + "\n") if res.device == "cuda" else "",
+        fetch=sbatch_fetch_lines(spec, settings.python, run_dir),
         port=str(port),
         elastic_signals=ELASTIC_SIGNALS,
         shutdown_timeout=str(max(lead, 30)),
@@ -579,7 +622,7 @@ def render_plan(
         time_estimate=te,
         # The dataset section repeats the one estimate next to the token counts it rests on.
         dataset=dataset.model_copy(update={"time_estimate": te}) if dataset is not None else None,
-        launch_script=launch_script(run_dir, argv, cuda_env_line(spec, settings)),
+        launch_script=launch_script(run_dir, argv, cuda_env_line(spec, settings), fetch_lines(spec, argv[0])),
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,12 +30,13 @@ _USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 # (service/paths.py) knows every one of them, today's and any added later. Anything else there is the
 # operator's (models, datasets placed beside ftq's state).
 DATA_DIR_STATE = frozenset(
-    {"runs", "files", "artifact-hashes", "locks", "broker", "ftq.db", "celerybeat-schedule"}
+    {"runs", "files", "artifact-hashes", "locks", "broker", "ftq.db", "celerybeat-schedule", "hub"}
 )
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FTQ_", extra="ignore")
+    # populate_by_name: a field with an alias (hub_token: FTQ_HF_TOKEN) is still set by name.
+    model_config = SettingsConfigDict(env_prefix="FTQ_", extra="ignore", populate_by_name=True)
 
     env: str = Field("development", description="development | production")
     data_dir: Path = Field(
@@ -300,8 +301,17 @@ class Settings(BaseSettings):
     metrics_token: str = Field("", description="Bearer token `GET /metrics` requires; empty: none.")
     hub_token: str = Field(
         "",
-        description="The Hugging Face token exports push with (`push_to_hub`); handed to an export's "
-        "process only when it pushes, never stored or shown. Empty: pushing is refused.",
+        # FTQ_HF_TOKEN is the same setting (issue 27): the name the fetch step's docs use.
+        validation_alias=AliasChoices("FTQ_HF_TOKEN", "FTQ_HUB_TOKEN"),
+        description="The operator's Hugging Face token (FTQ_HF_TOKEN or FTQ_HUB_TOKEN): the fetch step "
+        "downloads gated hub models and datasets with it, runs get it as HF_TOKEN in their environment, "
+        "and exports push with it (`push_to_hub`); never stored or shown. Empty: anonymous downloads, "
+        "pushing refused.",
+    )
+    hub_cache: Path | None = Field(
+        None,
+        description="Where the fetch step downloads hub models and datasets before a run's processes start "
+        "(HF_HUB_CACHE of the fetch and the ranks): a folder every node sees. Default: data_dir/hub.",
     )
 
     # Retries (operator policy, never from a job spec)
@@ -683,6 +693,11 @@ class Settings(BaseSettings):
             if partition and name.strip() == partition and value:
                 gb = float(value)
         return int(gb * 1024**3)
+
+    @property
+    def hub_cache_dir(self) -> Path:
+        """The fetch step's Hugging Face cache (FTQ_HUB_CACHE, else data_dir/hub), absolute."""
+        return (self.hub_cache or self.state_path("hub")).expanduser().resolve()
 
     def secret_values(self) -> list[str]:
         """What is masked wherever the service stores or serves text: the pass-through secrets, the

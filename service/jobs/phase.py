@@ -27,6 +27,9 @@ class Phase:
     message: str | None
 
 
+# The fetch step's lines (trainer/fetch.py), before any rank starts: the last one says how far it got.
+_FETCHING = re.compile(r"\bfetching (\S+): (\d+) of (\d+) bytes")
+
 # The trainer's lines, in the order a run writes them (trainer/train.py): the last one present says where
 # the run is.
 _MARKERS: list[tuple[re.Pattern[str], str, str]] = [
@@ -79,7 +82,22 @@ def _last_marker(log: Path) -> Phase | None:
         return None
     text = (head + b"\n" + tail).decode("utf-8", "replace")
     found = None
+    if fetched := _FETCHING.findall(text):
+        repo, done, total = fetched[-1]
+        found = Phase("fetching", f"fetching {repo}: {_size(int(done))} of {_size(int(total))}")
     for pattern, phase, message in _MARKERS:
         if pattern.search(text):
             found = Phase(phase, message)
     return found
+
+
+def _size(n: int) -> str:
+    """Bytes as a person reads them: 512 bytes, 1.5 MiB, 16.1 GiB."""
+    if n < 1024:
+        return f"{n} bytes"
+    value = n / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ftq.contract.plans import Plan
-from ftq.contract.spec import JobSpec
+from ftq.contract.spec import JobSpec, hub_models
 from ftq.runtime.settings import REPO_ROOT, Settings
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ RUN_ENV_PREFIXES = (
 )  # fmt: skip
 # The service's own settings (FTQ_API_TOKENS, FTQ_DATABASE_URL, FTQ_BROKER_URL, FTQ_METRICS_TOKEN...):
 # never handed to a run, even when FTQ_PASS_ENV names one.
-SERVICE_SETTINGS = frozenset(f"FTQ_{name.upper()}" for name in Settings.model_fields)
+SERVICE_SETTINGS = frozenset({f"FTQ_{name.upper()}" for name in Settings.model_fields} | {"FTQ_HF_TOKEN"})
 _CREDENTIAL = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
@@ -127,6 +127,20 @@ def launch_environment(settings: Settings, source: Mapping[str, str] | None = No
         )
         if allowed or name in passed:
             env[name] = value
+    return env
+
+
+def hub_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
+    """The Hugging Face Hub side of the environment of a run whose spec names a hub model: the shared
+    cache the fetch step fills and the ranks load from (FTQ_HUB_CACHE, as HF_HUB_CACHE) and the
+    operator's token (FTQ_HF_TOKEN) as HF_TOKEN, which the fetch step and the ranks read from the
+    environment (never from a file of the run). Nothing for a run of local paths: it asks the Hub
+    nothing, so it gets no token (an export that pushes gets it apart, worker.exports)."""
+    if not hub_models(spec):
+        return {}
+    env = {"HF_HUB_CACHE": str(settings.hub_cache_dir)}
+    if settings.hub_token:
+        env["HF_TOKEN"] = settings.hub_token
     return env
 
 
@@ -155,6 +169,7 @@ def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequ
     for name in settings.pass_env_names:
         if os.environ.get(name) and name not in SERVICE_SETTINGS:
             env[name] = os.environ[name]
+    env.update(hub_environment(settings, req.spec))
     env.update(tracker_environment(settings, req.spec))
     env.update(req.env)
     path = env.get("PYTHONPATH", "")

@@ -22,17 +22,29 @@ def test_gpu_sh_parses() -> None:
 
 def test_dry_run_measures_real_jobs(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path / "out")}
+    work = tmp_path / "work"  # the models and runs (default /tmp/ftq-gpu-bench): never under OUT
     proc = subprocess.run(
-        ["bash", "bench/gpu.sh", "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "bench/gpu.sh", "--dry", "--work", str(work)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu_jobs.json").read_text())
     by_name = {r["job"]["name"]: r for r in report["results"]}
-    lora = by_name["big-lora-sdpa-packed"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_jobs.json", "gpu_jobs.md"]
+    assert (work / "model-big" / "config.json").is_file()
+    lora = by_name["8b-lora-sdpa-packed"]
     assert lora["exit_code"] == 0 and lora["tokens_per_second"] > 0
     assert lora["estimate_bytes"] > 0 and lora["peak_rss_by_rank"]["0"] > 0
-    rss = by_name["rss-fsdp2-lora"]
-    assert set(rss["peak_rss_by_rank"]) == {"0", "1"}
+    assert lora["peak_pss_by_rank"]["0"] > 0
+    full = by_name["1b-full-sdpa-padded"]
+    assert full["exit_code"] == 0 and full["tokens_per_second"] > 0
+    rss = by_name["rss-fsdp2-lora-8b"]
+    assert set(rss["peak_rss_by_rank"]) == {"0", "1"} and set(rss["peak_pss_by_rank"]) == {"0", "1"}
     assert {"rank 0 loading", "rank 1 loading", "rank 0 final save"} <= set(rss["phase_rss_mib"])
     assert report["ram_check"]["adapter_only_final"] is True
-    assert "| big-lora-sdpa-packed | 0 |" in (tmp_path / "out" / "gpu_jobs.md").read_text()
+    assert any("QLoRA" in line for line in report["skipped"])
+    assert "| 8b-lora-sdpa-packed | 0 |" in (tmp_path / "out" / "gpu_jobs.md").read_text()

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
+from bench import REPO
+from bench.gpu_import_check import required_imports
 from bench.gpu_jobs import (
     BUDGET_S,
     LLAMA3_8B,
     LLAMA_1B,
+    WORK,
     Job,
     Result,
+    fit_timeouts,
     flops_per_token,
+    job_env,
     job_spec,
     plan_jobs,
     ram_check,
@@ -24,8 +30,8 @@ H200 = 141 * 10**9
 
 
 def test_the_matrix_on_a_gpu_covers_both_models_attentions_and_batches() -> None:
-    jobs = plan_jobs(False, ["flash_attention_2", "sdpa"], steps_big=50, steps_small=100)
-    training = [j for j in jobs if j.device == "cuda"]
+    jobs = plan_jobs(False, ["flash_attention_2", "sdpa"], steps_big=50, steps_small=100, qlora=True)
+    training = [j for j in jobs if j.device == "cuda" and not j.qlora]
     assert {(j.model, j.lora, j.attn, j.packing) for j in training} == {
         (model, model == "big", attn, packing)
         for model in ("big", "small")
@@ -37,8 +43,11 @@ def test_the_matrix_on_a_gpu_covers_both_models_attentions_and_batches() -> None
     spec = job_spec(rss, Path("/m"), Path("/d.jsonl"))
     assert (rss.model, rss.processes, spec.distributed.strategy) == ("big", 2, "fsdp")
     assert spec.distributed.fsdp.cpu_ram_efficient_loading and spec.lora is not None
-    # Sized for the device's 15 minutes: no job starts past the budget, and each has its own bound.
-    assert BUDGET_S + max(j.timeout_s for j in jobs) <= 15 * 60
+    # QLoRA (when bitsandbytes imports): the 8B LoRA job with 4-bit nf4 base weights.
+    (qlora,) = [j for j in jobs if j.qlora]
+    quant = job_spec(qlora, Path("/m"), Path("/d.jsonl")).lora.quantization  # type: ignore[union-attr]
+    assert quant is not None and (quant.bits, quant.type, qlora.device) == (4, "nf4", "cuda")
+    assert not any(j.qlora for j in plan_jobs(False, ["sdpa"], 50, 100, qlora=False))
     # The headline pair and the RAM check come first, before the variants a short budget may skip.
     assert [j.name for j in jobs[:3]] == [
         "8b-lora-flash_attention_2-packed",
@@ -48,7 +57,7 @@ def test_the_matrix_on_a_gpu_covers_both_models_attentions_and_batches() -> None
 
 
 @pytest.mark.parametrize(
-    "job", plan_jobs(False, ["flash_attention_2", "sdpa"], 50, 100), ids=lambda j: j.name
+    "job", plan_jobs(False, ["flash_attention_2", "sdpa"], 50, 100, qlora=True), ids=lambda j: j.name
 )
 def test_every_gpu_job_is_a_valid_spec_that_the_estimate_says_fits_an_h200(job: Job) -> None:
     spec = job_spec(job, Path("/models/x"), Path("/data/train.jsonl"))
@@ -94,3 +103,46 @@ def test_ram_check_and_table_read_what_the_trainer_logged() -> None:
     assert not check["rank1_under_a_fifth_of_rank0"] and not check["adapter_only_final"]
     text = table([good, bad])
     assert "rank 1 loading +900 MiB" in text and "0: 40.0, 1: 20.0" in text
+
+
+@pytest.mark.parametrize("attns", [["sdpa"], ["flash_attention_2", "sdpa"]])
+def test_the_timeouts_sum_within_the_budget_with_the_setup(attns: list[str]) -> None:
+    """One device command runs 10 minutes at most: the jobs' bounds and the models' setup fit in 540 s."""
+    jobs = fit_timeouts(plan_jobs(False, attns, 50, 100, qlora=True), BUDGET_S)
+    assert sum(j.timeout_s for j in jobs) + 90 <= BUDGET_S <= 540
+    assert all(j.timeout_s >= 30 for j in jobs)
+
+
+def test_cpu_jobs_see_no_gpu_and_keep_the_carried_wheels_on_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    jobs = plan_jobs(False, ["sdpa"], 50, 100, qlora=False)
+    (rss,) = [j for j in jobs if j.device == "cpu"]
+    env = job_env(rss)
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["PYTHONPATH"].split(":") == [str(REPO), "/tmp/site"]
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in job_env(jobs[0])  # a GPU job keeps the GPU
+    # Work files (~18 GB at 8B) go to /tmp, not under the results folder the device tool sends back.
+    assert WORK.parts[:2] == ("/", "tmp")
+
+
+def _top_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module != "__future__":
+            found.add(node.module or "")
+    return found
+
+
+def test_the_import_check_covers_what_the_gpu_bench_imports() -> None:
+    """What gpu.sh runs imports only what the GPU machine has plus the carried wheels: never the test
+    harness (psycopg, httpx) nor the service, and the import check covers every module it imports."""
+    needed = required_imports()
+    for path in ("bench/gpu_jobs.py", "trainer/train.py", "trainer/model.py", "trainer/data.py"):
+        assert _top_imports(REPO / path) <= set(needed), path
+    roots = {m.split(".")[0] for m in needed}
+    assert {"trl", "datasets", "peft", "pydantic", "pydantic_settings", "torch", "transformers"} <= roots
+    assert not roots & {"tests", "psycopg", "httpx", "sqlalchemy", "service", "worker", "celery", "fastapi"}

@@ -3,6 +3,8 @@ each owner's runs start as."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -134,3 +136,31 @@ def test_trackers_get_the_operators_settings_and_only_when_the_spec_asks() -> No
         JobSpec.model_validate({**base, "integrations": {"mlflow": {"experiment": "e", "tracking_uri": "x"}}})
     with pytest.raises(ValidationError):
         JobSpec.model_validate({**base, "integrations": {"wandb": {"project": "p", "api_key": "k"}}})
+
+
+def test_the_operators_hub_token_reaches_runs_from_the_environment_and_the_cache_is_shared(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 27, item 2: FTQ_HF_TOKEN (the same setting as FTQ_HUB_TOKEN) reaches a run naming a hub model
+    as HF_TOKEN, with the fetch step's shared cache (FTQ_HUB_CACHE, default data_dir/hub); the token is
+    masked like the other secrets, and FTQ_HF_TOKEN itself is never passed."""
+    from ftq.contract.spec import JobSpec
+    from worker.launchers.base import hub_environment
+
+    monkeypatch.setenv("FTQ_HF_TOKEN", "hf_from_ftq_hf_token")
+    settings = Settings(data_dir=tmp_path)
+    assert settings.hub_token == "hf_from_ftq_hf_token"
+    assert "hf_from_ftq_hf_token" in settings.secret_values()
+    base = {"dataset": {"name_or_path": "./tiny/data"}, "training": {"max_steps": 1}}
+    local = JobSpec.model_validate({**base, "model": {"name_or_path": "./tiny/model"}})
+    hub = JobSpec.model_validate({**base, "model": {"name_or_path": "meta-llama/Llama-3.1-8B"}})
+    assert hub_environment(settings, local) == {}  # asks the Hub nothing: no token
+    assert hub_environment(settings, hub) == {
+        "HF_TOKEN": "hf_from_ftq_hf_token",
+        "HF_HUB_CACHE": str(tmp_path.resolve() / "hub"),
+    }
+    shared = Settings(hub_token="t", hub_cache=tmp_path / "shared")
+    assert hub_environment(shared, hub)["HF_HUB_CACHE"] == str(tmp_path / "shared")
+    assert "HF_TOKEN" not in hub_environment(Settings(hub_token=""), hub)
+    passed = launch_environment(Settings(pass_env="FTQ_HF_TOKEN"), {"FTQ_HF_TOKEN": "x", "PATH": "/bin"})
+    assert passed == {"PATH": "/bin"}

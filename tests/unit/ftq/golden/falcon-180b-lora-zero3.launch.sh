@@ -8,6 +8,14 @@ rm -f -- exit_status
 # outlive the launch to record how it ended: with a trap, bash lets the foreground launch finish,
 # then runs the trap, and $? is still the launch's own status.
 trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
+# The fetch step: hub models downloaded once, before the ranks start (progress in train.log)
+/opt/ftq/.venv/bin/python -m trainer.fetch --spec spec.json >> train.log 2>&1
+status=$?
+if [ "$status" -ne 0 ]; then
+  printf '%s\n' "$status" > .exit_status.tmp && mv -f -- .exit_status.tmp exit_status
+  exit "$status"
+fi
+export HF_HUB_OFFLINE=1
 # Fewer fragmentation OOMs hours in (FTQ_CUDA_ALLOC_CONF); a value in the run's environment wins
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 /opt/ftq/.venv/bin/python -m accelerate.commands.launch \
