@@ -17,6 +17,8 @@ MAX_TEMPLATE_CHARS = 20_000
 MAX_FORMULA_CHARS = 2_000
 
 StringOperation = Literal["eq", "ne", "like", "ilike"]
+# A number as the schema says: an int or a float, never a bool or a numeric string (strict).
+Score = Annotated[float, Field(strict=True)]
 SimilarityMetric = Literal[
     "fuzzy_match", "bleu", "gleu", "meteor", "rouge_1", "rouge_2", "rouge_3", "rouge_4", "rouge_5", "rouge_l"
 ]
@@ -46,7 +48,7 @@ class TextSimilarityGrader(_Grader):
     input: str = Field(..., max_length=MAX_TEMPLATE_CHARS)
     reference: str = Field(..., max_length=MAX_TEMPLATE_CHARS)
     evaluation_metric: SimilarityMetric
-    pass_threshold: float | None = Field(None, description="OpenAI's field; the score is the metric's value")
+    pass_threshold: Score | None = Field(None, description="OpenAI's field; the score is the metric's value")
 
 
 class PythonGrader(_Grader):
@@ -55,7 +57,7 @@ class PythonGrader(_Grader):
     type: Literal["python"]
     source: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS)
     image_tag: str | None = Field(None, max_length=256, description="OpenAI's field; ignored (one runtime)")
-    pass_threshold: float | None = None
+    pass_threshold: Score | None = None
 
     @field_validator("source")
     @classmethod
@@ -84,9 +86,9 @@ class ScoreModelGrader(_Grader):
     type: Literal["score_model"]
     model: str = Field(..., min_length=1, max_length=512)
     input: list[InputMessage] = Field(..., min_length=1, max_length=32)
-    range: tuple[float, float] = (0.0, 1.0)
+    range: tuple[Score, Score] = (0.0, 1.0)
     sampling_params: dict[str, Any] | None = None
-    pass_threshold: float | None = None
+    pass_threshold: Score | None = None
 
     @field_validator("range")
     @classmethod

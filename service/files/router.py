@@ -209,7 +209,13 @@ async def get_file(file_id: FileId, owner: LoopOwnerDep) -> FilePublic:
 
 @router.head(
     "/{file_id}/content",
-    responses={**_ERRORS, 200: {"description": "The headers GET would send (size, type), no body"}},
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {"application/jsonl": {}},
+            "description": "The headers GET would send (size, type), no body",
+        },
+    },
     summary="A file's headers, without its bytes",
 )
 @router.get(

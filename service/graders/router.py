@@ -14,11 +14,15 @@ from ftq.contract.graders import (
 from ftq.runtime.settings import get_settings
 from service.deps import OwnerDep
 from service.graders import service
-from service.routes import UNAUTHORIZED, Responses, error
+from service.routes import UNAUTHORIZED, Responses
 
 router = APIRouter(prefix="/graders", tags=["graders"])
 
-_ERRORS: Responses = {401: UNAUTHORIZED, 422: error("An invalid grader: `detail[].loc` names the field")}
+_ERRORS: Responses = {
+    400: {"description": "A body that does not parse"},
+    401: UNAUTHORIZED,
+    422: {"description": "An invalid grader: `detail[].loc` names the field"},
+}
 
 
 @router.post(

@@ -98,7 +98,8 @@ def test_a_preference_method_on_a_text_only_file_is_a_422_naming_the_field(dep: 
     r = dep.http.post("/jobs", json=spec)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "dataset", "format"]
-    assert "training.method dpo trains on preference data, not text" in r.json()["detail"][0]["msg"]
+    msg = r.json()["detail"][0]["msg"]
+    assert "training.method dpo trains on preference or openai_preference data, not text" in msg
 
     other = dpo_spec("preference/train.jsonl", kto={"beta": 0.2})
     r = dep.http.post("/jobs", json=other)
