@@ -92,7 +92,9 @@ def test_hostile_strings_never_become_script_lines(evil: str, tmp_path: Path) ->
         _bash_n(script, tmp_path)
     # launch.sh: the command words, as bash will split them, are exactly the one-host argv (the plan's
     # command is the per-node launch of job.sbatch, which tests/unit/ftq/planning/test_render.py reads back).
-    command = plan.launch_script.split(" TERM INT\n", 1)[1].split(" \\\n  >>")[0]
+    lines = plan.launch_script.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if "-m accelerate.commands.launch" in line)
+    command = "".join(lines[start:]).split(" \\\n  >>")[0]
     launch_words = shlex.split(command.replace(" \\\n  ", " "))
     one_host = launch_argv(
         spec,
@@ -119,7 +121,11 @@ def test_hostile_strings_never_become_script_lines(evil: str, tmp_path: Path) ->
 # launch.sh, run for real ----------
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-# Stand-in interpreter: records its argv, then behaves as FAKE_MODE says.
+# Stand-in interpreter: records its argv, then behaves as FAKE_MODE says. The fetch step (a spec that
+# names a hub model) succeeds at once and records its argv apart.
+if [ "${1:-}" = "-m" ] && [ "${2:-}" = "trainer.fetch" ]; then
+  printf '%s\\0' "$@" > fetch.argv.bin; exit 0
+fi
 printf '%s\\0' "$@" > "argv.${SLURM_NODEID:-local}.bin"
 echo "fake launch started on ${SLURM_NODEID:-local}"
 case "${FAKE_MODE:-ok}" in
@@ -392,6 +398,8 @@ exit $status
 # ignores SIGUSR1 for the launcher (the real trainer installs its own handler, as this does).
 SIGNALLED_PYTHON = """#!/usr/bin/env python3
 import os, signal, sys, time
+if sys.argv[1:3] == ["-m", "trainer.fetch"]:
+    sys.exit(0)  # the fetch step (the spec names a hub model): done at once
 node = os.environ.get("SLURM_NODEID", "local")
 def stop(signum, frame):
     print(f"fake launch {node} got SIGUSR1", flush=True)
