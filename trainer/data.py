@@ -49,6 +49,18 @@ MESSAGES_COLUMN = "messages"  # the column TRL treats as a conversation
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
 
+def training_chat_template(tokenizer: Any) -> str | None:
+    """TRL's copy of the tokenizer's chat template with the assistant turns marked ({% generation %}),
+    or None where TRL cannot rewrite it (it says so by raising one of these, a refusal, not a bug)."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    try:
+        patched: str | None = get_training_chat_template(tokenizer)
+    except (ValueError, NotImplementedError, KeyError):
+        return None
+    return patched
+
+
 @dataclass
 class Splits:
     train: Dataset
@@ -346,14 +358,12 @@ def openai_chat_rows(
     with loss_on assistant the assistant turns, else every token; either way less the assistant turns
     with `weight: 0`. A row with tool calls the model's chat template does not render is an error naming
     its line; a row left with nothing to learn is dropped."""
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+    from trl.chat_template_utils import has_generation_markers
 
     template: str | None = tokenizer.chat_template
     if template is None or not has_generation_markers(template):
-        try:
-            template = get_training_chat_template(tokenizer)
-        except (ValueError, NotImplementedError, KeyError):
-            template = None  # no turn can be told apart: fine unless a weight or loss_on asks for it
+        # None: no turn can be told apart, fine unless a weight or loss_on asks for it
+        template = training_chat_template(tokenizer)
     field = spec.messages_field
 
     def where(index: int) -> str:

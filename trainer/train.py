@@ -37,7 +37,7 @@ from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec,
 from . import trackers
 from .args import TrainerArgs
 from .callbacks import metrics_callback
-from .data import TEXT_COLUMN, Splits, load_splits, trl_rows
+from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
 from .memory import peak_rss
 from .model import (
@@ -561,7 +561,7 @@ def check_assistant_template(tokenizer: Any, model_name: str) -> None:
     """`loss_on: assistant` needs a chat template that marks the assistant turns ({% generation %}), or one
     TRL knows how to rewrite with the markers; otherwise no token could be told apart, and training on all
     of them instead would silently be another job than the one asked for."""
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+    from trl.chat_template_utils import has_generation_markers
 
     template = getattr(tokenizer, "chat_template", None)
     fix = (
@@ -573,12 +573,7 @@ def check_assistant_template(tokenizer: Any, model_name: str) -> None:
         raise ModelError(f"loss_on assistant: the tokenizer of {model_name} has no chat template; {fix}")
     if has_generation_markers(template):
         return
-    try:
-        patched = get_training_chat_template(tokenizer)
-    except (ValueError, NotImplementedError, KeyError):
-        # TRL's way of saying "not a template I know how to rewrite": the ModelError below names the fix.
-        patched = None
-    if patched is None:
+    if training_chat_template(tokenizer) is None:
         raise ModelError(
             f"loss_on assistant: the chat template of {model_name} does not mark the assistant turns "
             f"({{% generation %}}), and it is not one TRL can rewrite with the markers; {fix}"

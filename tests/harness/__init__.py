@@ -12,7 +12,7 @@
 - inprocess.py: settings for code run inside the test process.
 - rows.py: job and export rows written straight into the store, and the controller's sweep until a row
   reaches a status (in-process controller tests).
-- disk.py: small_tmpfs(), a small disk of a test's own, for what a full disk does.
+- disk.py: small_tmpfs(), a small disk of a test's own (as root), for what a full disk does.
 - launching.py: launch requests for launcher tests that run scripts of their own.
 - sdk.py: sdk_client(), the sync or the async SDK client for one scenario written for both (SDK_STYLES).
 - users.py: the unprivileged run users (FTQ_RUN_AS_USER) of the run-isolation tests, made on first use.
