@@ -1,25 +1,18 @@
-"""files: uploaded dataset files (POST /files)
-
-Revision ID: 0002_files
-Revises: 0001
-Create Date: 2026-12-01 13:40:00
-"""
+"""Files: uploaded dataset files (POST /files)."""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_files"
-down_revision = "0001"
-branch_labels = None
-depends_on = None
+from migrations import columns
+
+revision, down_revision = "0002_files", "0001"
 
 
 def upgrade() -> None:
     op.create_table(
         "files",
-        sa.Column("seq", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("owner", sa.String(length=128), nullable=False),
+        *columns.seq_and_id(),
+        columns.owner(),
         sa.Column("filename", sa.String(length=255), nullable=False),
         sa.Column("bytes", sa.BigInteger(), nullable=False),
         sa.Column("sha256", sa.String(length=64), nullable=False),
@@ -30,11 +23,10 @@ def upgrade() -> None:
         sa.Column("methods", sa.JSON(), nullable=True),
         sa.Column("errors", sa.JSON(), nullable=True),
         sa.Column("error_count", sa.Integer(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        columns.created_at(),
         sa.Column("validated_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("validation_sent_at", sa.DateTime(timezone=True), nullable=True),
-        sa.PrimaryKeyConstraint("seq"),
-        sa.UniqueConstraint("id"),
+        *columns.seq_key_and_unique_id(),
     )
     with op.batch_alter_table("files", schema=None) as batch_op:
         batch_op.create_index("ix_files_owner_seq", ["owner", "seq"], unique=False)

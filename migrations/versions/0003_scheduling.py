@@ -1,16 +1,11 @@
-"""scheduling: priorities, queue positions, accounting
-
-Revision ID: 0003_scheduling
-Revises: 0002_files
-"""
+"""Scheduling: priorities, queue positions, accounting."""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_scheduling"
-down_revision = "0002_files"
-branch_labels = None
-depends_on = None
+from migrations import columns
+
+revision, down_revision = "0003_scheduling", "0002_files"
 
 
 def upgrade() -> None:
@@ -24,16 +19,14 @@ def upgrade() -> None:
         batch_op.create_index("ix_jobs_finished_at", ["finished_at"], unique=False)
     op.create_table(
         "job_queue",
-        sa.Column("job_id", sa.String(length=40), nullable=False),
-        sa.Column("position", sa.Integer(), nullable=True),
-        sa.Column("reason", sa.String(length=64), nullable=False),
-        sa.Column("estimated_start", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        columns.job_id(),
+        *columns.queue_place(),
+        columns.job_id_cascade(),
         sa.PrimaryKeyConstraint("job_id"),
     )
     op.create_table(
         "owner_usage",
-        sa.Column("owner", sa.String(length=128), nullable=False),
+        columns.owner(),
         sa.Column("recent_device_seconds", sa.Float(), nullable=False),
         sa.Column("recent_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("period_start", sa.DateTime(timezone=True), nullable=False),

@@ -1,29 +1,23 @@
-"""samples: completions of the spec's sample prompts during training, and the ingest offset
-
-Revision ID: 0004_samples
-Revises: 0003_scheduling
-Create Date: 2026-12-01 13:50:00
-"""
+"""Samples: completions of the spec's sample prompts during training, and the ingest offset."""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_samples"
-down_revision = "0003_scheduling"
-branch_labels = None
-depends_on = None
+from migrations import columns
+
+revision, down_revision = "0004_samples", "0003_scheduling"
 
 
 def upgrade() -> None:
     op.create_table(
         "samples",
-        sa.Column("job_id", sa.String(length=40), nullable=False),
+        columns.job_id(),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("prompt_index", sa.Integer(), nullable=False),
         sa.Column("prompt", sa.Text(), nullable=False),
         sa.Column("completion", sa.Text(), nullable=False),
         sa.Column("time", sa.Float(), nullable=True),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        columns.job_id_cascade(),
         sa.PrimaryKeyConstraint("job_id", "step", "prompt_index"),
     )
     with op.batch_alter_table("jobs", schema=None) as batch_op:

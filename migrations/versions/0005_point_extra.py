@@ -1,16 +1,9 @@
-"""point extra: a metric point's method metrics beyond the fixed fields (TRL's names)
-
-Revision ID: 0005_point_extra
-Revises: 0004_samples
-"""
+"""Point extra: a metric point's method metrics beyond the fixed fields (TRL's names)."""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005_point_extra"
-down_revision = "0004_samples"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0005_point_extra", "0004_samples"
 
 
 def upgrade() -> None:

@@ -1,16 +1,11 @@
-"""job events, webhooks and their deliveries (the webhook outbox)
-
-Revision ID: 0007_events
-Revises: 0006_exports
-"""
+"""Job events, webhooks and their deliveries (the webhook outbox)."""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_events"
-down_revision = "0006_exports"
-branch_labels = None
-depends_on = None
+from migrations import columns
+
+revision, down_revision = "0007_events", "0006_exports"
 
 # A 64-bit id that SQLite still numbers itself (only its INTEGER PRIMARY KEY is the rowid).
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -20,13 +15,13 @@ def upgrade() -> None:
     op.create_table(
         "job_events",
         sa.Column("id", _ID, autoincrement=True, nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
-        sa.Column("owner", sa.String(length=128), nullable=False),
+        columns.job_id(),
+        columns.owner(),
         sa.Column("type", sa.String(length=32), nullable=False),
         sa.Column("time", sa.DateTime(timezone=True), nullable=False),
         sa.Column("data", sa.JSON(), nullable=False),
         sa.Column("key", sa.String(length=160), nullable=True),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        columns.job_id_cascade(),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("job_id", "key", name="uq_job_events_job_id_key"),
     )
@@ -36,14 +31,14 @@ def upgrade() -> None:
     op.create_table(
         "webhooks",
         sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("owner", sa.String(length=128), nullable=False),
+        columns.owner(),
         sa.Column("url", sa.Text(), nullable=False),
         sa.Column("events", sa.JSON(), nullable=False),
         sa.Column("secret", sa.String(length=128), nullable=False),
         sa.Column("enabled", sa.Boolean(), nullable=False),
         sa.Column("consecutive_failures", sa.Integer(), nullable=False),
         sa.Column("disabled_reason", sa.Text(), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        columns.created_at(),
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_webhooks_owner", "webhooks", ["owner"])
@@ -53,10 +48,10 @@ def upgrade() -> None:
         sa.Column("id", _ID, autoincrement=True, nullable=False),
         sa.Column("webhook_id", sa.String(length=40), nullable=False),
         sa.Column("event_id", sa.BigInteger(), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
+        columns.job_id(),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        columns.created_at(),
         sa.Column("first_attempt_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("last_attempt_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True),

@@ -1,16 +1,9 @@
-"""jobs.pause_requested_at: a pause asked of a launched run, until its run has checkpointed and ended
-
-Revision ID: 0009_pause
-Revises: 0008_export_queue
-"""
+"""Jobs.pause_requested_at: a pause asked of a launched run, until its run has checkpointed and ended."""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009_pause"
-down_revision = "0008_export_queue"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0009_pause", "0008_export_queue"
 
 
 def upgrade() -> None:
