@@ -56,12 +56,18 @@ def _extra(value: Any) -> dict[str, float] | None:
     return out or None
 
 
-def parse_point(line: bytes) -> dict[str, Any] | None:
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    """The object a JSON Lines line holds, else None (the run writes these files: anything may be in them)."""
     try:
         obj = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(obj, dict):
+    return obj if isinstance(obj, dict) else None
+
+
+def parse_point(line: bytes) -> dict[str, Any] | None:
+    obj = _json_object(line)
+    if obj is None:
         return None
     step = obj.get("step")
     if isinstance(step, bool) or not isinstance(step, int | float) or not math.isfinite(step):
@@ -152,11 +158,8 @@ def _whole(value: Any) -> int | None:
 
 def parse_sample(line: bytes) -> dict[str, Any] | None:
     """A samples.jsonl line as {step, index, prompt, completion, time}, or None when it is not one."""
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
+    obj = _json_object(line)
+    if obj is None:
         return None
     step, index = _whole(obj.get("step")), _whole(obj.get("index"))
     if step is None or index is None or index >= MAX_SAMPLE_INDEX or step > 2**31 - 1:
@@ -325,11 +328,8 @@ def _new_lines(job_id: str, path: Any, seen: dict[tuple[str, str], int]) -> list
     seen[(job_id, path.name)] = end + 1 if end + 1 < size else size
     out = []
     for index, line in enumerate(data[: end + 1].splitlines()):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
+        obj = _json_object(line)
+        if obj is not None:
             out.append((index, obj))
     return out
 
