@@ -78,6 +78,17 @@ def _migrate() -> None:
         upgrade(settings.sqlalchemy_url)
 
 
+def _prepare_to_listen(host: str | None, port: int | None, log_level: str | None) -> tuple[str, int, str]:
+    """What `ftq api` and `ftq up` do before serving: the address and level (the options, else the
+    settings), the refusal to listen beyond loopback with auth off, the schema at head."""
+    settings = get_settings()
+    host = host or settings.host
+    level = _log_level(log_level)
+    _check_listen(host)
+    _migrate()
+    return host, port or settings.port, level
+
+
 def _die_with_parent() -> None:
     # A worker started by `ftq up` must not outlive it (a SIGKILLed `ftq up` would leave it behind and
     # a restart would start a second one). Training runs are in their own sessions and do survive.
@@ -221,14 +232,7 @@ def api(
     ] = 1,
 ) -> None:
     """Serve the HTTP API (and the dashboard)."""
-
-    settings = get_settings()
-    host = host or settings.host
-    port = port or settings.port
-    level = _log_level(log_level)
-    _check_listen(host)
-    _migrate()
-    _serve(host, port, level, workers)
+    _serve(*_prepare_to_listen(host, port, log_level), workers)
 
 
 @server_app.command("worker")
@@ -270,13 +274,7 @@ def worker(
 @server_app.command("up")
 def up(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None) -> None:
     """API + worker + scheduler with the embedded defaults: one command on a bare machine."""
-
-    settings = get_settings()
-    host = host or settings.host
-    port = port or settings.port
-    level = _log_level(log_level)
-    _check_listen(host)
-    _migrate()
+    host, port, level = _prepare_to_listen(host, port, log_level)
     from ftq.runtime.queue import DEFAULT_QUEUE, WEBHOOK_QUEUE
 
     supervisor = WorkerSupervisor(
@@ -289,7 +287,7 @@ def up(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None
     worker_proc = supervisor.start()
     sender_proc = sender.start()
     typer.echo(
-        f"ftq: API on http://{host}:{port}  data in {settings.data_path}  worker pid {worker_proc.pid}"
+        f"ftq: API on http://{host}:{port}  data in {get_settings().data_path}  worker pid {worker_proc.pid}"
         f"  webhook sender pid {sender_proc.pid}"
     )
     try:
