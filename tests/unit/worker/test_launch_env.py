@@ -11,22 +11,9 @@ from pydantic import ValidationError
 from ftq.runtime.settings import Settings
 from worker.launchers.base import launch_environment
 
-WORKER_ENV = {
-    # The service's own settings: never a run's.
-    "FTQ_API_TOKENS": "tok-alice:alice,tok-bob:bob",
-    "FTQ_DATABASE_URL": "postgresql://ftq:db-password@db/ftq",
-    "FTQ_BROKER_URL": "redis://:broker-password@redis:6379/0",
-    "FTQ_METRICS_TOKEN": "metrics-token",
-    # The operator's other credentials and settings: not a run's unless FTQ_PASS_ENV names them.
-    "AWS_SECRET_ACCESS_KEY": "aws-secret",
-    "PGPASSWORD": "pg-secret",
-    "HUGGING_FACE_HUB_TOKEN": "hf_legacy_name",
-    "HF_HUB_TOKEN_PATH": "/root/.cache/huggingface/token",
-    "WANDB_API_KEY": "wandb-key",
-    "MY_SITE_SETTING": "x",
-    "MASTER_ADDR": "10.0.0.1",
-    "SLURM_JOB_ID": "77",
-    # What a launch needs.
+# What a run gets of the worker's environment: what a launch needs, and HF_TOKEN (FTQ_PASS_ENV names it
+# in the test below).
+PASSED = {
     "PATH": "/usr/bin:/bin",
     "HOME": "/home/ftq",
     "LANG": "C.UTF-8",
@@ -42,23 +29,27 @@ WORKER_ENV = {
     "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512",
 }
 
+WORKER_ENV = {
+    # The service's own settings: never a run's.
+    "FTQ_API_TOKENS": "tok-alice:alice,tok-bob:bob",
+    "FTQ_DATABASE_URL": "postgresql://ftq:db-password@db/ftq",
+    "FTQ_BROKER_URL": "redis://:broker-password@redis:6379/0",
+    "FTQ_METRICS_TOKEN": "metrics-token",
+    # The operator's other credentials and settings: not a run's unless FTQ_PASS_ENV names them.
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "PGPASSWORD": "pg-secret",
+    "HUGGING_FACE_HUB_TOKEN": "hf_legacy_name",
+    "HF_HUB_TOKEN_PATH": "/root/.cache/huggingface/token",
+    "WANDB_API_KEY": "wandb-key",
+    "MY_SITE_SETTING": "x",
+    "MASTER_ADDR": "10.0.0.1",
+    "SLURM_JOB_ID": "77",
+    **PASSED,
+}
+
 
 def test_only_the_allowlist_and_the_named_secrets_pass() -> None:
-    env = launch_environment(Settings(pass_env="HF_TOKEN"), WORKER_ENV)
-    assert env == {
-        "PATH": "/usr/bin:/bin",
-        "HOME": "/home/ftq",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "CUDA_HOME": "/usr/local/cuda",
-        "NCCL_SOCKET_IFNAME": "ib0",
-        "HF_HOME": "/srv/hf",
-        "HF_HUB_OFFLINE": "1",
-        "HF_TOKEN": "hf_operator_token",
-        "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
-        "https_proxy": "http://proxy:3128",
-        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512",
-    }
+    assert launch_environment(Settings(pass_env="HF_TOKEN"), WORKER_ENV) == PASSED
 
 
 def test_pass_env_adds_names_but_never_the_service_settings() -> None:
