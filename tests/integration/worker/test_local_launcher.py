@@ -60,6 +60,15 @@ def _wait(pred: Callable[[], object], timeout: float = 15) -> bool:
     return bool(pred())
 
 
+def _started_stand_in(launcher: LocalLauncher, tmp_path: Path, job_id: str, child: str) -> RunRef:
+    """The stand-in launched with `child` run first in its rank, once the rank is up."""
+    req = _request(tmp_path, job_id, STAND_IN.format(child=child))
+    handle = launcher.submit(req)
+    ref = RunRef(job_id, req.run_dir, None, handle.pid, handle.pid_start_ticks)
+    assert _wait(lambda: (req.run_dir / "rank_ready").exists())
+    return ref
+
+
 def test_local_launcher_runs_polls_and_reads_the_exit_status(tmp_path: Path) -> None:
     launcher = LocalLauncher(Settings(data_dir=tmp_path, cpu_slots=2, pass_env="FTQ_RT_SECRET"))
     os.environ["FTQ_RT_SECRET"] = "s3cret"
@@ -97,34 +106,28 @@ def test_no_exit_status_and_no_process_is_lost(tmp_path: Path) -> None:
 def test_cancel_terms_the_ranks_and_leaves_the_launcher_to_end_by_itself(tmp_path: Path) -> None:
     # Signalled too, torch's agent would end in a page of traceback in train.log.
     launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=30))
-    req = _request(tmp_path, "job_term", STAND_IN.format(child="pass"))
-    handle = launcher.submit(req)
-    ref = RunRef("job_term", req.run_dir, None, handle.pid, handle.pid_start_ticks)
-    assert _wait(lambda: (req.run_dir / "rank_ready").exists())
+    ref = _started_stand_in(launcher, tmp_path, "job_term", "pass")
     launcher.cancel(ref)
     assert _wait(lambda: launcher.poll([ref])["job_term"].phase != RunPhase.running)
-    assert marked("job_term") == [] and group_members(handle.pid) == []  # type: ignore[arg-type]
-    assert not (req.run_dir / "launcher_got_sigterm").exists()
-    assert (req.run_dir / "exit_status").read_text().strip() == "143"  # the rank's SIGTERM, passed up
+    assert marked("job_term") == [] and group_members(ref.pid) == []  # type: ignore[arg-type]
+    assert not (ref.run_dir / "launcher_got_sigterm").exists()
+    assert (ref.run_dir / "exit_status").read_text().strip() == "143"  # the rank's SIGTERM, passed up
 
 
 def test_a_cancel_from_two_callers_at_once_sends_one_sigterm(tmp_path: Path) -> None:
     # The cancel task and a reconcile sweep can both act on one cancelling job in the same moment.
     launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=30))
     count = "signal.signal(signal.SIGTERM, lambda *_: open('terms', 'a').write('x'))"
-    req = _request(tmp_path, "job_twice", STAND_IN.format(child=count))
-    handle = launcher.submit(req)
-    ref = RunRef("job_twice", req.run_dir, None, handle.pid, handle.pid_start_ticks)
-    assert _wait(lambda: (req.run_dir / "rank_ready").exists())
+    ref = _started_stand_in(launcher, tmp_path, "job_twice", count)
     callers = [threading.Thread(target=launcher.cancel, args=(ref,)) for _ in range(4)]
     for t in callers:
         t.start()
     for t in callers:
         t.join()
     try:
-        assert _wait(lambda: (req.run_dir / "terms").exists())
+        assert _wait(lambda: (ref.run_dir / "terms").exists())
         time.sleep(0.5)
-        assert (req.run_dir / "terms").read_text() == "x"
+        assert (ref.run_dir / "terms").read_text() == "x"
     finally:
         launcher.kill_leftovers(ref)
 
@@ -133,15 +136,12 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(tmp_path: Path) -> N
     launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=1))
     # This run's rank ignores SIGTERM.
     ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
-    req = _request(tmp_path, "job_stubborn", STAND_IN.format(child=ignore))
-    handle = launcher.submit(req)
-    ref = RunRef("job_stubborn", req.run_dir, None, handle.pid, handle.pid_start_ticks)
-    assert _wait(lambda: (req.run_dir / "rank_ready").exists())
+    ref = _started_stand_in(launcher, tmp_path, "job_stubborn", ignore)
     launcher.cancel(ref)
     time.sleep(0.5)
     launcher.cancel(ref)  # within the grace period: nothing more yet
     assert launcher.poll([ref])["job_stubborn"].phase == RunPhase.running
-    assert json.loads((req.run_dir / "cancel.json").read_text())["term_sent"] > 0
+    assert json.loads((ref.run_dir / "cancel.json").read_text())["term_sent"] > 0
     time.sleep(0.8)
     launcher.cancel(ref)  # past it: SIGKILL to everything of the run
     assert _wait(lambda: launcher.poll([ref])["job_stubborn"].phase != RunPhase.running)
