@@ -21,6 +21,7 @@ three rounds; the median round's ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -28,8 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -37,6 +39,9 @@ from bench import OUT, REPO, log, note, result
 from bench.seed import analyze, api_server, copy_jobs, copy_points, explain, job_ids, spec_json
 from bench.wrk import have_wrk, interleaved, measured, sequential_latency, threads_load, wrk_run
 from tests.harness import Deployment, free_port, postgres, wait_until
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 CONNECTIONS = 64
 
@@ -366,8 +371,10 @@ UP_POINTS = 2000
 UP_THREADS = 16
 
 
-def _seed_up(data_dir: Path) -> None:
-    """The finished job and its points in the SQLite store `ftq up` made in data_dir."""
+@contextlib.contextmanager
+def _seed_job(data_dir: Path, job_id: str, name: str, points: int) -> Iterator[Session]:
+    """A succeeded job of `local` and its points, written in the SQLite store `ftq up` made in data_dir;
+    yields the session for more rows, committed when the block ends."""
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
@@ -375,12 +382,21 @@ def _seed_up(data_dir: Path) -> None:
     from tests.harness.rows import job_row, training_points
 
     engine = create_engine(f"sqlite:///{data_dir.resolve() / 'ftq.db'}")
-    with Session(engine) as s:
-        s.add(job_row(UP_JOB, name="poll", owner="local", status="succeeded", spec=json.loads(spec_json())))
-        s.flush()
-        repository.upsert_points(s, UP_JOB, training_points(UP_POINTS))
-        s.commit()
-    engine.dispose()
+    try:
+        with Session(engine) as s:
+            s.add(job_row(job_id, name=name, owner="local", status="succeeded", spec=json.loads(spec_json())))
+            s.flush()
+            repository.upsert_points(s, job_id, training_points(points))
+            yield s
+            s.commit()
+    finally:
+        engine.dispose()
+
+
+def _seed_up(data_dir: Path) -> None:
+    """The finished job and its points (all this bench reads)."""
+    with _seed_job(data_dir, UP_JOB, "poll", UP_POINTS):
+        pass
 
 
 def bench_up(seconds: float = 4.0, rounds: int = 3) -> None:
@@ -447,18 +463,11 @@ V1_EVENTS = 12
 
 def _seed_v1(data_dir: Path) -> None:
     """A succeeded job made through /v1 (its openai_jobs row), its points and events, in `ftq up`'s store."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.orm import Session
-
     from ftq.contract.events import EventType
-    from ftq.store import events, repository
+    from ftq.store import events
     from ftq.store.models import OpenAIJob
-    from tests.harness.rows import job_row, training_points
 
-    engine = create_engine(f"sqlite:///{data_dir.resolve() / 'ftq.db'}")
-    with Session(engine) as s:
-        s.add(job_row(V1_JOB, name="v1", owner="local", status="succeeded", spec=json.loads(spec_json())))
-        s.flush()
+    with _seed_job(data_dir, V1_JOB, "v1", V1_POINTS) as s:
         s.add(
             OpenAIJob(
                 job_id=V1_JOB,
@@ -468,13 +477,10 @@ def _seed_v1(data_dir: Path) -> None:
                 method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 3}}},
             )
         )
-        repository.upsert_points(s, V1_JOB, training_points(V1_POINTS))
         for i in range(V1_EVENTS):
             events.record(
                 s, V1_JOB, EventType.checkpoint, {"step": i * 10, "path": f"checkpoint-{i}"}, owner="local"
             )
-        s.commit()
-    engine.dispose()
 
 
 def bench_openai(seconds: float = 3.0, rounds: int = 3) -> None:
