@@ -245,11 +245,15 @@ class Injector:
             dep.start_worker(wait=False)
         rec["worker_back_s"] = round(dep.wait_worker_ready(before), 1)
 
-    def worker_kill_dispatch(self, rec: dict[str, Any]) -> None:
+    def _submit_and_wait_a_dispatch_delay(self, rec: dict[str, Any]) -> None:
+        """A job submitted, then the next of the dispatch delays waited (the kill lands that long after)."""
         delay = self.dispatch_delays[len(self.log) % len(self.dispatch_delays)]
         rec["job"] = self.sub.submit()
         time.sleep(delay)
         rec["delay_s"] = delay
+
+    def worker_kill_dispatch(self, rec: dict[str, Any]) -> None:
+        self._submit_and_wait_a_dispatch_delay(rec)
         self._restart_worker(rec)
 
     def worker_kill_run(self, rec: dict[str, Any]) -> None:
@@ -323,10 +327,7 @@ class Injector:
         rec["worker_back_s"] = round(dep.wait_worker_ready(before), 1)
 
     def up_kill_dispatch(self, rec: dict[str, Any]) -> None:
-        delay = self.dispatch_delays[len(self.log) % len(self.dispatch_delays)]
-        rec["job"] = self.sub.submit()
-        time.sleep(delay)
-        rec["delay_s"] = delay
+        self._submit_and_wait_a_dispatch_delay(rec)
         self._restart_up(rec)
 
     def up_kill_run(self, rec: dict[str, Any]) -> None:
