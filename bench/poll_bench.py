@@ -313,11 +313,24 @@ def bench_history(url: str, seconds: float) -> None:
             load = wrk_run(server.url, paths, connections=CONNECTIONS, seconds=seconds / 2)
             figures[n] = (seq, load)
             log(f"history {n}: {seq} {load}")
-    (s_seq, s_load), (b_seq, b_load) = figures[100], figures[100_000]
-    result("poll_100_points", s_seq["p50_ms"], "ms")
-    result("poll_100k_points", b_seq["p50_ms"], "ms", baseline="poll_100_points", target="<=1.5")
-    result("poll_100_points_rps", s_load["req_s"], "req/s")
-    result("poll_100k_points_rps", b_load["req_s"], "req/s", baseline="poll_100_points_rps", target=">=0.67")
+    _small_and_big("poll_100_points", "poll_100k_points", figures[100], figures[100_000], "<=1.5", ">=0.67")
+
+
+def _small_and_big(
+    small: str,
+    big: str,
+    small_figures: tuple[dict[str, float], dict[str, float]],
+    big_figures: tuple[dict[str, float], dict[str, float]],
+    latency_target: str,
+    rps_target: str,
+) -> None:
+    """One poll on a small and a big store, (sequential latency, wrk load) each: the median latency and
+    the req/s under load, the big one's as a ratio to the small one's (`<name>`, `<name>_rps`)."""
+    (s_seq, s_load), (b_seq, b_load) = small_figures, big_figures
+    result(small, s_seq["p50_ms"], "ms")
+    result(big, b_seq["p50_ms"], "ms", baseline=small, target=latency_target)
+    result(f"{small}_rps", s_load["req_s"], "req/s")
+    result(f"{big}_rps", b_load["req_s"], "req/s", baseline=f"{small}_rps", target=rps_target)
 
 
 def bench_status(seconds: float) -> None:
@@ -351,16 +364,8 @@ def bench_status(seconds: float) -> None:
                 )
             figures[total] = (seq, load)
             log(f"status {total}: {seq} {load}")
-    (s_seq, s_load), (b_seq, b_load) = figures[100], figures[10_000]
-    result("status_poll_100_jobs", s_seq["p50_ms"], "ms")
-    result("status_poll_10k_jobs", b_seq["p50_ms"], "ms", baseline="status_poll_100_jobs", target="<=2")
-    result("status_poll_100_jobs_rps", s_load["req_s"], "req/s")
-    result(
-        "status_poll_10k_jobs_rps",
-        b_load["req_s"],
-        "req/s",
-        baseline="status_poll_100_jobs_rps",
-        target=">=0.5",
+    _small_and_big(
+        "status_poll_100_jobs", "status_poll_10k_jobs", figures[100], figures[10_000], "<=2", ">=0.5"
     )
 
 
