@@ -41,7 +41,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -49,41 +48,13 @@ import httpx
 
 from bench import OUT, REPO, log, note, result
 from tests.harness import Deployment, pid_alive, tiny_assets, tiny_spec
+from tests.harness.webhooks import Receiver
 
 TOKEN = "fault-campaign-token"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 TRAINER_START = "trainer INFO strategy"
 EVENT_TYPES = ["job.queued", "job.started", "job.checkpoint", "job.succeeded", "job.failed"]
 OOM_WORDS = ("out-of-memory", "SIGKILL")
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1 that records each delivery's event id and type."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[str, str, str]] = []  # (webhook-id, type, job id)
-        me = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                with contextlib.suppress(ValueError, KeyError):
-                    doc = json.loads(body)
-                    me.received.append((self.headers["webhook-id"], doc["type"], doc["data"]["job_id"]))
-                self.send_response(204)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class Campaign:
@@ -125,7 +96,7 @@ class Campaign:
         self.jobs: dict[str, dict[str, Any]] = {}  # job id -> {"phase", "expect": code or "succeeded"}
         self.exports: dict[str, str] = {}  # export id -> job id
         self.findings: list[str] = []
-        self.receiver = Receiver()
+        self.receiver = Receiver().start()
         self._restarting = threading.Event()
         self._disk_full = threading.Event()  # the full_disk phase's fault: a 507 then is the answer asked for
 
@@ -262,7 +233,7 @@ class Campaign:
     def webhook_kill(self) -> dict[str, Any]:
         job_id = self.submit("webhook_kill", "succeeded", save_steps=2, max_steps=4)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(j == job_id for _, _, j in self.receiver.received):
+        while time.monotonic() < deadline and not self.receiver.of(job_id):
             time.sleep(0.1)
         back = self.restart_up()
         return {"job": job_id, "restart_s": round(back, 1)}
@@ -361,12 +332,14 @@ class Campaign:
             while True:
                 events = self.request("GET", f"/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
                 want = {f"evt_{e['id']}" for e in events if e["type"] in EVENT_TYPES}
-                got = {w for w, _, j in self.receiver.received if j == job_id}
+                got = {d.headers["webhook-id"] for d in self.receiver.of(job_id)}
                 if want <= got or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
             undelivered += sorted(want - got)
-        duplicates = sum(n - 1 for n in Counter(w for w, _, _ in self.receiver.received).values() if n > 1)
+        duplicates = sum(
+            n - 1 for n in Counter(d.headers["webhook-id"] for d in self.receiver.received).values() if n > 1
+        )
         return {
             "jobs": len(self.jobs),
             "exports": len(self.exports),
@@ -383,7 +356,7 @@ class Campaign:
         }
 
     def close(self) -> None:
-        self.receiver.close()
+        self.receiver.stop()
         self.dep.close(cancel_active=True)
         if self.tmpfs:
             subprocess.run(["umount", "-l", str(self.dep.data_dir)], check=False)

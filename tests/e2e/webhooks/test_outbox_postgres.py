@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.webhooks.receiver import Receiver, signature_valid
 from tests.e2e.webhooks.test_webhooks import TYPES, api_events, first_receipts, learning_job
 from tests.harness import Deployment, tiny_assets
 from tests.harness.deployment import QUICK_SETTINGS
+from tests.harness.webhooks import Receiver, signature_valid
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 

@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.webhooks.receiver import Delivery, Receiver, signature_valid
 from tests.harness import TINY_RELATIVE, Deployment, run_ftq, tiny_assets, tiny_spec
 from tests.harness.api import JobsApi
 from tests.harness.deployment import QUICK_SETTINGS
+from tests.harness.webhooks import Delivery, Receiver, signature_valid
 
 ALICE, BOB, MALLORY = "alice-webhooks-token", "bob-webhooks-token", "mallory-webhooks-token"
 TRICKLING_HOOKS = 40

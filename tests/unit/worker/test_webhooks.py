@@ -5,13 +5,8 @@ disabled after failures in a row."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -23,42 +18,7 @@ from ftq.store.db import session_scope
 from ftq.store.models import JobEvent, WebhookDelivery
 from tests.harness.inprocess import migrate, use_settings
 from tests.harness.rows import job_row
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1 recording each POST; `status` is what it answers."""
-
-    def __init__(self) -> None:
-        self.status = 204
-        self.received: list[tuple[dict[str, str], bytes]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                self.send_response(receiver.status)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
-    key = base64.b64decode(secret.removeprefix("whsec_"))
-    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
-    want = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-    return any(sig == f"v1,{want}" for sig in headers["webhook-signature"].split())
+from tests.harness.webhooks import Receiver, signature_valid
 
 
 @pytest.fixture
@@ -79,9 +39,9 @@ def store(tmp_path: Any, store_url: str, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
+    r = Receiver().start()
     yield r
-    r.close()
+    r.stop()
 
 
 def new_job(job_id: str, owner: str = "alice") -> None:
@@ -160,15 +120,15 @@ def test_deliveries_are_signed_and_in_event_order(store: None, receiver: Receive
     new_job("job_c")
     run_to_success("job_c")
     send_until_quiet()
-    got = [(h, json.loads(b)) for h, b in receiver.received]
-    assert [b["type"] for _, b in got] == ["job.queued", "job.started", "job.checkpoint", "job.succeeded"]
-    for headers, body in receiver.received:
-        assert verify(secret, headers, body)
-        assert json.loads(body)["data"]["job_id"] == "job_c"
-    jobs = [b["data"]["job"] for _, b in got]
+    got = receiver.received
+    assert [d.type for d in got] == ["job.queued", "job.started", "job.checkpoint", "job.succeeded"]
+    for d in got:
+        assert signature_valid(secret, d)
+        assert d.job_id == "job_c"
+    jobs = [d.json["data"]["job"] for d in got]
     assert [j["status"] for j in jobs] == ["queued", "running", "running", "succeeded"]
     assert all(j["id"] == "job_c" and j["name"] == "job_c" for j in jobs)
-    ids = [int(h["webhook-id"].removeprefix("evt_")) for h, _ in got]
+    ids = [d.seq for d in got]
     assert ids == sorted(ids)
 
 
@@ -181,7 +141,7 @@ def test_a_failing_receiver_is_retried_in_order_then_gives_up_and_is_disabled(
     run_to_success("job_d")
     send_until_quiet()
     # Each event was tried until the retry window (0.2 s) ran out, one event at a time, in order.
-    seen = [int(h["webhook-id"].removeprefix("evt_")) for h, _ in receiver.received]
+    seen = [d.seq for d in receiver.received]
     assert seen == sorted(seen) and len(seen) > 3
     with session_scope() as session:
         hook = events.WebhookRepository(session, "alice").get(hook_id)
@@ -203,7 +163,7 @@ def test_a_failing_receiver_is_retried_in_order_then_gives_up_and_is_disabled(
         assert hook is not None
         repo.enable(hook)
     send_until_quiet()
-    assert [json.loads(b)["type"] for _, b in receiver.received] == ["job.succeeded"]
+    assert [d.type for d in receiver.received] == ["job.succeeded"]
 
 
 def test_receiver_down_then_up_loses_nothing(
@@ -228,7 +188,7 @@ def test_receiver_down_then_up_loses_nothing(
     receiver.status = 200
     receiver.received.clear()
     send_until_quiet(rounds=200)
-    delivered = [json.loads(b) for _, b in receiver.received]
+    delivered = [d.json for d in receiver.received]
     for job_id in ("job_e", "job_f"):
         mine = [d for d in delivered if d["data"]["job_id"] == job_id]
         assert [d["type"] for d in mine] == ["job.queued", "job.started", "job.checkpoint", "job.succeeded"]
@@ -257,13 +217,8 @@ def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -
     """Two webhooks of one owner: while the slow one's first request hangs, the other gets every event."""
     release = threading.Event()
     slow = Receiver()
-
-    class Hanging(slow.server.RequestHandlerClass):  # type: ignore[name-defined]
-        def do_POST(self) -> None:
-            release.wait(20)
-            super().do_POST()
-
-    slow.server.RequestHandlerClass = Hanging
+    slow.hold = release
+    slow.start()
     try:
         add_webhook(slow.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
         add_webhook(receiver.url, ["job.queued", "job.started", "job.checkpoint", "job.succeeded"])
@@ -277,7 +232,7 @@ def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -
             if len(receiver.received) == 4:
                 break
             threading.Event().wait(0.05)
-        assert [json.loads(b)["type"] for _, b in receiver.received] == [
+        assert [d.type for d in receiver.received] == [
             "job.queued",
             "job.started",
             "job.checkpoint",
@@ -289,10 +244,10 @@ def test_a_slow_receiver_holds_up_only_itself(store: None, receiver: Receiver) -
         assert not sender.is_alive()
         send_until_quiet()
         # At least once: a request that hung past the timeout is sent again.
-        assert {h["webhook-id"] for h, _ in slow.received} == {h["webhook-id"] for h, _ in receiver.received}
+        assert {d.seq for d in slow.received} == {d.seq for d in receiver.received}
     finally:
         release.set()
-        slow.close()
+        slow.stop()
 
 
 def test_trickling_receivers_of_one_owner_delay_neither_the_pass_nor_another_owner(
@@ -319,7 +274,7 @@ def test_trickling_receivers_of_one_owner_delay_neither_the_pass_nor_another_own
         sender.start()
         sender.join(30)  # a generous liveness bound: before the deadline, the pass never ended
         assert not sender.is_alive()
-        assert [json.loads(b)["data"]["job_id"] for _, b in receiver.received] == ["job_a"]
+        assert [d.job_id for d in receiver.received] == ["job_a"]
         with session_scope() as session:
             tried = session.query(WebhookDelivery).filter(WebhookDelivery.attempts > 0).count()
         # alice's one delivery and at most FTQ_WEBHOOK_SLOTS_PER_OWNER (2) of mallory's twelve endpoints

@@ -1,5 +1,6 @@
-"""A webhook receiver for tests: a small http.server on 127.0.0.1 in a thread, recording each delivery,
-that can be down (its port closed) and come back on the same port."""
+"""A webhook receiver for tests and benches: a small http.server on 127.0.0.1 in a thread, recording each
+delivery and answering `status`, that can be down (its port closed) and come back on the same port, or hold
+its answers until `hold` is set."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ class Receiver:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/hooks/ftq"
         self.received: list[Delivery] = []
+        self.status = 204  # what each POST is answered
+        self.hold: threading.Event | None = None  # when given, each POST waits (up to 20 s) for it first
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -63,10 +66,13 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                if receiver.hold is not None:
+                    receiver.hold.wait(20)
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 with receiver._lock:
                     receiver.received.append(Delivery({k.lower(): v for k, v in self.headers.items()}, body))
-                self.send_response(204)
+                self.send_response(receiver.status)
+                self.send_header("content-length", "0")
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
