@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Response
 
@@ -29,6 +30,7 @@ RepoDep = Annotated[WebhookRepository, Depends(_repo)]
 WebhookId = Annotated[str, id_in_path("Webhook id, e.g. wh_0123456789abcdef")]
 
 _ERRORS = owner_errors("No such webhook for this owner")
+_Route = TypeVar("_Route", bound=Callable[..., Any])
 
 
 @router.post(
@@ -69,21 +71,23 @@ def delete_webhook(webhook_id: WebhookId, repo: RepoDep) -> Response:
     return Response(status_code=204)
 
 
-@router.post(
-    "/{webhook_id}/rotate-secret",
-    response_model=WebhookPublic,
-    responses=_ERRORS,
-    summary="Replace the signing secret (the new one is in this answer only; the old one stops at once)",
+def _action(name: str, summary: str) -> Callable[[_Route], _Route]:
+    """POST /webhooks/{id}/<name>: an action on one webhook of the owner's, answered with the webhook."""
+    return router.post(
+        f"/{{webhook_id}}/{name}", response_model=WebhookPublic, responses=_ERRORS, summary=summary
+    )
+
+
+@_action(
+    "rotate-secret",
+    "Replace the signing secret (the new one is in this answer only; the old one stops at once)",
 )
 def rotate_secret(webhook_id: WebhookId, repo: RepoDep) -> WebhookPublic:
     return service.rotate_secret(repo, webhook_id)
 
 
-@router.post(
-    "/{webhook_id}/enable",
-    response_model=WebhookPublic,
-    responses=_ERRORS,
-    summary="Enable a webhook the server disabled after failures; its waiting deliveries are sent again",
+@_action(
+    "enable", "Enable a webhook the server disabled after failures; its waiting deliveries are sent again"
 )
 def enable_webhook(webhook_id: WebhookId, repo: RepoDep) -> WebhookPublic:
     return service.enable(repo, webhook_id)
