@@ -22,18 +22,16 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     logOffset: 0,
     logComplete: false,
     planShown: false,
-    outputsFor: null, // the status the outputs card was last read for
-    outputsAt: 0,
+    outputsRead: { status: null, at: 0 }, // the job status the outputs card was last read for, and when
     exportsActive: false, // an export of this job is queued or running: keep polling
     eventsAfter: 0, // the cursor of GET /jobs/{id}/events
     eventsDone: false,
     samples: [], // every sample read so far, by step then prompt index
     samplesAfter: -1,
     samplesComplete: false,
-    artifactsFor: null, // the status the artifacts card was last read for
-    artifactsAt: 0,
+    artifactsRead: { status: null, at: 0 }, // the same for the artifacts card
   };
-  const OUTPUTS_MS = 10000; // how often a running job's checkpoints are read again
+  const OUTPUTS_MS = 10000; // how often a running job's checkpoints and artifacts are read again
 
   document.getElementById("crumb-id").textContent = jobId;
   const cancelButton = document.getElementById("cancel");
@@ -215,20 +213,29 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     }
   }
 
+  // A card of what the run has left (checkpoints, artifacts), read from `path` again when the job's status
+  // changed and every OUTPUTS_MS while it runs (`read` holds the last read's status and time). The list
+  // to show, or null: the card is current, or the list is empty and `empty` (the text while running,
+  // then after) is shown.
+  async function readCard(box, read, path, job, empty) {
+    const running = !FTQ.TERMINAL.includes(job.status);
+    if (read.status === job.status && (!running || Date.now() - read.at < OUTPUTS_MS)) return null;
+    const list = await FTQ.api(path);
+    read.status = job.status;
+    read.at = Date.now();
+    if (list.data.length) return list;
+    box.replaceChildren(h("p", { class: "muted" }, running ? empty[0] : empty[1]));
+    return null;
+  }
+
   // The run's outputs: its checkpoints (GET /jobs/{id}/checkpoints), each with its full path.
   // Samples of model output and exported artifacts are not served by the API yet; when they are, they
   // are listed here, in #samples.
   async function showOutputs(job) {
-    const running = !FTQ.TERMINAL.includes(job.status);
-    if (state.outputsFor === job.status && (!running || Date.now() - state.outputsAt < OUTPUTS_MS)) return;
-    const list = await FTQ.api(`/jobs/${enc}/checkpoints`);
-    state.outputsFor = job.status;
-    state.outputsAt = Date.now();
     const box = document.getElementById("outputs");
-    if (!list.data.length) {
-      box.replaceChildren(h("p", { class: "muted" }, running ? "no checkpoint saved yet" : "this run saved no checkpoint"));
-      return;
-    }
+    const list = await readCard(box, state.outputsRead, `/jobs/${enc}/checkpoints`, job,
+      ["no checkpoint saved yet", "this run saved no checkpoint"]);
+    if (!list) return;
     const rows = list.data.map((c) => h("tr", { dataset: { step: c.step } },
       h("td", { class: "num" }, `step ${c.step}`),
       h("td", {}, h("code", { title: c.path }, c.path)),
@@ -377,16 +384,10 @@ because a step's eval_loss can be stored after its train loss (they share a row)
   }
 
   async function showArtifacts(job) {
-    const running = !FTQ.TERMINAL.includes(job.status);
-    if (state.artifactsFor === job.status && (!running || Date.now() - state.artifactsAt < OUTPUTS_MS)) return;
-    const list = await FTQ.api(`/jobs/${enc}/artifacts`);
-    state.artifactsFor = job.status;
-    state.artifactsAt = Date.now();
     const box = document.getElementById("artifacts");
-    if (!list.data.length) {
-      box.replaceChildren(h("p", { class: "muted" }, running ? "nothing to download yet" : "this run left nothing to download"));
-      return;
-    }
+    const list = await readCard(box, state.artifactsRead, `/jobs/${enc}/artifacts`, job,
+      ["nothing to download yet", "this run left nothing to download"]);
+    if (!list) return;
     const folders = new Map();
     for (const a of list.data) {
       const folder = folderOf(a.path);
