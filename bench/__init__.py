@@ -10,11 +10,18 @@ percentiles and the server's CPU per request).
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"
+
+
+def scratch(prefix: str) -> Path:
+    """A new folder under bench/out for one bench's deployment or data (left there to look at afterwards)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=OUT))
 
 
 def result(name: str, value: float, unit: str, **extra: Any) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import OUT, log, note, result
+from bench import log, note, result, scratch
 from tests.harness import Deployment, config_only_model, text_dataset
 
 MB = 1024**2
@@ -146,8 +145,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--random", action="store_true", help="random bytes instead of sparse files")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="artifacts-", dir=OUT))
+    root = scratch("artifacts-")
     total = int(args.gb * 1024**3)
     with api_deployment(root) as dep:
         job_id = job_with_final(dep, total, args.files, args.random)

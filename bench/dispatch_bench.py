@@ -23,16 +23,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench import REPO, scratch
 from tests.harness import Deployment, tiny_assets, tiny_spec
-
-REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "bench" / "out"
 
 
 def deployment(kind: str, tiny: Path) -> Deployment:
     """`ftq up` ("embedded") or `ftq api` + `ftq worker` on PostgreSQL and a private Redis ("redis")."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"dispatch-{kind}-", dir=OUT))
+    root = scratch(f"dispatch-{kind}-")
     settings = {
         "local_roots": f"{tiny}:{root / 'data'}",
         "cpu_slots": 4,
@@ -90,13 +87,13 @@ def overhead(dep: Deployment, tiny: Path, max_steps: int, repeats: int) -> dict[
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "PYTHONPATH": str(REPO)}
     direct, through = [], []
     for _ in range(repeats):
-        scratch = Path(tempfile.mkdtemp(prefix="ftq-bench-direct-"))
-        argv = [a.replace(str(dep.run_dir("dry-run")), str(scratch)) for a in plan["command"]]
-        (scratch / "spec.json").write_text(json.dumps(spec))
-        (scratch / "accelerate_config.yaml").write_text(plan["accelerate_config_yaml"])
+        run_dir = Path(tempfile.mkdtemp(prefix="ftq-bench-direct-"))
+        argv = [a.replace(str(dep.run_dir("dry-run")), str(run_dir)) for a in plan["command"]]
+        (run_dir / "spec.json").write_text(json.dumps(spec))
+        (run_dir / "accelerate_config.yaml").write_text(plan["accelerate_config_yaml"])
         t0 = time.perf_counter()
-        with open(scratch / "train.log", "ab") as log:
-            subprocess.run(argv, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        with open(run_dir / "train.log", "ab") as log:
+            subprocess.run(argv, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
         direct.append(time.perf_counter() - t0)
 
         t0 = time.perf_counter()

@@ -36,7 +36,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -46,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from bench import OUT, REPO, log, note, result
+from bench import REPO, log, note, result, scratch
 from tests.harness import Deployment, pid_alive, tiny_assets, tiny_spec
 from tests.harness.webhooks import Receiver
 
@@ -371,8 +370,7 @@ def _lines(path: Path) -> list[str]:
 
 def run(rounds: int, disk_mb: int) -> dict[str, Any]:
     tiny = tiny_assets()
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="fault-campaign-", dir=OUT))
+    root = scratch("fault-campaign-")
     camp = Campaign(root, tiny, disk_mb)
     phases: list[dict[str, Any]] = []
     t0 = time.monotonic()

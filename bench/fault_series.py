@@ -36,7 +36,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -46,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from bench import OUT, REPO
+from bench import REPO, scratch
 from tests.harness import Deployment, pid_alive, postgres, tiny_assets, tiny_spec
 from tests.harness.procs import marked_pids
 
@@ -72,8 +71,7 @@ class Series:
 
     def __init__(self, store: str, tiny: Path):
         self.store = store
-        OUT.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix=f"faults-{store}-", dir=OUT))
+        root = scratch(f"faults-{store}-")
         settings = {
             "local_roots": f"{tiny}:{root / 'data'}",
             "cpu_slots": 4,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from bench import OUT, REPO, log, note, result
+from bench import OUT, REPO, log, note, result, scratch
 from bench.seed import analyze, api_server, copy_jobs, copy_points, explain, job_ids, spec_json
 from bench.wrk import have_wrk, interleaved, measured, sequential_latency, threads_load, wrk_run
 from tests.harness import Deployment, free_port, postgres, wait_until
@@ -136,8 +136,7 @@ def bench_api_workers(url: str, seconds: float, n_jobs: int, n_points: int) -> N
     paths = poll_paths(ids, n_points)
     rates: dict[int, dict[str, float]] = {}
     for workers in (1, 2):
-        OUT.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix=f"api-workers{workers}-", dir=OUT))
+        root = scratch(f"api-workers{workers}-")
         dep = Deployment(
             root, mode="api", store="postgres", database_url=url, server_args=("--workers", str(workers))
         )
@@ -406,8 +405,7 @@ def _seed_up(data_dir: Path) -> None:
 
 def bench_up(seconds: float = 4.0, rounds: int = 3) -> None:
     """The metrics poll against /healthz on `ftq up` (SQLite), 16 client threads, median of `rounds`."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="up-", dir=OUT))
+    root = scratch("up-")
     with Deployment(root, mode="up") as server:
         _seed_up(server.data_dir)
 
@@ -491,8 +489,7 @@ def _seed_v1(data_dir: Path) -> None:
 def bench_openai(seconds: float = 3.0, rounds: int = 3) -> None:
     """Polling a job and its events through /v1 against the native routes, on one `ftq up` (SQLite), 16
     client threads, each pair measured back to back, the median of `rounds`."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="v1-", dir=OUT))
+    root = scratch("v1-")
     v1_id = "ftjob-" + V1_JOB.removeprefix("job_")
     pairs = {
         "job": ([f"/jobs/{V1_JOB}"], [f"/v1/fine_tuning/jobs/{v1_id}"]),

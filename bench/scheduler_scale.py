@@ -25,13 +25,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench import OUT, REPO, log, note, result
+from bench import REPO, log, note, result, scratch
 from tests.harness import FTQ, postgres
 from tests.harness.inprocess import reset_caches
 from tests.harness.redis import PrivateRedis
@@ -306,8 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["tick", "decide", "dispatch"], action="append")
     args = ap.parse_args(argv)
     only = set(args.only or ["tick", "decide", "dispatch"])
-    OUT.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(tempfile.mkdtemp(prefix="sched-scale-", dir=OUT))
+    data_dir = scratch("sched-scale-")
     stub = data_dir / "stub-python"
     stub.write_text(STUB)
     stub.chmod(0o755)

@@ -5,20 +5,18 @@ generate_series (millions of rows in seconds), the plans PostgreSQL picks for th
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench import OUT
+from bench import scratch
 from tests.harness import Deployment
 
 
 def api_server(database_url: str, data_dir: Path | None = None) -> Deployment:
     """A real `ftq api` on the database (its logs under bench/out/api-*); use it with `with`."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="api-", dir=OUT))
+    root = scratch("api-")
     return Deployment(root, mode="api", store="postgres", database_url=database_url, data_dir=data_dir)
 
 
