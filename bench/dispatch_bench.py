@@ -23,22 +23,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import REPO, scratch
+from bench import REPO, tiny_deployment
 from tests.harness import Deployment, tiny_assets, tiny_spec
 
 
 def deployment(kind: str, tiny: Path) -> Deployment:
     """`ftq up` ("embedded") or `ftq api` + `ftq worker` on PostgreSQL and a private Redis ("redis")."""
-    root = scratch(f"dispatch-{kind}-")
-    settings = {
-        "local_roots": f"{tiny}:{root / 'data'}",
-        "cpu_slots": 4,
-        "cancel_grace_seconds": 3,
-        "reconcile_interval_seconds": 1,
-    }
-    if kind == "redis":
-        return Deployment(root, mode="api+worker", store="postgres", broker="redis", settings=settings)
-    return Deployment(root, settings=settings)
+    return tiny_deployment(
+        f"dispatch-{kind}-",
+        tiny,
+        production=kind == "redis",
+        cancel_grace_seconds=3,
+        reconcile_interval_seconds=1,
+    )
 
 
 def wait(

@@ -45,8 +45,8 @@ from typing import Any
 
 import httpx
 
-from bench import REPO, scratch
-from tests.harness import Deployment, pid_alive, postgres, tiny_assets, tiny_spec
+from bench import REPO, tiny_deployment
+from tests.harness import pid_alive, postgres, tiny_assets, tiny_spec
 from tests.harness.procs import marked_pids
 
 TOKEN = "fault-series-token"
@@ -71,20 +71,15 @@ class Series:
 
     def __init__(self, store: str, tiny: Path):
         self.store = store
-        root = scratch(f"faults-{store}-")
-        settings = {
-            "local_roots": f"{tiny}:{root / 'data'}",
-            "cpu_slots": 4,
-            "reconcile_interval_seconds": 1,
-            "ingest_interval_seconds": 1,
-            "post_rate_per_minute": 1000,  # many POSTs over the series, from one owner
-        }
-        if store == "postgres":
-            self.dep = Deployment(
-                root, mode="api+worker", store="postgres", broker="redis", tokens=TOKENS, settings=settings
-            )
-        else:
-            self.dep = Deployment(root, tokens=TOKENS, settings=settings)
+        self.dep = tiny_deployment(
+            f"faults-{store}-",
+            tiny,
+            production=store == "postgres",
+            tokens=TOKENS,
+            reconcile_interval_seconds=1,
+            ingest_interval_seconds=1,
+            post_rate_per_minute=1000,  # many POSTs over the series, from one owner
+        )
         self.data = self.dep.data_dir
         self.codes: Counter[str] = Counter()
         self.errors_500: list[str] = []
