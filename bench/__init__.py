@@ -12,10 +12,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from tests.harness import Deployment
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"
@@ -25,28 +22,6 @@ def scratch(prefix: str) -> Path:
     """A new folder under bench/out for one bench's deployment or data (left there to look at afterwards)."""
     OUT.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=OUT))
-
-
-def tiny_deployment(
-    prefix: str,
-    tiny: Path,
-    *,
-    production: bool,
-    tokens: dict[str, str] | None = None,
-    **settings: object,
-) -> Deployment:
-    """`ftq up`, or (`production`) `ftq api` + `ftq worker` on PostgreSQL and a private Redis, in a new
-    scratch folder: runs may read the tiny model's folder and the data dir, on 4 CPU slots; `settings`
-    add to or replace those."""
-    from tests.harness import Deployment
-
-    root = scratch(prefix)
-    settings = {"local_roots": f"{tiny}:{root / 'data'}", "cpu_slots": 4, **settings}
-    if production:
-        return Deployment(
-            root, mode="api+worker", store="postgres", broker="redis", tokens=tokens, settings=settings
-        )
-    return Deployment(root, tokens=tokens, settings=settings)
 
 
 def result(name: str, value: float, unit: str, **extra: Any) -> None:

@@ -23,7 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import REPO, tiny_deployment
+from bench import REPO
+from bench.seed import tiny_deployment
 from tests.harness import Deployment, tiny_assets, tiny_spec
 
 

@@ -45,7 +45,8 @@ from typing import Any
 
 import httpx
 
-from bench import REPO, tiny_deployment
+from bench import REPO
+from bench.seed import tiny_deployment
 from tests.harness import pid_alive, postgres, tiny_assets, tiny_spec
 from tests.harness.procs import marked_pids
 

@@ -1,6 +1,6 @@
-"""The benches' store: jobs and metric points written straight into PostgreSQL with COPY and
-generate_series (millions of rows in seconds), the plans PostgreSQL picks for the polls, and a real
-`ftq api` serving it."""
+"""The benches' store and deployments: jobs and metric points written straight into PostgreSQL with COPY
+and generate_series (millions of rows in seconds), the plans PostgreSQL picks for the polls, a real
+`ftq api` serving it; `ftq up` or the production stack for benches that train the tiny model."""
 
 from __future__ import annotations
 
@@ -18,6 +18,26 @@ def api_server(database_url: str, data_dir: Path | None = None) -> Deployment:
     """A real `ftq api` on the database (its logs under bench/out/api-*); use it with `with`."""
     root = scratch("api-")
     return Deployment(root, mode="api", store="postgres", database_url=database_url, data_dir=data_dir)
+
+
+def tiny_deployment(
+    prefix: str,
+    tiny: Path,
+    *,
+    production: bool,
+    tokens: dict[str, str] | None = None,
+    **settings: object,
+) -> Deployment:
+    """`ftq up`, or (`production`) `ftq api` + `ftq worker` on PostgreSQL and a private Redis, in a new
+    scratch folder: runs may read the tiny model's folder and the data dir, on 4 CPU slots; `settings`
+    add to or replace those."""
+    root = scratch(prefix)
+    settings = {"local_roots": f"{tiny}:{root / 'data'}", "cpu_slots": 4, **settings}
+    if production:
+        return Deployment(
+            root, mode="api+worker", store="postgres", broker="redis", tokens=tokens, settings=settings
+        )
+    return Deployment(root, tokens=tokens, settings=settings)
 
 
 def spec_json(name: str = "bench") -> str:
