@@ -109,6 +109,15 @@ def test_parameter_counts_of_llama_2_70b_and_falcon_180b() -> None:
 
 # Parameter counts against real models ----------
 
+# Mistral and Qwen2 on the same small grouped-query shapes (Qwen2's embeddings tied).
+SMALL_GQA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 200,
+}
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "llama-gqa": {
         "model_type": "llama",
@@ -128,25 +137,8 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 100,
         "tie_word_embeddings": True,
     },
-    "mistral": {
-        "model_type": "mistral",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 200,
-    },
-    "qwen2": {
-        "model_type": "qwen2",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 200,
-        "tie_word_embeddings": True,
-    },
+    "mistral": {"model_type": "mistral", **SMALL_GQA},
+    "qwen2": {"model_type": "qwen2", **SMALL_GQA, "tie_word_embeddings": True},
     "falcon-new": {
         "model_type": "falcon",
         "hidden_size": 64,
