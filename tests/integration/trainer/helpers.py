@@ -84,6 +84,9 @@ def trainer_env() -> dict[str, str]:
     env.update(
         HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO)
     )
+    # One thread a process, as torchrun gives each rank of a multi-process launch: on the tiny model a
+    # second intra-op thread only spins (about 1 s of CPU a run), taking the core another run could use.
+    env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 

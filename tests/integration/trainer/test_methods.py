@@ -68,11 +68,33 @@ def train_points(run_dir: Path) -> list[dict[str, Any]]:
     return [p for p in points(run_dir) if p["loss"] is not None]
 
 
+# The one-process runs, launched side by side once for the module: a run of the tiny model is mostly its
+# imports on one core, so on the two-core machine four at once take about the time of two.
+ONE_PROCESS_RUNS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "dpo": ("dpo", "preference/train.jsonl", {"max_steps": 12, "dpo": {"beta": 0.1}}),
+    "kto": ("kto", "unpaired/train.jsonl", {"kto": {"desirable_weight": 1.0}}),
+    "reward": ("reward", "preference/train.jsonl", {"max_steps": 6}),
+    "sft": ("sft", "prompt_completion/train.jsonl", {"loss_on": "completion"}),
+}
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Each of ONE_PROCESS_RUNS launched (all at once): its run directory and log, by name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(name: str) -> tuple[Path, str]:
+        method, dataset, training = ONE_PROCESS_RUNS[name]
+        return launch(method_spec(tiny_dir, method, dataset, **training), tmp_path_factory.mktemp(name))
+
+    with ThreadPoolExecutor(len(ONE_PROCESS_RUNS)) as pool:
+        return dict(zip(ONE_PROCESS_RUNS, pool.map(run, ONE_PROCESS_RUNS), strict=True))
+
+
 def test_dpo_with_lora_raises_the_reward_margin_with_the_adapter_as_reference(
-    tiny_dir: Path, tmp_path: Path
+    one_process: dict[str, tuple[Path, str]],
 ) -> None:
-    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", max_steps=12, dpo={"beta": 0.1})
-    out, log = launch(spec, tmp_path)
+    out, log = one_process["dpo"]
     assert "method dpo (trl.DPOTrainer) on preference data" in log
     assert "reference model: the base model with the LoRA adapter disabled (no second copy loaded)" in log
 
@@ -87,9 +109,8 @@ def test_dpo_with_lora_raises_the_reward_margin_with_the_adapter_as_reference(
     assert json.loads((out / "final" / "adapter_config.json").read_text())["task_type"] == "CAUSAL_LM"
 
 
-def test_kto_trains_on_unpaired_preferences(tiny_dir: Path, tmp_path: Path) -> None:
-    spec = method_spec(tiny_dir, "kto", "unpaired/train.jsonl", kto={"desirable_weight": 1.0})
-    out, log = launch(spec, tmp_path)
+def test_kto_trains_on_unpaired_preferences(one_process: dict[str, tuple[Path, str]]) -> None:
+    out, log = one_process["kto"]
     assert "method kto (trl.KTOTrainer) on unpaired_preference data" in log
     assert "no second copy loaded" in log
     pts = train_points(out)
@@ -98,9 +119,10 @@ def test_kto_trains_on_unpaired_preferences(tiny_dir: Path, tmp_path: Path) -> N
     assert (out / "final" / "adapter_model.safetensors").is_file()
 
 
-def test_reward_model_logs_its_accuracy_and_saves_the_score_head(tiny_dir: Path, tmp_path: Path) -> None:
-    spec = method_spec(tiny_dir, "reward", "preference/train.jsonl", max_steps=6)
-    out, log = launch(spec, tmp_path)
+def test_reward_model_logs_its_accuracy_and_saves_the_score_head(
+    one_process: dict[str, tuple[Path, str]],
+) -> None:
+    out, log = one_process["reward"]
     assert "method reward (trl.RewardTrainer) on preference data" in log
     pts = train_points(out)
     assert len(pts) == 6
@@ -114,9 +136,10 @@ def test_reward_model_logs_its_accuracy_and_saves_the_score_head(tiny_dir: Path,
         assert any(".score." in name for name in f.keys())  # noqa: SIM118 (safe_open has no __iter__)
 
 
-def test_sft_on_prompt_completion_with_the_loss_on_the_completion(tiny_dir: Path, tmp_path: Path) -> None:
-    spec = method_spec(tiny_dir, "sft", "prompt_completion/train.jsonl", loss_on="completion")
-    out, log = launch(spec, tmp_path)
+def test_sft_on_prompt_completion_with_the_loss_on_the_completion(
+    one_process: dict[str, tuple[Path, str]],
+) -> None:
+    out, log = one_process["sft"]
     assert "method sft (trl.SFTTrainer) on prompt_completion data" in log
     pts = train_points(out)
     assert [p["step"] for p in pts] == [1, 2, 3, 4]
