@@ -127,7 +127,9 @@ def write_export_dir(export: Export, job: Job, export_dir: Path) -> LaunchReques
     )
 
 
-def _make_dirs(export_dir: Path) -> None:
+def make_side_dir(export_dir: Path) -> None:
+    """`<run dir>/<exports or evaluations>/<id>/`, the folder of a run of the job's own (an export, an
+    evaluation), readable by the run user's group where the run directory is theirs."""
     parent, run_dir = export_dir.parent, export_dir.parent.parent
     parent.mkdir(mode=0o700, exist_ok=True)
     info = run_dir.stat()
@@ -214,7 +216,7 @@ class ExportKind:
 
     def prepare(self, session: Session, v: ExportView) -> bool:
         try:
-            _make_dirs(v.run_dir)
+            make_side_dir(v.run_dir)
         except OSError as exc:
             # No run directory (removed by hand, or a data dir restored without it): nothing to export.
             why = f"the job's run directory cannot hold the export: {exc}"[:2000]
