@@ -295,6 +295,11 @@ class ExportCreate(BaseModel):
     push_to_hub: PushToHub | None = Field(
         None, description="Also push the export to this Hub repo once written (needs FTQ_HUB_TOKEN set)."
     )
+    checkpoint: Literal["final", "best"] | Annotated[int, Field(ge=0)] = Field(
+        "final",
+        description="What to export: `final` (final/), `best` (the best checkpoint by the spec's "
+        "eval.select), or a saved checkpoint's step (one holding an adapter or whole weights).",
+    )
 
 
 class ExportPublic(BaseModel):
@@ -326,6 +331,7 @@ class ExportPublic(BaseModel):
         description="While the export is queued: its place in the one queue it shares with jobs (the same "
         "quotas, fair share and reservation), why it waits and when it should start; null otherwise.",
     )
+    checkpoint: str = Field("final", description="What was exported: `final`, or a checkpoint's step.")
 
 
 class ExportList(BaseModel):

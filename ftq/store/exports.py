@@ -95,11 +95,19 @@ class ExportRepository:
         return {row.export_id: row for row in self.session.scalars(stmt)}
 
     def find_same(
-        self, job_id: str, *, kind: str, dtype: str, max_shard_size: str, push_to_hub: dict[str, Any] | None
+        self,
+        job_id: str,
+        *,
+        kind: str,
+        dtype: str,
+        max_shard_size: str,
+        push_to_hub: dict[str, Any] | None,
+        step: int | None = None,
     ) -> Export | None:
         """The newest export of this job with the same request that is under way or has succeeded."""
         stmt = self._readable().where(
             Export.job_id == job_id,
+            Export.step.is_(None) if step is None else Export.step == step,
             Export.kind == kind,
             Export.dtype == dtype,
             Export.max_shard_size == max_shard_size,

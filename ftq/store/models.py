@@ -240,6 +240,7 @@ class Export(RunState, Base):
     dtype: Mapped[str] = mapped_column(String(8), nullable=False)  # bf16 | fp16 | fp32
     max_shard_size: Mapped[str] = mapped_column(String(16), nullable=False)
     push_to_hub: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {repo_id, private}
+    step: Mapped[int | None] = mapped_column(Integer)  # the checkpoint exported; None: final/
 
     __table_args__ = (
         Index("ix_exports_job_seq", "job_id", "seq"),

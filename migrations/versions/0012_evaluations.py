@@ -15,6 +15,9 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # An export of a checkpoint (exports' `checkpoint: <step> | best`); null: final/.
+    with op.batch_alter_table("exports", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("step", sa.Integer(), nullable=True))
     op.create_table(
         "evaluations",
         sa.Column("seq", sa.Integer(), autoincrement=True, nullable=False),
@@ -61,3 +64,5 @@ def downgrade() -> None:
         batch_op.drop_index("ix_evaluations_status")
         batch_op.drop_index("ix_evaluations_job_seq")
     op.drop_table("evaluations")
+    with op.batch_alter_table("exports", schema=None) as batch_op:
+        batch_op.drop_column("step")
