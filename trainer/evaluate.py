@@ -142,6 +142,7 @@ def load_checkpoint(spec: JobSpec, folder: Path) -> tuple[Any, Any]:
     kwargs: dict[str, Any] = {"trust_remote_code": m.trust_remote_code, "dtype": torch.float32}
     if spec.resources.device == "cuda" and torch.cuda.is_available():
         kwargs["dtype"] = torch.bfloat16
+    model: Any
     tok_source = str(folder) if (folder / "tokenizer_config.json").is_file() else m.name_or_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(tok_source, trust_remote_code=m.trust_remote_code)

@@ -173,7 +173,7 @@ def wait_job(job_id: str, timeout: float | None, poll: float) -> Flow[Never, sch
     return wait_until(get_job(job_id), ended, timed_out, timeout, poll)
 
 
-def ended(found: schemas.JobPublic | schemas.ExportPublic) -> bool:
+def ended(found: schemas.JobPublic | schemas.ExportPublic | schemas.EvaluationPublic) -> bool:
     return _core.is_terminal(found.status)
 
 

@@ -646,7 +646,8 @@ def save_queue(
     reason, estimated start), writing only what changed. `local`: rows with a position (local runs, every
     one not in `rows` is dropped); otherwise SLURM's pending reasons for these jobs (others untouched).
     Returns rows written."""
-    key = next(iter(table.__table__.primary_key.columns))  # the run's id: job_id, export_id, evaluation_id
+    # The run's id: job_id, export_id or evaluation_id (each queue table's one primary key column).
+    key = getattr(table, next(iter(table.__table__.primary_key)).name)
     existing = {
         r[0]: (r.position, r.reason, r.estimated_start)
         for r in session.execute(
