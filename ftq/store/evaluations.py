@@ -180,6 +180,7 @@ def _ended(
         "step": ev.step,
         "status": ev.status,
         "metrics": ev.metrics or {},
+        "job_status": job.status,
         "best_checkpoint": None
         if best is None
         else {"step": best.step, "metric": best.metric, "value": best.value},

@@ -77,7 +77,13 @@ def test_every_checkpoint_is_scored_and_the_best_is_the_argmax(
     for e in evals:
         assert (rich_job.dep.run_dir(rich_job.id) / "evaluations" / e["id"] / "results.json").is_file()
     spent = sum(_seconds(e) for e in evals)
-    print(f"\nevaluations of the rich job: {len(evals)} runs, {spent:.1f} s of run time")
+    job = rich_job.job
+    trained = _seconds({"started_at": job["created_at"], "finished_at": job["finished_at"]})
+    after = max(_seconds({"started_at": job["finished_at"], "finished_at": e["finished_at"]}) for e in evals)
+    print(
+        f"\nrich job: created to succeeded {trained:.1f} s; its {len(evals)} evaluations: {spent:.1f} s of run "
+        f"time, the last ended {after:.1f} s after the job"
+    )
 
 
 def _seconds(e: dict[str, Any]) -> float:

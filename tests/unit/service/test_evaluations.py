@@ -213,3 +213,22 @@ def test_rotation_keeps_the_best_and_the_unscored() -> None:
     # 2 is the best, 8 the newest (and not scored yet): 4 and 6 may go.
     assert evaluations.keep(spec, [2, 4, 6, 8], rows) == {2, 8}
     assert evaluations.keep({"training": {}}, [2, 4], rows) == {2, 4}  # no limit: all kept
+
+
+def test_a_webhook_for_an_evaluation_says_the_jobs_status_then() -> None:
+    """job.evaluation may come after the job succeeded: the delivery says so, not `running`."""
+    import json
+    from datetime import UTC, datetime
+
+    from ftq.store.events import Due
+    from worker.webhooks import payload
+
+    due = Due(
+        delivery_id=1, webhook_id="wh", url="http://127.0.0.1/", secret="s", event_id=7,
+        event_type="job.evaluation", event_time=datetime.now(UTC), job_id="j", job_name="rich",
+        data={"checkpoint": "final", "metrics": {"qa/score": 0.5}, "job_status": "succeeded"},
+        attempts=0, first_attempt_at=None,
+    )  # fmt: skip
+    body = json.loads(payload(due))
+    assert body["type"] == "job.evaluation" and body["data"]["job"]["status"] == "succeeded"
+    assert body["data"]["metrics"] == {"qa/score": 0.5}
