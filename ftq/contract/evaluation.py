@@ -11,7 +11,6 @@ it.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -102,7 +101,7 @@ class Select(_Strict):
     mode: SelectMode = Field(SelectMode.max, description="max: higher is better; min: lower is better.")
 
 
-def check_suites(suites: Sequence[Any], select: Select | None, loc: tuple[str, ...]) -> None:
+def check_suites(suites: Sequence[Any], select: Select | None) -> None:
     """Suite names are unique and `select.metric` is one of theirs (ValueError naming the problem)."""
     names = [s.name for s in suites]
     dup = next((n for n in names if names.count(n) > 1), None)
@@ -115,21 +114,10 @@ def check_suites(suites: Sequence[Any], select: Select | None, loc: tuple[str, .
         )
 
 
-def metric_names(suite: Any) -> list[str]:
-    """The metric names a suite is sure to report (an lm_eval task's metrics are known after it ran)."""
-    if isinstance(suite, GradersSuite):
-        return [f"{suite.name}/score"]
-    if isinstance(suite, LossSuite):
-        return [f"{suite.name}/loss"]
-    return []
-
-
 # Checkpoints as a request names them -------------------------------------------------------------------
 
 FINAL = "final"
 BEST = "best"
-CheckpointRef = Literal["final", "best"] | Annotated[int, Field(ge=0)]
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 def ref_label(step: int | None) -> str:

@@ -677,7 +677,7 @@ class EvalSpec(_Strict):
         if self.select is not None and not self.suites:
             raise _field_error(("select",), "select needs eval.suites to score checkpoints with")
         try:
-            check_suites(self.suites, self.select, ("eval",))
+            check_suites(self.suites, self.select)
         except ValueError as e:
             raise _field_error(("select",) if "select" in str(e) else ("suites",), str(e)) from None
         return self
@@ -751,7 +751,9 @@ class JobSpec(_Strict):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     resume_from: ResumeFrom | None = None
     eval: EvalSpec = Field(
-        default_factory=EvalSpec, description="Samples of the model's output during training."
+        default_factory=EvalSpec,
+        description="Samples of the model's output during training, and evaluation suites that score its "
+        "checkpoints (docs/evaluation.md).",
     )
     integrations: IntegrationsSpec = Field(
         default_factory=IntegrationsSpec, description="Experiment trackers the trainer reports to."
