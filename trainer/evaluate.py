@@ -218,7 +218,9 @@ def _strip_wrappers(state: dict[str, Any]) -> dict[str, Any]:
 # The suites --------------------------------------------------------------------------------------------
 
 
-def _rows(path: str, limit: int | None) -> list[dict[str, Any]]:
+def _rows(path: str | None, limit: int | None) -> list[dict[str, Any]]:
+    if path is None:  # an upload (file_id) the worker did not turn into the run's copy
+        raise DatasetError("the suite names no dataset file")
     rows: list[dict[str, Any]] = []
     try:
         with open(path, encoding="utf-8") as f:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ftq.contract.graders import Grader
 
@@ -30,6 +30,7 @@ SuiteName = Annotated[str, StringConstraints(pattern=SUITE_NAME_RE)]
 TaskName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
 FieldName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 LocalPath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+FileId = Annotated[str, StringConstraints(pattern=r"^file_[0-9a-f]{24}$")]
 MetricName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.,\-/]{0,255}$")]
 
 MAX_SUITES = 8
@@ -57,14 +58,22 @@ class GradersSuite(_Strict):
 
     name: SuiteName
     type: Literal["graders"]
-    dataset: LocalPath = Field(
+    dataset: LocalPath | None = Field(
+        None,
         description="A local .jsonl file under the allowed roots: one JSON object a row, its fields the "
-        "grader's `item.*`."
+        "grader's `item.*`. Or `file_id`.",
     )
+    file_id: FileId | None = Field(None, description="An uploaded file (POST /files) instead of `dataset`.")
     prompt_field: FieldName = Field("prompt", description="The row field that is the prompt.")
     grader: Grader = Field(description="How a completion is scored (OpenAI's grader JSON; see graders.md).")
     max_new_tokens: int = Field(32, ge=1, le=MAX_EVAL_NEW_TOKENS, description="Greedy tokens per prompt.")
     limit: int | None = Field(None, ge=1, le=MAX_EVAL_ROWS, description="Score only the first N rows.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Any:
+        if (self.dataset is None) == (self.file_id is None):
+            raise ValueError("give the suite's dataset (a local path) or file_id (an upload), one of them")
+        return self
 
 
 class LmEvalSuite(_Strict):
@@ -87,10 +96,17 @@ class LossSuite(_Strict):
 
     name: SuiteName
     type: Literal["loss"]
-    dataset: LocalPath = Field(description="A local .jsonl file under the allowed roots.")
+    dataset: LocalPath | None = Field(None, description="A local .jsonl file under the allowed roots.")
+    file_id: FileId | None = Field(None, description="An uploaded file (POST /files) instead of `dataset`.")
     text_field: FieldName = "text"
     max_seq_len: int = Field(512, ge=8, le=131_072)
     limit: int | None = Field(None, ge=1, le=MAX_EVAL_ROWS)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Any:
+        if (self.dataset is None) == (self.file_id is None):
+            raise ValueError("give the suite's dataset (a local path) or file_id (an upload), one of them")
+        return self
 
 
 Suite = Annotated[GradersSuite | LmEvalSuite | LossSuite, Field(discriminator="type")]

@@ -81,8 +81,8 @@ def test_every_checkpoint_is_scored_and_the_best_is_the_argmax(
     trained = _seconds({"started_at": job["created_at"], "finished_at": job["finished_at"]})
     after = max(_seconds({"started_at": job["finished_at"], "finished_at": e["finished_at"]}) for e in evals)
     print(
-        f"\nrich job: created to succeeded {trained:.1f} s; its {len(evals)} evaluations: {spent:.1f} s of run "
-        f"time, the last ended {after:.1f} s after the job"
+        f"\nrich job: created to succeeded {trained:.1f} s; its {len(evals)} evaluations: {spent:.1f} s "
+        f"of run time, the last ended {after:.1f} s after the job"
     )
 
 

@@ -77,6 +77,18 @@ def test_suites_validate_with_the_failing_field_named(
     hub_like["eval"]["suites"][1]["task_dir"] = "evaluation/tasks"
     r = client.post("/jobs", json=hub_like)
     assert r.status_code == 422 and locs(r) == [["body", "eval", "suites", 1, "task_dir"]], r.text
+    both = suites_spec(tiny_job)
+    both["eval"]["suites"][0]["file_id"] = "file_" + "0" * 24
+    r = client.post("/jobs", json=both)
+    assert r.status_code == 422 and locs(r) == [["body", "eval", "suites", 0, "graders"]], r.text
+    upload = suites_spec(tiny_job)
+    upload["eval"]["suites"][0] = {
+        **upload["eval"]["suites"][0],
+        "dataset": None,
+        "file_id": "file_" + "0" * 24,
+    }
+    r = client.post("/jobs", json=upload)
+    assert r.status_code == 422 and locs(r) == [["body", "eval", "suites", 0, "file_id"]], r.text
     with pytest.raises(ValidationError):
         JobSpec.model_validate({**tiny_job, "eval": {"select": {"metric": "qa/score"}}})
     with pytest.raises(ValidationError):  # an unknown suite type
