@@ -177,14 +177,14 @@ def files_of_spec(spec: JobSpec, repo: FileRepository) -> dict[str, UploadedFile
         if file_id is None:
             continue
         row = repo.get(file_id)
-        loc = ["body", "eval", "suites", i, "file_id"]
+        where = ["body", "eval", "suites", i, "file_id"]
         if row is None:
             errors.append(
-                {"loc": loc, "msg": f"no file {file_id} among your files (GET /files)", "type": "not_found"}
+                {"loc": where, "msg": f"no file {file_id} among your files (GET /files)", "type": "not_found"}
             )
         elif row.status != FileStatus.ready:
             errors.append(
-                {"loc": loc, "msg": f"file {file_id} is {row.status}, not ready", "type": "file_not_ready"}
+                {"loc": where, "msg": f"file {file_id} is {row.status}, not ready", "type": "file_not_ready"}
             )
     if errors:
         raise SpecError(errors)

@@ -113,7 +113,7 @@ def test_an_evaluation_suites_upload_becomes_the_runs_copy(settings: Settings, t
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     out = spec_for_run(spec, "alice", run_dir)
-    suite = out["eval"]["suites"][0]  # type: ignore[index]
+    suite = out["eval"]["suites"][0]
     assert "file_id" not in suite and suite["dataset"] == str(run_dir / "dataset" / "suite-qa.jsonl")
     assert (
         Path(suite["dataset"]).read_bytes() == files.file_path(settings.data_path, "alice", qa).read_bytes()
