@@ -145,6 +145,9 @@ class UsageRow(BaseModel):
     exports: int = Field(
         0, description="Exports that ran and ended in the range (counted in device_seconds)."
     )
+    evaluations: int = Field(
+        0, description="Evaluations that ran and ended in the range (counted in device_seconds)."
+    )
 
 
 class UsagePage(BaseModel):

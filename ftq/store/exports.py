@@ -58,20 +58,7 @@ class ExportRepository:
     ) -> list[tuple[str, datetime, float, str]]:
         """(owner, finished_at, device_seconds, device) of this owner's exports that ran and ended in
         [since, until): one device each, from launch to end."""
-        stmt = (
-            self._readable()
-            .with_only_columns(Job.owner, Export.started_at, Export.finished_at, Job.device)
-            .where(Export.started_at.is_not(None), Export.finished_at.is_not(None))
-        )
-        if since is not None:
-            stmt = stmt.where(Export.finished_at >= since)
-        if until is not None:
-            stmt = stmt.where(Export.finished_at < until)
-        return [
-            (o, f, export_device_seconds(s, f), dev)
-            for o, s, f, dev in self.session.execute(stmt)
-            if s is not None and f is not None
-        ]
+        return side_usage_rows(self.session, self.owner, Export, since, until)
 
     def get(self, job_id: str, export_id: str) -> Export | None:
         stmt = self._readable().where(Export.job_id == job_id, Export.id == export_id)
@@ -165,6 +152,26 @@ def holding_devices(session: Session, table: SideRun = Export) -> list[Any]:
         .where(table.status.in_([str(s) for s in LAUNCHED]), table.resources.is_not(None))
     )
     return [r for r in session.execute(stmt) if r.resources]
+
+
+def side_usage_rows(
+    session: Session, owner: str, table: SideRun, since: datetime | None, until: datetime | None
+) -> list[tuple[str, datetime, float, str]]:
+    """`usage_rows` of an owner's exports or evaluations (`table`): one device each, launch to end."""
+    stmt = (
+        select(Job.owner, table.started_at, table.finished_at, Job.device)
+        .join(Job, Job.id == table.job_id)
+        .where(Job.owner == owner, table.started_at.is_not(None), table.finished_at.is_not(None))
+    )
+    if since is not None:
+        stmt = stmt.where(table.finished_at >= since)
+    if until is not None:
+        stmt = stmt.where(table.finished_at < until)
+    return [
+        (o, f, export_device_seconds(s, f), dev)
+        for o, s, f, dev in session.execute(stmt)
+        if s is not None and f is not None
+    ]
 
 
 def export_device_seconds(started: datetime, finished: datetime) -> float:

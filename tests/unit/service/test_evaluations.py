@@ -188,6 +188,8 @@ def test_routes_scores_and_placement(make_client: MakeClient, store_url: str, ti
     scored = [e["data"] for e in events if e["type"] == "job.evaluation"]
     assert [d["checkpoint"] for d in scored] == ["2", "4"]
     assert scored[-1]["best_checkpoint"]["step"] == 4 and scored[-1]["metrics"]["qa/score"] == 0.75
+    # The two that ran count in alice's usage, as exports do.
+    assert client.get("/usage", headers=_auth(ALICE)).json()["data"][0]["evaluations"] == 2
     r = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": "best"}, headers=_auth(ALICE))
     assert r.status_code == 202 and r.json()["checkpoint"] == "4", r.text
 
