@@ -192,14 +192,26 @@ def _from_shards(spec: JobSpec, folder: Path, kwargs: dict[str, Any]) -> Any:
         raise ModelError(f"{folder.name} holds no weights this evaluation can load")
     m = spec.model
     model = AutoModelForCausalLM.from_pretrained(m.name_or_path, revision=m.revision, **kwargs)
+    state = _strip_wrappers(state)
     if spec.lora is not None:
-        from peft import get_peft_model
+        from peft import get_peft_model, set_peft_model_state_dict
 
         from .model import lora_config
 
         model = get_peft_model(model, lora_config(spec.lora))
-    missing, _unexpected = model.load_state_dict(_strip_wrappers(state), strict=False)
-    if spec.lora is None and missing:
+        # FSDP's checkpoint of a PEFT model holds the adapter's tensors alone, named as
+        # get_peft_model_state_dict names them (no adapter name): peft's own loader maps them.
+        # (ZeRO's gathered state names the adapter, `lora_A.default.weight`: the same tensors.)
+        adapter = {k.replace(".default.", "."): v for k, v in state.items() if "lora_" in k}
+        if not adapter:
+            raise ModelError(f"{folder.name}: the consolidated state holds no LoRA tensors")
+        result = set_peft_model_state_dict(model, adapter)
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unexpected:
+            raise ModelError(f"{folder.name}: {len(unexpected)} LoRA tensors match no module of the model")
+        return model
+    missing, _unexpected = model.load_state_dict(state, strict=False)
+    if missing:
         raise ModelError(f"{folder.name}: the consolidated weights lack {len(missing)} tensors")
     return model
 
