@@ -188,6 +188,12 @@ def test_routes_scores_and_placement(make_client: MakeClient, store_url: str, ti
     scored = [e["data"] for e in events if e["type"] == "job.evaluation"]
     assert [d["checkpoint"] for d in scored] == ["2", "4"]
     assert scored[-1]["best_checkpoint"]["step"] == 4 and scored[-1]["metrics"]["qa/score"] == 0.75
+    # /v1: a checkpoint's full_valid_loss is what the loss suite scored it.
+    v1 = client.get(
+        f"/v1/fine_tuning/jobs/ftjob-{job_id.removeprefix('job_')}/checkpoints", headers=_auth(ALICE)
+    )
+    assert v1.status_code == 200, v1.text
+    assert {c["step_number"]: c["metrics"]["full_valid_loss"] for c in v1.json()["data"]} == {4: 2.0, 2: 3.0}
     # The two that ran count in alice's usage, as exports do.
     assert client.get("/usage", headers=_auth(ALICE)).json()["data"][0]["evaluations"] == 2
     r = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": "best"}, headers=_auth(ALICE))
