@@ -155,3 +155,19 @@ def test_another_owner_gets_404_on_every_new_route(rich_job: BankedRun, scored: 
             r = c.request(method, path, json=body)
             assert r.status_code == 404, (method, path, r.text)
         assert all(e["job_id"] != job for e in c.get("/events").json()["data"])
+
+
+def test_the_cli_lists_evaluations_and_refuses_a_bad_checkpoint(
+    rich_job: BankedRun, scored: dict[str, Any]
+) -> None:
+    from tests.harness import run_ftq
+
+    listed = run_ftq("evals", rich_job.id, url=rich_job.dep.url, token=ALICE)
+    assert listed.returncode == 0, listed.stderr
+    for e in scored["evaluations"]:
+        assert e["id"] in listed.stdout
+    assert f"{SELECT_METRIC}=" in listed.stdout and f"{ACC}=" in listed.stdout
+    bad = run_ftq("eval", rich_job.id, "--checkpoint", "latest", url=rich_job.dep.url, token=ALICE)
+    assert bad.returncode == 2 and "final, best or a step" in bad.stderr
+    gone = run_ftq("eval", rich_job.id, "--checkpoint", "3", url=rich_job.dep.url, token=ALICE)
+    assert gone.returncode != 0 and "no checkpoint at step 3" in gone.stderr, gone.stderr
