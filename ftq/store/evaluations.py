@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import Select, false, func, select, update
 from sqlalchemy.orm import Session
 
 from ftq.contract.evaluation import Best, Scored, best_of, ref_label
 from ftq.contract.events import EventType
 from ftq.contract.status import JobStatus
 from ftq.store import events
+from ftq.store.db import lock_for_transaction
 from ftq.store.exports import account_side_run, holding_devices, queued_for_scheduling
 from ftq.store.models import Dispatch, Evaluation, EvaluationQueue, Job
 from ftq.store.transitions import RunTable, utcnow
@@ -61,6 +62,18 @@ class EvaluationRepository:
             .where(Job.owner == self.owner, EvaluationQueue.evaluation_id.in_(list(ids)))
         )
         return {row.evaluation_id: row for row in self.session.scalars(stmt)}
+
+    def queued_requests(self) -> int:
+        """This owner's evaluations asked for on demand that wait for a device (queued), over all its jobs,
+        with the owner's queue held until the transaction ends (two requests cannot both pass the cap)."""
+        if not lock_for_transaction(self.session, f"evaluation-queue:{self.owner}"):
+            self.session.execute(update(Evaluation).where(false()).values(trigger=Evaluation.trigger))
+        stmt = (
+            self._readable()
+            .where(Evaluation.status == JobStatus.queued, Evaluation.trigger == TRIGGER_REQUEST)
+            .with_only_columns(func.count())
+        )
+        return int(self.session.scalar(stmt) or 0)
 
     def add(self, job_id: str, *, step: int | None, suites: list[str] | None, trigger: str) -> Evaluation:
         """A queued evaluation and the dispatch that wakes the worker, in the caller's transaction."""

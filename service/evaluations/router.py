@@ -26,6 +26,7 @@ _ERRORS = owner_errors("No such job (or evaluation) for this owner")
     response_model=EvaluationPublic,
     responses={
         409: error("The job has no eval.suites, no final/ yet (final), or no best checkpoint yet (best)"),
+        429: error("FTQ_MAX_QUEUED_EVALUATIONS_PER_OWNER of yours already wait for a device"),
         400: {"description": "A body that does not parse"},
         422: {"description": "A bad field (checkpoint, suites), named in the error"},
         **_ERRORS,

@@ -16,7 +16,7 @@ from ftq.store import evaluations as store
 from ftq.store.evaluations import EvaluationRepository
 from ftq.store.models import Evaluation, EvaluationQueue, Job
 from ftq.store.repository import JobRepository
-from service.errors import Conflict, NotFound, spec_field_error
+from service.errors import Conflict, NotFound, QuotaExceeded, spec_field_error
 
 
 def job_or_404(session: Session, owner: str, job_id: str) -> Job:
@@ -85,7 +85,16 @@ def create(
                 ["suites", i], f"the job's spec has no suite {name!r} (it has {', '.join(suites)})"
             )
     step = resolve_step(session, job, settings, body.checkpoint)
-    ev = EvaluationRepository(session, owner).add(
+    repo = EvaluationRepository(session, owner)
+    waiting = repo.queued_requests()
+    if waiting >= settings.max_queued_evaluations_per_owner:
+        raise QuotaExceeded(
+            f"you have {waiting} evaluations waiting for a device, the most one owner may queue "
+            f"(FTQ_MAX_QUEUED_EVALUATIONS_PER_OWNER={settings.max_queued_evaluations_per_owner}); wait for "
+            "some to start, or cancel one (POST /jobs/{id}/evaluations/{eid}/cancel)",
+            retry_after=30,
+        )
+    ev = repo.add(
         job.id, step=step, suites=list(body.suites) if body.suites else None, trigger=store.TRIGGER_REQUEST
     )
     session.commit()

@@ -120,7 +120,9 @@ def _succeed(eval_id: str, metrics: dict[str, float]) -> None:
 
 
 def test_routes_scores_and_placement(make_client: MakeClient, store_url: str, tiny_job: Any) -> None:
-    client = make_client(store_url, api_tokens=f"{ALICE}:alice,{BOB}:bob", cpu_slots="1")
+    client = make_client(
+        store_url, api_tokens=f"{ALICE}:alice,{BOB}:bob", cpu_slots="1", max_queued_evaluations_per_owner="2"
+    )
     r = client.post("/jobs", json=suites_spec(tiny_job), headers=_auth(ALICE))
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
@@ -157,6 +159,12 @@ def test_routes_scores_and_placement(make_client: MakeClient, store_url: str, ti
         ).status_code
         == 409
     )
+    # The owner's cap on evaluations asked for and waiting (the two queued by eval.on do not count).
+    r = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": 4}, headers=_auth(ALICE))
+    assert r.status_code == 202, r.text
+    capped = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": 4}, headers=_auth(ALICE))
+    assert capped.status_code == 429 and "FTQ_MAX_QUEUED_EVALUATIONS_PER_OWNER" in capped.text, capped.text
+    client.post(f"/jobs/{job_id}/evaluations/{r.json()['id']}/cancel", headers=_auth(ALICE))
     r = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": 3}, headers=_auth(ALICE))
     assert r.status_code == 422 and locs(r) == [["body", "checkpoint"]], r.text
     r = client.post(f"/jobs/{job_id}/evaluations", json={"suites": ["nope"]}, headers=_auth(ALICE))
