@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	fi
 	@# setuptools' editable build prints a 10-line note about package-named folders (ftq, service, ...
 	@# are meant to be imported from the checkout): not for a person installing, so filtered by message.
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,trackers,dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,trackers,eval,dev]"
 	@touch $(STAMP)
 
 # Re-resolve pyproject.toml's dependencies at their newest allowed versions in a throwaway venv (on the

@@ -30,6 +30,7 @@ from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import get_engine, open_async_read_pool
 from service.artifacts.router import router as artifacts_router
 from service.errors import FtqError, InsufficientStorage, PayloadTooLarge, ServiceUnavailable
+from service.evaluations.router import router as evaluations_router
 from service.events.router import router as events_router
 from service.exports.router import router as exports_router
 from service.files.router import router as files_router
@@ -245,7 +246,7 @@ def readyz() -> Any:
 def _add_routes(app: FastAPI) -> None:
     """The API's routers, health and readiness, the dashboard and /metrics (in this order: the OpenAPI
     document lists paths as they are added)."""
-    for router in (jobs_router, exports_router, events_router, webhooks_router):
+    for router in (jobs_router, exports_router, evaluations_router, events_router, webhooks_router):
         app.include_router(router)
     add_webhook_docs(app)
     for router in (usage_router, artifacts_router, files_router, graders_router):

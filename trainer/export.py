@@ -81,6 +81,11 @@ class ExportRequest:
     run_dir: Path
     out_dir: Path
     trust_remote_code: bool = False
+    # What is exported: final/ (None) or a checkpoint's folder; with that checkpoint's evaluation results.
+    source: Path | None = None
+    checkpoint: str = "final"
+    evaluation: dict[str, float] | None = None
+    best_by: str | None = None
 
     @classmethod
     def read(cls, path: Path) -> ExportRequest:
@@ -99,6 +104,10 @@ class ExportRequest:
             run_dir=Path(data["run_dir"]),
             out_dir=Path(data["out_dir"]),
             trust_remote_code=bool(data.get("trust_remote_code", False)),
+            source=Path(data["source"]) if data.get("source") else None,
+            checkpoint=str(data.get("checkpoint") or "final"),
+            evaluation={str(k): float(v) for k, v in (data.get("evaluation") or {}).items()},
+            best_by=data.get("best_by"),
         )
 
 
@@ -118,9 +127,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def export(req: ExportRequest) -> None:
-    final = req.run_dir / runs.FINAL
+    final = req.source or req.run_dir / runs.FINAL
     if not final.is_dir():
-        raise ModelError(f"the job has no {runs.FINAL}/ folder to export (was it removed?)")
+        raise ModelError(f"the job has no {final.name}/ folder to export (was it removed?)")
     try:
         spec_dict = json.loads((req.run_dir / runs.SPEC).read_text())
         spec = JobSpec.model_validate(spec_dict)
@@ -231,7 +240,10 @@ def write_card(spec_dict: dict[str, Any], req: ExportRequest) -> None:
     except (OSError, ValueError, TypeError):
         facts = RunFacts(job_id=req.job_id)  # a run from before cards: what the request knows
     spec_json = JobSpec.model_validate(spec_dict).model_dump(mode="json")  # as the trainer's card reads it
-    card = render_model_card(spec_json, facts, ExportFacts(req.export_id, req.kind, req.dtype))
+    export = ExportFacts(
+        req.export_id, req.kind, req.dtype, req.checkpoint, req.evaluation or {}, req.best_by
+    )
+    card = render_model_card(spec_json, facts, export)
     (req.out_dir / runs.MODEL_CARD).write_text(card)
 
 

@@ -495,7 +495,7 @@ def common_config_args(
         eval_steps=t.eval_steps if eval_every else None,
         save_strategy="steps" if t.save_steps else "no",
         save_steps=t.save_steps or 500,
-        save_total_limit=t.save_total_limit,
+        save_total_limit=rotation_limit(spec),
         bf16=t.mixed_precision == "bf16",
         fp16=t.mixed_precision == "fp16",
         use_cpu=spec.resources.device == "cpu",
@@ -625,6 +625,15 @@ def reference_note(trainer: Any, strategy: str) -> str:
         strategy, "one copy per process"
     )
     return f"a second copy of the model, {how}, in evaluation mode (weights only)"
+
+
+def rotation_limit(spec: JobSpec) -> int | None:
+    """transformers' save_total_limit, except where checkpoints are evaluated (`eval.on: checkpoint`):
+    then the worker rotates them, so that the best one and those still waiting to be scored are kept
+    (worker.evaluations.rotate)."""
+    if spec.eval.suites and spec.eval.on == "checkpoint":
+        return None
+    return spec.training.save_total_limit
 
 
 def checkpointing_args(enabled: bool, reentrant: bool) -> dict[str, Any]:

@@ -36,8 +36,8 @@ from ftq.runtime import limits, logs
 from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.db import session_scope
-from ftq.store.models import ExportQueue, Job, JobQueue
-from worker import exports, failures, ingest, lifecycle, locks, recovery, scheduling
+from ftq.store.models import EvaluationQueue, ExportQueue, Job, JobQueue
+from worker import evaluations, exports, failures, ingest, lifecycle, locks, recovery, scheduling
 from worker.files import FileUnavailable, PathChanged, check_local_paths, spec_for_run
 from worker.launchers import make_launcher
 from worker.launchers.base import Launcher, LaunchRequest, RunPhase, RunState
@@ -118,6 +118,7 @@ def schedule() -> list[Claim]:
         if not queued:
             repository.save_queue(session, {})
             repository.save_queue(session, {}, table=ExportQueue)
+            repository.save_queue(session, {}, table=EvaluationQueue)
             session.commit()
             return claimed
         running = [r for kind in KINDS.values() for r in kind.holding(session)]
@@ -133,7 +134,12 @@ def schedule() -> list[Claim]:
                 claimed.append(Claim(d.kind, d.id))
         # What the API shows of each waiting run: jobs and exports wait in one queue, each kind's rows
         # in its own table.
-        for kind, table in ((scheduling.JOB, JobQueue), (scheduling.EXPORT, ExportQueue)):
+        queues = (
+            (scheduling.JOB, JobQueue),
+            (scheduling.EXPORT, ExportQueue),
+            (scheduling.EVALUATION, EvaluationQueue),
+        )
+        for kind, table in queues:
             repository.save_queue(
                 session,
                 {
@@ -260,6 +266,13 @@ def submit(job_id: str) -> None:
         log.debug("job %s: not claimed by this submit (it waits for resources, or was already)", job_id)
 
 
+def evaluations_changed(job_id: str) -> None:
+    """The `ftq.evaluations` task (an evaluation of this job was queued or cancelled): cancel its
+    `cancelling` evaluations, then schedule and launch what fits."""
+    evaluations.cancel_requested(job_id, get_launcher)
+    start_claimed(schedule())
+
+
 def exports_changed(job_id: str) -> None:
     """The `ftq.exports` task (an export of this job was requested or cancelled): cancel its `cancelling`
     exports, then schedule and launch what fits."""
@@ -294,6 +307,10 @@ def reconcile() -> bool:
             exports.sweep(get_launcher)
         except Exception:
             log.exception("the export sweep failed; trying again next sweep")
+        try:
+            evaluations.sweep(get_launcher)
+        except Exception:
+            log.exception("the evaluation sweep failed; trying again next sweep")
         start_claimed(schedule())
     return True
 
@@ -498,4 +515,8 @@ class JobKind:
 
 JOBS = JobKind()
 # Every kind of run the scheduler places, by its `worker.scheduling` kind.
-KINDS: dict[str, lifecycle.Kind[Any, Any]] = {JOBS.name: JOBS, exports.EXPORTS.name: exports.EXPORTS}
+KINDS: dict[str, lifecycle.Kind[Any, Any]] = {
+    JOBS.name: JOBS,
+    exports.EXPORTS.name: exports.EXPORTS,
+    evaluations.EVALUATIONS_KIND.name: evaluations.EVALUATIONS_KIND,
+}

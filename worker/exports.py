@@ -30,8 +30,8 @@ from ftq.contract.spec import JobSpec
 from ftq.contract.status import LAUNCHED, JobStatus
 from ftq.planning.render import render_export_plan
 from ftq.runtime.settings import get_settings
+from ftq.store import evaluations, repository
 from ftq.store import exports as store
-from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Export, Job
 from worker import lifecycle, scheduling
@@ -89,7 +89,20 @@ def _run_request(row: Any) -> scheduling.RunRequest:
 def request_of(export: Export, job: Job, run_dir: Path) -> dict[str, Any]:
     """export.json: everything `trainer.export` needs (paths the server chose, never a client)."""
     plan_command = (job.plan or {}).get("command") or []
+    checkpoint: dict[str, Any] = {}
+    if export.step is not None:
+        # A checkpoint's export, with what its evaluations scored for the model card.
+        with session_scope() as session:
+            rows = evaluations.of_job(session, job.id)
+            best = evaluations.best_checkpoint(job.spec, rows)
+            checkpoint = {
+                "source": str(run_dir / runs.CHECKPOINTS / f"{runs.CHECKPOINT_PREFIX}{export.step}"),
+                "checkpoint": str(export.step),
+                "evaluation": evaluations.checkpoint_metrics(rows).get(export.step, {}),
+                "best_by": best.metric if best is not None and best.step == export.step else None,
+            }
     return {
+        **checkpoint,
         "export_id": export.id,
         "job_id": job.id,
         "kind": export.kind,
@@ -127,7 +140,9 @@ def write_export_dir(export: Export, job: Job, export_dir: Path) -> LaunchReques
     )
 
 
-def _make_dirs(export_dir: Path) -> None:
+def make_side_dir(export_dir: Path) -> None:
+    """`<run dir>/<exports or evaluations>/<id>/`, the folder of a run of the job's own (an export, an
+    evaluation), readable by the run user's group where the run directory is theirs."""
     parent, run_dir = export_dir.parent, export_dir.parent.parent
     parent.mkdir(mode=0o700, exist_ok=True)
     info = run_dir.stat()
@@ -214,7 +229,7 @@ class ExportKind:
 
     def prepare(self, session: Session, v: ExportView) -> bool:
         try:
-            _make_dirs(v.run_dir)
+            make_side_dir(v.run_dir)
         except OSError as exc:
             # No run directory (removed by hand, or a data dir restored without it): nothing to export.
             why = f"the job's run directory cannot hold the export: {exc}"[:2000]

@@ -104,19 +104,50 @@ def check_local_paths(spec: dict[str, Any]) -> None:
             )
 
 
-def _ready_path(owner: str, file_id: str, field: str) -> Path:
+def _ready_path(owner: str, file_id: str, field: str, prefix: str = "dataset.") -> Path:
+    field = prefix + field
     settings = get_settings()
     with session_scope() as session:
         row = files_repository.get_owned_file(session, owner, file_id)
         status = None if row is None else row.status
     if status is None:
-        raise FileUnavailable(f"dataset.{field}: file {file_id} was deleted after the job was submitted")
+        raise FileUnavailable(f"{field}: file {file_id} was deleted after the job was submitted")
     if status != FileStatus.ready:
-        raise FileUnavailable(f"dataset.{field}: file {file_id} is {status}, not ready")
+        raise FileUnavailable(f"{field}: file {file_id} is {status}, not ready")
     path = files.file_path(settings.data_path, owner, file_id)
     if not path.is_file():
-        raise FileUnavailable(f"dataset.{field}: the bytes of file {file_id} are missing")
+        raise FileUnavailable(f"{field}: the bytes of file {file_id} are missing")
     return path
+
+
+def _copy_in(target: Path, link: Path) -> None:
+    """`target` at `link` in the run directory: a hard link where it can be, else a copy."""
+    tmp = link.parent / f".{link.name}.tmp"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(target, tmp)
+    except OSError:  # another file system (FTQ_RUNS_DIR on shared storage): a real copy
+        shutil.copyfile(target, tmp)
+    tmp.replace(link)
+
+
+def _suites_for_run(spec: dict[str, Any], owner: str, run_dir: Path) -> dict[str, Any]:
+    """Evaluation suites' uploads (`eval.suites[i].file_id`) as the run's own copies,
+    `dataset/suite-<name>.jsonl`, named by the suite's `dataset`."""
+    suites = (spec.get("eval") or {}).get("suites") or []
+    if not any(s.get("file_id") for s in suites):
+        return spec
+    out = copy.deepcopy(spec)
+    folder = run_dir / DATASET_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for i, suite in enumerate(out["eval"]["suites"]):
+        file_id = suite.pop("file_id", None)
+        if not file_id:
+            continue
+        link = folder / f"suite-{suite['name']}{files.SUFFIX}"
+        _copy_in(_ready_path(owner, file_id, f"eval.suites.{i}.file_id", prefix=""), link)
+        suite["dataset"] = str(link)
+    return out
 
 
 def spec_for_run(spec: dict[str, Any], owner: str, run_dir: Path) -> dict[str, Any]:
@@ -127,6 +158,7 @@ def spec_for_run(spec: dict[str, Any], owner: str, run_dir: Path) -> dict[str, A
     A copy in the run directory, not the path of the upload: a run as a run user (FTQ_RUN_AS_USER) may
     read its run directory and nothing else of the data dir, where the owner's uploads are. The copy is
     a hard link where the run directory is on the same file system (no bytes copied)."""
+    spec = _suites_for_run(spec, owner, run_dir)
     dataset = spec.get("dataset") or {}
     file_id, eval_id = dataset.get("file_id"), dataset.get("eval_file_id")
     if not file_id:

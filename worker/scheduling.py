@@ -57,6 +57,7 @@ CPU_SLOTS = "cpu_slots"
 # The kinds of run that go through the scheduler (a RunRequest's `kind`); each is a `worker.lifecycle.Kind`.
 JOB = "job"
 EXPORT = "export"
+EVALUATION = "evaluation"
 
 # Why a queued run waits (its `queue.reason`).
 NO_FREE_DEVICES = "no_free_devices"

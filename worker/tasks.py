@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ftq.runtime.queue import (
     TASK_CANCEL,
+    TASK_EVALUATIONS,
     TASK_EXPORTS,
     TASK_INGEST,
     TASK_RECONCILE,
@@ -35,6 +36,11 @@ def cancel(job_id: str) -> None:
 @celery_app.task(name=TASK_EXPORTS)
 def export(job_id: str) -> None:
     controller.exports_changed(job_id)
+
+
+@celery_app.task(name=TASK_EVALUATIONS)
+def evaluation(job_id: str) -> None:
+    controller.evaluations_changed(job_id)
 
 
 @celery_app.task(name=TASK_RECONCILE)

@@ -57,7 +57,9 @@ NOT_ACCEPTED = "the receiver did not accept the delivery (no answer, or not a 2x
 def payload(due: store.Due) -> bytes:
     """The request body: `{"type", "timestamp", "data": {"event_id", "job_id", "job": {"id", "name",
     "status"}, ...the event's data}}` (the status the job had when the event was written)."""
-    job = {"id": due.job_id, "name": due.job_name, "status": ev.status_at(due.event_type)}
+    # An event that may come after the job ended (job.evaluation) records the job's status in its data.
+    status = due.data.get("job_status") or ev.status_at(due.event_type)
+    job = {"id": due.job_id, "name": due.job_name, "status": status}
     body = {
         "type": due.event_type,
         "timestamp": due.event_time.astimezone(UTC).isoformat().replace("+00:00", "Z"),

@@ -1,5 +1,5 @@
 """Client commands of `ftq`: submit, ls, status, logs, events, metrics, samples, cancel, pause, resume,
-artifacts, download, export, exports.
+artifacts, download, eval, evals, export, exports.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -69,6 +69,7 @@ from ftq.cli.output import (
 )
 from ftq.client import (
     Client,
+    EvaluationPublic,
     ExportPublic,
     FtqClientError,
     JobPublic,
@@ -719,6 +720,75 @@ def resume(job_id: JobIdArg) -> None:
     out.print(f"{job.id}: {fmt_status(job.status)}")
 
 
+# Evaluations -------------------------------------------------------------------------------------------
+
+
+def _checkpoint_ref(text: str) -> str | int:
+    if text in ("final", "best"):
+        return text
+    if not text.isdigit():
+        fail(f"--checkpoint {text!r}: say final, best or a step (e.g. 20)", EXIT_INPUT)
+    return int(text)
+
+
+def _evaluation_line(ev: EvaluationPublic) -> str:
+    line = f"{ev.id}: {fmt_status(ev.status)} checkpoint {ev.checkpoint}"
+    if ev.results:
+        line += " " + " ".join(f"{escape(k)}={v:.4g}" for k, v in sorted(ev.results.items()))
+    if ev.error is not None:
+        line += f" [red]{escape(str(ev.error.code))}[/]: {escape(ev.error.message)}"
+    return line
+
+
+@_command("eval")
+def evaluate(
+    job_id: JobIdArg,
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", help="final, best (by the spec's eval.select) or a step.")
+    ] = "final",
+    suite: Annotated[
+        list[str] | None,
+        typer.Option("--suite", help="A suite of the spec's eval.suites (repeat); all by default."),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Wait until it ends and print its results.")
+    ] = False,
+) -> None:
+    """Evaluate a job's checkpoint with its spec's suites (a run of its own); --follow prints the metrics."""
+    with api() as client:
+        made = client.jobs.evaluate(job_id, _checkpoint_ref(checkpoint), suites=suite or None)
+        out.print(_evaluation_line(made))
+        if not follow:
+            return
+        last = made.status
+        patience = Patience()
+        while made.status not in TERMINAL:
+            time.sleep(POLL_SECONDS)
+            try:
+                made = client.jobs.get_evaluation(job_id, made.id)
+            except TRANSIENT as exc:
+                patience.failed(exc)
+                continue
+            patience.answered()
+            if made.status != last:
+                out.print(_evaluation_line(made))
+                last = made.status
+    if made.status != "succeeded":
+        raise typer.Exit(EXIT_REFUSED)
+
+
+@_command("evals")
+def evals(job_id: JobIdArg) -> None:
+    """List a job's evaluations, newest first, with their metrics."""
+    with api() as client:
+        found = client.jobs.evaluations(job_id)
+    if not found:
+        out.print(f"no evaluations of {job_id}")
+        return
+    for ev in found:
+        out.print(_evaluation_line(ev))
+
+
 # Exports -----------------------------------------------------------------------------------------------
 
 
@@ -744,13 +814,23 @@ def export(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Wait until it ends, showing its status.")
     ] = False,
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", help="final, best (by the spec's eval.select) or a step.")
+    ] = "final",
 ) -> None:
     """Export a succeeded job's model: --merged (a full model) or --adapter, in --dtype."""
     if merged == adapter:
         fail("say what to export: --merged or --adapter", EXIT_INPUT)
     kind = "merged" if merged else "adapter"
     with api() as client:
-        made = client.jobs.export(job_id, kind, dtype, max_shard_size=max_shard_size, push_to_hub=push_to_hub)
+        made = client.jobs.export(
+            job_id,
+            kind,
+            dtype,
+            max_shard_size=max_shard_size,
+            push_to_hub=push_to_hub,
+            checkpoint=_checkpoint_ref(checkpoint),
+        )
         out.print(_export_line(made))
         if not follow:
             return

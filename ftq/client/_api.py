@@ -173,7 +173,7 @@ def wait_job(job_id: str, timeout: float | None, poll: float) -> Flow[Never, sch
     return wait_until(get_job(job_id), ended, timed_out, timeout, poll)
 
 
-def ended(found: schemas.JobPublic | schemas.ExportPublic) -> bool:
+def ended(found: schemas.JobPublic | schemas.ExportPublic | schemas.EvaluationPublic) -> bool:
     return _core.is_terminal(found.status)
 
 
@@ -186,8 +186,9 @@ def export(
     dtype: str,
     max_shard_size: str | None,
     push_to_hub: Mapping[str, Any] | str | None,
+    checkpoint: str | int = "final",
 ) -> Call[schemas.ExportPublic]:
-    content, headers = _core.export_body(kind, dtype, max_shard_size, push_to_hub)
+    content, headers = _core.export_body(kind, dtype, max_shard_size, push_to_hub, checkpoint)
     return Call("POST", _core.export_path(job_id), reads(schemas.ExportPublic), {}, content, headers)
 
 
@@ -211,6 +212,38 @@ def wait_export(
         return TimeoutError(f"export {export_id} still {export.status} after {timeout} s")
 
     return wait_until(get_export(job_id, export_id), ended, timed_out, timeout, poll)
+
+
+# Evaluations
+
+
+def evaluate(
+    job_id: str, checkpoint: str | int, suites: Sequence[str] | None
+) -> Call[schemas.EvaluationPublic]:
+    content, headers = _core.evaluation_body(checkpoint, suites)
+    return Call("POST", _core.evaluation_path(job_id), reads(schemas.EvaluationPublic), {}, content, headers)
+
+
+def evaluations(job_id: str) -> Call[list[schemas.EvaluationPublic]]:
+    listing = reads(schemas.EvaluationList)
+    return Call("GET", _core.evaluation_path(job_id), lambda resp, url: listing(resp, url).data)
+
+
+def get_evaluation(job_id: str, evaluation_id: str) -> Call[schemas.EvaluationPublic]:
+    return get(_core.evaluation_path(job_id, evaluation_id), schemas.EvaluationPublic)
+
+
+def cancel_evaluation(job_id: str, evaluation_id: str) -> Call[schemas.EvaluationPublic]:
+    return post(_core.evaluation_path(job_id, evaluation_id, "cancel"), schemas.EvaluationPublic)
+
+
+def wait_evaluation(
+    job_id: str, evaluation_id: str, timeout: float | None, poll: float
+) -> Flow[Never, schemas.EvaluationPublic]:
+    def timed_out(ev: schemas.EvaluationPublic) -> TimeoutError:
+        return TimeoutError(f"evaluation {evaluation_id} still {ev.status} after {timeout} s")
+
+    return wait_until(get_evaluation(job_id, evaluation_id), ended, timed_out, timeout, poll)
 
 
 # Logs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -223,10 +223,13 @@ class AsyncJobs:
         *,
         max_shard_size: str | None = None,
         push_to_hub: Mapping[str, Any] | str | None = None,
+        checkpoint: str | int = "final",
     ) -> schemas.ExportPublic:
         """Export a succeeded job's model (`merged` or `adapter`, in `dtype`); an identical export under
-        way or done is returned instead of a new one. `push_to_hub`: a repo id or `{repo_id, private}`."""
-        return await self._client._call(_api.export(job_id, kind, dtype, max_shard_size, push_to_hub))
+        way or done is returned instead of a new one. `push_to_hub`: a repo id or `{repo_id, private}`.
+        `checkpoint`: `final`, `best` (by the spec's eval.select) or a checkpoint's step."""
+        call = _api.export(job_id, kind, dtype, max_shard_size, push_to_hub, checkpoint)
+        return await self._client._call(call)
 
     async def exports(self, job_id: str) -> builtins.list[schemas.ExportPublic]:
         """The job's exports, newest first."""
@@ -243,6 +246,30 @@ class AsyncJobs:
     ) -> schemas.ExportPublic:
         """The export once it has ended; TimeoutError after `timeout` s; outages waited out as by `wait`."""
         return await self._client._run(_api.wait_export(job_id, export_id, timeout, poll))
+
+    # Evaluations
+
+    async def evaluate(
+        self, job_id: str, checkpoint: str | int = "final", *, suites: Sequence[str] | None = None
+    ) -> schemas.EvaluationPublic:
+        """Evaluate a checkpoint (`final`, `best` or a step) with the spec's suites (all, or those named)."""
+        return await self._client._call(_api.evaluate(job_id, checkpoint, suites))
+
+    async def evaluations(self, job_id: str) -> builtins.list[schemas.EvaluationPublic]:
+        """The job's evaluations, newest first (those its spec's eval.on queued, and those asked for)."""
+        return await self._client._call(_api.evaluations(job_id))
+
+    async def get_evaluation(self, job_id: str, evaluation_id: str) -> schemas.EvaluationPublic:
+        return await self._client._call(_api.get_evaluation(job_id, evaluation_id))
+
+    async def cancel_evaluation(self, job_id: str, evaluation_id: str) -> schemas.EvaluationPublic:
+        return await self._client._call(_api.cancel_evaluation(job_id, evaluation_id))
+
+    async def wait_evaluation(
+        self, job_id: str, evaluation_id: str, *, timeout: float | None = None, poll: float = 1.0
+    ) -> schemas.EvaluationPublic:
+        """The evaluation once it has ended; TimeoutError after `timeout` s."""
+        return await self._client._run(_api.wait_evaluation(job_id, evaluation_id, timeout, poll))
 
     # Logs
 

@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import quote
@@ -98,11 +98,34 @@ def export_path(job_id: str, export_id: str | None = None, *rest: str) -> str:
     return job_path(job_id, "exports", quote(export_id, safe=""), *rest)
 
 
+def evaluation_path(job_id: str, evaluation_id: str | None = None, *rest: str) -> str:
+    """/jobs/<id>/evaluations[/<evaluation id>/...], both ids quoted."""
+    if evaluation_id is None:
+        return job_path(job_id, "evaluations")
+    if not evaluation_id:
+        raise ValueError("evaluation_id is empty")
+    return job_path(job_id, "evaluations", quote(evaluation_id, safe=""), *rest)
+
+
+def evaluation_body(checkpoint: str | int, suites: Sequence[str] | None) -> tuple[bytes, dict[str, str]]:
+    """The body of POST /jobs/{id}/evaluations: `final`, `best` or a step; the spec's suites by name."""
+    body: dict[str, Any] = {"checkpoint": checkpoint}
+    if suites is not None:
+        body["suites"] = list(suites)
+    return json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
 def export_body(
-    kind: str, dtype: str, max_shard_size: str | None, push_to_hub: Mapping[str, Any] | str | None
+    kind: str,
+    dtype: str,
+    max_shard_size: str | None,
+    push_to_hub: Mapping[str, Any] | str | None,
+    checkpoint: str | int = "final",
 ) -> tuple[bytes, dict[str, str]]:
     """The body of POST /jobs/{id}/exports; `push_to_hub` a repo id or `{repo_id, private}`."""
     body: dict[str, Any] = {"kind": kind, "dtype": dtype}
+    if checkpoint != "final":
+        body["checkpoint"] = checkpoint
     if max_shard_size is not None:
         body["max_shard_size"] = max_shard_size
     if isinstance(push_to_hub, str):

@@ -28,6 +28,8 @@ class EventType(StrEnum):
     checkpoint = "job.checkpoint"  # data: step, path (relative to the run directory)
     eval = "job.eval"  # data: step, metrics {eval_loss, ...}
     sample = "job.sample"  # data: step, prompt, completion
+    # data: evaluation_id, checkpoint ("final" or the step), step, status, metrics, best_checkpoint
+    evaluation = "job.evaluation"
     # data: kind (nan_loss | loss_exploding | loss_spike | straggler | tracker_unreachable), step, message
     warning = "job.warning"
     retried = "job.retried"  # data: attempt, reason

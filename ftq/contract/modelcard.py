@@ -73,6 +73,11 @@ class ExportFacts:
     export_id: str
     kind: str  # merged | adapter
     dtype: str  # bf16 | fp16 | fp32
+    checkpoint: str = "final"  # final, or the step of the checkpoint exported
+    # What the evaluations of that checkpoint scored (`<suite>/score`, ...), and the metric that made it
+    # the best one where it is.
+    evaluation: dict[str, float] = field(default_factory=dict)
+    best_by: str | None = None
 
 
 def _is_hub_id(name: str) -> bool:
@@ -170,6 +175,12 @@ def render_model_card(spec: dict[str, Any], facts: RunFacts, export: ExportFacts
     ]
     if export is not None:
         lines.append(f"- ftq export: `{export.export_id}` ({export.kind}, {export.dtype})")
+        if export.checkpoint != "final":
+            best = f", the best by {export.best_by}" if export.best_by else ""
+            lines.append(f"- Checkpoint: step {export.checkpoint}{best}")
+    if export is not None and export.evaluation:
+        lines += ["", "## Evaluation", "", "| metric | value |", "| --- | --- |"]
+        lines += [f"| {name} | {_number(value)} |" for name, value in sorted(export.evaluation.items())]
     lines += ["", "## Hyperparameters", "", "| name | value |", "| --- | --- |"]
     for name in HYPERPARAMETERS:
         value = training.get(name)

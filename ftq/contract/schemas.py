@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ftq.contract.errors import ErrorCode
 from ftq.contract.metrics import Point
@@ -90,6 +90,12 @@ class EstimateVsActual(BaseModel):
     ratio: float | None = Field(description="actual / estimated (> 1: the run took longer than estimated).")
 
 
+class BestCheckpoint(BaseModel):
+    step: int
+    metric: str
+    value: float
+
+
 class JobPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -121,6 +127,11 @@ class JobPublic(BaseModel):
     estimate_vs_actual: EstimateVsActual | None = Field(
         None, description="The plan's time estimate beside the run's wall time, once it succeeded."
     )
+    best_checkpoint: BestCheckpoint | None = Field(
+        None,
+        description="The checkpoint that scores best by the spec's `eval.select`, from its evaluations; "
+        "null without eval.select or before one was scored.",
+    )
 
 
 class UsageRow(BaseModel):
@@ -133,6 +144,9 @@ class UsageRow(BaseModel):
     jobs: int = Field(description="Jobs that ended in the range (jobs that never started are not counted).")
     exports: int = Field(
         0, description="Exports that ran and ended in the range (counted in device_seconds)."
+    )
+    evaluations: int = Field(
+        0, description="Evaluations that ran and ended in the range (counted in device_seconds)."
     )
 
 
@@ -181,6 +195,49 @@ class Checkpoint(BaseModel):
     step: int
     path: str
     resumable: bool
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="What the evaluations of this checkpoint scored (`<suite>/score`, "
+        "`<suite>/<task>/<metric>`, `<suite>/loss`); empty until one succeeded.",
+    )
+    best: bool = Field(False, description="The job's best checkpoint by its spec's `eval.select`.")
+
+
+SuiteNameRef = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")]
+
+
+class EvaluationCreate(BaseModel):
+    """`POST /jobs/{id}/evaluations`: evaluate a saved checkpoint (or final/) with the spec's suites."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: Literal["final", "best"] | Annotated[int, Field(ge=0)] = Field(
+        "final", description="`final` (the succeeded job's final/), `best` (by eval.select), or a step."
+    )
+    suites: list[SuiteNameRef] | None = Field(
+        None, max_length=8, description="The spec's suites to run, by name; null: all of them."
+    )
+
+
+class EvaluationPublic(BaseModel):
+    id: str = Field(description="Evaluation id, e.g. eval_0123456789abcdef")
+    job_id: str
+    checkpoint: str = Field(description="`final`, or the step of the checkpoint evaluated.")
+    status: JobStatus
+    results: dict[str, float] | None = Field(
+        description="The metrics, once it succeeded (`<suite>/score`, `<suite>/<task>/<metric>`, ...)."
+    )
+    error: JobError | None
+    suites: list[str] | None = Field(None, description="The suites asked for; null: all of the spec's.")
+    trigger: str = Field(description="checkpoint | final (the spec's eval.on) or request (POST).")
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    queue: QueueInfo | None = None
+
+
+class EvaluationList(BaseModel):
+    data: list[EvaluationPublic]
 
 
 class CheckpointList(BaseModel):
@@ -241,6 +298,11 @@ class ExportCreate(BaseModel):
     push_to_hub: PushToHub | None = Field(
         None, description="Also push the export to this Hub repo once written (needs FTQ_HUB_TOKEN set)."
     )
+    checkpoint: Literal["final", "best"] | Annotated[int, Field(ge=0)] = Field(
+        "final",
+        description="What to export: `final` (final/), `best` (the best checkpoint by the spec's "
+        "eval.select), or a saved checkpoint's step (one holding an adapter or whole weights).",
+    )
 
 
 class ExportPublic(BaseModel):
@@ -272,6 +334,7 @@ class ExportPublic(BaseModel):
         description="While the export is queued: its place in the one queue it shares with jobs (the same "
         "quotas, fair share and reservation), why it waits and when it should start; null otherwise.",
     )
+    checkpoint: str = Field("final", description="What was exported: `final`, or a checkpoint's step.")
 
 
 class ExportList(BaseModel):
@@ -286,7 +349,8 @@ class Event(BaseModel):
     job_id: str
     type: str = Field(
         description="job.created, job.queued, job.started, job.checkpoint, job.eval, job.sample, "
-        "job.warning, job.retried, job.paused, job.resumed, job.succeeded, job.failed or job.cancelled."
+        "job.evaluation, job.warning, job.retried, job.paused, job.resumed, job.succeeded, job.failed or "
+        "job.cancelled."
     )
     time: datetime
     data: dict[str, Any] = Field(

@@ -18,6 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from ftq.contract.evaluation import MAX_SUITES, EvalOn, Select, Suite, check_suites
+
 # A hub id is `name` or `owner/name`; names are limited as the hub limits them.
 HUB_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95})?$"
 # Partition, account, revision and split names: what SLURM and git allow, minus anything a shell reads.
@@ -654,6 +656,31 @@ class EvalSpec(_Strict):
     sample_max_new_tokens: int = Field(
         64, ge=1, le=MAX_SAMPLE_NEW_TOKENS, description="Tokens generated per prompt (greedy; stops at EOS)."
     )
+    suites: list[Suite] = Field(
+        default_factory=list,
+        max_length=MAX_SUITES,
+        description="Evaluation suites (graders | lm_eval | loss), each run on a saved checkpoint as a run "
+        "of its own (see docs/evaluation.md); metrics `<suite>/score`, `<suite>/<task>/<metric>`, "
+        "`<suite>/loss`.",
+    )
+    on: EvalOn = Field(
+        EvalOn.final,
+        description="checkpoint: every saved checkpoint is evaluated (and final/ after success); final: "
+        "only final/, once the job succeeded.",
+    )
+    select: Select | None = Field(
+        None, description="The metric that picks the best checkpoint (`best_checkpoint`), max or min."
+    )
+
+    @model_validator(mode="after")
+    def _suites_and_select(self) -> EvalSpec:
+        if self.select is not None and not self.suites:
+            raise _field_error(("select",), "select needs eval.suites to score checkpoints with")
+        try:
+            check_suites(self.suites, self.select)
+        except ValueError as e:
+            raise _field_error(("select",) if "select" in str(e) else ("suites",), str(e)) from None
+        return self
 
     @field_validator("sample_prompts")
     @classmethod
@@ -724,7 +751,9 @@ class JobSpec(_Strict):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     resume_from: ResumeFrom | None = None
     eval: EvalSpec = Field(
-        default_factory=EvalSpec, description="Samples of the model's output during training."
+        default_factory=EvalSpec,
+        description="Samples of the model's output during training, and evaluation suites that score its "
+        "checkpoints (docs/evaluation.md).",
     )
     integrations: IntegrationsSpec = Field(
         default_factory=IntegrationsSpec, description="Experiment trackers the trainer reports to."

@@ -635,12 +635,17 @@ EXPORT_MODULE = "trainer.export"
 EXPORT_LAUNCHER = ["bash", "-c", '"$@"; exit "$?"', "ftq-export"]
 
 
-def export_argv(export_dir: Path, settings: Settings) -> list[str]:
-    """One process: `python -m trainer.export --request exports/<id>/export.json`."""
-    return [settings.python, "-m", EXPORT_MODULE, "--request", str(export_dir / runs.EXPORT_REQUEST)]
+def export_argv(
+    export_dir: Path, settings: Settings, module: str = EXPORT_MODULE, request: str = runs.EXPORT_REQUEST
+) -> list[str]:
+    """One process: `python -m trainer.export --request exports/<id>/export.json` (or an evaluation's:
+    `trainer.evaluate`, `evaluations/<id>/evaluation.json`)."""
+    return [settings.python, "-m", module, "--request", str(export_dir / request)]
 
 
-def export_sbatch_script(spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings) -> str:
+def export_sbatch_script(
+    spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings, argv: list[str] | None = None
+) -> str:
     """`job.sbatch` of an export (templates/export.sbatch): one task on one node (one GPU for a cuda
     job), under the job's partition, account and time limit, recording its exit status as a job's does."""
     return _fill(
@@ -649,7 +654,7 @@ def export_sbatch_script(spec: JobSpec, *, export_id: str, export_dir: Path, set
         run_dir=shlex.quote(str(export_dir)),
         exit_status=runs.EXIT_STATUS,
         site_setup=_site_setup(settings),
-        command=_argv_lines(export_argv(export_dir, settings), 3),
+        command=_argv_lines(argv or export_argv(export_dir, settings), 3),
     )
 
 
@@ -669,17 +674,28 @@ def _export_sbatch_args(spec: JobSpec, export_id: str, export_dir: Path, setting
     return args + _extra_sbatch_args(settings.slurm_extra_args)
 
 
-def render_export_plan(spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings) -> Plan:
-    """The launch of one export, as a Plan the launchers take (no accelerate config: one process)."""
-    argv = export_argv(export_dir, settings)
+def render_export_plan(
+    spec: JobSpec,
+    *,
+    export_id: str,
+    export_dir: Path,
+    settings: Settings,
+    module: str = EXPORT_MODULE,
+    request: str = runs.EXPORT_REQUEST,
+) -> Plan:
+    """The launch of one export, as a Plan the launchers take (no accelerate config: one process). An
+    evaluation is launched the same way (`module` trainer.evaluate, `request` evaluation.json)."""
+    argv = export_argv(export_dir, settings, module, request)
     sbatch = None
     if spec.resources.launcher == "slurm":
-        sbatch = export_sbatch_script(spec, export_id=export_id, export_dir=export_dir, settings=settings)
+        sbatch = export_sbatch_script(
+            spec, export_id=export_id, export_dir=export_dir, settings=settings, argv=argv
+        )
     return Plan(
         accelerate_config={},
         accelerate_config_yaml="",
         command=argv,
         sbatch_script=sbatch,
-        trainer_args={"request": str(export_dir / runs.EXPORT_REQUEST)},
+        trainer_args={"request": str(export_dir / request)},
         launch_script=launch_script(export_dir, [*EXPORT_LAUNCHER, *argv], cuda_env_line(spec, settings)),
     )

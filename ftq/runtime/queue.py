@@ -26,6 +26,8 @@ TASK_INGEST = "ftq.ingest"
 TASK_RELAY = "ftq.relay"
 # Start or cancel a job's exports now rather than at the next sweep (its argument is the job id).
 TASK_EXPORTS = "ftq.exports"
+# Start or cancel a job's evaluations now (its argument is the job id).
+TASK_EVALUATIONS = "ftq.evaluations"
 TASK_WEBHOOKS = "ftq.webhooks"
 # The queues: every task on Celery's default one but the webhook sender's, which has its own so that
 # its own worker process (`ftq up` starts one; `ftq worker --queues`) sends webhooks: a slow receiver
@@ -37,7 +39,12 @@ ALL_QUEUES = (DEFAULT_QUEUE, WEBHOOK_QUEUE)
 TASK_VALIDATE_FILE = "ftq.validate_file"
 
 # The outbox's dispatch kinds and the task each is sent as.
-TASK_FOR_DISPATCH = {"submit": TASK_SUBMIT, "cancel": TASK_CANCEL, "export": TASK_EXPORTS}
+TASK_FOR_DISPATCH = {
+    "submit": TASK_SUBMIT,
+    "cancel": TASK_CANCEL,
+    "export": TASK_EXPORTS,
+    "evaluation": TASK_EVALUATIONS,
+}
 
 
 def _survive_broker_loss() -> None:

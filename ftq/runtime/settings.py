@@ -228,6 +228,14 @@ class Settings(BaseSettings):
         description="Exports one owner may have waiting for a device (queued) at once, over all its jobs; "
         "one more is a 429 `quota_exceeded`.",
     )
+    max_queued_evaluations_per_owner: int = Field(
+        32,
+        ge=1,
+        le=10_000,
+        description="Evaluations one owner may ask for (POST /jobs/{id}/evaluations) that wait for a device "
+        "(queued) at once, over all its jobs; one more is a 429 `quota_exceeded`. Those a spec's eval.on "
+        "queues are not refused.",
+    )
     upload_deadline_seconds: float = Field(
         3600.0,
         gt=0,

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, JobStatus
 from ftq.store.db import lock_for_transaction
-from ftq.store.models import Dispatch, Export, ExportQueue, Job
+from ftq.store.models import Dispatch, Evaluation, Export, ExportQueue, Job
 from ftq.store.repository import account_other_run
 from ftq.store.transitions import RunTable
 
@@ -58,20 +58,7 @@ class ExportRepository:
     ) -> list[tuple[str, datetime, float, str]]:
         """(owner, finished_at, device_seconds, device) of this owner's exports that ran and ended in
         [since, until): one device each, from launch to end."""
-        stmt = (
-            self._readable()
-            .with_only_columns(Job.owner, Export.started_at, Export.finished_at, Job.device)
-            .where(Export.started_at.is_not(None), Export.finished_at.is_not(None))
-        )
-        if since is not None:
-            stmt = stmt.where(Export.finished_at >= since)
-        if until is not None:
-            stmt = stmt.where(Export.finished_at < until)
-        return [
-            (o, f, export_device_seconds(s, f), dev)
-            for o, s, f, dev in self.session.execute(stmt)
-            if s is not None and f is not None
-        ]
+        return side_usage_rows(self.session, self.owner, Export, since, until)
 
     def get(self, job_id: str, export_id: str) -> Export | None:
         stmt = self._readable().where(Export.job_id == job_id, Export.id == export_id)
@@ -95,11 +82,19 @@ class ExportRepository:
         return {row.export_id: row for row in self.session.scalars(stmt)}
 
     def find_same(
-        self, job_id: str, *, kind: str, dtype: str, max_shard_size: str, push_to_hub: dict[str, Any] | None
+        self,
+        job_id: str,
+        *,
+        kind: str,
+        dtype: str,
+        max_shard_size: str,
+        push_to_hub: dict[str, Any] | None,
+        step: int | None = None,
     ) -> Export | None:
         """The newest export of this job with the same request that is under way or has succeeded."""
         stmt = self._readable().where(
             Export.job_id == job_id,
+            Export.step.is_(None) if step is None else Export.step == step,
             Export.kind == kind,
             Export.dtype == dtype,
             Export.max_shard_size == max_shard_size,
@@ -132,25 +127,51 @@ def exports_in(session: Session, statuses: Iterable[str]) -> list[Export]:
     return list(session.scalars(stmt.order_by(Export.seq)))
 
 
-def queued_for_scheduling(session: Session) -> list[Any]:
-    """Every queued export with what the scheduler weighs of it and of its job: (id, seq, created_at,
-    owner, launcher, device, priority), oldest first."""
+# A run of a job's that is not its training (an export, an evaluation): one process on its job's launcher
+# and device, its owner and priority its job's. The statements below serve every such table.
+SideRun = type[Export] | type[Evaluation]
+
+
+def queued_for_scheduling(session: Session, table: SideRun = Export) -> list[Any]:
+    """Every queued export (or row of `table`) with what the scheduler weighs of it and of its job: (id,
+    seq, created_at, owner, launcher, device, priority), oldest first."""
     stmt = (
-        select(Export.id, Export.seq, Export.created_at, Job.owner, Job.launcher, Job.device, Job.priority)
-        .join(Job, Job.id == Export.job_id)
-        .where(Export.status == JobStatus.queued)
+        select(table.id, table.seq, table.created_at, Job.owner, Job.launcher, Job.device, Job.priority)
+        .join(Job, Job.id == table.job_id)
+        .where(table.status == JobStatus.queued)
     )
-    return list(session.execute(stmt.order_by(Export.seq)))
+    return list(session.execute(stmt.order_by(table.seq)))
 
 
-def holding_devices(session: Session) -> list[Any]:
-    """Exports holding local devices: (id, owner, resources, started_at), the owner their job's."""
+def holding_devices(session: Session, table: SideRun = Export) -> list[Any]:
+    """Exports (or rows of `table`) holding local devices: (id, owner, resources, started_at), the owner
+    their job's."""
     stmt = (
-        select(Export.id, Job.owner, Export.resources, Export.started_at)
-        .join(Job, Job.id == Export.job_id)
-        .where(Export.status.in_([str(s) for s in LAUNCHED]), Export.resources.is_not(None))
+        select(table.id, Job.owner, table.resources, table.started_at)
+        .join(Job, Job.id == table.job_id)
+        .where(table.status.in_([str(s) for s in LAUNCHED]), table.resources.is_not(None))
     )
     return [r for r in session.execute(stmt) if r.resources]
+
+
+def side_usage_rows(
+    session: Session, owner: str, table: SideRun, since: datetime | None, until: datetime | None
+) -> list[tuple[str, datetime, float, str]]:
+    """`usage_rows` of an owner's exports or evaluations (`table`): one device each, launch to end."""
+    stmt = (
+        select(Job.owner, table.started_at, table.finished_at, Job.device)
+        .join(Job, Job.id == table.job_id)
+        .where(Job.owner == owner, table.started_at.is_not(None), table.finished_at.is_not(None))
+    )
+    if since is not None:
+        stmt = stmt.where(table.finished_at >= since)
+    if until is not None:
+        stmt = stmt.where(table.finished_at < until)
+    return [
+        (o, f, export_device_seconds(s, f), dev)
+        for o, s, f, dev in session.execute(stmt)
+        if s is not None and f is not None
+    ]
 
 
 def export_device_seconds(started: datetime, finished: datetime) -> float:
@@ -158,19 +179,20 @@ def export_device_seconds(started: datetime, finished: datetime) -> float:
     return max(0.0, (finished - started).total_seconds())
 
 
-def _account_export(
+def account_side_run(
     session: Session,
-    export_id: str,
+    row_id: str,
     *,
     run_started: datetime | None = None,
     run_ended: datetime | None = None,
+    table: SideRun = Export,
 ) -> None:
-    """EXPORTS' `on_ended`: an export that ran counts in its owner's usage (fair share, the period's GPU
-    seconds), as a job's run does."""
+    """EXPORTS' `on_ended` (and EVALUATIONS'): a run that ran counts in its owner's usage (fair share, the
+    period's GPU seconds), as a job's run does."""
     row = session.execute(
-        select(Job.owner, Job.device, Export.started_at, Export.finished_at)
-        .join(Job, Job.id == Export.job_id)
-        .where(Export.id == export_id)
+        select(Job.owner, Job.device, table.started_at, table.finished_at)
+        .join(Job, Job.id == table.job_id)
+        .where(table.id == row_id)
     ).one_or_none()
     if row is None:
         return
@@ -184,7 +206,7 @@ def _account_export(
 
 # An export's transitions (no events of its own; its cancel's dispatch wakes the export sweep); its end
 # is accounted in its owner's usage.
-EXPORTS = RunTable(Export, cancel_dispatch=DISPATCH_KIND, on_ended=_account_export)
+EXPORTS = RunTable(Export, cancel_dispatch=DISPATCH_KIND, on_ended=account_side_run)
 
 
 def request_cancel(session: Session, export: Export) -> str | None:

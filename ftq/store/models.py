@@ -240,11 +240,48 @@ class Export(RunState, Base):
     dtype: Mapped[str] = mapped_column(String(8), nullable=False)  # bf16 | fp16 | fp32
     max_shard_size: Mapped[str] = mapped_column(String(16), nullable=False)
     push_to_hub: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {repo_id, private}
+    step: Mapped[int | None] = mapped_column(Integer)  # the checkpoint exported; None: final/
 
     __table_args__ = (
         Index("ix_exports_job_seq", "job_id", "seq"),
         Index("ix_exports_status", "status"),
     )
+
+
+class Evaluation(RunState, Base):
+    """One evaluation of a job's saved checkpoint (`step`) or of its final/ (`step` null) with the spec's
+    suites (`eval.suites`, or the named ones of `suites`), run as a launch of its own through the job's
+    launcher like an export. `trigger`: checkpoint | final (queued by the worker as the spec's `eval.on`
+    asks) or request (POST /jobs/{id}/evaluations). `metrics`: what its results.json reported, once it
+    succeeded."""
+
+    __tablename__ = "evaluations"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
+    job_id: Mapped[str] = mapped_column(String(40), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    step: Mapped[int | None] = mapped_column(Integer)
+    suites: Mapped[list[str] | None] = mapped_column(JSON)
+    trigger: Mapped[str] = mapped_column(String(16), nullable=False)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    __table_args__ = (
+        Index("ix_evaluations_job_seq", "job_id", "seq"),
+        Index("ix_evaluations_status", "status"),
+    )
+
+
+class EvaluationQueue(Base):
+    """Why each queued evaluation waits (one queue with jobs and exports); the API only reads it."""
+
+    __tablename__ = "evaluation_queue"
+
+    evaluation_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("evaluations.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(64), nullable=False)
+    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 # A 64-bit id that SQLite still numbers itself (only its INTEGER PRIMARY KEY is the rowid).

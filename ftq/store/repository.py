@@ -41,6 +41,7 @@ from ftq.store import events
 from ftq.store.db import AsyncReadPool
 from ftq.store.models import (
     Dispatch,
+    EvaluationQueue,
     ExportQueue,
     IdempotencyKey,
     Job,
@@ -639,13 +640,14 @@ def save_queue(
     rows: dict[str, tuple[int | None, str, datetime | None]],
     *,
     local: bool = True,
-    table: type[JobQueue] | type[ExportQueue] = JobQueue,
+    table: type[JobQueue] | type[ExportQueue] | type[EvaluationQueue] = JobQueue,
 ) -> int:
     """Replace the scheduler's queue rows of `table` (jobs', or exports') with `rows` (id -> position,
     reason, estimated start), writing only what changed. `local`: rows with a position (local runs, every
     one not in `rows` is dropped); otherwise SLURM's pending reasons for these jobs (others untouched).
     Returns rows written."""
-    key = table.export_id if table is ExportQueue else table.job_id  # type: ignore[union-attr]
+    # The run's id: job_id, export_id or evaluation_id (each queue table's one primary key column).
+    key = getattr(table, next(iter(table.__table__.primary_key)).name)
     existing = {
         r[0]: (r.position, r.reason, r.estimated_start)
         for r in session.execute(

@@ -1,6 +1,6 @@
 """The one compare-and-set mechanism for every table whose rows go through `ftq.contract.status`'s
-states: a job's run (`ftq.store.repository.JOBS`), an export (`ftq.store.exports.EXPORTS`), and any later
-kind of run alike.
+states: a job's run (`ftq.store.repository.JOBS`), an export (`ftq.store.exports.EXPORTS`), an evaluation
+(`ftq.store.evaluations.EVALUATIONS`), and any later kind of run alike.
 
 A `RunTable` names each transition. Each is one UPDATE ... WHERE status IN (from), so a sweep or task
 that runs twice changes nothing the second time, and an edge `ftq.contract.status.TRANSITIONS` lacks is a
@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
 from ftq.runtime.redact import redact
-from ftq.store.models import Dispatch, Export, Job
+from ftq.store.models import Dispatch, Evaluation, Export, Job
 
 # The tables whose rows go through ftq.contract.status's states.
-Tracked = type[Job] | type[Export]
+Tracked = type[Job] | type[Export] | type[Evaluation]
 # What a row claimed but never launched gives back: its claim and any launch handle.
 UNCLAIMED: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
 

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
+from ftq.contract.evaluation import ref_label
 from ftq.contract.schemas import (
     ExportCreate,
     ExportDtype,
@@ -26,6 +27,7 @@ from ftq.store.exports import ExportRepository, new_export_id
 from ftq.store.models import Export, ExportQueue, Job
 from ftq.store.repository import JobRepository, utcnow
 from service.errors import Conflict, NotFound, QuotaExceeded, spec_field_error
+from service.evaluations.service import resolve_step
 
 
 def _job_or_404(session: Session, owner: str, job_id: str) -> Job:
@@ -75,12 +77,26 @@ def create(
             f"job {job_id} is a full fine-tune: it has no LoRA adapter to export; export it as "
             "kind: merged (its full model in the dtype you choose)"
         )
-    if not (runs.run_dir(settings.runs_dir, job.id) / runs.FINAL).is_dir():
-        raise Conflict(f"job {job_id} has no final/ folder in its run directory (it was removed)")
+    run_dir = runs.run_dir(settings.runs_dir, job.id)
+    step = resolve_step(session, job, settings, body.checkpoint)
+    source = (
+        run_dir / runs.FINAL
+        if step is None
+        else run_dir / runs.CHECKPOINTS / f"{runs.CHECKPOINT_PREFIX}{step}"
+    )
+    if not source.is_dir():
+        raise Conflict(f"job {job_id} has no {source.name}/ folder in its run directory (it was removed)")
+    if step is not None and not ((source / "adapter_config.json").is_file() or runs.has_weights(source)):
+        raise Conflict(
+            f"{source.name} of job {job_id} holds sharded states (FSDP or ZeRO), not weights an export "
+            "loads; export final (or evaluate the checkpoint, which consolidates them)"
+        )
     push = body.push_to_hub.model_dump() if body.push_to_hub is not None else None
     repo = ExportRepository(session, owner)
     shard = body.max_shard_size.upper().replace("IB", "iB")
-    same = repo.find_same(job.id, kind=body.kind, dtype=body.dtype, max_shard_size=shard, push_to_hub=push)
+    same = repo.find_same(
+        job.id, kind=body.kind, dtype=body.dtype, max_shard_size=shard, push_to_hub=push, step=step
+    )
     if same is not None:
         return same, True
     repo.hold_queue()
@@ -100,6 +116,7 @@ def create(
         dtype=str(body.dtype),
         max_shard_size=shard,
         push_to_hub=push,
+        step=step,
         status=JobStatus.queued,
         created_at=now,
         updated_at=now,
@@ -146,4 +163,5 @@ def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
             if queue is not None and export.status == JobStatus.queued
             else None
         ),
+        checkpoint=ref_label(export.step),
     )

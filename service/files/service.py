@@ -171,6 +171,21 @@ def files_of_spec(spec: JobSpec, repo: FileRepository) -> dict[str, UploadedFile
             errors.append(_error(name, f"file {file_id} is {row.status}, not ready: {why}", "file_not_ready"))
         else:
             found[name] = row
+    # An evaluation suite's upload (eval.suites[i].file_id): the owner's, and ready.
+    for i, suite in enumerate(spec.eval.suites):
+        file_id = getattr(suite, "file_id", None)
+        if file_id is None:
+            continue
+        row = repo.get(file_id)
+        where = ["body", "eval", "suites", i, "file_id"]
+        if row is None:
+            errors.append(
+                {"loc": where, "msg": f"no file {file_id} among your files (GET /files)", "type": "not_found"}
+            )
+        elif row.status != FileStatus.ready:
+            errors.append(
+                {"loc": where, "msg": f"file {file_id} is {row.status}, not ready", "type": "file_not_ready"}
+            )
     if errors:
         raise SpecError(errors)
     train = found.get("file_id")

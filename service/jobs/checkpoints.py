@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from ftq.contract import runs
 from ftq.contract.schemas import Checkpoint
 from ftq.contract.spec import JobSpec
 from ftq.runtime.settings import Settings
+from ftq.store import evaluations
 from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.errors import spec_field_error
@@ -20,6 +23,19 @@ def list_checkpoints(job: Job, settings: Settings) -> list[Checkpoint]:
     return [
         Checkpoint(step=c.step, path=str(c.path), resumable=c.resumable)
         for c in runs.list_checkpoints(run_dir)
+    ]
+
+
+def scored_checkpoints(session: Session, job: Job, settings: Settings) -> list[Checkpoint]:
+    """The checkpoints with what their evaluations scored and the best one marked (eval.select)."""
+    rows = evaluations.of_job(session, job.id)
+    metrics = evaluations.checkpoint_metrics(rows)
+    best = evaluations.best_checkpoint(job.spec, rows)
+    return [
+        c.model_copy(
+            update={"metrics": metrics.get(c.step, {}), "best": best is not None and best.step == c.step}
+        )
+        for c in list_checkpoints(job, settings)
     ]
 
 

@@ -77,11 +77,22 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
         # In this thread: the ownership check reads the store through the request's session.
         return repo.get(job_id) is not None
 
-    for section, key in (("model", "name_or_path"), ("model", "adapter"), ("dataset", "name_or_path")):
-        part = getattr(resolved, section)
+    fields: list[tuple[Any, str, list[Any]]] = [
+        (getattr(resolved, section), key, [section, key])
+        for section, key in (("model", "name_or_path"), ("model", "adapter"), ("dataset", "name_or_path"))
+    ]
+    # Evaluation suites' files: a graders or loss suite's dataset, an lm_eval suite's task folder.
+    for i, suite in enumerate(resolved.eval.suites):
+        key = "task_dir" if suite.type == "lm_eval" else "dataset"
+        fields.append((suite, key, ["eval", "suites", i, key]))
+    for part, key, loc in fields:
         original = getattr(part, key)
         if original is None:  # dataset.file_id: an upload, resolved by the worker at launch
             continue
+        if loc[0] == "eval" and not looks_local(original):
+            raise spec_field_error(
+                loc, f"{original!r} must be a local path: write it with ./ or /", "path_refused"
+            )
         # One rule for every path a spec names (service/paths.py): ftq's state in the data dir is out
         # of reach, and so are other owners' run directories.
         rule = StateRule(settings.data_path, settings.runs_dir)
@@ -89,7 +100,7 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
             twin = deadline.run(functools.partial(_local_twin, original, roots, rule))
             if twin is not None and _owned(rule, twin, own_run):
                 raise spec_field_error(
-                    [section, key],
+                    loc,
                     f"did you mean ./{original}? {twin} exists under the allowed local roots, but "
                     f"`{original}` is read as a Hugging Face Hub id; write a local path with ./ or /",
                     "ambiguous_path",
@@ -103,7 +114,7 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
             if looks_local(original):
                 rule.check_owners(original, own_run, getattr(part, key))
         except PathRefused as exc:
-            raise spec_field_error([section, key], str(exc), "path_refused") from None
+            raise spec_field_error(loc, str(exc), "path_refused") from None
     return resolved
 
 

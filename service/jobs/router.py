@@ -29,6 +29,7 @@ from ftq.runtime.logs import job_context
 from ftq.runtime.settings import get_settings
 from ftq.store import outbox
 from ftq.store.db import read_session
+from ftq.store.evaluations import best_of_jobs
 from ftq.store.repository import JobRepository
 from service.body import media_type, read_spec_body
 from service.deps import LoopOwnerDep, RepoDep, SessionDep, SettingsDep, current_owner
@@ -184,7 +185,8 @@ async def list_jobs(
             runs_dir = get_settings().runs_dir
             repo = JobRepository(session, owner)
             waiting = repo.queue_of([j.id for j in page if j.status not in TERMINAL])
-            data = [jobs.to_public(j, runs_dir, waiting.get(j.id)) for j in page]
+            best = best_of_jobs(session, page)
+            data = [jobs.to_public(j, runs_dir, waiting.get(j.id), best.get(j.id)) for j in page]
             return _json(JobList(data=data, next_cursor=next_cursor))
 
     return _json_response(await in_thread(body))
@@ -197,7 +199,8 @@ async def get_job(job_id: JobId, owner: LoopOwnerDep) -> Response:
             repo = JobRepository(session, owner)
             job = jobs.get_or_404(repo, job_id)
             queue = repo.queue_of([job.id]).get(job.id) if job.status not in TERMINAL else None
-            return _json(jobs.to_public(job, get_settings().runs_dir, queue))
+            best = best_of_jobs(session, [job]).get(job.id)
+            return _json(jobs.to_public(job, get_settings().runs_dir, queue, best))
 
     return _json_response(await in_thread(body))
 
@@ -318,8 +321,9 @@ async def get_metrics(
     "/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS, summary="Saved checkpoints"
 )
 def get_checkpoints(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> CheckpointList:
+    """Each with what its evaluations scored (`metrics`) and whether it is the best one (`best`)."""
     job = jobs.get_or_404(repo, job_id)
-    return CheckpointList(data=checkpoints.list_checkpoints(job, settings))
+    return CheckpointList(data=checkpoints.scored_checkpoints(repo.session, job, settings))
 
 
 @router.get(

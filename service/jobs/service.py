@@ -20,9 +20,19 @@ from sqlalchemy.orm import Session
 
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
+from ftq.contract.evaluation import Best
 from ftq.contract.metrics import Point
 from ftq.contract.plans import Plan
-from ftq.contract.schemas import EstimateVsActual, JobError, JobPublic, PlanPublic, Progress, QueueInfo, Usage
+from ftq.contract.schemas import (
+    BestCheckpoint,
+    EstimateVsActual,
+    JobError,
+    JobPublic,
+    PlanPublic,
+    Progress,
+    QueueInfo,
+    Usage,
+)
 from ftq.contract.spec import JobSpec, SpecFieldError
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.runtime import limits
@@ -237,9 +247,12 @@ class _SpecCache:
 _spec_cache = _SpecCache()
 
 
-def to_public(job: Job, runs_dir: Path | None = None, queue: JobQueue | None = None) -> JobPublic:
+def to_public(
+    job: Job, runs_dir: Path | None = None, queue: JobQueue | None = None, best: Best | None = None
+) -> JobPublic:
     """The API's Job; with `runs_dir`, a job before its first step says what it is doing (from its log);
-    `queue`: the scheduler's row for it (`JobRepository.queue_of`)."""
+    `queue`: the scheduler's row for it (`JobRepository.queue_of`); `best`: its best checkpoint
+    (`ftq.store.evaluations.best_of_jobs`)."""
     error = None
     # A cancel is what the user asked for, not a failure: no error (nor the exit code of the killed run).
     if job.error_code and job.status != JobStatus.cancelled:
@@ -273,6 +286,9 @@ def to_public(job: Job, runs_dir: Path | None = None, queue: JobQueue | None = N
         queue=_queue_info(job, queue),
         usage=_usage(job, spec),
         estimate_vs_actual=_estimate_vs_actual(job),
+        best_checkpoint=BestCheckpoint(step=best.step, metric=best.metric, value=best.value)
+        if best
+        else None,
     )
 
 

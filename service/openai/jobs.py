@@ -32,6 +32,7 @@ from ftq.contract.openai import (
 from ftq.contract.spec import JobSpec
 from ftq.contract.status import TERMINAL, FileStatus, JobStatus
 from ftq.runtime.settings import Settings
+from ftq.store import evaluations
 from ftq.store.files_repository import FileRepository
 from ftq.store.models import Job, JobEvent, MetricPoint, OpenAIJob, UploadedFile
 from ftq.store.openai_repository import OpenAIRepository
@@ -418,6 +419,7 @@ _MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
     "job.checkpoint": lambda d: f"Checkpoint created at step {d.get('step')}",
     "job.eval": lambda d: f"Evaluation at step {d.get('step')}",
     "job.sample": lambda d: f"Sample at step {d.get('step')}",
+    "job.evaluation": lambda d: f"Checkpoint {d.get('checkpoint')} evaluated: {d.get('status')}",
     "job.warning": lambda d: str(d.get("message") or d.get("kind") or "warning"),
     "job.retried": lambda d: f"Job retried (attempt {d.get('attempt')}): {d.get('reason', '')}".rstrip(": "),
     "job.succeeded": lambda d: "The job has successfully completed",
@@ -545,10 +547,19 @@ def checkpoints(
         extra.suffix if extra is not None else None,
         ids.job_hex(job.id),
     )
+    scores = evaluations.checkpoint_metrics(evaluations.of_job(repo.session, job.id))
+    loss_names = [
+        f"{s['name']}/loss"
+        for s in ((job.spec or {}).get("eval") or {}).get("suites") or []
+        if s.get("type") == "loss"
+    ]
     out = []
     for ckpt in runs.list_checkpoints(run_dir):
         step = ckpt.step
         at = next((p for p in points if p.step == step), None)
+        # A `loss` evaluation suite scored this checkpoint on a whole dataset: that is its full_valid_loss.
+        scored = scores.get(step, {})
+        full_loss = next((scored[n] for n in loss_names if n in scored), None)
         valid_loss = _at_or_before(points, step, lambda p: p.eval_loss)
         valid_acc = _at_or_before(points, step, lambda p: (p.extra or {}).get("eval_mean_token_accuracy"))
         metrics = CheckpointMetrics(
@@ -559,7 +570,9 @@ def checkpoints(
             ),
             valid_loss=valid_loss,
             valid_mean_token_accuracy=valid_acc,
-            full_valid_loss=at.eval_loss if at is not None else None,
+            full_valid_loss=full_loss
+            if full_loss is not None
+            else (at.eval_loss if at is not None else None),
             full_valid_mean_token_accuracy=(at.extra or {}).get("eval_mean_token_accuracy") if at else None,
         )
         try:

@@ -5,20 +5,22 @@ from __future__ import annotations
 from datetime import datetime
 
 from ftq.contract.schemas import UsagePage, UsageRow
-from ftq.store.exports import ExportRepository
+from ftq.store.exports import ExportRepository, side_usage_rows
+from ftq.store.models import Evaluation
 from ftq.store.repository import JobRepository
 
 
 def usage(repo: JobRepository, since: datetime | None, until: datetime | None, group_by: str) -> UsagePage:
-    """Runs that ended in [since, until), jobs' and exports', summed per owner (group_by=owner) or per
-    owner and day (the UTC day each run ended). Read through the owner filter: an owner sees their own
-    usage."""
+    """Runs that ended in [since, until), jobs', exports' and evaluations', summed per owner
+    (group_by=owner) or per owner and day (the UTC day each run ended). Read through the owner filter: an
+    owner sees their own usage."""
     sums: dict[tuple[str, str | None], list[float]] = {}
     runs = [(row, 2) for row in repo.usage_rows(since, until)]
     runs += [(row, 3) for row in ExportRepository(repo.session, repo.owner).usage_rows(since, until)]
+    runs += [(row, 4) for row in side_usage_rows(repo.session, repo.owner, Evaluation, since, until)]
     for (owner, finished, device_seconds, device), counter in runs:
         day = finished.date().isoformat() if group_by == "day" else None
-        row = sums.setdefault((owner, day), [0.0, 0.0, 0, 0])
+        row = sums.setdefault((owner, day), [0.0, 0.0, 0, 0, 0])
         row[0] += device_seconds
         row[1] += device_seconds / 3600 if device == "cuda" else 0.0
         row[counter] += 1
@@ -31,6 +33,7 @@ def usage(repo: JobRepository, since: datetime | None, until: datetime | None, g
                 gpu_hours=round(v[1], 6),
                 jobs=int(v[2]),
                 exports=int(v[3]),
+                evaluations=int(v[4]),
             )
             for (o, d), v in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
         ]

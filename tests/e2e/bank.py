@@ -14,7 +14,9 @@ The rich job (RICH_SPEC) is the tiny LoRA job on one process, 4 steps, with an e
 - tests/e2e/ui/test_samples_page.py (the job page's samples table),
 - tests/e2e/client/test_trackers.py (what MLflow, W&B and TensorBoard hold),
 - tests/e2e/exports/test_exports.py (its LoRA job: the model card, merged and adapter exports, cancel,
-  push, the CLI; exports add folders under the run's exports/ and change nothing the others read).
+  push, the CLI; exports add folders under the run's exports/ and change nothing the others read),
+- tests/e2e/evaluations/test_evaluations.py (its eval.suites: every checkpoint scored, the best one, an
+  evaluation on demand, the best checkpoint's export; evaluations add folders under evaluations/).
 
 To assert something more about a finished job, add a test that reads `rich_job` (or the session's
 `finished_job`, the shipped two-process example) rather than a training run of its own; if the job needs
@@ -40,6 +42,23 @@ ALICE, BOB = "bank-alice-token-0001", "bank-bob-token-0002"
 PROMPTS = ["one two three", "the cat <b>sat</b>"]
 SAMPLE_NEW_TOKENS = 8
 EXPERIMENT = "ftq-e2e"
+EVAL_SUITES: list[dict[str, Any]] = [
+    {
+        "name": "qa",
+        "type": "graders",
+        "dataset": "./evaluation/qa.jsonl",
+        "max_new_tokens": 4,
+        "grader": {
+            "type": "text_similarity",
+            "name": "close",
+            "input": "{{sample.output_text}}",
+            "reference": "{{item.answer}}",
+            "evaluation_metric": "fuzzy_match",
+        },
+    },
+    {"name": "bench", "type": "lm_eval", "tasks": ["tiny_mc"], "task_dir": "./evaluation/tasks"},
+]
+SELECT_METRIC = "qa/score"
 MLFLOW_PASSWORD = "op-s3cret-pw"
 MLFLOW = REPO / ".venv-mlflow" / "bin" / "mlflow"  # `make test` makes it (see the Makefile)
 
@@ -48,7 +67,15 @@ def rich_spec() -> dict[str, Any]:
     """The rich job's spec (a POST /jobs body on the bank's default roots)."""
     spec = tiny_spec(TINY_RELATIVE, name="rich", max_steps=4, eval_steps=2, save_steps=2)
     spec["dataset"]["eval_split"] = "eval"  # one file: a seeded share of its rows held out for eval
-    spec["eval"] = {"sample_prompts": PROMPTS, "sample_max_new_tokens": SAMPLE_NEW_TOKENS}
+    spec["eval"] = {
+        "sample_prompts": PROMPTS,
+        "sample_max_new_tokens": SAMPLE_NEW_TOKENS,
+        # Every checkpoint (2, 4) and final/ scored by a graders suite and a local lm-eval task
+        # (examples/evaluation), the best by the graders' score (tests/e2e/evaluations).
+        "suites": EVAL_SUITES,
+        "on": "checkpoint",
+        "select": {"metric": SELECT_METRIC, "mode": "max"},
+    }
     spec["integrations"] = {
         "wandb": {"project": "ftq-e2e", "tags": ["tiny", "e2e"]},
         "mlflow": {"experiment": EXPERIMENT},

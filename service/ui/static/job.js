@@ -231,16 +231,31 @@ because a step's eval_loss can be stored after its train loss (they share a row)
   // The run's outputs: its checkpoints (GET /jobs/{id}/checkpoints), each with its full path.
   // Samples of model output and exported artifacts are not served by the API yet; when they are, they
   // are listed here, in #samples.
+  // With evaluation suites, each row carries its metrics and the best one (eval.select) is marked; a
+  // finished job is read again until every checkpoint is scored.
   async function showOutputs(job) {
+    const suites = ((job.spec || {}).eval || {}).suites || [];
+    const running = !FTQ.TERMINAL.includes(job.status) || (suites.length > 0 && state.outputsUnscored !== false);
+    if (state.outputsRead.status === job.status && (!running || Date.now() - state.outputsRead.at < OUTPUTS_MS)) return;
+    const list = await FTQ.api(`/jobs/${enc}/checkpoints`);
+    state.outputsRead.status = job.status;
+    state.outputsRead.at = Date.now();
     const box = document.getElementById("outputs");
-    const list = await readCard(box, state.outputsRead, `/jobs/${enc}/checkpoints`, job,
-      ["no checkpoint saved yet", "this run saved no checkpoint"]);
-    if (!list) return;
-    const rows = list.data.map((c) => h("tr", { dataset: { step: c.step } },
+    if (!list.data.length) {
+      box.replaceChildren(h("p", { class: "muted" }, running ? "no checkpoint saved yet" : "this run saved no checkpoint"));
+      return;
+    }
+    const names = [...new Set(list.data.flatMap((c) => Object.keys(c.metrics || {})))].sort();
+    state.outputsUnscored = suites.length > 0 && list.data.some((c) => !Object.keys(c.metrics || {}).length);
+    const head = h("tr", {}, h("th", {}, "checkpoint"), h("th", {}, "path"), h("th", {}, "resume"),
+      ...names.map((n) => h("th", { class: "num metric" }, n)), ...(suites.length ? [h("th", {}, "best")] : []));
+    const rows = list.data.map((c) => h("tr", { dataset: { step: c.step }, class: c.best ? "best" : "" },
       h("td", { class: "num" }, `step ${c.step}`),
       h("td", {}, h("code", { title: c.path }, c.path)),
-      h("td", {}, c.resumable ? "resumable" : h("span", { class: "muted" }, "not resumable"))));
-    box.replaceChildren(h("table", { class: "outputs", id: "checkpoints" }, ...rows));
+      h("td", {}, c.resumable ? "resumable" : h("span", { class: "muted" }, "not resumable")),
+      ...names.map((n) => h("td", { class: "num metric" }, c.metrics && n in c.metrics ? FTQ.num(c.metrics[n], 4) : "–")),
+      ...(suites.length ? [h("td", { class: "best-mark" }, c.best ? "★ best" : "")] : [])));
+    box.replaceChildren(h("table", { class: "outputs", id: "checkpoints" }, h("thead", {}, head), h("tbody", {}, ...rows)));
   }
 
   // The job's exports (GET /jobs/{id}/exports): status, kind, dtype and folder; read on every poll while

@@ -1,5 +1,6 @@
 /* ftq dashboard, `/`: the jobs table, refreshed by polling GET /jobs, and the runs ticked in it
-compared on one train-loss chart (their ids kept in ?compare=, so the view can be shared or reopened). */
+compared on one chart (their ids kept in ?compare=, so the view can be shared or reopened): the train
+loss, or a metric their evaluations scored at each checkpoint (?metric=, from GET /jobs/{id}/checkpoints). */
 "use strict";
 
 (() => {
@@ -16,6 +17,42 @@ compared on one train-loss chart (their ids kept in ?compare=, so the view can b
   const runs = new Map(); // job id -> {job, points: [[step, loss]], lastStep, complete}
   const colours = new Map(); // job id -> colour, kept while the job stays selected
   let compareDirty = true;
+  const metricPick = document.getElementById("compare-metric");
+  let metric = url0.get("metric") || "";
+  const scored = new Map(); // job id -> {at: ms read, rows: [{step, metrics, best}]}
+  metricPick.addEventListener("change", () => {
+    metric = metricPick.value;
+    const url = new URL(window.location.href);
+    if (metric) url.searchParams.set("metric", metric);
+    else url.searchParams.delete("metric");
+    history.replaceState(null, "", url.pathname + url.search);
+    drawCompare();
+  });
+
+  // Each selected run's scored checkpoints, read again every 10 s while the run may still be scored.
+  async function refreshScores() {
+    let changed = false;
+    for (const id of selected) {
+      const had = scored.get(id);
+      if (had && Date.now() - had.at < 10000) continue;
+      try {
+        const list = await FTQ.api(`/jobs/${encodeURIComponent(id)}/checkpoints`);
+        scored.set(id, { at: Date.now(), rows: list.data });
+        changed = true;
+      } catch (e) {
+        if (!(e instanceof FTQ.ApiError && e.status === 404)) throw e;
+      }
+    }
+    const names = new Set(metric ? [metric] : []);
+    for (const id of selected) for (const r of (scored.get(id) || { rows: [] }).rows) Object.keys(r.metrics || {}).forEach((n) => names.add(n));
+    const want = ["", ...[...names].sort()];
+    const have = [...metricPick.options].map((o) => o.value);
+    if (want.join("\n") !== have.join("\n")) {
+      metricPick.replaceChildren(...want.map((n) => h("option", { value: n }, n || "train loss")));
+    }
+    metricPick.value = metric;
+    if (changed) compareDirty = true;
+  }
 
   function colourFor(id) {
     if (!colours.has(id)) {
@@ -158,6 +195,7 @@ compared on one train-loss chart (their ids kept in ?compare=, so the view can b
         after = page.next_after_step;
       }
     }
+    await refreshScores();
     if (compareDirty) drawCompare();
   }
 
@@ -171,16 +209,20 @@ compared on one train-loss chart (their ids kept in ?compare=, so the view can b
     for (const id of selected) {
       const run = runs.get(id);
       if (!run || !run.job) continue;
-      const points = [...run.points.entries()].sort((a, b) => a[0] - b[0]);
+      const points = metric
+        ? ((scored.get(id) || { rows: [] }).rows).filter((r) => r.metrics && metric in r.metrics).map((r) => [r.step, r.metrics[metric]])
+        : [...run.points.entries()].sort((a, b) => a[0] - b[0]);
       const colour = colourFor(id);
       // Runs of one spec share a name: the label adds the id's end, the hover text has the full id.
       const base = { name: `${run.job.name} ·${id.slice(-6)}`, title: `${run.job.name} (${id}, ${run.job.status})`, color: colour };
       if (smoothing > 0) series.push({ ...base, key: `${id}-raw`, points, faint: true });
       series.push({ ...base, key: id, points: Charts.ema(points, smoothing) });
     }
+    document.getElementById("compare-title").textContent = metric || "Train loss";
     document.getElementById("compare-what").textContent =
       `${selected.length} run${selected.length === 1 ? "" : "s"}, by step${smoothing > 0 ? `, smoothed ${smoothing.toFixed(2)}` : ""}`;
-    Charts.render(document.getElementById("chart-compare"), { series, yScale, emptyText: "no loss points yet" });
+    const emptyText = metric ? `no checkpoint scored ${metric} yet` : "no loss points yet";
+    Charts.render(document.getElementById("chart-compare"), { series, yScale, emptyText });
   }
 
   FTQ.every(REFRESH_MS, refresh);

@@ -97,6 +97,33 @@ def test_train_py_command_line_under_fsdp2_on_two_cpu_processes(tiny_dir: Path, 
     lora_b = [v for k, v in model.state_dict().items() if "lora_B" in k]
     assert len(lora_b) == 8 and all(float(t.abs().sum()) > 0 for t in lora_b)  # trained, not the zero init
 
+    # Evaluations (trainer.evaluate) read the sharded checkpoints in one process: checkpoint-40 holds the
+    # weights final/ holds, so it scores the same loss; checkpoint-20 is another model than the base.
+    from trainer.evaluate import EvaluationArgs, evaluate
+
+    spec = {
+        "model": {"name_or_path": str(tiny_dir / "model")},
+        "training": {"max_steps": 40},
+        "dataset": {"name_or_path": str(tiny_dir / "data" / "train.jsonl")},
+        "lora": {
+            "r": 8,
+            "alpha": 16,
+            "dropout": 0.0,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        },
+        "eval": {
+            "suites": [{"name": "held", "type": "loss", "dataset": str(tiny_dir / "data" / "eval.jsonl")}]
+        },
+    }
+    write_spec(out / "spec.json", spec)
+
+    def held_loss(step: int | None) -> float:
+        args = EvaluationArgs(f"e{step}", "j", out, out / "evaluations" / f"e{step}", step=step)
+        return float(evaluate(args)["metrics"]["held/loss"])
+
+    at_40, at_final, at_20 = held_loss(40), held_loss(None), held_loss(20)
+    assert at_40 == pytest.approx(at_final, rel=1e-5) and at_20 != pytest.approx(at_40, rel=1e-5)
+
 
 def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
     tiny_dir: Path, tmp_path: Path

@@ -99,3 +99,24 @@ def test_a_file_that_is_gone_foreign_or_not_ready_fails_the_launch(
     files.file_path(settings.data_path, "alice", pending).unlink()
     with pytest.raises(FileUnavailable, match="missing"):
         spec_for_run(_spec(pending), "alice", tmp_path)
+
+
+def test_an_evaluation_suites_upload_becomes_the_runs_copy(settings: Settings, tmp_path: Path) -> None:
+    """eval.suites[i].file_id: the run's own copy, named by the suite's `dataset`; another owner's is
+    refused."""
+    qa = _upload(settings, "alice", [json.dumps({"prompt": "a b", "completion": " c", "answer": "c"})])
+    validate(qa)
+    spec = {
+        "dataset": {"name_or_path": "/x.jsonl"},
+        "eval": {"suites": [{"name": "qa", "type": "graders", "file_id": qa}]},
+    }
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    out = spec_for_run(spec, "alice", run_dir)
+    suite = out["eval"]["suites"][0]
+    assert "file_id" not in suite and suite["dataset"] == str(run_dir / "dataset" / "suite-qa.jsonl")
+    assert (
+        Path(suite["dataset"]).read_bytes() == files.file_path(settings.data_path, "alice", qa).read_bytes()
+    )
+    with pytest.raises(FileUnavailable, match=r"eval\.suites\.0\.file_id: .* deleted"):
+        spec_for_run(spec, "bob", run_dir)

@@ -75,7 +75,15 @@ def test_queue_usage_and_estimate_vs_actual(
 
     usage = client.get("/usage", headers=_auth(ALICE)).json()["data"]
     assert usage == [
-        {"owner": "alice", "day": None, "device_seconds": 90.0, "gpu_hours": 0.0, "jobs": 1, "exports": 0}
+        {
+            "owner": "alice",
+            "day": None,
+            "device_seconds": 90.0,
+            "gpu_hours": 0.0,
+            "jobs": 1,
+            "exports": 0,
+            "evaluations": 0,
+        }
     ]
     usage = client.get("/usage", params={"group_by": "day"}, headers=_auth(BOB)).json()["data"]
     assert [(u["owner"], u["jobs"], u["device_seconds"]) for u in usage] == [("bob", 1, 30.0)]

@@ -1,0 +1,384 @@
+"""Evaluate one saved checkpoint of a job with the spec's suites (`eval.suites`), as a run of its own.
+
+The worker launches it as one process (launch.sh locally, job.sbatch on SLURM) in the evaluation's own
+folder of the run directory, from the request it wrote there:
+
+    python -m trainer.evaluate --request RUN_DIR/evaluations/<evaluation id>/evaluation.json
+
+It loads the checkpoint (`checkpoints/checkpoint-<step>/` or `final/`) in one process: a LoRA adapter on
+its base model (the common case: every checkpoint of a LoRA job holds its adapter), whole weights, or
+the shards FSDP (torch.distributed.checkpoint) and DeepSpeed ZeRO wrote, consolidated in memory. Then each
+suite runs and `results.json` is written beside the request:
+`{"checkpoint": "final" | "<step>", "step", "metrics": {name: value}, "suites": {name: details}}`.
+
+Why a run of its own rather than inside training: it works the same whatever sharded the training
+(no sharded generate under FSDP or ZeRO-3), it never holds up the ranks' collectives (a rank that
+generates while the others wait times NCCL out), and the scheduler places it like any run, under the
+same quotas. Errors a user can act on end as one `ftq-error: <code>: <message>` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftq.contract import runs
+from ftq.contract.errors import ErrorCode
+from ftq.contract.evaluation import RESULTS, GradersSuite, LmEvalSuite, LossSuite
+from ftq.contract.spec import JobSpec
+
+from .errors import DatasetError, FtqError, ModelError, report_and_exit
+
+log = logging.getLogger("trainer.evaluate")
+
+
+class SuiteGraderError(FtqError):
+    code: ErrorCode = ErrorCode.grader_error
+
+
+@dataclass(frozen=True)
+class EvaluationArgs:
+    """evaluation.json, written by the worker (paths the server chose, never a client)."""
+
+    evaluation_id: str
+    job_id: str
+    run_dir: Path
+    out_dir: Path
+    step: int | None  # None: final/
+    suites: list[str] = field(default_factory=list)  # the spec's suites to run; empty: all of them
+    trust_remote_code: bool = False
+
+    @classmethod
+    def read(cls, path: Path) -> EvaluationArgs:
+        d = json.loads(path.read_text())
+        return cls(
+            evaluation_id=str(d["evaluation_id"]),
+            job_id=str(d["job_id"]),
+            run_dir=Path(d["run_dir"]),
+            out_dir=Path(d["out_dir"]),
+            step=None if d.get("step") is None else int(d["step"]),
+            suites=[str(s) for s in d.get("suites") or []],
+            trust_remote_code=bool(d.get("trust_remote_code", False)),
+        )
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        if self.step is None:
+            return self.run_dir / runs.FINAL
+        return self.run_dir / runs.CHECKPOINTS / f"{runs.CHECKPOINT_PREFIX}{self.step}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--request", type=Path, required=True, help="the evaluation.json the worker wrote")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = EvaluationArgs.read(parse_args(argv).request)
+    try:
+        evaluate(args)
+    except FtqError as err:
+        report_and_exit(err)
+
+
+def evaluate(args: EvaluationArgs) -> dict[str, Any]:
+    try:
+        spec = JobSpec.model_validate_json((args.run_dir / runs.SPEC).read_text())
+    except (OSError, ValueError) as err:
+        raise ModelError(f"the job's {runs.SPEC} cannot be read: {err}") from err
+    if not args.trust_remote_code and spec.model.trust_remote_code:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
+    suites = [s for s in spec.eval.suites if not args.suites or s.name in args.suites]
+    folder = args.checkpoint_dir
+    if not folder.is_dir():
+        raise ModelError(f"{folder.relative_to(args.run_dir)} is not there (rotated away, or never saved)")
+    model, tokenizer = load_checkpoint(spec, folder)
+    metrics: dict[str, float] = {}
+    details: dict[str, Any] = {}
+    for suite in suites:
+        log.info("suite %s (%s) on %s", suite.name, suite.type, folder.name)
+        if isinstance(suite, GradersSuite):
+            found, detail = run_graders(suite, model, tokenizer)
+        elif isinstance(suite, LmEvalSuite):
+            found, detail = run_lm_eval(suite, model, tokenizer)
+        else:
+            found, detail = run_loss(suite, model, tokenizer)
+        metrics.update(found)
+        details[suite.name] = detail
+    out = {
+        "evaluation_id": args.evaluation_id,
+        "checkpoint": "final" if args.step is None else str(args.step),
+        "step": args.step,
+        "metrics": metrics,
+        "suites": details,
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = args.out_dir / f".{RESULTS}.tmp"
+    tmp.write_text(json.dumps(out, indent=2, allow_nan=False, default=str) + "\n")
+    tmp.replace(args.out_dir / RESULTS)
+    log.info("metrics of %s: %s", folder.name, metrics)
+    return out
+
+
+# Loading a checkpoint ------------------------------------------------------------------------------------
+
+
+def load_checkpoint(spec: JobSpec, folder: Path) -> tuple[Any, Any]:
+    """The model in `folder` in eval mode on this process's device, and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = spec.model
+    kwargs: dict[str, Any] = {"trust_remote_code": m.trust_remote_code, "dtype": torch.float32}
+    if spec.resources.device == "cuda" and torch.cuda.is_available():
+        kwargs["dtype"] = torch.bfloat16
+    model: Any
+    tok_source = str(folder) if (folder / "tokenizer_config.json").is_file() else m.name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_source, trust_remote_code=m.trust_remote_code)
+        if (folder / "adapter_config.json").is_file():
+            from peft import PeftModel
+
+            base = AutoModelForCausalLM.from_pretrained(m.name_or_path, revision=m.revision, **kwargs)
+            if m.adapter:  # the adapter training started from, merged under the one trained here
+                base = PeftModel.from_pretrained(base, m.adapter).merge_and_unload()
+            model = PeftModel.from_pretrained(base, str(folder))
+        elif runs.has_weights(folder):
+            model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+        else:
+            model = _from_shards(spec, folder, kwargs)
+    except (OSError, ValueError, ImportError, RuntimeError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ModelError(f"cannot load {folder.name}: {first}") from err
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    device = "cuda" if spec.resources.device == "cuda" and torch.cuda.is_available() else "cpu"
+    model.to(device).eval()
+    model.config.use_cache = True
+    return model, tokenizer
+
+
+def _from_shards(spec: JobSpec, folder: Path, kwargs: dict[str, Any]) -> Any:
+    """A checkpoint of sharded states (FSDP's torch.distributed.checkpoint, DeepSpeed ZeRO's partitions)
+    gathered into one state dict in this process, and loaded into the model (with a fresh LoRA
+    wrapper for a LoRA job's full PEFT state)."""
+    from transformers import AutoModelForCausalLM
+
+    layout = runs.checkpoint_layout(folder)
+    if layout.kind == "fsdp":
+        from accelerate.utils import merge_fsdp_weights
+
+        shard_dir = next(p for p in sorted(folder.glob("pytorch_model_fsdp*")) if p.is_dir())
+        with tempfile.TemporaryDirectory() as tmp:
+            merge_fsdp_weights(str(shard_dir), tmp, safe_serialization=True)
+            from safetensors.torch import load_file
+
+            state = load_file(str(Path(tmp) / "model.safetensors"))
+    elif layout.kind == "deepspeed":
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(folder))
+    else:
+        raise ModelError(f"{folder.name} holds no weights this evaluation can load")
+    m = spec.model
+    model = AutoModelForCausalLM.from_pretrained(m.name_or_path, revision=m.revision, **kwargs)
+    state = _strip_wrappers(state)
+    if spec.lora is not None:
+        from peft import get_peft_model, set_peft_model_state_dict
+
+        from .model import lora_config
+
+        model = get_peft_model(model, lora_config(spec.lora))
+        # FSDP's checkpoint of a PEFT model holds the adapter's tensors alone, named as
+        # get_peft_model_state_dict names them (no adapter name): peft's own loader maps them.
+        # (ZeRO's gathered state names the adapter, `lora_A.default.weight`: the same tensors.)
+        adapter = {k.replace(".default.", "."): v for k, v in state.items() if "lora_" in k}
+        if not adapter:
+            raise ModelError(f"{folder.name}: the consolidated state holds no LoRA tensors")
+        result = set_peft_model_state_dict(model, adapter)
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unexpected:
+            raise ModelError(f"{folder.name}: {len(unexpected)} LoRA tensors match no module of the model")
+        return model
+    missing, _unexpected = model.load_state_dict(state, strict=False)
+    if missing:
+        raise ModelError(f"{folder.name}: the consolidated weights lack {len(missing)} tensors")
+    return model
+
+
+def _strip_wrappers(state: dict[str, Any]) -> dict[str, Any]:
+    from .train import WRAPPERS
+
+    out = {}
+    for k, v in state.items():
+        for w in WRAPPERS:
+            k = k.replace(f"{w}.", "")
+        out[k] = v
+    return out
+
+
+# The suites --------------------------------------------------------------------------------------------
+
+
+def _rows(path: str | None, limit: int | None) -> list[dict[str, Any]]:
+    if path is None:  # an upload (file_id) the worker did not turn into the run's copy
+        raise DatasetError("the suite names no dataset file")
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise DatasetError(f"{path} line {n}: a row must be a JSON object")
+                rows.append(row)
+                if limit is not None and len(rows) >= limit:
+                    break
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"cannot read {path}: {err}") from err
+    if not rows:
+        raise DatasetError(f"{path} has no rows")
+    return rows
+
+
+def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def run_graders(suite: GradersSuite, model: Any, tokenizer: Any) -> tuple[dict[str, float], dict[str, Any]]:
+    """Greedy completions of the prompts, each scored by the grader (python graders sandboxed)."""
+    import torch
+
+    from ftq.grading.errors import GraderError
+    from ftq.grading.sandbox import Limits
+    from ftq.grading.score import sample_dict, score
+
+    rows = _rows(suite.dataset, suite.limit)
+    rewards: list[float] = []
+    subs: dict[str, list[float]] = {}
+    examples = []
+    for n, row in enumerate(rows):
+        prompt = row.get(suite.prompt_field)
+        if not isinstance(prompt, str):
+            raise DatasetError(f"{suite.dataset} row {n + 1} has no text field {suite.prompt_field!r}")
+        ids = torch.tensor([_prompt_ids(tokenizer, prompt)], device=model.device)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=suite.max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        completion = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        try:
+            result = score(suite.grader, sample_dict(completion), row, Limits())
+        except GraderError as err:
+            raise SuiteGraderError(f"suite {suite.name}: {err}") from err
+        rewards.append(float(result.reward))
+        for name, value in (result.sub_rewards or {}).items():
+            subs.setdefault(name, []).append(float(value))
+        if n < 8:
+            examples.append({"prompt": prompt, "completion": completion, "reward": result.reward})
+    metrics = {f"{suite.name}/score": sum(rewards) / len(rewards)}
+    for name, values in subs.items():
+        metrics[f"{suite.name}/{name}"] = sum(values) / len(values)
+    return metrics, {"rows": len(rows), "examples": examples}
+
+
+@contextmanager
+def _in_dir(folder: str | None) -> Any:
+    """lm-eval resolves a task's relative `data_files` from the working directory: the task folder's."""
+    if folder is None:
+        yield
+        return
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def run_lm_eval(suite: LmEvalSuite, model: Any, tokenizer: Any) -> tuple[dict[str, float], dict[str, Any]]:
+    """lm-evaluation-harness on the loaded model (its HF wrapper), offline: a task's data must be local
+    or already in the datasets cache."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+    except ImportError as err:
+        raise ModelError(
+            f"suite {suite.name}: lm-evaluation-harness is not installed on this machine "
+            "(pip install 'ftq[eval]')"
+        ) from err
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=suite.batch_size, device=str(model.device))
+    manager = TaskManager(include_path=suite.task_dir) if suite.task_dir else TaskManager()
+    with _in_dir(suite.task_dir):
+        try:
+            out = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=list(suite.tasks),
+                task_manager=manager,
+                num_fewshot=suite.num_fewshot,
+                limit=suite.limit,
+                log_samples=False,
+            )
+        except (KeyError, ValueError, FileNotFoundError) as err:
+            raise DatasetError(f"suite {suite.name}: lm-eval: {err}") from err
+    metrics: dict[str, float] = {}
+    for task, values in (out or {}).get("results", {}).items():
+        for key, value in values.items():
+            if "_stderr" in key or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            name, _, flt = key.partition(",")
+            label = name if flt in ("", "none") else f"{name},{flt}"
+            if math.isfinite(float(value)):
+                metrics[f"{suite.name}/{task}/{label}"] = float(value)
+    return metrics, {"tasks": list(suite.tasks), "versions": (out or {}).get("versions", {})}
+
+
+def run_loss(suite: LossSuite, model: Any, tokenizer: Any) -> tuple[dict[str, float], dict[str, Any]]:
+    """The mean token loss over the rows' texts (each cut to max_seq_len tokens)."""
+    import torch
+
+    rows = _rows(suite.dataset, suite.limit)
+    total, tokens = 0.0, 0
+    for n, row in enumerate(rows):
+        text = row.get(suite.text_field)
+        if not isinstance(text, str):
+            raise DatasetError(f"{suite.dataset} row {n + 1} has no text field {suite.text_field!r}")
+        ids = tokenizer(text, truncation=True, max_length=suite.max_seq_len, return_tensors="pt")["input_ids"]
+        if ids.shape[1] < 2:
+            continue
+        ids = ids.to(model.device)
+        with torch.no_grad():
+            loss = model(input_ids=ids, labels=ids).loss
+        total += float(loss) * (ids.shape[1] - 1)
+        tokens += ids.shape[1] - 1
+    if tokens == 0:
+        raise DatasetError(f"{suite.dataset}: no row has two tokens to score")
+    return {f"{suite.name}/loss": total / tokens}, {"rows": len(rows), "tokens": tokens}
+
+
+if __name__ == "__main__":
+    main()
