@@ -39,7 +39,7 @@ from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
-from .memory import peak_rss
+from .memory import peak_rss, return_freed_blocks_to_os
 from .model import (
     check_model_path,
     check_target_modules,
@@ -72,6 +72,8 @@ def run(args: TrainerArgs) -> None:
     is a change to that parser too."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
+    # Before the first large tensor: a rank's freed loading and all-gather buffers leave its memory.
+    return_freed_blocks_to_os()
     configure_logging()
     _quiet_progress_bars(heavy=False)
     stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
