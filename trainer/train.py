@@ -935,7 +935,14 @@ def engage_sharding_on_cpu(strategy: str, config: Any) -> bool:
         # FSDP1 checks that the `device_id` accelerate passes (the state's device, `cpu:0`) is the
         # compute device it derives for CPU modules, `cpu`; the same memory either way.
         acc_state.device = PartialState().device = torch.device("cpu")
-    log.info("CPU launch: engaged %s in accelerate's state (accelerate alone would run DDP)", strategy)
+    precision = ""
+    if kind == DistributedType.FSDP:
+        # What FSDP's mixed-precision policy gathers the parameters in for compute (None: their own dtype).
+        dtype = getattr(acc_state.fsdp_plugin.mixed_precision_policy, "param_dtype", None)
+        precision = f"; FSDP computes in {str(dtype).removeprefix('torch.') if dtype else 'the load dtype'}"
+    log.info(
+        "CPU launch: engaged %s in accelerate's state (accelerate alone would run DDP)%s", strategy, precision
+    )
     return True
 
 

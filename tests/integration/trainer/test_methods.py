@@ -156,6 +156,7 @@ def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
     out, log = launch(spec, tmp_path)
     assert "method dpo (trl.DPOTrainer) on openai_preference data" in log
     assert "engaged fsdp" in log  # FSDP really ran, not accelerate's DDP fallback on CPU
+    assert "FSDP computes in bfloat16" in log
     assert "no second copy loaded" in log
     pts = train_points(out)
     assert [p["step"] for p in pts] == [1, 2, 3] and all(math.isfinite(p["loss"]) for p in pts)

@@ -89,6 +89,7 @@ def test_train_py_command_line_under_fsdp2_on_two_cpu_processes_then_resume_on_o
     proc = launch_trainer(ACCELERATE_FSDP2_CPU, tmp_path, train_py_argv(tiny_dir, out))
     assert proc.returncode == 0, explain(proc)
     assert "engaged fsdp" in proc.stderr  # FSDP2 really ran, not accelerate's silent DDP fallback on CPU
+    assert "FSDP computes in bfloat16" in proc.stderr  # its mixed-precision policy, from the plugin
 
     pts = train_points(out)
     assert [p["step"] for p in pts] == list(range(1, 41))
