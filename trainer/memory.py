@@ -64,3 +64,32 @@ def peak_rss(phase: str) -> Iterator[None]:
         before // 1024,
         after // 1024,
     )
+
+
+# glibc's mallopt parameter number for the mmap threshold (malloc.h).
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 20
+
+
+def return_freed_blocks_to_os(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Serve every allocation of `threshold` bytes or more with its own mmap, so that freeing it gives the
+    memory back to the kernel at once; True when set.
+
+    glibc's default threshold moves: each freed mmapped block up to 32 MiB raises it to that block's size,
+    so from then on such blocks come from the heap, and a heap only shrinks from its top. FSDP's loading
+    (a full tensor received per parameter, then only its shard kept) and each step's all-gathers free
+    blocks of 1-32 MiB between ones that live on: measured on a 532M model, two CPU ranks, that kept
+    0.6 GiB of freed memory resident on rank 1, above rank 0. A fixed threshold also ends the moving.
+    An operator's own MALLOC_MMAP_THRESHOLD_ wins; no-op off glibc.
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))

@@ -39,7 +39,7 @@ from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
-from .memory import peak_rss
+from .memory import peak_rss, return_freed_blocks_to_os
 from .model import (
     check_model_path,
     check_target_modules,
@@ -72,6 +72,8 @@ def run(args: TrainerArgs) -> None:
     is a change to that parser too."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
+    # Before the first large tensor: a rank's freed loading and all-gather buffers leave its memory.
+    return_freed_blocks_to_os()
     configure_logging()
     _quiet_progress_bars(heavy=False)
     stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
@@ -942,7 +944,14 @@ def engage_sharding_on_cpu(strategy: str, config: Any) -> bool:
         # FSDP1 checks that the `device_id` accelerate passes (the state's device, `cpu:0`) is the
         # compute device it derives for CPU modules, `cpu`; the same memory either way.
         acc_state.device = PartialState().device = torch.device("cpu")
-    log.info("CPU launch: engaged %s in accelerate's state (accelerate alone would run DDP)", strategy)
+    precision = ""
+    if kind == DistributedType.FSDP:
+        # What FSDP's mixed-precision policy gathers the parameters in for compute (None: their own dtype).
+        dtype = getattr(acc_state.fsdp_plugin.mixed_precision_policy, "param_dtype", None)
+        precision = f"; FSDP computes in {str(dtype).removeprefix('torch.') if dtype else 'the load dtype'}"
+    log.info(
+        "CPU launch: engaged %s in accelerate's state (accelerate alone would run DDP)%s", strategy, precision
+    )
     return True
 
 

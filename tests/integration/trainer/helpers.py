@@ -38,8 +38,9 @@ rdzv_backend: static
 same_network: true
 """
 
+# In bf16: FSDP2's mixed-precision policy on the CPU (torch's CPU kernels compute in bf16).
 ACCELERATE_FSDP2_CPU = (
-    _TWO_CPU_PROCESSES
+    _TWO_CPU_PROCESSES.replace("mixed_precision: 'no'", "mixed_precision: bf16")
     + """\
 distributed_type: FSDP
 fsdp_config:
@@ -53,8 +54,12 @@ fsdp_config:
 """
 )
 
+# The same on one process: a resume of a two-process FSDP2 checkpoint onto another world size.
+ACCELERATE_FSDP2_ONE_CPU = ACCELERATE_FSDP2_CPU.replace("num_processes: 2", "num_processes: 1")
+
+# ZeRO-3 in bf16, as the Falcon job trains.
 ACCELERATE_ZERO3_CPU = (
-    _TWO_CPU_PROCESSES
+    _TWO_CPU_PROCESSES.replace("mixed_precision: 'no'", "mixed_precision: bf16")
     + """\
 distributed_type: DEEPSPEED
 deepspeed_config:
@@ -115,7 +120,7 @@ def launch_trainer(
     args: list[str],
     timeout: int = 600,
 ) -> subprocess.CompletedProcess[str]:
-    """`accelerate launch --config_file CFG -m trainer ARGS` with two CPU processes."""
+    """`accelerate launch --config_file CFG -m trainer ARGS` (two CPU processes in the configs here)."""
     cfg = workdir / "accelerate_config.yaml"
     cfg.write_text(config_yaml)
     cmd = [

@@ -7,6 +7,7 @@ processes (sharding is their point)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -170,14 +171,18 @@ def openai_preference(tiny_dir: Path, out: Path) -> Path:
 
 def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
     # On a file in OpenAI's preference format (format: auto finds it), read as conversational pairs.
-    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", strategy="fsdp", max_steps=3)
+    # In bf16: FSDP2's mixed-precision policy (float32 shards, bf16 compute) on two processes.
+    spec = method_spec(
+        tiny_dir, "dpo", "preference/train.jsonl", strategy="fsdp", max_steps=3, mixed_precision="bf16"
+    )
     spec["dataset"]["name_or_path"] = str(openai_preference(tiny_dir, tmp_path / "openai_preference.jsonl"))
     out, log = launch(spec, tmp_path)
     assert "method dpo (trl.DPOTrainer) on openai_preference data" in log
     assert "engaged fsdp" in log  # FSDP really ran, not accelerate's DDP fallback on CPU
+    assert "FSDP computes in bfloat16" in log
     assert "no second copy loaded" in log
     pts = train_points(out)
-    assert [p["step"] for p in pts] == [1, 2, 3]
+    assert [p["step"] for p in pts] == [1, 2, 3] and all(math.isfinite(p["loss"]) for p in pts)
     assert all(name in pts[-1]["extra"] for name in DPO_METRICS)
     assert (out / "final" / "adapter_model.safetensors").is_file()
 
@@ -187,11 +192,15 @@ def test_dpo_with_lora_under_zero3_saves_the_whole_adapter(tiny_dir: Path, tmp_p
     # off, and the final adapter is gathered from the shards, not saved as ZeRO-3's empty placeholders.
     from safetensors.torch import load_file
 
-    spec = method_spec(tiny_dir, "dpo", "preference/train.jsonl", strategy="zero3", max_steps=3)
+    # In bf16, as the Falcon job trains: DeepSpeed's bf16 path (bf16 weights, float32 optimizer state).
+    spec = method_spec(
+        tiny_dir, "dpo", "preference/train.jsonl", strategy="zero3", max_steps=3, mixed_precision="bf16"
+    )
     out, log = launch(spec, tmp_path)
     assert "engaged deepspeed" in log and "no second copy loaded" in log
+    assert "dtype torch.bfloat16" in log  # the model line: loaded in the half dtype DeepSpeed trains in
     pts = train_points(out)
-    assert [p["step"] for p in pts] == [1, 2, 3]
+    assert [p["step"] for p in pts] == [1, 2, 3] and all(math.isfinite(p["loss"]) for p in pts)
     assert all(name in pts[-1]["extra"] for name in DPO_METRICS)
     adapter = load_file(out / "final" / "adapter_model.safetensors")
     assert adapter and all(t.numel() > 0 and 8 in t.shape for t in adapter.values())
@@ -204,7 +213,6 @@ def test_full_dpo_under_fsdp_and_zero3_shards_a_reference_equal_to_the_start(
     # Full fine-tuning: the reference is a second copy of the model, sharded like the policy. DPO's
     # first loss is ln 2 only when that copy equals the starting policy, and both shardings of the same
     # run must train alike.
-    import math
 
     from safetensors.torch import load_file
 

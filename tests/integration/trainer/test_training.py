@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration.trainer.helpers import (
     ACCELERATE_FSDP2_CPU,
+    ACCELERATE_FSDP2_ONE_CPU,
     ACCELERATE_ZERO3_CPU,
     explain,
     launch_spec,
@@ -23,6 +24,9 @@ from tests.integration.trainer.helpers import (
 )
 
 pytestmark = pytest.mark.slow
+
+# Two computations of one loss in bf16 (other kernels, another order of sums) agree to about this.
+TOL_BF16 = 2e-3
 
 
 def lr_at(step: int, base: float, total: int, warmup_ratio: float, kind: str) -> float:
@@ -61,22 +65,31 @@ def load_and_generate(model_dir: Path, base: Path | None = None) -> tuple[Any, A
     return model, tok, tok.decode(out[0])
 
 
-def test_train_py_command_line_under_fsdp2_on_two_cpu_processes(tiny_dir: Path, tmp_path: Path) -> None:
-    """The acceptance check: train.py's flags, FSDP2, LoRA on attention, cosine with warmup, 40 steps."""
-    out = tmp_path / "run"
-    argv = (
+def train_py_argv(tiny_dir: Path, out: Path) -> list[str]:
+    """The acceptance job in train.py's flags: FSDP2, LoRA on attention, cosine with warmup, 40 steps in
+    bf16, a sharded checkpoint at step 20."""
+    return (
         f"--model_name {tiny_dir / 'model'} --dataset_name {tiny_dir / 'data' / 'train.jsonl'} "
         "--dataset_text_field text "
-        f"--max_seq_len 128 --max_steps 40 --logging_steps 1 --save_steps 20 --bf16 False --packing True "
+        f"--max_seq_len 128 --max_steps 40 --logging_steps 1 --save_steps 20 --bf16 True --packing True "
         f"--output_dir {out} --per_device_train_batch_size 4 --gradient_accumulation_steps 1 "
         "--use_gradient_checkpointing True --learning_rate 1e-3 --lr_scheduler_type cosine "
         "--weight_decay 0.0 "
         "--warmup_ratio 0.1 --use_flash_attn False --use_peft_lora True --lora_r 8 --lora_alpha 16 "
         "--lora_dropout 0.0 --lora_target_modules q_proj,k_proj,v_proj,o_proj --seed 42"
     ).split()
-    proc = launch_trainer(ACCELERATE_FSDP2_CPU, tmp_path, argv)
+
+
+def test_train_py_command_line_under_fsdp2_on_two_cpu_processes_then_resume_on_one(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The acceptance check, in bf16 on two processes; then its sharded checkpoint resumed by one process
+    (another world size: torch's distributed checkpoint reshards as it loads)."""
+    out = tmp_path / "run"
+    proc = launch_trainer(ACCELERATE_FSDP2_CPU, tmp_path, train_py_argv(tiny_dir, out))
     assert proc.returncode == 0, explain(proc)
     assert "engaged fsdp" in proc.stderr  # FSDP2 really ran, not accelerate's silent DDP fallback on CPU
+    assert "FSDP computes in bfloat16" in proc.stderr  # its mixed-precision policy, from the plugin
 
     pts = train_points(out)
     assert [p["step"] for p in pts] == list(range(1, 41))
@@ -124,8 +137,30 @@ def test_train_py_command_line_under_fsdp2_on_two_cpu_processes(tiny_dir: Path, 
     at_40, at_final, at_20 = held_loss(40), held_loss(None), held_loss(20)
     assert at_40 == pytest.approx(at_final, rel=1e-5) and at_20 != pytest.approx(at_40, rel=1e-5)
 
+    # One process goes on from checkpoint-20 to step 40 (each of its steps sees half the rows).
+    (tmp_path / "one").mkdir()
+    again = tmp_path / "one" / "run"
+    ckpt = out / "checkpoints" / "checkpoint-20"
+    argv = [*train_py_argv(tiny_dir, again), "--resume_from_checkpoint", str(ckpt)]
+    proc = launch_trainer(ACCELERATE_FSDP2_ONE_CPU, tmp_path / "one", argv)
+    assert proc.returncode == 0, explain(proc)
+    assert "engaged fsdp" in proc.stderr and f"resuming from {ckpt}" in proc.stderr
+    resumed = train_points(again)
+    assert [p["step"] for p in resumed] == list(range(21, 41))
+    for p in resumed:  # the schedule went on where it stopped
+        assert p["learning_rate"] == pytest.approx(
+            lr_at(p["step"], 1e-3, 40, 0.1, "cosine"), rel=1e-6, abs=1e-12
+        )
+    # It trained on from the checkpoint's adapter, not from the start: its losses are those of the
+    # two-process run's second half (other batches, so close, not equal), below where that run began.
+    again_mean = sum(p["loss"] for p in resumed) / 20
+    second_half = sum(p["loss"] for p in pts[20:]) / 20
+    assert all(math.isfinite(p["loss"]) for p in resumed)
+    assert again_mean == pytest.approx(second_half, rel=0.1), (again_mean, second_half)
+    assert again_mean < first * 0.95, (again_mean, first)
 
-def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
+
+def test_zero3_full_finetune_in_bf16_saves_a_model_that_reloads_with_the_same_loss_and_resumes(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
@@ -142,7 +177,7 @@ def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
             "save_steps": 2,
             "packing": False,
             "gradient_checkpointing": True,
-            "mixed_precision": "no",
+            "mixed_precision": "bf16",  # DeepSpeed's bf16 path: bf16 weights, float32 master and state
             "seed": 3,
         },
         "distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
@@ -150,7 +185,7 @@ def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
     }
     proc = launch_spec(spec, tmp_path, ACCELERATE_ZERO3_CPU)
     assert proc.returncode == 0, explain(proc)
-    assert "engaged deepspeed" in proc.stderr
+    assert "engaged deepspeed" in proc.stderr and "dtype torch.bfloat16" in proc.stderr
     assert list((out / "checkpoints" / "checkpoint-2").glob("global_step2/zero_pp_rank_*_model_states.pt"))
 
     evals = [p for p in points(out) if p["eval_loss"] is not None]
@@ -162,11 +197,26 @@ def test_zero3_full_finetune_saves_a_model_that_reloads_with_the_same_loss(
 
     rows = [json.loads(line)["text"] for line in (tiny_dir / "data" / "eval.jsonl").read_text().splitlines()]
     losses = []
+    assert model.dtype == torch.bfloat16  # training.save_dtype: bf16 when training in bf16
     with torch.no_grad():
         for text in rows:  # as TRL prepared them: EOS appended, cut at max_seq_len, one row per batch
             ids = torch.tensor([(tok(text)["input_ids"] + [tok.eos_token_id])[:128]])
             losses.append(model(input_ids=ids, labels=ids).loss.item())
-    assert sum(losses) / len(losses) == pytest.approx(evals[-1]["eval_loss"], abs=1e-4)
+    assert sum(losses) / len(losses) == pytest.approx(evals[-1]["eval_loss"], abs=TOL_BF16)
+
+    # The ZeRO-3 checkpoint at step 2, resumed on the same two processes: steps 3 and 4 again, from the
+    # same partitions, optimizer state and data position, so with the same losses.
+    (tmp_path / "again").mkdir()
+    ckpt = out / "checkpoints" / "checkpoint-2"
+    args = ["--spec", str(tmp_path / "spec.json"), "--output_dir", str(tmp_path / "again" / "run")]
+    args += ["--resume_from_checkpoint", str(ckpt)]
+    proc = launch_trainer(ACCELERATE_ZERO3_CPU, tmp_path / "again", args)
+    assert proc.returncode == 0, explain(proc)
+    assert f"resuming from {ckpt}" in proc.stderr
+    resumed = train_points(tmp_path / "again" / "run")
+    assert [p["step"] for p in resumed] == [3, 4]
+    first_run = {p["step"]: p["loss"] for p in train_points(out)}
+    assert [p["loss"] for p in resumed] == pytest.approx([first_run[3], first_run[4]], abs=TOL_BF16)
 
 
 def weighted_chat(tiny_dir: Path, out: Path) -> Path:
