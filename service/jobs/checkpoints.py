@@ -118,3 +118,33 @@ def check_resumable_here(spec: JobSpec, source: Job, ckpt: Checkpoint) -> None:
                 f"{old_world} processes (resources.num_nodes x processes_per_node), or start a new run "
                 "from its final/ model",
             )
+    if old_world and old_world != world:
+        _check_same_global_batch(spec, src, old_world, where)
+
+
+def _check_same_global_batch(spec: JobSpec, src: dict[str, Any], old_world: int, where: str) -> None:
+    """On another world size, the rows a step takes (micro-batch x accumulation x processes) must stay
+    those of the run that wrote the checkpoint: the trainer finds its place in the data by skipping the
+    steps already trained, in batches, so a step of another size would skip to the wrong row (and train
+    again on rows it has seen, or never on others), and the schedule would count other steps."""
+    src_training = src.get("training") or {}
+    old_micro = int(src_training.get("per_device_train_batch_size", 1))
+    old_accum = int(src_training.get("gradient_accumulation_steps", 1))
+    old_rows = old_micro * old_accum * old_world
+    training, world = spec.training, spec.resources.world_size
+    rows = training.per_device_train_batch_size * training.gradient_accumulation_steps * world
+    if rows == old_rows:
+        return
+    micro = training.per_device_train_batch_size
+    fix = (
+        f"set training.gradient_accumulation_steps: {old_rows // (micro * world)}"
+        if old_rows % (micro * world) == 0
+        else f"choose per_device_train_batch_size x gradient_accumulation_steps x {world} processes "
+        f"= {old_rows}"
+    )
+    raise spec_field_error(
+        ["resume_from"],
+        f"{where} was trained on {old_rows} rows a step ({old_micro} x {old_accum} accumulation x "
+        f"{old_world} processes) and this job takes {rows} ({micro} x {training.gradient_accumulation_steps} "
+        f"x {world}): resuming would lose its place in the data; {fix}",
+    )

@@ -118,12 +118,13 @@ def sharded_source(settings: Settings, kind: str, ranks: int, distributed: dict[
     return cast(JobRepository, Jobs(source))
 
 
-def resuming(strategy: dict[str, Any], processes: int) -> JobSpec:
+def resuming(strategy: dict[str, Any], processes: int, accumulation: int = 1, micro: int = 1) -> JobSpec:
+    training = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": accumulation}
     return JobSpec.model_validate(
         {
             "model": {"name_or_path": "org/model"},
             "dataset": {"name_or_path": "org/data"},
-            "training": {"max_steps": 8, "mixed_precision": "no"},
+            "training": {"max_steps": 8, "mixed_precision": "no", **training},
             "distributed": strategy,
             "resources": {"device": "cpu", "processes_per_node": processes},
             "resume_from": {"job_id": SOURCE},
@@ -163,14 +164,28 @@ def test_the_world_size_is_read_from_the_checkpoints_own_files(settings: Setting
 
 
 def test_fsdp_sharded_checkpoints_reshard_onto_another_world_size(settings: Settings) -> None:
+    # Written by 4 processes of 1 row each: 4 rows a step, which another world size must keep.
     repo = sharded_source(settings, "fsdp", 4, FSDP2)
-    for processes in (4, 2, 8):
-        path = resume_checkpoint(resuming(FSDP2, processes), repo, settings)
+    for processes, accumulation in ((4, 1), (2, 2), (1, 4)):
+        path = resume_checkpoint(resuming(FSDP2, processes, accumulation), repo, settings)
         assert path is not None and path.endswith("checkpoint-4")
     with pytest.raises(SpecError) as exc:
         resume_checkpoint(resuming({"strategy": "fsdp", "fsdp": {"version": 1}}, 4), repo, settings)
     loc, msg = field_error(exc)
     assert loc == ["body", "resume_from"] and "FSDP2" in msg and "FSDP1" in msg
+
+
+def test_another_world_size_must_keep_the_rows_of_a_step(settings: Settings) -> None:
+    # The trainer finds its place in the data by the steps trained: a step of other rows would lose it.
+    repo = sharded_source(settings, "fsdp", 4, FSDP2)
+    with pytest.raises(SpecError) as exc:
+        resume_checkpoint(resuming(FSDP2, 2), repo, settings)
+    loc, msg = field_error(exc)
+    assert loc == ["body", "resume_from"]
+    assert "4 rows a step" in msg and "takes 2" in msg and "gradient_accumulation_steps: 2" in msg
+    with pytest.raises(SpecError) as exc:
+        resume_checkpoint(resuming(FSDP2, 8), repo, settings)
+    assert "x 8 processes = 4" in field_error(exc)[1]
 
 
 def test_a_checkpoint_resumes_only_under_the_strategy_that_wrote_it(settings: Settings) -> None:
@@ -183,7 +198,11 @@ def test_a_checkpoint_resumes_only_under_the_strategy_that_wrote_it(settings: Se
 
 
 def test_plain_checkpoints_resume_on_any_world_size(settings: Settings, repo: JobRepository) -> None:
-    # One process's whole files (the fixture's): DDP on 2 processes loads them as one process does.
+    # One process's whole files (the fixture's, 2 rows a step): DDP on 2 processes of 1 row loads them as
+    # one process does.
+    source = repo.get(SOURCE)
+    assert source is not None
+    source.spec = {"training": {"per_device_train_batch_size": 2}}
     assert resume_checkpoint(resuming({"strategy": "ddp"}, 2), repo, settings) is not None
     with pytest.raises(SpecError):
         resume_checkpoint(resuming(FSDP2, 2), repo, settings)
