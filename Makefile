@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	fi
 	@# setuptools' editable build prints a 10-line note about package-named folders (ftq, service, ...
 	@# are meant to be imported from the checkout): not for a person installing, so filtered by message.
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,trackers,eval,dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,trackers,eval,qlora,dev]"
 	@touch $(STAMP)
 
 # Re-resolve pyproject.toml's dependencies at their newest allowed versions in a throwaway venv (on the
@@ -58,7 +58,7 @@ lock: ## re-pin constraints.txt at the newest allowed versions
 	$(PY) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/pip install -q -U pip wheel
 	$(LOCK_VENV)/bin/pip install -q $(TORCH_CPU)
-	$(LOCK_VENV)/bin/pip install -q -e ".[train,trackers,dev]"
+	$(LOCK_VENV)/bin/pip install -q -e ".[train,trackers,eval,qlora,dev]"
 	{ echo "# Pins for \`make install\` (pip install -c constraints.txt): written by \`make lock\`, do not edit."; \
 	  echo "# torch is left out on purpose: make install puts in the CPU build ($(TORCH_CPU)) or a CUDA one first."; \
 	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|nvidia-[a-z0-9-]+|triton)=='; \

@@ -217,12 +217,22 @@ def load_policy(spec: JobSpec, launch: Launch, fmt: str) -> tuple[Any, Any]:
         model.dtype,
         f"LoRA on from {spec.model.adapter}"
         if spec.model.adapter
-        else ("LoRA" if peft_config else "full fine-tuning"),
+        else (_lora_words(spec, model) if peft_config else "full fine-tuning"),
         method,
         METHOD_TRAINERS[method],
         fmt,
     )
     return model, peft_config
+
+
+def _lora_words(spec: JobSpec, model: Any) -> str:
+    """`LoRA`, or for QLoRA what the base weights really are: how many Linear layers bitsandbytes holds in
+    4 bits (none would mean the quantization did not take)."""
+    quant = spec.lora.quantization if spec.lora is not None else None
+    if quant is None:
+        return "LoRA"
+    four_bit = sum(1 for m in model.modules() if type(m).__name__ == "Linear4bit")
+    return f"QLoRA: {four_bit} Linear layers in 4-bit {quant.type}, computing in {quant.compute_dtype}"
 
 
 def build_job(

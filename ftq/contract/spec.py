@@ -772,8 +772,13 @@ class JobSpec(_Strict):
         """Where 4-bit base weights (bitsandbytes) cannot run, a 422 naming lora.quantization."""
         loc = ("lora", "quantization")
         res, dist = self.resources, self.distributed
-        if res.device != Device.cuda:
-            raise _field_error(loc, "4-bit base weights (bitsandbytes) need resources.device: cuda")
+        # bitsandbytes has CPU kernels for 4-bit weights (one process, or DDP); sharding them is CUDA's.
+        if res.device != Device.cuda and dist.strategy not in (Strategy.none, Strategy.ddp):
+            raise _field_error(
+                loc,
+                f"4-bit base weights under {dist.strategy} need resources.device: cuda (on cpu, QLoRA "
+                "runs on one process or under ddp)",
+            )
         if dist.strategy == Strategy.fsdp:
             raise _field_error(
                 loc,

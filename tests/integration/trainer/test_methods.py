@@ -76,7 +76,10 @@ ONE_PROCESS_RUNS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "kto": ("kto", "unpaired/train.jsonl", {"kto": {"desirable_weight": 1.0}}),
     "reward": ("reward", "preference/train.jsonl", {"max_steps": 6}),
     "sft": ("sft", "prompt_completion/train.jsonl", {"loss_on": "completion"}),
+    # QLoRA on bitsandbytes' CPU kernels: the base model's Linear layers in 4-bit NF4, bf16 compute.
+    "qlora": ("sft", "data/train.jsonl", {"mixed_precision": "bf16"}),
 }
+QUANTIZATION = {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bf16"}
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +89,27 @@ def one_process(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
 
     def run(name: str) -> tuple[Path, str]:
         method, dataset, training = ONE_PROCESS_RUNS[name]
-        return launch(method_spec(tiny_dir, method, dataset, **training), tmp_path_factory.mktemp(name))
+        spec = method_spec(tiny_dir, method, dataset, **training)
+        if name == "qlora":
+            spec["lora"]["quantization"] = QUANTIZATION
+        return launch(spec, tmp_path_factory.mktemp(name))
 
     with ThreadPoolExecutor(len(ONE_PROCESS_RUNS)) as pool:
         return dict(zip(ONE_PROCESS_RUNS, pool.map(run, ONE_PROCESS_RUNS), strict=True))
+
+
+def test_qlora_trains_an_adapter_over_4_bit_base_weights(one_process: dict[str, tuple[Path, str]]) -> None:
+    # Issue 27 (11): bitsandbytes runs 4-bit weights on this CPU, so QLoRA is tested here, not only on a GPU.
+    from safetensors.torch import load_file
+
+    out, log = one_process["qlora"]
+    # Every Linear layer of the tiny model's two decoder layers (q, k, v, o, gate, up, down) is 4-bit.
+    assert "QLoRA: 14 Linear layers in 4-bit nf4, computing in bf16" in log
+    pts = train_points(out)
+    assert [p["step"] for p in pts] == [1, 2, 3, 4]
+    assert all(0 < p["loss"] < 20 for p in pts), pts
+    adapter = load_file(out / "final" / "adapter_model.safetensors")
+    assert any(float(t.abs().sum()) > 0 for k, t in adapter.items() if "lora_B" in k)  # it trained
 
 
 def test_dpo_with_lora_raises_the_reward_margin_with_the_adapter_as_reference(

@@ -192,7 +192,7 @@ def test_save_dtype_defaults_to_auto_and_zero3_cannot_save_fp32_from_16_bit_weig
     )
 
 
-def test_qlora_needs_cuda_and_a_strategy_that_can_hold_4_bit_weights() -> None:
+def test_qlora_needs_a_strategy_that_can_hold_4_bit_weights_and_cuda_to_shard_them() -> None:
     lora = {
         "r": 16,
         "quantization": {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bf16"},
@@ -205,8 +205,19 @@ def test_qlora_needs_cuda_and_a_strategy_that_can_hold_4_bit_weights() -> None:
     )
     assert ok.lora is not None and ok.lora.quantization is not None and ok.lora.quantization.type == "nf4"
     JobSpec.model_validate(_minimal(lora=lora, resources=cuda, distributed={"strategy": "ddp"}))
+    # bitsandbytes' CPU kernels: one process, or DDP.
+    JobSpec.model_validate(_minimal(lora=lora, resources={"device": "cpu"}))
+    JobSpec.model_validate(
+        _minimal(
+            lora=lora, resources={"device": "cpu", "processes_per_node": 2}, distributed={"strategy": "ddp"}
+        )
+    )
     refused = [
-        {"lora": lora, "resources": {"device": "cpu"}},
+        {
+            "lora": lora,
+            "resources": {"device": "cpu", "processes_per_node": 2},
+            "distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
+        },
         {"lora": lora, "resources": cuda, "distributed": {"strategy": "fsdp"}},
         {
             "lora": lora,
