@@ -62,8 +62,9 @@ def detect_formats(row: dict[str, Any]) -> set[str]:
     turns). `unpaired_preference`: `prompt`, `completion` and a boolean `label`. `openai_preference`:
     OpenAI's `input.messages`, `preferred_output` and `non_preferred_output`. `openai_reinforcement`: a
     conversation that does not end with an assistant turn (OpenAI's reinforcement rows, whose other fields
-    are the graders' references). A row can be several: an unpaired preference row is also a
-    prompt/completion row, a reinforcement row is also a messages row.
+    are the graders' references). `prompt_only`: a `prompt` (text or a conversation), whatever else the row
+    holds. A row can be several: an unpaired preference row is also a prompt/completion row, a
+    reinforcement row is also a messages row, any row with a prompt is also a prompt_only row.
     """
     found: set[str] = set()
     if not isinstance(row, dict):
@@ -79,6 +80,9 @@ def detect_formats(row: dict[str, Any]) -> set[str]:
         found.add("openai_preference")
     prompt = row.get("prompt")
     has_prompt = _text_or_messages(prompt)
+    if has_prompt:
+        # A prompt for GRPO to complete; the row's other fields are its graders' `item`.
+        found.add("prompt_only")
     if has_prompt and _text_or_messages(row.get("completion")):
         found.add("prompt_completion")
         if isinstance(row.get("label"), bool):
