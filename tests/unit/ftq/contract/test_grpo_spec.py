@@ -12,7 +12,12 @@ from pydantic import ValidationError
 from ftq.contract.graders import clean_loc
 from ftq.contract.spec import GrpoSpec, JobSpec, SpecFieldError
 
-GRADER = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.answer}}", "operation": "eq"}
+GRADER = {
+    "type": "string_check",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "eq",
+}
 
 
 def body(**grpo: Any) -> dict[str, Any]:

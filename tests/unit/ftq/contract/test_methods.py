@@ -30,7 +30,12 @@ PREFERENCE_CHAT = {
     "rejected": [{"role": "user", "content": "count"}, {"role": "assistant", "content": "two one"}],
 }
 UNPAIRED = {"prompt": "count from one.", "completion": " one two.", "label": True}
-GRADER = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.answer}}", "operation": "eq"}
+GRADER = {
+    "type": "string_check",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "eq",
+}
 
 
 def spec(method: str = "sft", fmt: str = "auto", lora: bool = True, **training: Any) -> dict[str, Any]:
