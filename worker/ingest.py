@@ -151,7 +151,8 @@ def _whole(value: Any) -> int | None:
 
 
 def parse_sample(line: bytes) -> dict[str, Any] | None:
-    """A samples.jsonl line as {step, index, prompt, completion, time}, or None when it is not one."""
+    """A samples.jsonl line as {step, index, prompt, completion, time, reward}, or None when it is not
+    one (`reward`: a GRPO rollout's, else None)."""
     try:
         obj = json.loads(line)
     except ValueError:
@@ -171,6 +172,7 @@ def parse_sample(line: bytes) -> dict[str, Any] | None:
         "prompt": prompt[:SAMPLE_TEXT_LIMIT].replace("\x00", ""),
         "completion": completion[:SAMPLE_TEXT_LIMIT].replace("\x00", ""),
         "time": _number(obj.get("time")),
+        "reward": _number(obj.get("reward")),
     }
 
 

@@ -1,0 +1,23 @@
+"""grpo: a sample's reward (GRPO's rollouts: prompt, completion and the grader's reward)
+
+Revision ID: 0011_grpo
+Revises: 0010_openai_jobs
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0011_grpo"
+down_revision = "0010_openai_jobs"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("samples", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("reward", sa.Float(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("samples", schema=None) as batch_op:
+        batch_op.drop_column("reward")
