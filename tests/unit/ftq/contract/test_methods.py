@@ -187,17 +187,17 @@ def test_auto_format_reads_the_columns_the_method_needs() -> None:
     [
         (TEXT, {"text"}),
         (MESSAGES, {"messages"}),
-        (PROMPT_COMPLETION, {"prompt_completion", "prompt_only"}),
-        (PREFERENCE, {"preference", "prompt_only"}),
+        (PROMPT_COMPLETION, {"prompt_completion"}),
+        (PREFERENCE, {"preference"}),
         (PREFERENCE_CHAT, {"preference"}),  # conversations carry their prompt as shared first turns
-        (UNPAIRED, {"prompt_completion", "unpaired_preference", "prompt_only"}),
-        ({**TEXT, **PREFERENCE}, {"text", "preference", "prompt_only"}),
+        (UNPAIRED, {"prompt_completion", "unpaired_preference"}),
+        ({**TEXT, **PREFERENCE}, {"text", "preference"}),
         ({"text": ""}, set()),
         ({"messages": []}, set()),
         ({"messages": [{"content": "no role"}]}, set()),
         ({"chosen": "a", "rejected": "b"}, set()),  # text pairs need their prompt
         # label must be a bool
-        ({"prompt": "p", "completion": "c", "label": "yes"}, {"prompt_completion", "prompt_only"}),
+        ({"prompt": "p", "completion": "c", "label": "yes"}, {"prompt_completion"}),
         ({"prompt": "p", "completion": None}, {"prompt_only"}),  # a prompt for GRPO, nothing more
         ({"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}, {"prompt_only"}),
         ({"messages": [{"role": "user", "content": "2+2?"}]}, {"messages", "openai_reinforcement"}),
@@ -211,6 +211,7 @@ def test_detect_formats(row: dict[str, Any], formats: set[str]) -> None:
 def test_methods_for_formats() -> None:
     assert methods_for({"text"}) == ["sft"]
     assert methods_for({"preference"}) == ["dpo", "reward"]
-    assert methods_for(detect_formats(UNPAIRED)) == ["sft", "kto", "grpo"]
+    assert methods_for(detect_formats(UNPAIRED)) == ["sft", "kto"]
+    assert methods_for(detect_formats({"prompt": "2+2=", "answer": "4"})) == ["grpo"]
     assert methods_for({"openai_reinforcement"}) == ["grpo"]
     assert methods_for(set()) == []
