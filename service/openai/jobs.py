@@ -343,9 +343,16 @@ def resolve(
             # GRPO's eval batch holds whole groups too.
             training["per_device_eval_batch_size"] = per_device
         training.pop("loss_on", None)
+        # Completions up to half the template's sequence length (at most 256), unless the operator's
+        # template says otherwise (training.grpo.max_completion_length).
+        length = min(256, max(16, int(training.get("max_seq_len", 2048)) // 2))
         training.update(
             method="grpo",
-            grpo={**(training.get("grpo") or {}), "num_generations": generations},
+            grpo={
+                "max_completion_length": length,
+                **(training.get("grpo") or {}),
+                "num_generations": generations,
+            },
             grader=rl.grader.model_dump(mode="json", exclude_none=True),
         )
     if kind == "dpo":
