@@ -1,0 +1,186 @@
+"""GRPO throughput on CPU: a GRPO job through ftq's trainer against a plain TRL GRPOTrainer script with
+the same settings, as a ratio (issue 29's target: at least 0.95x).
+
+    python -m bench.grpo_bench [--steps 16] [--rounds 2] [--out bench/out/grpo]
+
+Both run on the tiny example model (examples/tiny), one process each, one after the other, each round in
+the other order: LoRA (r 8, all-linear), 4 prompts a step x 4 completions of 24 tokens, learning rate
+1e-3, the same reward `1 - len(completion) / 80`. ftq scores it as a `python` grader in the sandbox (a
+child process per batch, as every GRPO job does); the baseline calls the same function in process, so
+the ratio includes the sandbox. Throughput is TRL's own count of prompt and completion tokens
+(`state.num_input_tokens_seen`: generation and training) per second of training, median of the
+per-step rates after the first two steps (warm-up), all rounds together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import log, note, result
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "examples" / "tiny"
+BATCH, GENERATIONS, COMPLETION, LR = 16, 4, 24, 1e-3
+SOURCE = "def grade(sample, item):\n    return 1.0 - len(sample['output_text']) / 80\n"
+
+
+def spec(steps: int) -> dict[str, Any]:
+    return {
+        "model": {"name_or_path": str(TINY / "model"), "attn_implementation": "sdpa"},
+        "dataset": {"name_or_path": str(TINY / "prompt_completion" / "train.jsonl")},
+        "training": {
+            "method": "grpo",
+            "max_steps": steps,
+            "max_seq_len": 64,
+            "per_device_train_batch_size": BATCH,
+            "learning_rate": LR,
+            "lr_scheduler_type": "constant",
+            "logging_steps": 1,
+            "save_steps": None,
+            "mixed_precision": "no",
+            "seed": 0,
+            "grpo": {"num_generations": GENERATIONS, "max_completion_length": COMPLETION},
+            "grader": {"type": "python", "name": "short", "source": SOURCE},
+        },
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
+        "resources": {"device": "cpu"},
+    }
+
+
+def baseline(steps: int, out: Path) -> None:
+    """The plain TRL script a user would write by hand with the same settings."""
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    marks: list[dict[str, float]] = []
+
+    class Clock(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                marks.append({"time": time.time(), "tokens": state.num_input_tokens_seen})
+
+    def short(completions: list[str], **kwargs: Any) -> list[float]:
+        return [1.0 - len(c) / 80 for c in completions]
+
+    tok = AutoTokenizer.from_pretrained(TINY / "model")
+    model = AutoModelForCausalLM.from_pretrained(TINY / "model", attn_implementation="sdpa")
+    ds = load_dataset("json", data_files=str(TINY / "prompt_completion" / "train.jsonl"), split="train")
+    config = GRPOConfig(
+        output_dir=str(out / "baseline-ckpt"),
+        max_steps=steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        num_generations=GENERATIONS,
+        max_completion_length=COMPLETION,
+        use_cpu=True,
+        bf16=False,  # the spec says mixed_precision "no"
+        report_to="none",
+        seed=0,
+        disable_tqdm=True,
+    )
+    lora = LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=short,
+        args=config,
+        train_dataset=ds.remove_columns(["completion"]),
+        processing_class=tok,
+        peft_config=lora,
+        callbacks=[Clock()],
+    )
+    trainer.train()
+    (out / "baseline.json").write_text(json.dumps(marks))
+
+
+def _rates(marks: list[tuple[float, float]]) -> list[float]:
+    return [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(marks) if b[0] > a[0]]
+
+
+def run_one(name: str, steps: int, out: Path) -> list[float]:
+    """One run: its per-step tokens/s (TRL's token count over each step's wall time)."""
+    if name == "baseline":
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.grpo_bench",
+            "--baseline",
+            "--steps",
+            str(steps),
+            "--out",
+            str(out),
+        ]
+        _run(cmd)
+        return _rates([(m["time"], m["tokens"]) for m in json.loads((out / "baseline.json").read_text())])
+    run_dir = out / "ftq"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(json.dumps(spec(steps)))
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--spec",
+            str(run_dir / "spec.json"),
+            "--output_dir",
+            str(run_dir / "out"),
+        ]
+    )
+    points = [json.loads(line) for line in (run_dir / "out" / "metrics.jsonl").read_text().splitlines()]
+    return _rates([(p["time"], p["tokens_seen"]) for p in points if p.get("loss") is not None])
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "grpo")
+    parser.add_argument("--baseline", action="store_true", help="internal: run the plain TRL script")
+    ns = parser.parse_args()
+    ns.out.mkdir(parents=True, exist_ok=True)
+    if ns.baseline:
+        baseline(ns.steps, ns.out)
+        return
+    runs = ["baseline", "ftq"]
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(ns.rounds):
+        for name in runs[r % 2 :] + runs[: r % 2]:
+            step_rates = run_one(name, ns.steps, ns.out)
+            rates[name] += step_rates[2:] if len(step_rates) > 4 else step_rates
+            log(f"round {r + 1} {name}: {statistics.median(step_rates):.0f} tokens/s")
+    base, ftq = statistics.median(rates["baseline"]), statistics.median(rates["ftq"])
+    result("grpo_plain_trl_tokens_per_s", base, "tokens/s")
+    result("grpo_ftq_tokens_per_s", ftq, "tokens/s", baseline="grpo_plain_trl_tokens_per_s", target=">=0.95")
+    note(
+        f"GRPO on the tiny model, 1 CPU process, LoRA, {BATCH // GENERATIONS} prompts x {GENERATIONS} "
+        f"completions of {COMPLETION} tokens a step, {ns.steps} steps x {ns.rounds} rounds; tokens are TRL's "
+        "count of prompt and completion tokens (generation and training); ftq scores the reward as a "
+        "sandboxed python grader, the plain TRL script calls the same function in process"
+    )
+
+
+if __name__ == "__main__":
+    main()
