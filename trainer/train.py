@@ -311,7 +311,7 @@ def sample_writer(spec: JobSpec, out: Path, data: Data) -> Any | None:
         spec.eval.sample_prompts,
         spec.eval.sample_max_new_tokens,
         tokenizer=data.tokenizer,
-        chat=data.splits.format == "messages",
+        chat=data.splits.format in ("messages", "openai_reinforcement"),
         every_steps=None
         if data.eval is not None
         else every_steps(spec.training.eval_steps, spec.training.save_steps),
