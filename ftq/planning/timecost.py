@@ -209,6 +209,9 @@ def communication_seconds(
 def _tokens(spec: JobSpec, run_tokens: int | None) -> tuple[int | None, str]:
     """The tokens the run trains on, and where the count comes from."""
     tr, devices = spec.training, spec.resources.world_size
+    if tr.method == "grpo" and tr.max_steps is not None:
+        # GRPO trains on prompts and the completions it samples, not on the rows' own lengths.
+        run_tokens = None
     if run_tokens is not None:
         counted = (
             f"{tr.max_steps} steps at the data's mean sequence length"
