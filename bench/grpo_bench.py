@@ -1,13 +1,15 @@
 """GRPO throughput on CPU: a GRPO job through ftq's trainer against a plain TRL GRPOTrainer script with
 the same settings, as a ratio (issue 29's target: at least 0.95x).
 
-    python -m bench.grpo_bench [--steps 16] [--rounds 2] [--out bench/out/grpo]
+    python -m bench.grpo_bench [--steps 12] [--rounds 3] [--out bench/out/grpo]
 
-Both run on the tiny example model (examples/tiny), one process each, one after the other, each round in
-the other order: LoRA (r 8, all-linear), 4 prompts a step x 4 completions of 24 tokens, learning rate
-1e-3, the same reward `1 - len(completion) / 80`. ftq scores it as a `python` grader in the sandbox (a
-child process per batch, as every GRPO job does); the baseline calls the same function in process, so
-the ratio includes the sandbox. Throughput is TRL's own count of prompt and completion tokens
+Both run on the `small` tiny model (trainer.tiny: 4 layers, hidden 256, built once under OUT), one
+process each, one after the other, each round in the other order: LoRA (r 8, all-linear), 4 prompts a
+step x 4 completions of 32 tokens, learning rate 1e-3, the same reward `1 - len(completion) / 80`.
+ftq scores it as a `python` grader in the sandbox (a child process per batch, as every GRPO job does);
+the baseline calls the same function in process, so the ratio includes the sandbox (about 20 ms a
+batch here, bench/graders_bench.py; on examples/tiny, whose steps take 70 ms on a quiet machine, that
+alone is 0.8x). Throughput is TRL's own count of prompt and completion tokens
 (`state.num_input_tokens_seen`: generation and training; the same seeds make both runs generate the
 same tokens) over the wall time from the end of step 2 (warm-up) to the last step, one figure per run;
 the median of the rounds for each. On a shared machine single steps vary several-fold, so whole runs
@@ -29,15 +31,14 @@ from typing import Any
 from bench import log, note, result
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "examples" / "tiny"
-BATCH, GENERATIONS, COMPLETION, LR = 16, 4, 24, 1e-3
+BATCH, GENERATIONS, COMPLETION, LR = 16, 4, 32, 1e-3
 SOURCE = "def grade(sample, item):\n    return 1.0 - len(sample['output_text']) / 80\n"
 
 
-def spec(steps: int) -> dict[str, Any]:
+def spec(tiny: Path, steps: int) -> dict[str, Any]:
     return {
-        "model": {"name_or_path": str(TINY / "model"), "attn_implementation": "sdpa"},
-        "dataset": {"name_or_path": str(TINY / "prompt_completion" / "train.jsonl")},
+        "model": {"name_or_path": str(tiny / "model"), "attn_implementation": "sdpa"},
+        "dataset": {"name_or_path": str(tiny / "prompt_completion" / "train.jsonl")},
         "training": {
             "method": "grpo",
             "max_steps": steps,
@@ -57,7 +58,7 @@ def spec(steps: int) -> dict[str, Any]:
     }
 
 
-def baseline(steps: int, out: Path) -> None:
+def baseline(tiny: Path, steps: int, out: Path) -> None:
     """The plain TRL script a user would write by hand with the same settings."""
     from datasets import load_dataset
     from peft import LoraConfig
@@ -69,14 +70,20 @@ def baseline(steps: int, out: Path) -> None:
     class Clock(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
-                marks.append({"time": time.time(), "tokens": state.num_input_tokens_seen})
+                marks.append(
+                    {
+                        "time": time.time(),
+                        "tokens": state.num_input_tokens_seen,
+                        "step_time": logs.get("step_time"),
+                    }
+                )
 
     def short(completions: list[str], **kwargs: Any) -> list[float]:
         return [1.0 - len(c) / 80 for c in completions]
 
-    tok = AutoTokenizer.from_pretrained(TINY / "model")
-    model = AutoModelForCausalLM.from_pretrained(TINY / "model", attn_implementation="sdpa")
-    ds = load_dataset("json", data_files=str(TINY / "prompt_completion" / "train.jsonl"), split="train")
+    tok = AutoTokenizer.from_pretrained(tiny / "model")
+    model = AutoModelForCausalLM.from_pretrained(tiny / "model", attn_implementation="sdpa")
+    ds = load_dataset("json", data_files=str(tiny / "prompt_completion" / "train.jsonl"), split="train")
     config = GRPOConfig(
         output_dir=str(out / "baseline-ckpt"),
         max_steps=steps,
@@ -116,7 +123,7 @@ def _rate(marks: list[tuple[float, float]]) -> float:
     return (last[1] - first[1]) / (last[0] - first[0])
 
 
-def run_one(name: str, steps: int, out: Path) -> float:
+def run_one(name: str, tiny: Path, steps: int, out: Path) -> float:
     """One run's tokens/s (TRL's token count over the wall time of the steps after warm-up)."""
     if name == "baseline":
         cmd = [
@@ -128,6 +135,8 @@ def run_one(name: str, steps: int, out: Path) -> float:
             str(steps),
             "--out",
             str(out),
+            "--tiny",
+            str(tiny),
         ]
         _run(cmd)
         return _rate([(m["time"], m["tokens"]) for m in json.loads((out / "baseline.json").read_text())])
@@ -135,7 +144,7 @@ def run_one(name: str, steps: int, out: Path) -> float:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    (run_dir / "spec.json").write_text(json.dumps(spec(steps)))
+    (run_dir / "spec.json").write_text(json.dumps(spec(tiny, steps)))
     _run(
         [
             sys.executable,
@@ -163,16 +172,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "grpo")
     parser.add_argument("--baseline", action="store_true", help="internal: run the plain TRL script")
+    parser.add_argument(
+        "--tiny", type=Path, help="the model and data (default: the small tiny model under OUT)"
+    )
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
+    tiny = ns.tiny or ns.out / "tiny-small"
     if ns.baseline:
-        baseline(ns.steps, ns.out)
+        baseline(tiny, ns.steps, ns.out)
         return
+    if not (tiny / "model" / "model.safetensors").exists():
+        _run([sys.executable, "-m", "trainer.tiny", "--out", str(tiny), "--size", "small"])
     runs = ["baseline", "ftq"]
     rates: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(ns.rounds):
         for name in runs[r % 2 :] + runs[: r % 2]:
-            rates[name].append(run_one(name, ns.steps, ns.out))
+            rates[name].append(run_one(name, tiny, ns.steps, ns.out))
             log(f"round {r + 1} {name}: {rates[name][-1]:.0f} tokens/s")
     base, ftq = statistics.median(rates["baseline"]), statistics.median(rates["ftq"])
     result("grpo_plain_trl_tokens_per_s", base, "tokens/s")
@@ -186,7 +201,8 @@ def main() -> None:
         rounds=spread,
     )
     note(
-        f"GRPO on the tiny model, 1 CPU process, LoRA, {BATCH // GENERATIONS} prompts x {GENERATIONS} "
+        "GRPO on the small tiny model (4 layers, hidden 256), 1 CPU process, LoRA, "
+        f"{BATCH // GENERATIONS} prompts x {GENERATIONS} "
         f"completions of {COMPLETION} tokens a step, {ns.steps} steps x {ns.rounds} rounds; tokens are TRL's "
         "count of prompt and completion tokens (generation and training); ftq scores the reward as a "
         "sandboxed python grader, the plain TRL script calls the same function in process"
