@@ -601,7 +601,8 @@ class TrainingSpec(_Strict):
         le=1e6,
         description="A logged loss above this many times the median of the last 50 logged losses is a "
         "job.warning event (loss_spike); above this many times the run's first loss for 3 logging steps, "
-        "the loss is exploding (see stop_on_nan); null: neither check.",
+        "the loss is exploding (see stop_on_nan); null: neither check. Not applied to grpo, whose loss is "
+        "a policy-gradient surrogate near zero.",
     )
 
     @model_validator(mode="after")
