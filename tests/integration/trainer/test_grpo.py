@@ -59,11 +59,13 @@ def test_grpo_on_two_processes_raises_the_reward_of_a_sandboxed_python_grader(
         "calculate_output": "brevity * answer",
     }
     spec = grpo_spec(tiny_dir, grader, processes=2, max_steps=24)
+    spec["training"]["grpo"]["beta"] = 0.04  # a KL term: with LoRA, against the adapter disabled
     proc = launch_spec(spec, tmp_path)
     assert proc.returncode == 0, explain(proc)
     log, out = proc.stderr, tmp_path / "run"
     assert "method grpo (trl.GRPOTrainer) on prompt_only data" in log
     assert "reward: grader 'short' (multi)" in log
+    assert "reference model: the base model with the LoRA adapter disabled" in log
 
     pts = [p for p in points(out) if p["loss"] is not None]
     assert [p["step"] for p in pts] == list(range(1, 25))
@@ -78,7 +80,7 @@ def test_grpo_on_two_processes_raises_the_reward_of_a_sandboxed_python_grader(
         ):
             assert isinstance(extra[name], float), (name, p)
         assert "rewards/short/brevity/mean" in extra and "clip_ratio/region_mean" in extra
-        assert "kl" not in extra  # beta 0: no reference, no KL
+        assert isinstance(extra["kl"], float)
         assert p["tokens_per_second"] and p["tokens_per_second"] > 0
     rewards = [p["extra"]["reward"] for p in pts]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
