@@ -213,7 +213,7 @@ def _ready_files(
 # The spec keys a job made from a fine-tuned model keeps of the job that made it (the rest is the request's).
 _KEPT = ("model", "lora", "distributed", "resources", "training")
 # Training keys `resolve` sets from the request, dropped from the source job's training.
-_PER_JOB = ("loss_on", "method", "dpo", "seed", "eval_steps", "max_steps")
+_PER_JOB = ("loss_on", "method", "dpo", "grpo", "grader", "seed", "eval_steps", "max_steps")
 
 
 def fine_tuned_template(repo: OpenAIRepository, settings: Settings, model: str) -> dict[str, Any]:
