@@ -7,9 +7,9 @@ Both run on the `small` tiny model (trainer.tiny: 4 layers, hidden 256, built on
 process each, one after the other, each round in the other order: LoRA (r 8, all-linear), 4 prompts a
 step x 4 completions of 32 tokens, learning rate 1e-3, the same reward `1 - len(completion) / 80`.
 ftq scores it as a `python` grader in the sandbox (a child process per batch, as every GRPO job does);
-the baseline calls the same function in process, so the ratio includes the sandbox (a child per batch,
-started in the background during the step before: on examples/tiny, whose steps take 70 ms on a quiet
-machine, what remains of it still shows, about 0.8x). Throughput is TRL's own count of prompt and completion tokens
+the baseline calls the same function in process, so the ratio includes the sandbox (about 20 ms a
+batch here, bench/graders_bench.py; on examples/tiny, whose steps take 70 ms on a quiet machine, that
+alone is 0.8x). Throughput is TRL's own count of prompt and completion tokens
 (`state.num_input_tokens_seen`: generation and training; the same seeds make both runs generate the
 same tokens) over the wall time from the end of step 2 (warm-up) to the last step, one figure per run;
 the median of the rounds for each. On a shared machine single steps vary several-fold, so whole runs

@@ -61,8 +61,7 @@ def limits_from_env(env: dict[str, str] | None = None) -> Limits:
     """The sandbox's limits from the run's environment (ftq.grading.sandbox's defaults where unset). The
     child runs as this process's user: the run user, where the operator set FTQ_RUN_AS_USER."""
     env = dict(os.environ) if env is None else env
-    # The next batch's child starts while this process generates and trains (ftq.grading.sandbox).
-    values: dict[str, Any] = {"prestart": True}
+    values: dict[str, Any] = {}
     for field, (name, kind) in LIMIT_ENV.items():
         if env.get(name):
             values[field] = kind(env[name])

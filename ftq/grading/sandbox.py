@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,17 +38,12 @@ class Limits:
     uid: int | None = None  # the run user's; None: the caller's own user
     gid: int | None = None
     python: str = sys.executable  # the interpreter the child runs in (the standard library is enough)
-    # Start the next batch's child as each batch is handed over, so that its start-up (most of a batch's
-    # cost, bench/graders_bench.py) overlaps the caller's own work (a GRPO step) rather than adding to it.
-    # Each batch still has a fresh process of its own.
-    prestart: bool = False
 
 
 # The child's program: read {"source", "batch"} from stdin, answer {"rewards"} or {"error", "kind"} on
 # the stdout it was given (the grader's own prints go to stderr).
 _CHILD = r"""
 import json, math, resource, sys, traceback
-from os import _exit
 for name, value in json.loads(sys.argv[1]).items():
     resource.setrlimit(getattr(resource, name), (value, value))
 out = sys.stdout
@@ -92,8 +86,6 @@ except BaseException as e:
     answer({"kind": "raised", "error": trimmed()})
 else:
     answer({"rewards": rewards})
-sys.stderr.flush()
-_exit(0)  # answered: no interpreter teardown to wait for
 """.replace("TRACEBACK_LINES", str(_TRACEBACK_LINES))
 
 
@@ -132,83 +124,32 @@ def _argv(limits: Limits) -> list[str]:
     return ["unshare", "--net", *who, "--", *python]
 
 
-@dataclass
-class _Child:
-    """A started child waiting for its batch on stdin, in its own empty working directory."""
-
-    proc: subprocess.Popen[bytes]
-    cwd: tempfile.TemporaryDirectory[str]
-
-
-def _start(limits: Limits) -> _Child:
-    cwd = tempfile.TemporaryDirectory(prefix="ftq-grader-")
-    if limits.uid is not None:
-        os.chown(cwd.name, limits.uid, limits.gid if limits.gid is not None else limits.uid)
-    # No preexec_fn: the API calls this from threads, where code between fork and exec may deadlock.
-    # The child sets its own rlimits first thing; `unshare` or Popen switches the user.
-    switch = limits.uid is not None and not net_isolated()
-    proc = subprocess.Popen(
-        _argv(limits),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd.name,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        start_new_session=True,
-        close_fds=True,
-        user=limits.uid if switch else None,
-        group=(limits.gid if limits.gid is not None else limits.uid) if switch else None,
-        # Root's supplementary groups are dropped (before `unshare` switches the user, too).
-        extra_groups=[] if limits.uid is not None else None,
-    )
-    return _Child(proc, cwd)
-
-
-class _Spare:
-    """A child being started in a thread of its own (Popen waits for the exec), for the next batch."""
-
-    def __init__(self, limits: Limits) -> None:
-        self._child: _Child | None = None
-        self._thread = threading.Thread(target=self._start, args=(limits,), daemon=True)
-        self._thread.start()
-
-    def _start(self, limits: Limits) -> None:
-        with contextlib.suppress(OSError):
-            self._child = _start(limits)
-
-    def take(self) -> _Child | None:
-        self._thread.join()
-        return self._child
-
-
-# The children started for the next batch (Limits.prestart), one per set of limits.
-_SPARES: dict[Limits, _Spare] = {}
-_SPARES_LOCK = threading.Lock()
-
-
-def _child_for(limits: Limits) -> _Child:
-    """A child for this batch: the one started for it at the last batch (prestart), else a new one; with
-    prestart, the next batch's child starts now, in the background."""
-    if not limits.prestart:
-        return _start(limits)
-    with _SPARES_LOCK:
-        spare = _SPARES.pop(limits, None)
-        child = spare.take() if spare is not None else None
-        if child is None or child.proc.poll() is not None:
-            child = _start(limits)
-        _SPARES[limits] = _Spare(limits)
-    return child
-
-
 def run_python(
     grader: str, source: str, batch: list[tuple[dict[str, Any], dict[str, Any]]], limits: Limits
 ) -> list[float]:
     """Each (sample, item)'s reward from the source's `grade`, in one sandboxed child process; a
     GraderError naming the grader and the limit where it raised, hung or exceeded one."""
     request = json.dumps({"source": source, "batch": batch})
-    child = _child_for(limits)
-    proc = child.proc
-    with child.cwd:
+    with tempfile.TemporaryDirectory(prefix="ftq-grader-") as cwd:
+        if limits.uid is not None:
+            os.chown(cwd, limits.uid, limits.gid if limits.gid is not None else limits.uid)
+        # No preexec_fn: the API calls this from threads, where code between fork and exec may deadlock.
+        # The child sets its own rlimits first thing; `unshare` or Popen switches the user.
+        switch = limits.uid is not None and not net_isolated()
+        proc = subprocess.Popen(
+            _argv(limits),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True,
+            close_fds=True,
+            user=limits.uid if switch else None,
+            group=(limits.gid if limits.gid is not None else limits.uid) if switch else None,
+            # Root's supplementary groups are dropped (before `unshare` switches the user, too).
+            extra_groups=[] if limits.uid is not None else None,
+        )
         try:
             out, err = proc.communicate(request.encode(), timeout=limits.timeout_seconds)
         except subprocess.TimeoutExpired:

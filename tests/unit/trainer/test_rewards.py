@@ -124,7 +124,6 @@ def test_a_failing_grader_is_grader_error_naming_it(source: str, limits: Limits,
 def test_the_sandbox_limits_come_from_the_run_environment() -> None:
     limits = limits_from_env({"FTQ_GRADER_CPU_SECONDS": "3", "FTQ_GRADER_TIMEOUT_SECONDS": "2.5"})
     assert (limits.cpu_seconds, limits.timeout_seconds, limits.memory_mb) == (3, 2.5, Limits().memory_mb)
-    assert limits.prestart  # each batch's child is started while the previous batch trains
 
 
 def test_grpo_rows_keep_the_prompt_and_hand_every_other_field_to_the_grader(tmp_path: Path) -> None:
@@ -154,19 +153,3 @@ def test_grpo_rows_keep_the_prompt_and_hand_every_other_field_to_the_grader(tmp_
     assert len(out) == 1  # a conversation that ends with the assistant's turn has nothing to complete
     assert out[0]["prompt"] == [{"role": "user", "content": "2+2?"}]
     assert json.loads(out[0][ITEM_COLUMN]) == {"answer": "4"}
-
-
-def test_prestarted_children_score_each_batch_in_a_fresh_process() -> None:
-    """Limits.prestart: the next batch's child is started as a batch is handed over; each batch still
-    runs in a process of its own (the pid differs), and a failing batch does not spoil the next one."""
-    from ftq.grading import sandbox
-
-    limits = Limits(prestart=True, timeout_seconds=5)
-    source = "import os\ndef grade(sample, item):\n    return float(os.getpid())\n"
-    pids = [sandbox.run_python("pid", source, [({}, {})], limits)[0] for _ in range(3)]
-    assert len(set(pids)) == 3
-    spare = sandbox._SPARES[limits].take()
-    assert spare is not None and spare.proc.poll() is None  # waiting for the next batch
-    with pytest.raises(sandbox.GraderError):
-        sandbox.run_python("bad", "def grade(sample, item):\n    return 1 / 0\n", [({}, {})], limits)
-    assert sandbox.run_python("pid", source, [({}, {})], limits)[0] not in pids
