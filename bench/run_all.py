@@ -101,6 +101,10 @@ BENCHES = [
     ),
     # Issue 29: the python grader sandbox's overhead per scored sample against an in-process call.
     Bench("graders", ["-m", "bench.graders_bench"], ["-m", "bench.graders_bench", "--samples", "16"], 600),
+    # Issue 29: a GRPO job's tokens/s through ftq's trainer against a plain TRL GRPOTrainer script.
+    Bench(
+        "grpo", ["-m", "bench.grpo_bench"], ["-m", "bench.grpo_bench", "--steps", "6", "--rounds", "1"], 1200
+    ),
     # Issue 28: kills during uploads, exports and webhook deliveries, a full disk, a deleted run dir.
     Bench("fault_campaign", ["-m", "bench.fault_campaign"], ["-m", "bench.fault_campaign"], 1800),
 ]

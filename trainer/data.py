@@ -45,6 +45,11 @@ HOLDOUT_FRACTION = 0.05
 HOLDOUT_MAX = 2000
 TEXT_COLUMN = "text"
 MESSAGES_COLUMN = "messages"  # the column TRL treats as a conversation
+# GRPO's rows: the prompt, and every other field of the row as one JSON string, which trainer.rewards
+# hands to the grader as `item` (TRL passes columns but `prompt` and `completion` to reward functions,
+# so a row's `completion`, a reference answer, would be lost under its own name).
+PROMPT_COLUMN = "prompt"
+ITEM_COLUMN = "ftq_item"
 # datasets' builder names for the file suffixes a spec may name.
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
@@ -220,6 +225,8 @@ def trl_rows(
     OpenAI's chat rows (a `weight` on assistant turns, `tool_calls`, `tools`) are tokenized here, with the
     loss mask TRL builds its labels from: weight-0 assistant turns are masked as well as what `loss_on`
     masks. OpenAI's preference rows become conversational prompt/chosen/rejected."""
+    if fmt in ("prompt_only", "openai_reinforcement"):
+        return grpo_rows(ds, spec, fmt, tokenizer)
     if fmt in ("messages", "openai_preference") and not getattr(tokenizer, "chat_template", None):
         raise DatasetError(
             f"dataset {spec.name_or_path} holds messages but the tokenizer has no chat template; "
@@ -441,3 +448,42 @@ def _openai_preference_row(row: dict[str, Any]) -> dict[str, Any]:
         "chosen": turns(row.get("preferred_output")),
         "rejected": turns(row.get("non_preferred_output")),
     }
+
+
+def grpo_rows(ds: Dataset, spec: DatasetSpec, fmt: str, tokenizer: Any) -> Dataset:
+    """GRPO's rows: `prompt` (text, or a conversation the chat template renders with the generation
+    prompt) and ITEM_COLUMN, the row's other fields for the grader. prompt_only rows take `prompt`;
+    OpenAI's reinforcement rows take their `messages` (dataset.messages_field), which must end before the
+    assistant's turn (rows that do not are dropped, and counted in the log)."""
+    import json
+
+    source = PROMPT_COLUMN if fmt == "prompt_only" else spec.messages_field
+
+    def row(r: dict[str, Any]) -> dict[str, Any]:
+        prompt = r[source]
+        if isinstance(prompt, list):
+            prompt = [hf_message(m) for m in prompt if isinstance(m, dict)]
+        item = {k: v for k, v in r.items() if k != source}
+        return {PROMPT_COLUMN: prompt, ITEM_COLUMN: json.dumps(item, default=str)}
+
+    def usable(r: dict[str, Any]) -> bool:
+        prompt = r[PROMPT_COLUMN]
+        if isinstance(prompt, str):
+            return prompt != ""
+        return isinstance(prompt, list) and bool(prompt) and prompt[-1].get("role") != "assistant"
+
+    out = ds.map(row, remove_columns=ds.column_names).filter(usable)
+    if len(out) == 0:
+        raise DatasetError(
+            f"dataset {spec.name_or_path} has no prompt to train on: {fmt} rows need a non-empty "
+            f"{source!r}" + (" that ends before the assistant's turn" if fmt != "prompt_only" else "")
+        )
+    if len(out) < len(ds):
+        dropped = len(ds) - len(out)
+        log.info("GRPO rows: %d of %d row(s) without a prompt to complete dropped", dropped, len(ds))
+    if isinstance(out[0][PROMPT_COLUMN], list) and not getattr(tokenizer, "chat_template", None):
+        raise DatasetError(
+            f"dataset {spec.name_or_path} holds conversations as prompts but the tokenizer has no chat "
+            "template; use a chat model's tokenizer or text prompts"
+        )
+    return out

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of a causal LM: TRL SFTTrainer, optional PEFT LoRA, any accelerate strategy.
+"""Fine-tuning of a causal LM: TRL's SFT, DPO, KTO, reward and GRPO trainers, optional PEFT LoRA, any
+accelerate strategy.
 
 Run it the way the ftq worker does:
 
@@ -245,15 +246,29 @@ def build_job(
     stop: StopOnSignal,
 ) -> Job:
     """The TRL trainer of the job's method with ftq's callbacks, checked against the launch's strategy."""
-    watch = Watch(spike_factor=spec.training.loss_spike_factor, stop_on_nan=spec.training.stop_on_nan)
+    # GRPO's loss is a policy-gradient surrogate near zero that changes sign: against its first value any
+    # step is a "spike". Its NaN check stays; the spike and explosion checks are for losses that fit data.
+    spike_factor = None if str(spec.training.method) == "grpo" else spec.training.loss_spike_factor
+    watch = Watch(spike_factor=spike_factor, stop_on_nan=spec.training.stop_on_nan)
     sampler = sample_writer(spec, out, data)
     callbacks = run_callbacks(spec, out, watch, sampler, stop, trackers_on=bool(launch.report_to))
+    rewards = reward_functions(spec, out, is_main=launch.state.is_main_process)
     trainer = build_trainer(
-        spec, model, launch.config, data.train, data.eval, data.tokenizer, peft_config, callbacks=callbacks
+        spec,
+        model,
+        launch.config,
+        data.train,
+        data.eval,
+        data.tokenizer,
+        peft_config,
+        callbacks=callbacks,
+        reward_funcs=rewards,
     )
     if sampler is not None:
         sampler.attach(trainer)
-    if str(spec.training.method) in ("dpo", "kto"):
+    if str(spec.training.method) in ("dpo", "kto") or (
+        str(spec.training.method) == "grpo" and getattr(trainer, "beta", 0) > 0
+    ):
         log.info("reference model: %s", reference_note(trainer, launch.strategy))
     # The metrics callback logs one line per logging step; transformers' printer would add its dict.
     from transformers.trainer_callback import PrinterCallback
@@ -265,6 +280,34 @@ def build_job(
     ) != trainer.is_deepspeed_enabled:
         raise RuntimeError(f"launch environment says {strategy}, but the trainer did not set it up")
     return Job(trainer, launch, data, watch, sampler)
+
+
+def reward_functions(spec: JobSpec, out: Path, is_main: bool) -> list[Any] | None:
+    """GRPO's reward: the spec's grader as a TRL reward function (trainer.rewards); None for the other
+    methods. The main process also writes a few rollouts of each logging step to samples.jsonl."""
+    if spec.training.grader is None:
+        return None
+    from .rewards import GraderReward, limits_from_env
+
+    grpo: Any = spec.training.method_parameters()
+    limits = limits_from_env()
+    log.info(
+        "reward: grader %r (%s); python graders sandboxed: %d s CPU, %d MB, %g s wall clock per batch",
+        spec.training.grader.name,
+        spec.training.grader.type,
+        limits.cpu_seconds,
+        limits.memory_mb,
+        limits.timeout_seconds,
+    )
+    return [
+        GraderReward(
+            spec.training.grader,
+            limits,
+            rollouts_path=out / runs.SAMPLES if is_main else None,
+            rollouts_per_log=grpo.rollouts_per_log,
+            logging_steps=spec.training.logging_steps,
+        )
+    ]
 
 
 def sample_writer(spec: JobSpec, out: Path, data: Data) -> Any | None:
@@ -280,7 +323,7 @@ def sample_writer(spec: JobSpec, out: Path, data: Data) -> Any | None:
         spec.eval.sample_prompts,
         spec.eval.sample_max_new_tokens,
         tokenizer=data.tokenizer,
-        chat=data.splits.format == "messages",
+        chat=data.splits.format in ("messages", "openai_reinforcement"),
         every_steps=None
         if data.eval is not None
         else every_steps(spec.training.eval_steps, spec.training.save_steps),
@@ -467,7 +510,46 @@ def training_config(
         return RewardConfig(
             **common, max_length=t.max_seq_len, center_rewards_coefficient=reward.center_rewards_coefficient
         )
+    if method == "grpo":
+        return grpo_config(spec, common)
     raise SpecError(f"training.method {method} is not one this trainer runs")
+
+
+def grpo_config(spec: JobSpec, common: dict[str, Any]) -> Any:
+    """TRL's GRPOConfig: the spec's `training.grpo` names as they are, generation with transformers (or
+    vLLM colocated in the training processes), TRL's own completion logging off (ftq writes rollouts to
+    samples.jsonl), and the token count TRL keeps itself (prompt and completion tokens of every rank)."""
+    from trl import GRPOConfig
+
+    g: Any = spec.training.method_parameters()
+    common = {**common, "include_num_input_tokens_seen": "no"}  # GRPOTrainer counts them as it generates
+    return GRPOConfig(
+        **common,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        beta=g.beta,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        min_p=g.min_p,
+        repetition_penalty=g.repetition_penalty,
+        loss_type=str(g.loss_type),
+        epsilon=g.epsilon,
+        epsilon_high=g.epsilon_high,
+        delta=g.delta,
+        num_iterations=g.num_iterations,
+        steps_per_generation=g.steps_per_generation,
+        scale_rewards=str(g.scale_rewards),
+        importance_sampling_level=str(g.importance_sampling_level),
+        mask_truncated_completions=g.mask_truncated_completions,
+        sync_ref_model=g.sync_ref_model,
+        ref_model_mixup_alpha=g.ref_model_mixup_alpha,
+        ref_model_sync_steps=g.ref_model_sync_steps,
+        use_vllm=g.use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        log_completions=False,
+    )
 
 
 def common_config_args(
@@ -602,8 +684,9 @@ def build_trainer(
     tokenizer: Any,
     peft_config: Any,
     callbacks: list[Any],
+    reward_funcs: list[Any] | None = None,
 ) -> Any:
-    """The TRL trainer of the job's method, on the model this process loaded.
+    """The TRL trainer of the job's method, on the model this process loaded (GRPO: with `reward_funcs`).
 
     DPO and KTO with LoRA pass no reference model: TRL then scores the reference with the adapter
     disabled, so no second copy is loaded. Full fine-tuning leaves ref_model None too, and TRL loads the
@@ -611,10 +694,27 @@ def build_trainer(
     (ZeRO-3: partitioned like the policy; FSDP: sharded by prepare_fsdp; DDP: a replica per process), in
     evaluation mode: weights only, no gradients or optimizer state.
     """
-    from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
+    from trl import DPOTrainer, GRPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
 
-    kinds = {"sft": SFTTrainer, "dpo": DPOTrainer, "kto": KTOTrainer, "reward": RewardTrainer}
+    kinds = {
+        "sft": SFTTrainer,
+        "dpo": DPOTrainer,
+        "kto": KTOTrainer,
+        "reward": RewardTrainer,
+        "grpo": GRPOTrainer,
+    }
     cls = kinds[str(spec.training.method)]
+    if cls is GRPOTrainer:
+        return GRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=config,
+            train_dataset=train_ds,
+            eval_dataset=eval_ds,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            callbacks=callbacks,
+        )
     trainer = cls(
         model=model,
         args=config,
@@ -628,7 +728,7 @@ def build_trainer(
 
 
 def reference_note(trainer: Any, strategy: str) -> str:
-    """What serves as the reference of a DPO or KTO run (train.log)."""
+    """What serves as the reference of a DPO, KTO or GRPO (beta > 0) run (train.log)."""
     if getattr(trainer, "ref_model", None) is None:
         if getattr(trainer.args, "precompute_ref_log_probs", False):
             return "log-probabilities precomputed before training (none kept in memory)"

@@ -157,7 +157,8 @@ def _whole(value: Any) -> int | None:
 
 
 def parse_sample(line: bytes) -> dict[str, Any] | None:
-    """A samples.jsonl line as {step, index, prompt, completion, time}, or None when it is not one."""
+    """A samples.jsonl line as {step, index, prompt, completion, time, reward}, or None when it is not
+    one (`reward`: a GRPO rollout's, else None)."""
     obj = _json_object(line)
     if obj is None:
         return None
@@ -174,6 +175,7 @@ def parse_sample(line: bytes) -> dict[str, Any] | None:
         "prompt": prompt[:SAMPLE_TEXT_LIMIT].replace("\x00", ""),
         "completion": completion[:SAMPLE_TEXT_LIMIT].replace("\x00", ""),
         "time": _number(obj.get("time")),
+        "reward": _number(obj.get("reward")),
     }
 
 
@@ -350,11 +352,15 @@ def _side_event_data(type_: EventType, obj: dict[str, Any]) -> dict[str, Any] | 
     if type_ == EventType.warning:
         kind = _text(obj.get("kind"), 32) or "warning"
         return {"kind": kind, "step": step, "message": _text(obj.get("message"), 2000) or kind}
-    return {
+    data = {
         "step": step,
         "prompt": _text(obj.get("prompt"), 4000),
         "completion": _text(obj.get("completion"), 8000),
     }
+    reward = _number(obj.get("reward"))
+    if reward is not None:
+        data["reward"] = reward  # a GRPO rollout's
+    return data
 
 
 def ingest_all() -> int:

@@ -62,8 +62,9 @@ def detect_formats(row: dict[str, Any]) -> set[str]:
     turns). `unpaired_preference`: `prompt`, `completion` and a boolean `label`. `openai_preference`:
     OpenAI's `input.messages`, `preferred_output` and `non_preferred_output`. `openai_reinforcement`: a
     conversation that does not end with an assistant turn (OpenAI's reinforcement rows, whose other fields
-    are the graders' references). A row can be several: an unpaired preference row is also a
-    prompt/completion row, a reinforcement row is also a messages row.
+    are the graders' references). `prompt_only`: a `prompt` (text or a conversation), whatever else the row
+    holds, when the row is not prompt/completion or preference data. A row can be several: an unpaired
+    preference row is also a prompt/completion row, a reinforcement row is also a messages row.
     """
     found: set[str] = set()
     if not isinstance(row, dict):
@@ -88,6 +89,10 @@ def detect_formats(row: dict[str, Any]) -> set[str]:
         both_messages = is_messages(chosen) and is_messages(rejected)
         if has_prompt or both_messages:
             found.add("preference")
+    if has_prompt and not found & {"prompt_completion", "preference"}:
+        # A prompt alone, for GRPO to complete; the row's other fields are its graders' `item`. (GRPO
+        # also takes the prompts of prompt/completion rows: `format: auto` reads the columns.)
+        found.add("prompt_only")
     return found
 
 

@@ -27,7 +27,7 @@ class EventType(StrEnum):
     started = "job.started"  # data: launcher, host, external_id (the SLURM job id), pid, num_nodes
     checkpoint = "job.checkpoint"  # data: step, path (relative to the run directory)
     eval = "job.eval"  # data: step, metrics {eval_loss, ...}
-    sample = "job.sample"  # data: step, prompt, completion
+    sample = "job.sample"  # data: step, prompt, completion (and reward: a GRPO rollout's)
     # data: evaluation_id, checkpoint ("final" or the step), step, status, metrics, best_checkpoint
     evaluation = "job.evaluation"
     # data: kind (nan_loss | loss_exploding | loss_spike | straggler | tracker_unreachable), step, message

@@ -8,6 +8,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ftq.contract.graders import Grader
+
 T = TypeVar("T")
 
 # OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
@@ -118,13 +120,41 @@ class DpoMethod(BaseModel):
     hyperparameters: DpoHyperparameters = Field(default_factory=DpoHyperparameters)
 
 
+class ReinforcementHyperparameters(SupervisedHyperparameters):
+    """OpenAI's reinforcement hyperparameters, as ftq's GRPO reads them (docs/openai.md)."""
+
+    compute_multiplier: Auto | float = Field(
+        "auto",
+        description="Scales the completions sampled per prompt (training.grpo.num_generations, 8 at 1.0; "
+        "at least 2); `auto`: 1.",
+    )
+    eval_interval: Auto | int = Field(
+        "auto",
+        description="Steps between evaluations on the validation_file (training.eval_steps); `auto`: once "
+        "per epoch. Needs a validation_file.",
+    )
+    eval_samples: Auto | int = Field(
+        "auto", description="Not taken: an evaluation samples num_generations completions per prompt."
+    )
+    reasoning_effort: Literal["default", "low", "medium", "high"] = Field(
+        "default", description="Only `default`: the models trained here have no reasoning-effort setting."
+    )
+
+
+class ReinforcementMethod(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grader: Grader = Field(description="The reward: one grader or a multi grader, as for /graders/run.")
+    hyperparameters: ReinforcementHyperparameters = Field(default_factory=ReinforcementHyperparameters)
+
+
 class MethodIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: str = Field(description="supervised or dpo (reinforcement is not taken yet).")
+    type: str = Field(description="supervised, dpo or reinforcement (GRPO with the method's grader).")
     supervised: SupervisedMethod | None = None
     dpo: DpoMethod | None = None
-    reinforcement: dict[str, Any] | None = None
+    reinforcement: ReinforcementMethod | None = None
 
 
 class WandbIn(BaseModel):

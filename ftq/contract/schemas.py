@@ -176,8 +176,15 @@ class SamplePublic(BaseModel):
     step: int = Field(description="The training step the model had reached when it generated this.")
     index: int = Field(description="The prompt's position in the spec's eval.sample_prompts.")
     prompt: str
-    completion: str = Field(description="The greedy completion (new text only), cut at EOS.")
+    completion: str = Field(
+        description="The greedy completion (new text only), cut at EOS; for a GRPO rollout, a sampled one."
+    )
     time: float | None = Field(None, description="When it was written (Unix seconds, the trainer's clock).")
+    reward: float | None = Field(
+        None,
+        description="A GRPO rollout's reward (training.grader's score of the completion); null for the "
+        "completions of eval.sample_prompts. Rollouts have index 8 and up.",
+    )
 
 
 class SamplesPage(BaseModel):

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from ftq.contract.evaluation import MAX_SUITES, EvalOn, Select, Suite, check_suites
+from ftq.contract.graders import Grader
 
 # A hub id is `name` or `owner/name`; names are limited as the hub limits them.
 HUB_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95})?$"
@@ -137,10 +138,13 @@ class DatasetFormat(StrEnum):
     unpaired_preference = "unpaired_preference"
     # OpenAI's fine-tuning files: preference (DPO) rows `{input: {messages}, preferred_output: [..],
     # non_preferred_output: [..]}`, read as conversational prompt/chosen/rejected; reinforcement rows
-    # `{messages (no final assistant turn), <reference fields>}`, recorded (no method trains on them yet).
+    # `{messages (no final assistant turn), <reference fields>}`, which grpo trains on (the messages are the
+    # prompt, the other fields reach the grader as `item.<name>`).
     # OpenAI's chat rows are `messages` rows (with `weight` on assistant turns, `tool_calls`, `tools`).
     openai_preference = "openai_preference"
     openai_reinforcement = "openai_reinforcement"
+    # A prompt alone (text or a conversation) for the model to complete; the other columns are the graders'.
+    prompt_only = "prompt_only"
 
 
 class Method(StrEnum):
@@ -148,6 +152,7 @@ class Method(StrEnum):
     dpo = "dpo"
     kto = "kto"
     reward = "reward"
+    grpo = "grpo"
 
 
 class LossOn(StrEnum):
@@ -169,12 +174,15 @@ FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
     "unpaired_preference": ("prompt", "completion", "label"),
     "openai_preference": ("input", "preferred_output", "non_preferred_output"),
     "openai_reinforcement": ("messages",),
+    "prompt_only": ("prompt",),
 }
 METHOD_FORMATS: dict[str, tuple[str, ...]] = {
     "sft": ("text", "messages", "prompt_completion"),
     "dpo": ("preference", "openai_preference"),
     "kto": ("unpaired_preference",),
     "reward": ("preference", "openai_preference"),
+    # `prompt` rows, or OpenAI's reinforcement rows (`messages` that end before the assistant's turn).
+    "grpo": ("prompt_only", "openai_reinforcement"),
 }
 # Which loss_on each SFT format can mask for (`all` always).
 LOSS_ON_FORMATS: dict[str, tuple[str, ...]] = {
@@ -187,6 +195,7 @@ METHOD_TRAINERS: dict[str, str] = {
     "dpo": "trl.DPOTrainer",
     "kto": "trl.KTOTrainer",
     "reward": "trl.RewardTrainer",
+    "grpo": "trl.GRPOTrainer",
 }
 
 
@@ -409,14 +418,134 @@ class RewardSpec(_Strict):
     )
 
 
-METHOD_PARAMETERS: dict[str, type[_Strict]] = {"dpo": DpoSpec, "kto": KtoSpec, "reward": RewardSpec}
+class GrpoLossType(StrEnum):
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    dapo = "dapo"
+    bnpo = "bnpo"
+    cispo = "cispo"
+    sapo = "sapo"
+    luspo = "luspo"
+    vespo = "vespo"
+
+
+class ScaleRewards(StrEnum):
+    group = "group"
+    batch = "batch"
+    none = "none"
+
+
+class ImportanceSamplingLevel(StrEnum):
+    token = "token"  # noqa: S105 (a level's name, not a secret)
+    sequence = "sequence"
+
+
+class GrpoSpec(_Strict):
+    """TRL's GRPOConfig fields a job may set (the rest come from `training`; the reward is
+    `training.grader`)."""
+
+    num_generations: int = Field(
+        8,
+        ge=2,
+        le=1024,
+        description="Completions sampled per prompt; their rewards are compared within the group. "
+        "per_device_train_batch_size x processes x steps_per_generation must be a multiple of it.",
+    )
+    max_completion_length: int = Field(
+        256, ge=1, le=131_072, description="The most tokens a completion may have (generation stops there)."
+    )
+    beta: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Weight of the KL term against the reference model; 0 (TRL's default) loads no "
+        "reference and logs no `kl`.",
+    )
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature of the generation.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, le=1_000_000, description="0: no top-k filtering.")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    loss_type: GrpoLossType = Field(
+        GrpoLossType.dapo,
+        description="TRL's loss: grpo, dr_grpo, dapo (default), bnpo, cispo, sapo, luspo (needs "
+        "importance_sampling_level sequence), vespo.",
+    )
+    epsilon: float = Field(0.2, gt=0, le=10, description="Clipping range of the policy ratio (lower side).")
+    epsilon_high: float | None = Field(
+        None, gt=0, le=10, description="Upper clipping range (DAPO's clip-higher); unset: epsilon."
+    )
+    delta: float | None = Field(None, gt=1, le=1000, description="Two-sided clipping's upper bound.")
+    num_iterations: int = Field(
+        1, ge=1, le=64, description="Optimisation passes over each generated batch (GRPO's mu)."
+    )
+    steps_per_generation: int | None = Field(
+        None,
+        ge=1,
+        le=65_536,
+        description="Optimizer steps each generation batch feeds; unset: gradient_accumulation_steps.",
+    )
+    scale_rewards: ScaleRewards = Field(
+        ScaleRewards.group,
+        description="Advantages divided by the rewards' std within each group, across the batch, or none.",
+    )
+    importance_sampling_level: ImportanceSamplingLevel = ImportanceSamplingLevel.token
+    mask_truncated_completions: bool = Field(
+        False, description="Leave completions cut at max_completion_length out of the loss."
+    )
+    sync_ref_model: bool = Field(
+        False, description="Mix the policy into the reference every ref_model_sync_steps (needs beta > 0)."
+    )
+    ref_model_mixup_alpha: float = Field(0.6, ge=0, le=1)
+    ref_model_sync_steps: int = Field(512, ge=1, le=100_000_000)
+    use_vllm: bool = Field(
+        False,
+        description="Generate with vLLM in the training processes (TRL's colocate mode): CUDA only, and "
+        "vllm installed on the server.",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="The share of each GPU's memory vLLM may take (use_vllm)."
+    )
+    rollouts_per_log: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="ftq's own: rollouts (prompt, completion, reward) of each logging step written to the "
+        "job's samples (GET /jobs/{id}/samples); 0: none.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GrpoSpec:
+        if self.loss_type == GrpoLossType.luspo and self.importance_sampling_level != "sequence":
+            raise _field_error(
+                ("importance_sampling_level",), "loss_type luspo needs importance_sampling_level: sequence"
+            )
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise _field_error(("epsilon_high",), "epsilon_high must be at least epsilon")
+        if self.sync_ref_model and self.beta == 0:
+            raise _field_error(
+                ("sync_ref_model",), "sync_ref_model updates the reference, and beta 0 loads none; set beta"
+            )
+        return self
+
+    def steps_per_generation_or(self, gradient_accumulation_steps: int) -> int:
+        return self.steps_per_generation or gradient_accumulation_steps
+
+
+METHOD_PARAMETERS: dict[str, type[_Strict]] = {
+    "dpo": DpoSpec,
+    "kto": KtoSpec,
+    "reward": RewardSpec,
+    "grpo": GrpoSpec,
+}
 
 
 class TrainingSpec(_Strict):
     method: Method = Field(
         Method.sft,
         description="sft (supervised), dpo (preference pairs), kto (unpaired preferences), reward (a reward "
-        "model: a sequence classification head scoring chosen above rejected).",
+        "model: a sequence classification head scoring chosen above rejected), grpo (reinforcement "
+        "learning from the rewards of `grader`).",
     )
     loss_on: LossOn = Field(
         LossOn.all,
@@ -428,6 +557,13 @@ class TrainingSpec(_Strict):
     kto: KtoSpec | None = Field(None, description="KTO parameters (training.method: kto only).")
     reward: RewardSpec | None = Field(
         None, description="Reward model parameters (training.method: reward only)."
+    )
+    grpo: GrpoSpec | None = Field(None, description="GRPO parameters (training.method: grpo only).")
+    grader: Grader | None = Field(
+        None,
+        description="The reward of training.method grpo: one grader in OpenAI's grader JSON (string_check, "
+        "text_similarity, python, score_model) or a multi grader; each completion is `sample`, its "
+        "dataset row `item` (see docs/graders.md). Required for grpo, refused otherwise.",
     )
     max_seq_len: int = Field(2048, ge=8, le=1_048_576)
     max_steps: int | None = Field(None, ge=1, le=100_000_000)
@@ -466,7 +602,8 @@ class TrainingSpec(_Strict):
         le=1e6,
         description="A logged loss above this many times the median of the last 50 logged losses is a "
         "job.warning event (loss_spike); above this many times the run's first loss for 3 logging steps, "
-        "the loss is exploding (see stop_on_nan); null: neither check.",
+        "the loss is exploding (see stop_on_nan); null: neither check. Not applied to grpo, whose loss is "
+        "a policy-gradient surrogate near zero.",
     )
 
     @model_validator(mode="after")
@@ -499,13 +636,17 @@ class TrainingSpec(_Strict):
             )
         if self.method != Method.sft and self.packing:
             raise _field_error(("packing",), f"packing is for method sft, not {self.method}")
+        if self.method == Method.grpo and self.grader is None:
+            raise _field_error(("grader",), "training.method grpo needs a grader (the reward it learns from)")
+        if self.method != Method.grpo and self.grader is not None:
+            raise _field_error(("grader",), f"training.grader is for method grpo, not {self.method}")
         return self
 
     @property
     def kto_loss(self) -> str:
         return str(self.kto.loss_type) if self.kto is not None else "kto"
 
-    def method_parameters(self) -> DpoSpec | KtoSpec | RewardSpec | None:
+    def method_parameters(self) -> DpoSpec | KtoSpec | RewardSpec | GrpoSpec | None:
         """The method's own block, with its defaults when the spec left it out (None for sft)."""
         if self.method == Method.dpo:
             return self.dpo or DpoSpec()
@@ -513,6 +654,8 @@ class TrainingSpec(_Strict):
             return self.kto or KtoSpec()
         if self.method == Method.reward:
             return self.reward or RewardSpec()
+        if self.method == Method.grpo:
+            return self.grpo or GrpoSpec()
         return None
 
 
@@ -793,6 +936,42 @@ class JobSpec(_Strict):
                 "set distributed.deepspeed.offload_params: none",
             )
 
+    def _check_grpo(self) -> None:
+        """TRL's rules for a GRPO batch, and where vLLM can generate, as 422s naming the field."""
+        tr, res = self.training, self.resources
+        grpo = tr.grpo or GrpoSpec()
+        steps = grpo.steps_per_generation_or(tr.gradient_accumulation_steps)
+        batch = tr.per_device_train_batch_size * res.world_size * steps
+        if batch % grpo.num_generations != 0:
+            # TRL's generation batch holds whole groups of num_generations completions of one prompt.
+            raise _field_error(
+                ("training", "grpo", "num_generations"),
+                f"the generation batch (per_device_train_batch_size {tr.per_device_train_batch_size} x "
+                f"{res.world_size} process(es) x steps_per_generation {steps} = {batch}) must be a multiple "
+                f"of num_generations {grpo.num_generations}",
+            )
+        if tr.eval_steps is not None and self.dataset.eval_split is not None:
+            eval_batch = (tr.per_device_eval_batch_size or tr.per_device_train_batch_size) * res.world_size
+            if eval_batch % grpo.num_generations != 0:
+                raise _field_error(
+                    ("training", "per_device_eval_batch_size"),
+                    f"the eval batch ({eval_batch} over all processes) must be a multiple of num_generations "
+                    f"{grpo.num_generations}",
+                )
+        if grpo.use_vllm and res.device != Device.cuda:
+            raise _field_error(
+                ("training", "grpo", "use_vllm"),
+                "use_vllm needs resources.device: cuda (vLLM has no CPU path here)",
+            )
+        if grpo.beta == 0 and grpo.sync_ref_model:
+            raise _field_error(("training", "grpo", "sync_ref_model"), "sync_ref_model needs beta > 0")
+        if grpo.sync_ref_model and self.lora is not None:
+            raise _field_error(
+                ("training", "grpo", "sync_ref_model"),
+                "sync_ref_model needs full fine-tuning: with LoRA the reference is the base model with the "
+                "adapter disabled",
+            )
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> JobSpec:
         res, dist, tr = self.resources, self.distributed, self.training
@@ -874,6 +1053,8 @@ class JobSpec(_Strict):
                 "sync_ref_model needs full fine-tuning: with LoRA the reference is the base model with the "
                 "adapter disabled, and there is no separate reference to update",
             )
+        if tr.method == Method.grpo:
+            self._check_grpo()
         if dist.strategy == Strategy.deepspeed and res.device == Device.cpu:
             for field in ("offload_optimizer", "offload_params"):
                 if getattr(dist.deepspeed, field) == Offload.nvme:

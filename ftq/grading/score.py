@@ -111,3 +111,34 @@ def score(
         return Result(evaluate(grader.calculate_output, sub), sub)
     except FormulaError as e:
         raise GraderError(grader.name, f"calculate_output: {e}") from None
+
+
+def score_batch(
+    grader: Grader,
+    samples: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+    limits: Limits,
+    score_model: ScoreModelFn | None = None,
+) -> list[Result]:
+    """Each (sample, item)'s reward, as `score` gives it, with each python grader run once for the whole
+    batch (one sandboxed child process per python grader, not one per sample): how a GRPO step scores
+    its completions. A multi grader scores each of its graders over the batch, then its formula per row."""
+    if len(samples) != len(items):
+        raise ValueError(f"{len(samples)} samples for {len(items)} items")
+    if isinstance(grader, PythonGrader):
+        rewards = run_python(grader.name, grader.source, list(zip(samples, items, strict=True)), limits)
+        return [Result(r) for r in rewards]
+    if isinstance(grader, MultiGrader):
+        columns = {
+            name: [r.reward for r in score_batch(g, samples, items, limits, score_model)]
+            for name, g in grader.graders.items()
+        }
+        out = []
+        for i in range(len(samples)):
+            sub = {name: values[i] for name, values in columns.items()}
+            try:
+                out.append(Result(evaluate(grader.calculate_output, sub), sub))
+            except FormulaError as e:
+                raise GraderError(grader.name, f"calculate_output: {e}") from None
+        return out
+    return [score(grader, s, item, limits, score_model) for s, item in zip(samples, items, strict=True)]

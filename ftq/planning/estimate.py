@@ -504,21 +504,48 @@ def _device_breakdown(job: _Job, states: _States) -> dict[str, int]:
         # DeepSpeed's term for the largest layer: its 16-bit weight and gradient, gathered whole.
         **({"largest_layer": 4 * job.arch.largest_module_params} if job.zero3 else {}),
         **_activation_bytes(spec, job.arch),
+        **_generation_bytes(spec, job.arch, job.cb),
         "comm_buffers": int(_comm_bytes(job)),
         "cuda_context": CUDA_CONTEXT_BYTES if spec.resources.device == "cuda" else 0,
     }
 
 
+def _generation_bytes(spec: JobSpec, arch: Arch, cb: int) -> dict[str, int]:
+    """GRPO's generation, per device: the KV cache of the completions this process samples at once.
+
+    Each process generates its share of a generation batch, per_device_train_batch_size x
+    steps_per_generation sequences (each of its prompts num_generations times: TRL spreads a prompt's
+    group over the batch), each up to max_seq_len tokens (the prompt and its completion; at least
+    max_completion_length): keys and values of every layer, in the compute dtype. With vLLM the cache
+    is vLLM's reservation, vllm_gpu_memory_utilization of the device, counted apart by the operator.
+    Empty for the other methods."""
+    tr = spec.training
+    if tr.method != "grpo":
+        return {}
+    grpo: Any = tr.method_parameters()
+    if grpo.use_vllm:
+        return {}
+    sequences = tr.per_device_train_batch_size * grpo.steps_per_generation_or(tr.gradient_accumulation_steps)
+    seq = max(tr.max_seq_len, grpo.max_completion_length)
+    kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * seq * sequences * cb
+    # The sampling step's logits: one row of the vocabulary per sequence, in float32.
+    logits = sequences * arch.vocab * 4
+    return {"generation_kv_cache": int(kv + logits)}
+
+
 def _reference_bytes(spec: JobSpec, total: int, cb: int, world: int) -> int:
-    """The frozen reference model of full fine-tuning DPO/KTO, per device: weights only (no gradients,
+    """The frozen reference model of full fine-tuning DPO/KTO (and GRPO with beta > 0; GRPO with beta 0
+    loads none), per device: weights only (no gradients,
     no optimizer state), in the policy's load dtype, which TRL gives it. ZeRO-3 partitions it like the
     policy (TRL's prepare_deepspeed), FSDP shards it (prepare_fsdp); DDP and ZeRO-1/2 hold a whole copy
     on every device. None with LoRA (the base with the adapter disabled is the reference) or with
     precomputed reference log-probabilities (the reference is gone before training starts)."""
     tr = spec.training
-    if tr.method not in ("dpo", "kto") or spec.lora is not None:
+    if tr.method not in ("dpo", "kto", "grpo") or spec.lora is not None:
         return 0
     params = tr.method_parameters()
+    if tr.method == "grpo" and getattr(params, "beta", 0) == 0:
+        return 0
     if params is not None and getattr(params, "precompute_ref_log_probs", False):
         return 0
     dist = spec.distributed

@@ -27,6 +27,11 @@ One estimate per plan: `plan.time_estimate` (the scheduler's backfill reads its 
   the slowest link: NVLink on one node (FTQ_INTRA_NODE_GBPS), the node's network across nodes
   (FTQ_INTER_NODE_GBPS). FTQ_COMM_OVERLAP of it hides behind compute (prefetching the next layer);
   the rest adds to the time.
+- GRPO adds its generation: every step samples per-device batch x gradient accumulation x processes
+  completions of up to max_completion_length tokens (all full length: an upper bound), each token one
+  forward pass (2 FLOPs/token/parameter, with the KV cache); with beta > 0 the reference model's forward
+  over the trained tokens (+2), and with num_iterations > 1 the old policy's log-probabilities (+2). With
+  a measured throughput the generated tokens count as tokens.
 - cost: seconds / 3600 x devices x FTQ_PRICE_PER_DEVICE_HOUR, where the operator set a price.
 Model loading, evaluation and saving are not counted.
 """
@@ -34,6 +39,7 @@ Model loading, evaluation and saving are not counted.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ftq.contract.plans import TimeEstimate
 from ftq.contract.spec import JobSpec
@@ -86,6 +92,13 @@ def time_estimate(
     notes.append("not counted: model loading, evaluation, checkpoint and final saves, CPU offload traffic")
 
     flops = float(tokens) * factor * parameters if tokens is not None and parameters else None
+    generated, gen_factor, gen_note = generation_terms(spec)
+    if generated is not None and tokens is not None:
+        notes.append(gen_note)
+        if flops is not None and parameters:
+            flops += (generated * 2 + tokens * gen_factor) * float(parameters)
+        if tps is not None:
+            tokens += generated
     seconds, reason = _seconds(spec, settings, tokens=tokens, parameters=parameters, flops=flops, peak=peak)
     comm = None
     if seconds is not None and tps is None and tokens is not None and parameters:
@@ -113,6 +126,34 @@ def time_estimate(
         reason=reason,
         communication_seconds=comm,
     )
+
+
+def generation_terms(spec: JobSpec) -> tuple[int | None, int, str]:
+    """GRPO's extra work: (completion tokens generated over the run, extra FLOPs per trained token per
+    parameter for the reference and old-policy forwards, the sentence); (None, 0, "") for the other
+    methods, or without max_steps."""
+    tr = spec.training
+    if tr.method != "grpo" or tr.max_steps is None:
+        return None, 0, ""
+    grpo: Any = tr.method_parameters()
+    per_step = tr.per_device_train_batch_size * tr.gradient_accumulation_steps * spec.resources.world_size
+    completions = tr.max_steps * per_step
+    generated = completions * grpo.max_completion_length // grpo.num_iterations
+    extra, why = 0, []
+    if grpo.beta > 0:
+        extra += 2
+        why.append("+2 for the reference model's forward (beta > 0)")
+    if grpo.num_iterations > 1:
+        extra += 2
+        why.append("+2 for the old policy's log-probabilities (num_iterations > 1)")
+    note = (
+        f"generation: {generated} completion tokens ({completions} completions of up to "
+        f"max_completion_length {grpo.max_completion_length}, generated once per num_iterations "
+        f"{grpo.num_iterations}), one forward each: 2 FLOPs/token/parameter"
+    )
+    if why:
+        note += "; trained tokens " + ", ".join(why)
+    return generated, extra, note
 
 
 def _micro_steps(spec: JobSpec, tokens: int) -> int:
@@ -168,6 +209,9 @@ def communication_seconds(
 def _tokens(spec: JobSpec, run_tokens: int | None) -> tuple[int | None, str]:
     """The tokens the run trains on, and where the count comes from."""
     tr, devices = spec.training, spec.resources.world_size
+    if tr.method == "grpo" and tr.max_steps is not None:
+        # GRPO trains on prompts and the completions it samples, not on the rows' own lengths.
+        run_tokens = None
     if run_tokens is not None:
         counted = (
             f"{tr.max_steps} steps at the data's mean sequence length"

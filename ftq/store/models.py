@@ -198,6 +198,8 @@ class Sample(Base):
     prompt: Mapped[str] = mapped_column(Text, nullable=False)
     completion: Mapped[str] = mapped_column(Text, nullable=False)
     time: Mapped[float | None] = mapped_column(Float)
+    # A GRPO rollout's reward (the grader's score of the completion); null for a sample prompt's.
+    reward: Mapped[float | None] = mapped_column(Float)
 
 
 class IdempotencyKey(Base):

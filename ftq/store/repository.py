@@ -818,12 +818,13 @@ def upsert_samples(session: Session, job_id: str, samples: Sequence[dict[str, An
             "prompt": s["prompt"],
             "completion": s["completion"],
             "time": s.get("time"),
+            "reward": s.get("reward"),
         }
     dialect = session.get_bind().dialect.name
     ins: Any = postgresql.insert(Sample) if dialect == "postgresql" else sqlite.insert(Sample)
     stmt = ins.on_conflict_do_update(
         index_elements=[Sample.job_id, Sample.step, Sample.prompt_index],
-        set_={f: getattr(ins.excluded, f) for f in ("prompt", "completion", "time")},
+        set_={f: getattr(ins.excluded, f) for f in ("prompt", "completion", "time", "reward")},
     )
     session.connection().execute(stmt, list(rows.values()))
 

@@ -1,17 +1,10 @@
-"""evaluations: one row per evaluation of a job's checkpoint or final/ (eval.suites), and why each queued
-one waits (evaluations are placed by the one scheduler with jobs and exports)
-
-Revision ID: 0012_evaluations
-Revises: 0010_openai_jobs (0011 is another branch's; the merge chains them)
-"""
+"""Evaluations: one row per evaluation of a job's checkpoint or final/ (eval.suites), and why each
+queued one waits (the one scheduler places evaluations with jobs and exports)."""
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012_evaluations"
-down_revision = "0010_openai_jobs"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0012_evaluations", "0011_grpo"
 
 
 def upgrade() -> None:

@@ -16,12 +16,14 @@ a dry run shows them as the plan's warnings.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ftq.contract import runs
+from ftq.contract.graders import score_models
 from ftq.contract.plans import Plan
 from ftq.contract.spec import PRIORITY_RANK, JobSpec, Priority
 from ftq.planning.render import render_plan
@@ -125,6 +127,35 @@ def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
     ]
     if errors:
         raise SpecError(errors)
+    check_grpo_policy(spec, settings)
+
+
+def check_grpo_policy(spec: JobSpec, settings: Settings) -> None:
+    """A GRPO job's score models must be ones the operator allows (FTQ_GRADER_SCORE_MODELS), and vLLM must
+    be installed where it is asked for (the worker's launch runs this server's Python environment)."""
+    grader = spec.training.grader
+    if grader is None:
+        return
+    allowed = set(settings.grader_score_model_names)
+    errors = [
+        {
+            "loc": ["body", "training", *loc],
+            "msg": f"model {model!r} is not one this server allows for score_model graders "
+            f"(FTQ_GRADER_SCORE_MODELS: {', '.join(sorted(allowed)) or 'none'})",
+            "type": "not_allowed",
+        }
+        for loc, model in score_models(grader)
+        if model not in allowed
+    ]
+    if errors:
+        raise SpecError(errors)
+    grpo = spec.training.grpo
+    if grpo is not None and grpo.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise spec_field_error(
+            ["training", "grpo", "use_vllm"],
+            "vllm is not installed on this server; leave use_vllm off (generation then runs in transformers)",
+            "not_available",
+        )
 
 
 def _wandb_usable(settings: Settings) -> bool:

@@ -15,7 +15,14 @@ def samples_page(repo: JobRepository, job_id: str, *, after_step: int, steps: in
         raise NotFound(f"job {job_id} not found")
     job, rows = found
     data = [
-        SamplePublic(step=r.step, index=r.prompt_index, prompt=r.prompt, completion=r.completion, time=r.time)
+        SamplePublic(
+            step=r.step,
+            index=r.prompt_index,
+            prompt=r.prompt,
+            completion=r.completion,
+            time=r.time,
+            reward=r.reward,
+        )
         for r in rows
     ]
     page_steps = len({r.step for r in rows})

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
 from ftq.contract.evaluation import Best
+from ftq.contract.graders import clean_loc
 from ftq.contract.metrics import Point
 from ftq.contract.plans import Plan
 from ftq.contract.schemas import (
@@ -75,7 +76,9 @@ def _errors_from(exc: ValidationError) -> list[dict[str, Any]]:
             msg = cause.message
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        errors.append({"loc": ["body", *loc], "msg": msg, "type": err.get("type", "value_error")})
+        # A grader's union branch (`string_check`) is no part of the field's path.
+        loc = clean_loc(["body", *loc])
+        errors.append({"loc": loc, "msg": msg, "type": err.get("type", "value_error")})
     return suggest_fields(errors, JobSpec)
 
 

@@ -87,20 +87,20 @@ def _method_of(body: JobCreate) -> tuple[str, dict[str, Any]]:
         hyper = body.hyperparameters or SupervisedHyperparameters()
         return "supervised", hyper.model_dump()
     kind = body.method.type
-    if kind == "reinforcement":
-        raise invalid(
-            "method.type reinforcement is not available yet on this server (it comes with RL fine-tuning); "
-            "use supervised or dpo",
-            "method.type",
-            "unsupported_method",
-        )
-    if kind not in ("supervised", "dpo"):
-        raise invalid(f"method.type must be supervised or dpo, not {kind!r}", "method.type")
+    if kind not in ("supervised", "dpo", "reinforcement"):
+        raise invalid(f"method.type must be supervised, dpo or reinforcement, not {kind!r}", "method.type")
     if body.hyperparameters is not None:
         raise invalid(
             "give the hyperparameters in method.<type>.hyperparameters, not also at the top level",
             "hyperparameters",
         )
+    if kind == "reinforcement":
+        if body.method.reinforcement is None:
+            raise invalid(
+                "method.type reinforcement needs method.reinforcement.grader (the reward it learns from)",
+                "method.reinforcement.grader",
+            )
+        return kind, body.method.reinforcement.hyperparameters.model_dump()
     block = body.method.supervised if kind == "supervised" else body.method.dpo
     if block is None:
         return kind, {}
@@ -124,6 +124,57 @@ def _check_hyper(kind: str, hyper: dict[str, Any]) -> None:
     beta = hyper.get("beta", "auto")
     if beta != "auto" and not (0 < float(beta) <= 2):
         raise invalid(f"beta must be 'auto' or a number above 0 and at most 2, not {beta}", f"{prefix}.beta")
+    if kind == "reinforcement":
+        _check_reinforcement(prefix, hyper)
+
+
+def _check_reinforcement(prefix: str, hyper: dict[str, Any]) -> None:
+    """What of OpenAI's reinforcement hyperparameters has a meaning here (docs/openai.md); the rest is a
+    400 naming it rather than a setting silently ignored."""
+    multiplier = hyper.get("compute_multiplier", "auto")
+    if multiplier != "auto" and not (0 < float(multiplier) <= 16):
+        raise invalid(
+            f"compute_multiplier must be 'auto' or a number above 0 and at most 16, not {multiplier}",
+            f"{prefix}.compute_multiplier",
+        )
+    interval = hyper.get("eval_interval", "auto")
+    if interval != "auto" and not (1 <= int(interval) <= 1_000_000):
+        raise invalid(
+            f"eval_interval must be 'auto' or a number of steps from 1, not {interval}",
+            f"{prefix}.eval_interval",
+        )
+    if hyper.get("eval_samples", "auto") != "auto":
+        raise invalid(
+            "eval_samples is not taken on this server: an evaluation samples num_generations completions of "
+            "each validation prompt (set by compute_multiplier); leave it 'auto'",
+            f"{prefix}.eval_samples",
+            "unsupported_parameter",
+        )
+    if hyper.get("reasoning_effort", "default") != "default":
+        raise invalid(
+            "reasoning_effort is not taken on this server: the models it trains have no reasoning-effort "
+            "setting; leave it 'default'",
+            f"{prefix}.reasoning_effort",
+            "unsupported_parameter",
+        )
+
+
+# GRPO's completions per prompt at compute_multiplier 1 (TRL's default num_generations).
+BASE_GENERATIONS = 8
+
+
+def num_generations(multiplier: float) -> int:
+    """compute_multiplier as completions sampled per prompt: 8 at 1.0, never under 2 (GRPO compares them)."""
+    return max(2, round(BASE_GENERATIONS * multiplier))
+
+
+def grpo_batch(prompts: int, generations: int, world: int) -> int:
+    """Per-device completions for `prompts` prompts a step: the smallest count at least
+    prompts x generations / world whose total over the ranks holds whole groups (TRL's rule)."""
+    per_device = max(1, math.ceil(prompts * generations / world))
+    while (per_device * world) % generations:
+        per_device += 1
+    return per_device
 
 
 def _ready_files(
@@ -163,7 +214,7 @@ def _ready_files(
 # The spec keys a job made from a fine-tuned model keeps of the job that made it (the rest is the request's).
 _KEPT = ("model", "lora", "distributed", "resources", "training")
 # Training keys `resolve` sets from the request, dropped from the source job's training.
-_PER_JOB = ("loss_on", "method", "dpo", "seed", "eval_steps", "max_steps")
+_PER_JOB = ("loss_on", "method", "dpo", "grpo", "grader", "seed", "eval_steps", "max_steps")
 
 
 def fine_tuned_template(repo: OpenAIRepository, settings: Settings, model: str) -> dict[str, Any]:
@@ -234,7 +285,15 @@ def resolve(
     batch = hyper.get("batch_size", "auto")
     batch = auto_batch_size(examples) if batch == "auto" else int(batch)
     per_device = max(1, math.ceil(batch / world))
-    batch = per_device * world  # what one optimizer step takes across the ranks
+    generations = 0
+    if kind == "reinforcement":
+        # batch_size counts prompts; each is completed num_generations times in the same step.
+        compute = hyper.get("compute_multiplier", "auto")
+        generations = num_generations(1.0 if compute == "auto" else float(compute))
+        per_device = grpo_batch(batch, generations, world)
+        batch = max(1, per_device * world // generations)
+    else:
+        batch = per_device * world  # what one optimizer step takes across the ranks
     multiplier = hyper.get("learning_rate_multiplier", "auto")
     multiplier = 1.0 if multiplier == "auto" else float(multiplier)
     training = template.setdefault("training", {})
@@ -265,6 +324,38 @@ def resolve(
         # As OpenAI does: a chat file trains on the assistant turns only (less those with `weight: 0`),
         # unless the operator's template chose otherwise.
         training.setdefault("loss_on", "assistant")
+    if kind == "reinforcement":
+        assert body.method is not None and body.method.reinforcement is not None
+        rl = body.method.reinforcement
+        compute = hyper.get("compute_multiplier", "auto")
+        resolved["compute_multiplier"] = 1.0 if compute == "auto" else float(compute)
+        interval = hyper.get("eval_interval", "auto")
+        if interval != "auto":
+            if valid is None:
+                raise invalid(
+                    "eval_interval needs a validation_file to evaluate on",
+                    "method.reinforcement.hyperparameters.eval_interval",
+                )
+            training["eval_steps"] = int(interval)
+        resolved["eval_interval"] = training.get("eval_steps") or "auto"
+        resolved["eval_samples"] = generations
+        resolved["reasoning_effort"] = "default"
+        if valid is not None:
+            # GRPO's eval batch holds whole groups too.
+            training["per_device_eval_batch_size"] = per_device
+        training.pop("loss_on", None)
+        # Completions up to half the template's sequence length (at most 256), unless the operator's
+        # template says otherwise (training.grpo.max_completion_length).
+        length = min(256, max(16, int(training.get("max_seq_len", 2048)) // 2))
+        training.update(
+            method="grpo",
+            grpo={
+                "max_completion_length": length,
+                **(training.get("grpo") or {}),
+                "num_generations": generations,
+            },
+            grader=rl.grader.model_dump(mode="json", exclude_none=True),
+        )
     if kind == "dpo":
         beta = hyper.get("beta", "auto")
         beta = DEFAULT_BETA if beta == "auto" else float(beta)
@@ -369,9 +460,14 @@ def to_openai(job: Job, extra: OpenAIJob | None, settings: Settings) -> FineTuni
             * world,
             "learning_rate_multiplier": 1.0,
         }
-        kind = "dpo" if training.get("method") == "dpo" else "supervised"
+        kinds = {"dpo": "dpo", "grpo": "reinforcement"}
+        kind = kinds.get(str(training.get("method")), "supervised")
         method = {"type": kind, kind: {"hyperparameters": hyper}}
         model = str((spec.get("model") or {}).get("name_or_path"))
+    if method.get("type") == "reinforcement":
+        # OpenAI's reinforcement method carries its grader: the spec's, as the trainer scores with it.
+        block = method.get("reinforcement") or {}
+        method = {"type": "reinforcement", "reinforcement": {**block, "grader": training.get("grader")}}
     status = STATUS.get(str(job.status), str(job.status))
     error = None
     if job.status == JobStatus.failed:
@@ -458,12 +554,24 @@ def _metrics_event(
         "train_mean_token_accuracy": extra.get("mean_token_accuracy"),
         "valid_mean_token_accuracy": extra.get("eval_mean_token_accuracy"),
         "learning_rate": p.learning_rate,
+        # Reinforcement (GRPO) jobs: the grader's reward over the step's completions, and each grader's.
+        "train_reward_mean": extra.get("reward"),
+        "train_reward_std": extra.get("reward_std"),
+        "valid_reward_mean": extra.get("eval_reward"),
+        "train_mean_completion_length": extra.get("completions/mean_length"),
+        **{
+            f"train_reward_{key.removeprefix('rewards/').removesuffix('/mean')}_mean": value
+            for key, value in extra.items()
+            if key.startswith("rewards/") and key.endswith("/mean")
+        },
     }
     parts = []
     if p.loss is not None:
         parts.append(f"training loss={p.loss:.4f}")
     if p.eval_loss is not None:
         parts.append(f"validation loss={p.eval_loss:.4f}")
+    if extra.get("reward") is not None:
+        parts.append(f"reward={extra['reward']:.4f}")
     at = p.time if p.time is not None else fallback
     event = FineTuningJobEvent(
         id=f"ftevent-m{p.step}",

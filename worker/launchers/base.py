@@ -162,6 +162,22 @@ def tracker_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
     return env
 
 
+def grader_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
+    """The python grader sandbox's limits for a GRPO run (the operator's FTQ_GRADER_* settings, which
+    trainer.rewards reads back); nothing for the other methods."""
+    if spec.training.grader is None:
+        return {}
+    env = {
+        "FTQ_GRADER_CPU_SECONDS": str(settings.grader_cpu_seconds),
+        "FTQ_GRADER_MEMORY_MB": str(settings.grader_memory_mb),
+        "FTQ_GRADER_TIMEOUT_SECONDS": f"{settings.grader_timeout_seconds:g}",
+        "FTQ_GRADER_PROCESSES": str(settings.grader_processes),
+    }
+    if settings.grader_python:
+        env["FTQ_GRADER_PYTHON"] = settings.grader_python
+    return env
+
+
 def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequest) -> None:
     """What every launcher adds to a run's environment: the operator's secrets (named in
     FTQ_PASS_ENV, never stored), the request's own variables, and ftq's code on PYTHONPATH so
@@ -171,6 +187,7 @@ def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequ
             env[name] = os.environ[name]
     env.update(hub_environment(settings, req.spec))
     env.update(tracker_environment(settings, req.spec))
+    env.update(grader_environment(settings, req.spec))
     env.update(req.env)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")

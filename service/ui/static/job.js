@@ -319,10 +319,12 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     state.eventsDone = FTQ.TERMINAL.includes(job.status);
   }
 
-  // Completions of the spec's eval.sample_prompts (GET /jobs/{id}/samples), polled like the metrics:
-  // only steps after the last one read, until the API says the job ended and all were read.
+  // Completions of the spec's eval.sample_prompts, and a GRPO job's rollouts with their reward
+  // (GET /jobs/{id}/samples), polled like the metrics: only steps after the last one read, until the API
+  // says the job ended and all were read.
   async function pollSamples(job) {
-    if (!((job.spec || {}).eval || {}).sample_prompts?.length) {
+    const grpo = ((job.spec || {}).training || {}).method === "grpo";
+    if (!grpo && !((job.spec || {}).eval || {}).sample_prompts?.length) {
       state.samplesComplete = true;
       return;
     }
@@ -342,10 +344,12 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     const rows = state.samples.map((s, i) => h("tr", { dataset: { step: s.step, index: s.index } },
       h("td", { class: "num" }, i === 0 || state.samples[i - 1].step !== s.step ? `step ${s.step}` : ""),
       h("td", { class: "prompt" }, s.prompt),
-      h("td", { class: "completion" }, s.completion)));
+      h("td", { class: "completion" }, s.completion),
+      ...(grpo ? [h("td", { class: "num" }, s.reward == null ? "" : FTQ.num(s.reward))] : [])));
+    const head = [h("th", {}, "step"), h("th", {}, "prompt"), h("th", {}, "completion")];
+    if (grpo) head.push(h("th", {}, "reward"));
     const body = rows.length
-      ? h("table", { class: "samples", id: "samples-table" },
-        h("tr", {}, h("th", {}, "step"), h("th", {}, "prompt"), h("th", {}, "completion")), ...rows)
+      ? h("table", { class: "samples", id: "samples-table" }, h("tr", {}, ...head), ...rows)
       : h("p", { class: "muted" }, state.samplesComplete ? "this run wrote no samples" : "no samples yet");
     box.replaceChildren(body);
     document.getElementById("samples-card").hidden = false;

@@ -276,3 +276,50 @@ def test_a_fine_tuned_model_goes_on_training_from_its_adapter(dep: Deployment, t
     assert job.model == trained.sft.fine_tuned_model
     # The base model's first loss (the SFT job's) is well above where the adapter left it.
     assert _first_train_loss(client, job.id) < _first_train_loss(client, trained.sft.id) - 0.5
+
+
+def test_a_reinforcement_job_with_a_string_check_grader_succeeds_with_reward_metrics(
+    dep: Deployment, tiny_dir: Path
+) -> None:
+    """OpenAI's reinforcement method (GRPO here): rows up to the model's turn with a reference answer, a
+    string_check grader; 4 steps of 1 prompt, 2 completions of it (compute_multiplier 0.25)."""
+    client = sdk(dep)
+    rows = [
+        {"messages": [{"role": "user", "content": f"count from {w}."}], "answer": f"{w} two three."}
+        for w in ("one", "two", "three", "four")
+    ]
+    train = client.files.create(
+        file=("rl.jsonl", io.BytesIO(b"".join(json.dumps(r).encode() + b"\n" for r in rows))),
+        purpose="fine-tune",
+    )
+    grader = {
+        "type": "string_check",
+        "name": "exact",
+        "input": "{{sample.output_text}}",
+        "reference": "{{item.answer}}",
+        "operation": "eq",
+    }
+    job = client.fine_tuning.jobs.create(
+        model="ftq-tiny",
+        training_file=train.id,
+        method={
+            "type": "reinforcement",
+            "reinforcement": {
+                "grader": grader,  # type: ignore[typeddict-item]
+                "hyperparameters": {"n_epochs": 1, "batch_size": 1, "compute_multiplier": 0.25},
+            },
+        },
+    )
+    done = _wait(client, job.id, dep)
+    native = "job_" + job.id.removeprefix("ftjob-")
+    assert done.status == "succeeded", dep.report(native)
+    assert done.method is not None and done.method.type == "reinforcement"
+    assert done.method.reinforcement is not None and done.method.reinforcement.grader.type == "string_check"
+    metrics = [e for e in client.fine_tuning.jobs.list_events(job.id) if e.type == "metrics"]
+    assert len(metrics) == 4, metrics
+    for event in metrics:
+        data = cast(dict[str, Any], event.data)
+        assert data["train_reward_mean"] in (0.0, 0.5, 1.0) and "train_reward_exact_mean" in data, data
+        assert "reward=" in event.message
+    spec = dep.http.get(f"/jobs/{native}").json()["spec"]["training"]
+    assert spec["method"] == "grpo" and spec["grpo"]["num_generations"] == 2

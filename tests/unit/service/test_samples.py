@@ -45,6 +45,7 @@ def test_pages_hold_whole_steps_in_order(
         "prompt": "three",
         "completion": "three @ 2",
         "time": 1.0,
+        "reward": None,  # a sample prompt's completion; GRPO's rollouts carry their reward
     }
     assert page["next_after_step"] == 6 and page["complete"] is False
     rest = client.get(f"/jobs/{job['id']}/samples?after_step=6").json()
@@ -62,6 +63,13 @@ def test_pages_hold_whole_steps_in_order(
         s.commit()
     again = client.get(f"/jobs/{job['id']}/samples?after_step=2&limit=1").json()["data"]
     assert [(s["index"], s["completion"]) for s in again] == [(0, "new"), (1, "three @ 4")]
+    # A GRPO rollout (index 8 and up, trainer.rewards) keeps its reward.
+    with session_scope() as s:
+        rollout = {"step": 4, "index": 8, "prompt": "2+2", "completion": "4", "reward": 0.75}
+        repository.upsert_samples(s, job["id"], [rollout])
+        s.commit()
+    step4 = client.get(f"/jobs/{job['id']}/samples?after_step=2&limit=1").json()["data"]
+    assert [(s["index"], s["reward"]) for s in step4] == [(0, None), (1, None), (8, 0.75)]
 
     client.post(f"/jobs/{job['id']}/cancel")  # a queued job is cancelled at once: terminal
     done = client.get(f"/jobs/{job['id']}/samples?after_step=6").json()

@@ -84,7 +84,11 @@ def test_run_directory_events_are_recorded_once(tmp_path: Path, monkeypatch: pyt
 
 def test_sample_lines_are_parsed_strictly() -> None:
     ok = ingest.parse_sample(b'{"step": 4, "index": 1, "prompt": "a", "completion": "b\\u0000c", "time": 5}')
-    assert ok == {"step": 4, "index": 1, "prompt": "a", "completion": "bc", "time": 5.0}
+    assert ok == {"step": 4, "index": 1, "prompt": "a", "completion": "bc", "time": 5.0, "reward": None}
+    rollout = ingest.parse_sample(b'{"step": 4, "index": 8, "prompt": "a", "completion": "b", "reward": 0.5}')
+    assert rollout is not None and rollout["reward"] == 0.5  # a GRPO rollout's
+    odd = ingest.parse_sample(b'{"step": 4, "index": 8, "prompt": "a", "completion": "b", "reward": "high"}')
+    assert odd is not None and odd["reward"] is None
     long = ingest.parse_sample(
         ('{"step": 1, "index": 0, "prompt": "a", "completion": "%s"}' % ("x" * 20000)).encode()
     )

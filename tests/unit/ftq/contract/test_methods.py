@@ -30,6 +30,12 @@ PREFERENCE_CHAT = {
     "rejected": [{"role": "user", "content": "count"}, {"role": "assistant", "content": "two one"}],
 }
 UNPAIRED = {"prompt": "count from one.", "completion": " one two.", "label": True}
+GRADER = {
+    "type": "string_check",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "eq",
+}
 
 
 def spec(method: str = "sft", fmt: str = "auto", lora: bool = True, **training: Any) -> dict[str, Any]:
@@ -40,6 +46,9 @@ def spec(method: str = "sft", fmt: str = "auto", lora: bool = True, **training: 
     }
     if lora:
         body["lora"] = {}
+    if method == "grpo":
+        body["training"].setdefault("grpo", {"num_generations": 2})
+        body["training"].setdefault("grader", GRADER)
     return body
 
 
@@ -58,7 +67,7 @@ def test_method_defaults_to_sft_and_each_method_names_its_trainer() -> None:
     job = JobSpec.model_validate(spec(method="sft"))
     assert job.training.method == "sft" and job.training.loss_on == "all"
     assert job.training.method_parameters() is None
-    assert set(METHOD_TRAINERS) == set(METHOD_FORMATS) == {"sft", "dpo", "kto", "reward"}
+    assert set(METHOD_TRAINERS) == set(METHOD_FORMATS) == {"sft", "dpo", "kto", "reward", "grpo"}
     dpo = JobSpec.model_validate(spec(method="dpo")).training.method_parameters()
     assert isinstance(dpo, DpoSpec) and dpo.beta == 0.1 and dpo.loss_type == "sigmoid"
     kto = JobSpec.model_validate(
@@ -124,9 +133,13 @@ def test_kto_needs_two_rows_a_batch_for_its_kl_term() -> None:
         ("dpo", "openai_preference", True),
         ("reward", "openai_preference", True),
         ("sft", "openai_preference", False),
-        # OpenAI's reinforcement rows are recorded, but no method trains on them yet (the RL issue's).
+        # OpenAI's reinforcement rows and prompt-only rows: what GRPO trains on, and only GRPO.
         ("sft", "openai_reinforcement", False),
         ("dpo", "openai_reinforcement", False),
+        ("sft", "prompt_only", False),
+        ("grpo", "prompt_only", True),
+        ("grpo", "openai_reinforcement", True),
+        ("grpo", "messages", False),
     ],
 )
 def test_the_format_table_decides_which_data_a_method_takes(method: str, fmt: str, ok: bool) -> None:
@@ -165,6 +178,8 @@ def test_auto_format_reads_the_columns_the_method_needs() -> None:
     assert auto_format("dpo", ["prompt", "chosen", "rejected"]) == "preference"
     assert auto_format("kto", ["text"]) == "unpaired_preference"
     assert FORMAT_COLUMNS["unpaired_preference"] == ("prompt", "completion", "label")
+    assert auto_format("grpo", ["prompt", "answer"]) == "prompt_only"
+    assert auto_format("grpo", ["messages", "answer"]) == "openai_reinforcement"
 
 
 @pytest.mark.parametrize(
@@ -181,8 +196,11 @@ def test_auto_format_reads_the_columns_the_method_needs() -> None:
         ({"messages": []}, set()),
         ({"messages": [{"content": "no role"}]}, set()),
         ({"chosen": "a", "rejected": "b"}, set()),  # text pairs need their prompt
-        ({"prompt": "p", "completion": "c", "label": "yes"}, {"prompt_completion"}),  # label must be a bool
-        ({"prompt": "p", "completion": None}, set()),
+        # label must be a bool
+        ({"prompt": "p", "completion": "c", "label": "yes"}, {"prompt_completion"}),
+        ({"prompt": "p", "completion": None}, {"prompt_only"}),  # a prompt for GRPO, nothing more
+        ({"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}, {"prompt_only"}),
+        ({"messages": [{"role": "user", "content": "2+2?"}]}, {"messages", "openai_reinforcement"}),
         ({"body": "x"}, set()),
     ],
 )
@@ -194,4 +212,6 @@ def test_methods_for_formats() -> None:
     assert methods_for({"text"}) == ["sft"]
     assert methods_for({"preference"}) == ["dpo", "reward"]
     assert methods_for(detect_formats(UNPAIRED)) == ["sft", "kto"]
+    assert methods_for(detect_formats({"prompt": "2+2=", "answer": "4"})) == ["grpo"]
+    assert methods_for({"openai_reinforcement"}) == ["grpo"]
     assert methods_for(set()) == []

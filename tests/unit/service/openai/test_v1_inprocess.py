@@ -146,7 +146,11 @@ def test_bad_job_requests_get_openai_errors_naming_the_param(v1: Any, tiny_dir: 
             openai.BadRequestError,
             "method.supervised.hyperparameters.batch_size",
         ),
-        ({"method": {"type": "reinforcement", "reinforcement": {}}}, openai.BadRequestError, "method.type"),
+        (
+            {"method": {"type": "reinforcement", "reinforcement": {}}},
+            openai.BadRequestError,
+            "method.reinforcement.grader",
+        ),
         ({"training_file": "file-" + "0" * 24}, openai.NotFoundError, "training_file"),
         ({"validation_file": "file-nope"}, openai.NotFoundError, "validation_file"),
         ({"suffix": "has space"}, openai.BadRequestError, "suffix"),
@@ -373,3 +377,66 @@ def test_a_fine_tuned_model_goes_on_training_from_its_final_folder(
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"][0]["loc"] == ["body", "model", "adapter"]
     assert refused.json()["detail"][0]["type"] == "path_refused"
+
+
+RL_GRADER = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+    "operation": "eq",
+}
+
+
+def _reinforcement_lines(n: int) -> bytes:
+    """OpenAI's reinforcement rows: a conversation up to the model's turn, and the grader's reference."""
+    rows = [
+        {"messages": [{"role": "user", "content": f"{i} + 1 = ?"}], "answer": str(i + 1)} for i in range(n)
+    ]
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def test_a_reinforcement_job_maps_onto_grpo_with_its_grader(v1: Any) -> None:
+    sdk = _sdk(v1)
+    train = _upload(sdk, _reinforcement_lines(12))
+    job = sdk.fine_tuning.jobs.create(
+        model="ftq-tiny",
+        training_file=train,
+        method={
+            "type": "reinforcement",
+            "reinforcement": {
+                "grader": RL_GRADER,
+                "hyperparameters": {"batch_size": 1, "compute_multiplier": 0.5, "n_epochs": 2},
+            },
+        },
+    )
+    assert job.status == "queued" and job.method is not None and job.method.type == "reinforcement"
+    assert job.method.reinforcement is not None
+    assert job.method.reinforcement.grader.type == "string_check"  # type: ignore[union-attr]
+    hyper = job.method.reinforcement.hyperparameters
+    assert hyper is not None and hyper.compute_multiplier == 0.5 and hyper.eval_samples == 4
+    # 1 prompt a step, 8 x 0.5 = 4 completions of it, over the template's 2 ranks: 2 a rank.
+    training = _native_job(v1, job.id)["spec"]["training"]
+    assert training["method"] == "grpo" and training["grpo"]["num_generations"] == 4
+    assert training["per_device_train_batch_size"] == 2 and training["num_train_epochs"] == 2
+    assert training["grader"]["reference"] == "{{item.answer}}"
+    raw = v1.get(f"/v1/fine_tuning/jobs/{job.id}", headers={"Authorization": "Bearer tok-alice"}).json()
+    from openai.types.fine_tuning import FineTuningJob
+
+    FineTuningJob.model_validate(raw)  # the raw JSON in the SDK's own model
+    sdk.fine_tuning.jobs.cancel(job.id)
+
+    hyper_param = "method.reinforcement.hyperparameters."
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"hyperparameters": {"eval_samples": 4}}, hyper_param + "eval_samples"),
+        ({"hyperparameters": {"reasoning_effort": "high"}}, hyper_param + "reasoning_effort"),
+        ({"hyperparameters": {"eval_interval": 5}}, hyper_param + "eval_interval"),  # no validation file
+        ({"hyperparameters": {"compute_multiplier": 0}}, hyper_param + "compute_multiplier"),
+        ({"grader": {**RL_GRADER, "operation": "contains"}}, "method.reinforcement.grader.operation"),
+        ({"grader": {"type": "python", "source": "x = 1"}}, "method.reinforcement.grader.source"),
+    ]
+    for change, param in cases:
+        method = {"type": "reinforcement", "reinforcement": {"grader": RL_GRADER, **change}}
+        with pytest.raises(openai.BadRequestError) as got:
+            sdk.fine_tuning.jobs.create(model="ftq-tiny", training_file=train, method=method)  # type: ignore[arg-type]
+        assert _body(got.value)["param"] == param, (change, got.value.body)

@@ -1,0 +1,85 @@
+"""A GRPO job through the native API in process (service/jobs/planning.py `check_grpo_policy`): the plan
+names trl.GRPOTrainer and counts the generation; a bad grader, a score model the operator does not allow
+and use_vllm without vllm are 422s naming their field."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from typing import Any
+
+import pytest
+
+from tests.harness.inprocess import MakeClient
+
+GRADER = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.completion}}",
+    "operation": "eq",
+}
+
+
+@pytest.fixture
+def grpo_job(tiny_job: dict[str, Any]) -> dict[str, Any]:
+    job = copy.deepcopy(tiny_job)
+    job["dataset"] = {
+        "name_or_path": job["dataset"]["name_or_path"].replace("data/train", "prompt_completion/train")
+    }
+    job["training"].update(
+        method="grpo",
+        per_device_train_batch_size=4,
+        grpo={"num_generations": 4, "max_completion_length": 16},
+        grader=copy.deepcopy(GRADER),
+    )
+    return job
+
+
+def _loc(r: Any) -> list[Any]:
+    assert r.status_code == 422, r.text
+    return list(r.json()["detail"][0]["loc"])
+
+
+def test_a_grpo_plan_names_its_trainer_and_counts_the_generation(
+    make_client: MakeClient, grpo_job: dict[str, Any]
+) -> None:
+    client = make_client()
+    r = client.post("/jobs?dry_run=true", json=grpo_job)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["trainer"] == "trl.GRPOTrainer"
+    assert plan["estimate"]["breakdown"]["generation_kv_cache"] > 0
+    assert any(a.startswith("generation:") for a in plan["time_estimate"]["assumptions"])
+
+
+def test_grpo_refusals_name_their_field(make_client: MakeClient, grpo_job: dict[str, Any]) -> None:
+    client = make_client(grader_score_models="./tiny/model")
+    bad = copy.deepcopy(grpo_job)
+    bad["training"]["grader"]["operation"] = "contains"
+    assert _loc(client.post("/jobs", json=bad)) == ["body", "training", "grader", "operation"]
+    batch = copy.deepcopy(grpo_job)
+    batch["training"]["grpo"]["num_generations"] = 3
+    assert _loc(client.post("/jobs", json=batch)) == ["body", "training", "grpo", "num_generations"]
+    scored = copy.deepcopy(grpo_job)
+    scored["training"]["grader"] = {
+        "type": "multi",
+        "graders": {
+            "ok": {
+                "type": "score_model",
+                "model": "./tiny/model",
+                "input": [{"role": "user", "content": "x"}],
+            },
+            "no": {"type": "score_model", "model": "org/judge", "input": [{"role": "user", "content": "x"}]},
+        },
+        "calculate_output": "ok + no",
+    }
+    r = client.post("/jobs", json=scored)
+    assert _loc(r) == ["body", "training", "grader", "graders", "no", "model"]
+    assert "FTQ_GRADER_SCORE_MODELS" in r.text
+    if importlib.util.find_spec("vllm") is None:
+        vllm = copy.deepcopy(grpo_job)
+        vllm["training"]["grpo"]["use_vllm"] = True
+        vllm["resources"]["device"] = "cuda"
+        r = client.post("/jobs?dry_run=true", json=vllm)
+        assert _loc(r) == ["body", "training", "grpo", "use_vllm"] and "not installed" in r.text
