@@ -114,36 +114,21 @@ def load_splits(spec: DatasetSpec, seed: int, method: str = "sft") -> tuple[Data
 
 
 def load_raw(name_or_path: str) -> DatasetDict:
-    """A DatasetDict from a hub id, a save_to_disk folder, a folder of data files, or one data file."""
+    """A DatasetDict from a hub id, a save_to_disk folder, a folder of data files, or one data file.
+
+    With HF_HUB_OFFLINE set (a run whose fetch step downloaded the dataset), a hub id is read from its
+    snapshot folder in the Hub cache, so no rank asks the Hub anything."""
     import datasets
     import datasets.exceptions
 
     try:
         if looks_local(name_or_path):
-            path = Path(name_or_path)
-            if not path.exists():
-                raise DatasetError(f"dataset path {name_or_path} does not exist")
-            if path.is_file():
-                builder = _BUILDERS.get(path.suffix.lower())
-                if builder is None:
-                    raise DatasetError(
-                        f"dataset file {name_or_path}: use .jsonl, .json, .parquet, .csv or .arrow"
-                    )
-                return _as_dict(datasets.load_dataset(builder, data_files={"train": str(path)}))
-            if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
-                return _as_dict(datasets.load_from_disk(str(path)))
-            data_files = _split_files(path)
-            if data_files:
-                # One load per file: splits may differ in columns (datasets would insist they match).
-                return datasets.DatasetDict(
-                    {
-                        split: datasets.load_dataset(
-                            _BUILDERS[f.suffix.lower()], data_files=str(f), split="train"
-                        )
-                        for split, f in data_files.items()
-                    }
-                )
-            return _as_dict(datasets.load_dataset(str(path)))
+            return _load_local(Path(name_or_path), name_or_path)
+        if hub.offline():
+            snapshot = _fetched_snapshot(name_or_path)
+            if snapshot is not None:
+                return _load_local(snapshot, name_or_path)
+            return _offline_load(name_or_path)
         problem = hub.unreachable_reason(name_or_path, "dataset")
         if problem:
             raise DatasetError(problem)
@@ -160,6 +145,58 @@ def load_raw(name_or_path: str) -> DatasetDict:
         # DatasetNotFoundError is a FileNotFoundError; offline hub lookups end as ConnectionError/OSError.
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DatasetError(f"cannot load dataset {name_or_path}: {first}") from err
+
+
+def _fetched_snapshot(repo: str) -> Path | None:
+    """The folder of the hub dataset `repo` in the Hub cache (HF_HUB_CACHE), where the fetch step put it,
+    found without the network; None when it is not there."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo, repo_type="dataset", local_files_only=True))
+    except LocalEntryNotFoundError:
+        return None
+
+
+def _offline_load(repo: str) -> DatasetDict:
+    """A hub dataset that is not in the Hub cache, offline: what datasets' own cache holds (a dataset
+    loaded before this run's fetch step existed), or a DatasetError saying how it gets there."""
+    import datasets
+
+    try:
+        return _as_dict(datasets.load_dataset(repo))
+    except Exception as err:
+        raise DatasetError(
+            f"dataset {repo} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: the fetch step "
+            "(python -m trainer.fetch) downloads it before the ranks start; run the job through ftq, or "
+            "unset HF_HUB_OFFLINE"
+        ) from err
+
+
+def _load_local(path: Path, name_or_path: str) -> DatasetDict:
+    """A DatasetDict from a save_to_disk folder, a folder of data files, or one data file."""
+    import datasets
+
+    if not path.exists():
+        raise DatasetError(f"dataset path {name_or_path} does not exist")
+    if path.is_file():
+        builder = _BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise DatasetError(f"dataset file {name_or_path}: use .jsonl, .json, .parquet, .csv or .arrow")
+        return _as_dict(datasets.load_dataset(builder, data_files={"train": str(path)}))
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+        return _as_dict(datasets.load_from_disk(str(path)))
+    data_files = _split_files(path)
+    if data_files:
+        # One load per file: splits may differ in columns (datasets would insist they match).
+        return datasets.DatasetDict(
+            {
+                split: datasets.load_dataset(_BUILDERS[f.suffix.lower()], data_files=str(f), split="train")
+                for split, f in data_files.items()
+            }
+        )
+    return _as_dict(datasets.load_dataset(str(path)))
 
 
 def _split_files(folder: Path) -> dict[str, Path]:

@@ -18,7 +18,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 PROBE_TIMEOUT_S = 5.0
 
 
-def _offline() -> bool:
+def offline() -> bool:
+    """Whether HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) says not to ask the Hub."""
     flags = (os.environ.get(n, "").strip().lower() for n in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
     return any(f in ("1", "true", "yes", "on") for f in flags)
 
@@ -37,7 +38,7 @@ def _cached(repo_id: str, repo_type: str, revision: str | None) -> bool:
 def unreachable_reason(repo_id: str, repo_type: str = "model", revision: str | None = None) -> str | None:
     """Why the Hub cannot be reached for `repo_id` (a hub id, not a path), or None when it answered
     (any HTTP status: a gated or missing repo is the loader's to explain) or need not be asked."""
-    if _offline() or _cached(repo_id, repo_type, revision):
+    if offline() or _cached(repo_id, repo_type, revision):
         return None
     endpoint = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     kind = "models" if repo_type == "model" else "datasets"

@@ -29,7 +29,8 @@ class Progress(BaseModel):
     phase: str | None = Field(
         None,
         description="What the job is doing: queued, starting (processes starting), fetching (the fetch "
-        "step downloading hub models before the processes start; the message gives the bytes done), "
+        "step downloading hub models and datasets before the processes start; the message gives the bytes "
+        "done), "
         "loading (tokenizer, "
         "data, model, trainer), training, saving (the final model), cancelling, pausing (a pause is saving a "
         "checkpoint and stopping the run), paused; null once it ended.",

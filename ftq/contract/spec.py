@@ -1088,3 +1088,18 @@ def hub_models(spec: JobSpec) -> list[tuple[str, str | None]]:
     if spec.model.adapter and not looks_local(spec.model.adapter):
         found.append((spec.model.adapter, None))
     return found
+
+
+def hub_datasets(spec: JobSpec) -> list[tuple[str, str | None]]:
+    """(hub id, revision) of the hub dataset a run loads (`dataset.name_or_path` that is not a local path),
+    which the fetch step downloads too; the revision is None (the Hub's main): a dataset has no revision
+    field. Empty for a local path or an uploaded file."""
+    name = spec.dataset.name_or_path
+    if name is None or looks_local(name):
+        return []
+    return [(name, None)]
+
+
+def needs_fetch(spec: JobSpec) -> bool:
+    """Whether a run has a fetch step: its spec names a hub model or a hub dataset."""
+    return bool(hub_models(spec) or hub_datasets(spec))

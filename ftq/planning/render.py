@@ -26,7 +26,7 @@ import yaml
 
 from ftq.contract import runs
 from ftq.contract.plans import DatasetPreflight, Estimate, Plan
-from ftq.contract.spec import METHOD_TRAINERS, JobSpec, hub_models
+from ftq.contract.spec import METHOD_TRAINERS, JobSpec, needs_fetch
 from ftq.planning.timecost import time_estimate
 from ftq.runtime.settings import Settings, slurm_env_lines
 
@@ -308,16 +308,16 @@ FETCH_MODULE = "trainer.fetch"
 
 
 def fetch_lines(spec: JobSpec, python: str) -> str:
-    """launch.sh's fetch step when the spec names a hub model: `python -m trainer.fetch` once, before the
-    ranks start (into the launcher's HF_HUB_CACHE, with its HF_TOKEN: neither is written here), its
-    failure the run's exit status; then HF_HUB_OFFLINE=1, so the ranks load from that cache alone.
-    Empty when every model is a local path."""
-    if not hub_models(spec):
+    """launch.sh's fetch step when the spec names a hub model or dataset: `python -m trainer.fetch` once,
+    before the ranks start (into the launcher's HF_HUB_CACHE, with its HF_TOKEN: neither is written here),
+    its failure the run's exit status; then HF_HUB_OFFLINE=1, so the ranks load from that cache alone.
+    Empty when every model and the dataset are local paths."""
+    if not needs_fetch(spec):
         return ""
     status = runs.EXIT_STATUS
     return "\n".join(
         [
-            "# The fetch step: hub models downloaded once, before the ranks start (progress in train.log)",
+            "# The fetch step: hub models and datasets downloaded once, before the ranks start (train.log)",
             f"{_q([python, '-m', FETCH_MODULE, '--spec', runs.SPEC])} >> {runs.TRAIN_LOG} 2>&1",
             "status=$?",
             'if [ "$status" -ne 0 ]; then',
@@ -332,13 +332,13 @@ def fetch_lines(spec: JobSpec, python: str) -> str:
 def sbatch_fetch_lines(spec: JobSpec, python: str, run_dir: Path) -> str:
     """job.sbatch's fetch step: on the batch script's node, once, into the shared HF_HUB_CACHE, before srun
     starts a rank (under `set -e` its failure is the job's exit status); then HF_HUB_OFFLINE=1 for every
-    node's ranks. Empty when every model is a local path."""
-    if not hub_models(spec):
+    node's ranks. Empty when every model and the dataset are local paths."""
+    if not needs_fetch(spec):
         return ""
     return "\n".join(
         [
-            "# The fetch step: hub models downloaded once, here, before srun starts any rank; the ranks of",
-            "# every node then load from the shared cache (HF_HUB_CACHE) offline.",
+            "# The fetch step: hub models and datasets downloaded once, here, before srun starts any rank;",
+            "# the ranks of every node then load from the shared cache (HF_HUB_CACHE) offline.",
             _q([python, "-m", FETCH_MODULE, "--spec", str(run_dir / runs.SPEC)]),
             "export HF_HUB_OFFLINE=1\n",
         ]

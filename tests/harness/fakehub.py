@@ -1,7 +1,8 @@
 """A stand-in for the Hugging Face Hub on 127.0.0.1 (HF_ENDPOINT): what the fetch step asks for.
 
 It serves one folder as a model repo in the Hub's URL layout (`/api/models/{repo}[/revision/{rev}]`
-with the files' sizes, `/{repo}/resolve/{rev}/{file}` with the headers huggingface_hub reads), answers
+with the files' sizes, `/{repo}/resolve/{rev}/{file}` with the headers huggingface_hub reads), and one as
+a dataset repo the same way under `/api/datasets/` and `/datasets/{repo}/resolve/`, answers
 403 `GatedRepo` for a gated repo and 404 `RepoNotFound` for any other, and records the Authorization
 header of every request (so a test sees which token reached the Hub).
 """
@@ -25,6 +26,7 @@ class FakeHub:
     url: str
     repos: dict[str, Path]
     gated: set[str]
+    datasets: dict[str, Path] = field(default_factory=dict)
     authorizations: list[str] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
 
@@ -46,16 +48,21 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(body)
 
         def _route(self) -> tuple[str, Path | None, str | None]:
-            """(repo, its folder or None, file or None) from /api/models/{repo}... or /{repo}/resolve/..."""
+            """(repo, its folder or None, file or None) from /api/models/{repo}... or /{repo}/resolve/...
+            (a dataset: /api/datasets/{repo}... or /datasets/{repo}/resolve/...)"""
             path = self.path.split("?")[0]
+            repos = hub.repos
+            if path.startswith(("/api/datasets/", "/datasets/")):
+                repos = hub.datasets
+                path = path.replace("/datasets/", "/models/" if path.startswith("/api/") else "/", 1)
             if path.startswith("/api/models/"):
                 rest = path.removeprefix("/api/models/")
                 repo = "/".join(rest.split("/")[:2])
-                return repo, hub.repos.get(repo), None
+                return repo, repos.get(repo), None
             parts = path.lstrip("/").split("/")
             repo = "/".join(parts[:2])
             if len(parts) >= 5 and parts[2] == "resolve":
-                return repo, hub.repos.get(repo), "/".join(parts[4:])
+                return repo, repos.get(repo), "/".join(parts[4:])
             return repo, None, None
 
         def _answer(self) -> None:
@@ -98,9 +105,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def fake_hub(repos: dict[str, Path], gated: set[str] | None = None) -> Iterator[FakeHub]:
-    """A fake Hub serving `repos` (repo id -> folder) until the block ends."""
-    hub = FakeHub(url="", repos=repos, gated=gated or set())
+def fake_hub(
+    repos: dict[str, Path], gated: set[str] | None = None, datasets: dict[str, Path] | None = None
+) -> Iterator[FakeHub]:
+    """A fake Hub serving `repos` (model repo id -> folder) and `datasets` (dataset repo id -> folder)
+    until the block ends."""
+    hub = FakeHub(url="", repos=repos, gated=gated or set(), datasets=datasets or {})
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)

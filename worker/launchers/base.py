@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ftq.contract.plans import Plan
-from ftq.contract.spec import JobSpec, hub_models
+from ftq.contract.spec import JobSpec, needs_fetch
 from ftq.runtime.settings import REPO_ROOT, Settings
 
 log = logging.getLogger(__name__)
@@ -131,12 +131,12 @@ def launch_environment(settings: Settings, source: Mapping[str, str] | None = No
 
 
 def hub_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
-    """The Hugging Face Hub side of the environment of a run whose spec names a hub model: the shared
-    cache the fetch step fills and the ranks load from (FTQ_HUB_CACHE, as HF_HUB_CACHE) and the
+    """The Hugging Face Hub side of the environment of a run whose spec names a hub model or dataset: the
+    shared cache the fetch step fills and the ranks load from (FTQ_HUB_CACHE, as HF_HUB_CACHE) and the
     operator's token (FTQ_HF_TOKEN) as HF_TOKEN, which the fetch step and the ranks read from the
     environment (never from a file of the run). Nothing for a run of local paths: it asks the Hub
     nothing, so it gets no token (an export that pushes gets it apart, worker.exports)."""
-    if not hub_models(spec):
+    if not needs_fetch(spec):
         return {}
     env = {"HF_HUB_CACHE": str(settings.hub_cache_dir)}
     if settings.hub_token:

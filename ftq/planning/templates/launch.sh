@@ -11,7 +11,7 @@ rm -f -- {{exit_status}}
 # outlive the launch to record how it ended: with a trap, bash lets the foreground launch finish,
 # then runs the trap, and $? is still the launch's own status.
 trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
-## The fetch step for a spec naming a hub model (render.fetch_lines): trainer.fetch downloads it once
+## The fetch step for a spec naming a hub model or dataset (render.fetch_lines): trainer.fetch downloads it once
 ## into HF_HUB_CACHE (its failure is the run's exit status), then the ranks load offline. Empty otherwise.
 {{fetch}}
 ## PYTORCH_CUDA_ALLOC_CONF for cuda jobs (render.cuda_env_line): two lines, left out on CPU.

@@ -133,8 +133,8 @@ def test_the_operators_hub_token_reaches_runs_from_the_environment_and_the_cache
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Issue 27, item 2: FTQ_HF_TOKEN (the same setting as FTQ_HUB_TOKEN) reaches a run naming a hub model
-    as HF_TOKEN, with the fetch step's shared cache (FTQ_HUB_CACHE, default data_dir/hub); the token is
-    masked like the other secrets, and FTQ_HF_TOKEN itself is never passed."""
+    or dataset as HF_TOKEN, with the fetch step's shared cache (FTQ_HUB_CACHE, default data_dir/hub); the
+    token is masked like the other secrets, and FTQ_HF_TOKEN itself is never passed."""
     from ftq.contract.spec import JobSpec
     from worker.launchers.base import hub_environment
 
@@ -150,6 +150,9 @@ def test_the_operators_hub_token_reaches_runs_from_the_environment_and_the_cache
         "HF_TOKEN": "hf_from_ftq_hf_token",
         "HF_HUB_CACHE": str(tmp_path.resolve() / "hub"),
     }
+    # A hub dataset is fetched with the same token into the same cache, whatever the model is.
+    hub_data = JobSpec.model_validate({**local.model_dump(), "dataset": {"name_or_path": "owner/rows"}})
+    assert hub_environment(settings, hub_data) == hub_environment(settings, hub)
     shared = Settings(hub_token="t", hub_cache=tmp_path / "shared")
     assert hub_environment(shared, hub)["HF_HUB_CACHE"] == str(tmp_path / "shared")
     assert "HF_TOKEN" not in hub_environment(Settings(hub_token=""), hub)

@@ -8,7 +8,7 @@ rm -f -- exit_status
 # outlive the launch to record how it ended: with a trap, bash lets the foreground launch finish,
 # then runs the trap, and $? is still the launch's own status.
 trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
-# The fetch step: hub models downloaded once, before the ranks start (progress in train.log)
+# The fetch step: hub models and datasets downloaded once, before the ranks start (train.log)
 /opt/ftq/.venv/bin/python -m trainer.fetch --spec spec.json >> train.log 2>&1
 status=$?
 if [ "$status" -ne 0 ]; then

@@ -154,6 +154,26 @@ def test_golden_files(name: str) -> None:
         )
 
 
+def test_the_fetch_step_runs_when_the_spec_names_a_hub_model_or_a_hub_dataset() -> None:
+    """Issue 27, item 2: launch.sh and job.sbatch fetch once and then load offline when the spec names a hub
+    model or a hub dataset (a local model with a hub dataset too); a spec of local paths has no fetch."""
+    slurm = {"launcher": "slurm", "device": "cpu"}
+    cases = [
+        ({}, False),
+        ({"dataset": {"name_or_path": "owner/rows"}}, True),
+        ({"model": {"name_or_path": "owner/model"}}, True),
+    ]
+    for parts, fetched in cases:
+        for resources in ({}, {"resources": slurm}):
+            plan = render_plan(
+                spec_for(**parts, **resources), job_id=GOLDEN_JOB, run_dir=GOLDEN_RUN_DIR, settings=settings()
+            )
+            script = plan.sbatch_script if resources else plan.launch_script
+            assert script is not None
+            assert ("-m trainer.fetch --spec" in script) is fetched, (parts, resources)
+            assert ("export HF_HUB_OFFLINE=1" in script) is fetched, (parts, resources)
+
+
 def test_render_is_deterministic_for_dry_and_real_runs() -> None:
     a = golden_plan("falcon-180b-lora-zero3").model_dump(mode="json")
     b = golden_plan("falcon-180b-lora-zero3").model_dump(mode="json")
