@@ -26,6 +26,7 @@ _ERRORS = owner_errors("No such job (or export) for this owner")
     response_model=ExportPublic,
     responses={
         200: {"model": ExportPublic, "description": "An identical export is under way or done: that one"},
+        400: {"description": "A body that does not parse"},
         409: error("The job has not succeeded, or `adapter` was asked of a full fine-tune"),
         422: {"description": "A bad field (kind, dtype, max_shard_size, push_to_hub), named in the error"},
         **_ERRORS,
