@@ -8,51 +8,40 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from ftq.contract import runs
-from ftq.contract.errors import ErrorCode
 from ftq.contract.evaluation import ref_label
 from ftq.contract.schemas import (
     ExportCreate,
     ExportDtype,
     ExportKind,
     ExportPublic,
-    JobError,
     PushToHub,
-    QueueInfo,
 )
 from ftq.contract.status import JobStatus
-from ftq.runtime.redact import redact
 from ftq.runtime.settings import Settings
-from ftq.store import exports as store
 from ftq.store.exports import ExportRepository, new_export_id
-from ftq.store.models import Export, ExportQueue, Job
-from ftq.store.repository import JobRepository, utcnow
-from service.errors import Conflict, NotFound, QuotaExceeded, spec_field_error
+from ftq.store.models import Export, ExportQueue
+from ftq.store.repository import utcnow
+from service import side_runs
+from service.errors import Conflict, spec_field_error
 from service.evaluations.service import resolve_step
 
 
-def _job_or_404(session: Session, owner: str, job_id: str) -> Job:
-    job = JobRepository(session, owner).get(job_id)
-    if job is None:
-        raise NotFound(f"job {job_id} not found")
-    return job
+def repo_of(session: Session, owner: str) -> ExportRepository:
+    return ExportRepository(session, owner)
 
 
 def get_or_404(session: Session, owner: str, job_id: str, export_id: str) -> Export:
-    export = ExportRepository(session, owner).get(job_id, export_id)
-    if export is None:
-        raise NotFound(f"export {export_id} of job {job_id} not found")
-    return export
+    return side_runs.get_or_404(repo_of(session, owner), job_id, export_id)
 
 
 def list_exports(session: Session, owner: str, job_id: str) -> list[ExportPublic]:
-    _job_or_404(session, owner, job_id)
-    return with_queue(session, owner, ExportRepository(session, owner).list_for(job_id))
+    side_runs.job_or_404(session, owner, job_id)
+    return with_queue(session, owner, repo_of(session, owner).list_for(job_id))
 
 
 def with_queue(session: Session, owner: str, rows: list[Export]) -> list[ExportPublic]:
     """The API's exports, each queued one with the scheduler's row for it."""
-    queue = ExportRepository(session, owner).queue_of([e.id for e in rows if e.status == JobStatus.queued])
-    return [to_public(e, queue.get(e.id)) for e in rows]
+    return side_runs.with_queue(repo_of(session, owner), rows, to_public)
 
 
 def create(
@@ -66,7 +55,7 @@ def create(
             "leave push_to_hub out and download the export",
             "not_configured",
         )
-    job = _job_or_404(session, owner, job_id)
+    job = side_runs.job_or_404(session, owner, job_id)
     if job.status != JobStatus.succeeded:
         raise Conflict(
             f"job {job_id} is {job.status}: only a succeeded job has a final model to export; wait for it "
@@ -92,7 +81,7 @@ def create(
             "loads; export final (or evaluate the checkpoint, which consolidates them)"
         )
     push = body.push_to_hub.model_dump() if body.push_to_hub is not None else None
-    repo = ExportRepository(session, owner)
+    repo = repo_of(session, owner)
     shard = body.max_shard_size.upper().replace("IB", "iB")
     same = repo.find_same(
         job.id, kind=body.kind, dtype=body.dtype, max_shard_size=shard, push_to_hub=push, step=step
@@ -100,14 +89,7 @@ def create(
     if same is not None:
         return same, True
     repo.hold_queue()
-    waiting = repo.queued_count()
-    if waiting >= settings.max_queued_exports_per_owner:
-        raise QuotaExceeded(
-            f"you have {waiting} exports waiting for a device, the most one owner may queue "
-            f"(FTQ_MAX_QUEUED_EXPORTS_PER_OWNER={settings.max_queued_exports_per_owner}); wait for some to "
-            "start, or cancel one (POST /jobs/{id}/exports/{eid}/cancel)",
-            retry_after=30,
-        )
+    side_runs.check_queue_cap(repo, repo.queued_count(), settings.max_queued_exports_per_owner)
     now = utcnow()
     export = Export(
         id=new_export_id(),
@@ -128,23 +110,11 @@ def create(
 
 def cancel(session: Session, owner: str, job_id: str, export_id: str) -> Export:
     """As a job's cancel: queued -> cancelled; starting/running -> cancelling; else nothing changes."""
-    export = get_or_404(session, owner, job_id, export_id)
-    changed = store.request_cancel(session, export)
-    session.commit()
-    if changed is not None:
-        session.refresh(export)
-    return export
+    return side_runs.cancel(session, repo_of(session, owner), job_id, export_id)
 
 
 def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
     """The API's export; `queue`: the scheduler's row for it while it is queued."""
-    error = None
-    if export.error_code and export.status != JobStatus.cancelled:
-        error = JobError(
-            code=ErrorCode(export.error_code),
-            message=redact(export.error_message or ""),
-            exit_code=export.exit_code,
-        )
     return ExportPublic(
         id=export.id,
         job_id=export.job_id,
@@ -153,15 +123,11 @@ def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
         max_shard_size=export.max_shard_size,
         push_to_hub=PushToHub.model_validate(export.push_to_hub) if export.push_to_hub else None,
         status=JobStatus(export.status),
-        error=error,
+        error=side_runs.error_of(export),
         path=str(Path(runs.EXPORTS) / export.id),
         created_at=export.created_at,
         started_at=export.started_at,
         finished_at=export.finished_at,
-        queue=(
-            QueueInfo(position=queue.position, reason=queue.reason, estimated_start=queue.estimated_start)
-            if queue is not None and export.status == JobStatus.queued
-            else None
-        ),
+        queue=side_runs.queue_info(export, queue),
         checkpoint=ref_label(export.step),
     )
