@@ -5,7 +5,7 @@ as a job's, and the parts of its response that are a run's (its error, its place
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -29,19 +29,44 @@ def job_or_404(session: Session, owner: str, job_id: str) -> Job:
     return job
 
 
-def get_or_404(repo: SideRunRepository[Row, Any], job_id: str, row_id: str) -> Row:
-    row = repo.get(job_id, row_id)
-    if row is None:
-        raise NotFound(f"{repo.noun} {row_id} of job {job_id} not found")
-    return row
+class SideRuns(Generic[Row, Public]):
+    """One kind of side run as the API reads and cancels it: its owner-scoped repository (`repository`)
+    and its response (`to_public`, with the scheduler's row while it is queued)."""
 
+    def __init__(
+        self,
+        repository: Callable[[Session, str], SideRunRepository[Row, Any]],
+        to_public: Callable[[Row, Any], Public],
+    ):
+        self.repository: Callable[[Session, str], SideRunRepository[Row, Any]] = repository
+        self.to_public: Callable[[Row, Any], Public] = to_public
 
-def with_queue(
-    repo: SideRunRepository[Row, Any], rows: list[Row], to_public: Callable[[Row, Any], Public]
-) -> list[Public]:
-    """The API's rows, each queued one with the scheduler's row for it."""
-    queue = repo.queue_of([r.id for r in rows if r.status == JobStatus.queued])
-    return [to_public(r, queue.get(r.id)) for r in rows]
+    def get_or_404(self, session: Session, owner: str, job_id: str, row_id: str) -> Row:
+        repo = self.repository(session, owner)
+        row: Row | None = repo.get(job_id, row_id)
+        if row is None:
+            raise NotFound(f"{repo.noun} {row_id} of job {job_id} not found")
+        return row
+
+    def list_for(self, session: Session, owner: str, job_id: str) -> list[Public]:
+        """The job's runs of this kind, newest first (a 404 for another owner's job)."""
+        job_or_404(session, owner, job_id)
+        return self.with_queue(session, owner, self.repository(session, owner).list_for(job_id))
+
+    def with_queue(self, session: Session, owner: str, rows: list[Row]) -> list[Public]:
+        """The API's rows, each queued one with the scheduler's row for it."""
+        repo = self.repository(session, owner)
+        queue = repo.queue_of([r.id for r in rows if r.status == JobStatus.queued])
+        return [self.to_public(r, queue.get(r.id)) for r in rows]
+
+    def cancel(self, session: Session, owner: str, job_id: str, row_id: str) -> Row:
+        """As a job's cancel: queued -> cancelled; starting/running -> cancelling; else nothing changes."""
+        row = self.get_or_404(session, owner, job_id, row_id)
+        changed = self.repository(session, owner).request_cancel(row)
+        session.commit()
+        if changed is not None:
+            session.refresh(row)
+        return row
 
 
 def check_queue_cap(repo: SideRunRepository[Row, Any], waiting: int, cap: int) -> None:
@@ -55,16 +80,6 @@ def check_queue_cap(repo: SideRunRepository[Row, Any], waiting: int, cap: int) -
             f"(POST /jobs/{{id}}/{noun}s/{{eid}}/cancel)",
             retry_after=30,
         )
-
-
-def cancel(session: Session, repo: SideRunRepository[Row, Any], job_id: str, row_id: str) -> Row:
-    """As a job's cancel: queued -> cancelled; starting/running -> cancelling; else nothing changes."""
-    row = get_or_404(repo, job_id, row_id)
-    changed = repo.request_cancel(row)
-    session.commit()
-    if changed is not None:
-        session.refresh(row)
-    return row
 
 
 def error_of(row: Export | Evaluation) -> JobError | None:

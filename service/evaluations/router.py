@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, BackgroundTasks, Response
 
 from ftq.contract.schemas import EvaluationCreate, EvaluationList, EvaluationPublic
@@ -11,11 +9,10 @@ from ftq.store import outbox
 from service.deps import OwnerDep, SessionDep, SettingsDep
 from service.evaluations import service as evaluations
 from service.jobs.router import JobId, JobLogRoute
-from service.routes import error, id_in_path, owner_errors
+from service.routes import error, owner_errors
+from service.side_run_routes import add_side_run_routes
 
 router = APIRouter(prefix="/jobs", tags=["evaluations"], route_class=JobLogRoute)
-
-EvaluationId = Annotated[str, id_in_path("Evaluation id, e.g. eval_0123456789abcdef")]
 
 _ERRORS = owner_errors("No such job (or evaluation) for this owner")
 
@@ -48,43 +45,15 @@ def create_evaluation(
     return evaluations.to_public(ev)
 
 
-@router.get(
-    "/{job_id}/evaluations",
-    response_model=EvaluationList,
-    responses=_ERRORS,
-    summary="List a job's evaluations, newest first",
+add_side_run_routes(
+    router,
+    evaluations.RULES,
+    noun="evaluation",
+    plural="evaluations",
+    id_description="Evaluation id, e.g. eval_0123456789abcdef",
+    public=EvaluationPublic,
+    listing=EvaluationList,
+    errors=_ERRORS,
+    list_summary="List a job's evaluations, newest first",
+    cancel_summary="Cancel an evaluation; idempotent, and a finished one is returned unchanged",
 )
-def list_evaluations(job_id: JobId, session: SessionDep, owner: OwnerDep) -> EvaluationList:
-    return EvaluationList(data=evaluations.list_evaluations(session, owner, job_id))
-
-
-@router.get(
-    "/{job_id}/evaluations/{evaluation_id}",
-    response_model=EvaluationPublic,
-    responses=_ERRORS,
-    summary="One evaluation",
-)
-def get_evaluation(
-    job_id: JobId, evaluation_id: EvaluationId, session: SessionDep, owner: OwnerDep
-) -> EvaluationPublic:
-    ev = evaluations.get_or_404(session, owner, job_id, evaluation_id)
-    return evaluations.with_queue(session, owner, [ev])[0]
-
-
-@router.post(
-    "/{job_id}/evaluations/{evaluation_id}/cancel",
-    status_code=202,
-    response_model=EvaluationPublic,
-    responses=_ERRORS,
-    summary="Cancel an evaluation; idempotent, and a finished one is returned unchanged",
-)
-def cancel_evaluation(
-    job_id: JobId,
-    evaluation_id: EvaluationId,
-    session: SessionDep,
-    owner: OwnerDep,
-    background: BackgroundTasks,
-) -> EvaluationPublic:
-    ev = evaluations.cancel(session, owner, job_id, evaluation_id)
-    background.add_task(outbox.send_for_job, ev.job_id)
-    return evaluations.to_public(ev)

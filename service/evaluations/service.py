@@ -17,23 +17,6 @@ from service import side_runs
 from service.errors import Conflict, spec_field_error
 
 
-def repo_of(session: Session, owner: str) -> EvaluationRepository:
-    return EvaluationRepository(session, owner)
-
-
-def get_or_404(session: Session, owner: str, job_id: str, evaluation_id: str) -> Evaluation:
-    return side_runs.get_or_404(repo_of(session, owner), job_id, evaluation_id)
-
-
-def list_evaluations(session: Session, owner: str, job_id: str) -> list[EvaluationPublic]:
-    side_runs.job_or_404(session, owner, job_id)
-    return with_queue(session, owner, repo_of(session, owner).list_for(job_id))
-
-
-def with_queue(session: Session, owner: str, rows: list[Evaluation]) -> list[EvaluationPublic]:
-    return side_runs.with_queue(repo_of(session, owner), rows, to_public)
-
-
 def resolve_step(session: Session, job: Job, settings: Settings, checkpoint: str | int) -> int | None:
     """The step a request's `checkpoint` names (None: final/), or the 409/422 saying why it cannot be."""
     run_dir = runs.run_dir(settings.runs_dir, job.id)
@@ -74,17 +57,13 @@ def create(
                 ["suites", i], f"the job's spec has no suite {name!r} (it has {', '.join(suites)})"
             )
     step = resolve_step(session, job, settings, body.checkpoint)
-    repo = repo_of(session, owner)
+    repo = EvaluationRepository(session, owner)
     side_runs.check_queue_cap(repo, repo.queued_requests(), settings.max_queued_evaluations_per_owner)
     ev = repo.add(
         job.id, step=step, suites=list(body.suites) if body.suites else None, trigger=store.TRIGGER_REQUEST
     )
     session.commit()
     return ev
-
-
-def cancel(session: Session, owner: str, job_id: str, evaluation_id: str) -> Evaluation:
-    return side_runs.cancel(session, repo_of(session, owner), job_id, evaluation_id)
 
 
 def to_public(ev: Evaluation, queue: EvaluationQueue | None = None) -> EvaluationPublic:
@@ -102,3 +81,7 @@ def to_public(ev: Evaluation, queue: EvaluationQueue | None = None) -> Evaluatio
         finished_at=ev.finished_at,
         queue=side_runs.queue_info(ev, queue),
     )
+
+
+# Read and cancelled as every side run is.
+RULES: side_runs.SideRuns[Evaluation, EvaluationPublic] = side_runs.SideRuns(EvaluationRepository, to_public)

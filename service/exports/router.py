@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, BackgroundTasks, Response
 
 from ftq.contract.schemas import ExportCreate, ExportList, ExportPublic
@@ -11,11 +9,10 @@ from ftq.store import outbox
 from service.deps import OwnerDep, SessionDep, SettingsDep
 from service.exports import service as exports
 from service.jobs.router import JobId, JobLogRoute
-from service.routes import error, id_in_path, owner_errors
+from service.routes import error, owner_errors
+from service.side_run_routes import add_side_run_routes
 
 router = APIRouter(prefix="/jobs", tags=["exports"], route_class=JobLogRoute)
-
-ExportId = Annotated[str, id_in_path("Export id, e.g. exp_0123456789abcdef")]
 
 _ERRORS = owner_errors("No such job (or export) for this owner")
 
@@ -50,28 +47,15 @@ def create_export(
     return exports.to_public(export)
 
 
-@router.get("/{job_id}/exports", response_model=ExportList, responses=_ERRORS, summary="List a job's exports")
-def list_exports(job_id: JobId, session: SessionDep, owner: OwnerDep) -> ExportList:
-    return ExportList(data=exports.list_exports(session, owner, job_id))
-
-
-@router.get(
-    "/{job_id}/exports/{export_id}", response_model=ExportPublic, responses=_ERRORS, summary="One export"
+add_side_run_routes(
+    router,
+    exports.RULES,
+    noun="export",
+    plural="exports",
+    id_description="Export id, e.g. exp_0123456789abcdef",
+    public=ExportPublic,
+    listing=ExportList,
+    errors=_ERRORS,
+    list_summary="List a job's exports",
+    cancel_summary="Cancel an export; idempotent, and a finished export is returned unchanged",
 )
-def get_export(job_id: JobId, export_id: ExportId, session: SessionDep, owner: OwnerDep) -> ExportPublic:
-    return exports.with_queue(session, owner, [exports.get_or_404(session, owner, job_id, export_id)])[0]
-
-
-@router.post(
-    "/{job_id}/exports/{export_id}/cancel",
-    status_code=202,
-    response_model=ExportPublic,
-    responses=_ERRORS,
-    summary="Cancel an export; idempotent, and a finished export is returned unchanged",
-)
-def cancel_export(
-    job_id: JobId, export_id: ExportId, session: SessionDep, owner: OwnerDep, background: BackgroundTasks
-) -> ExportPublic:
-    export = exports.cancel(session, owner, job_id, export_id)
-    background.add_task(outbox.send_for_job, export.job_id)
-    return exports.to_public(export)

@@ -26,24 +26,6 @@ from service.errors import Conflict, spec_field_error
 from service.evaluations.service import resolve_step
 
 
-def repo_of(session: Session, owner: str) -> ExportRepository:
-    return ExportRepository(session, owner)
-
-
-def get_or_404(session: Session, owner: str, job_id: str, export_id: str) -> Export:
-    return side_runs.get_or_404(repo_of(session, owner), job_id, export_id)
-
-
-def list_exports(session: Session, owner: str, job_id: str) -> list[ExportPublic]:
-    side_runs.job_or_404(session, owner, job_id)
-    return with_queue(session, owner, repo_of(session, owner).list_for(job_id))
-
-
-def with_queue(session: Session, owner: str, rows: list[Export]) -> list[ExportPublic]:
-    """The API's exports, each queued one with the scheduler's row for it."""
-    return side_runs.with_queue(repo_of(session, owner), rows, to_public)
-
-
 def create(
     session: Session, owner: str, settings: Settings, job_id: str, body: ExportCreate
 ) -> tuple[Export, bool]:
@@ -81,7 +63,7 @@ def create(
             "loads; export final (or evaluate the checkpoint, which consolidates them)"
         )
     push = body.push_to_hub.model_dump() if body.push_to_hub is not None else None
-    repo = repo_of(session, owner)
+    repo = ExportRepository(session, owner)
     shard = body.max_shard_size.upper().replace("IB", "iB")
     same = repo.find_same(
         job.id, kind=body.kind, dtype=body.dtype, max_shard_size=shard, push_to_hub=push, step=step
@@ -108,11 +90,6 @@ def create(
     return export, False
 
 
-def cancel(session: Session, owner: str, job_id: str, export_id: str) -> Export:
-    """As a job's cancel: queued -> cancelled; starting/running -> cancelling; else nothing changes."""
-    return side_runs.cancel(session, repo_of(session, owner), job_id, export_id)
-
-
 def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
     """The API's export; `queue`: the scheduler's row for it while it is queued."""
     return ExportPublic(
@@ -131,3 +108,8 @@ def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
         queue=side_runs.queue_info(export, queue),
         checkpoint=ref_label(export.step),
     )
+
+
+# Read and cancelled as every side run is.
+RULES: side_runs.SideRuns[Export, ExportPublic] = side_runs.SideRuns(ExportRepository, to_public)
+with_queue = RULES.with_queue
