@@ -35,10 +35,11 @@ class SideRuns(Generic[Row, Public]):
 
     def __init__(
         self,
-        repository: Callable[[Session, str], SideRunRepository[Row, Any]],
+        repository: type[SideRunRepository[Row, Any]],
         to_public: Callable[[Row, Any], Public],
     ):
-        self.repository: Callable[[Session, str], SideRunRepository[Row, Any]] = repository
+        self.noun = repository.noun
+        self.repository: type[SideRunRepository[Row, Any]] = repository
         self.to_public: Callable[[Row, Any], Public] = to_public
 
     def get_or_404(self, session: Session, owner: str, job_id: str, row_id: str) -> Row:

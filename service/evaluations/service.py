@@ -46,7 +46,8 @@ def resolve_step(session: Session, job: Job, settings: Settings, checkpoint: str
 
 def create(
     session: Session, owner: str, settings: Settings, job_id: str, body: EvaluationCreate
-) -> Evaluation:
+) -> tuple[Evaluation, bool]:
+    """The new evaluation (queued, with its dispatch); never an existing one (False)."""
     job = side_runs.job_or_404(session, owner, job_id)
     suites = [s.get("name") for s in ((job.spec or {}).get("eval") or {}).get("suites") or []]
     if not suites:
@@ -63,7 +64,7 @@ def create(
         job.id, step=step, suites=list(body.suites) if body.suites else None, trigger=store.TRIGGER_REQUEST
     )
     session.commit()
-    return ev
+    return ev, False
 
 
 def to_public(ev: Evaluation, queue: EvaluationQueue | None = None) -> EvaluationPublic:
