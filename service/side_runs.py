@@ -97,3 +97,18 @@ def queue_info(row: Export | Evaluation, queue: ExportQueue | EvaluationQueue | 
     if queue is None or row.status != JobStatus.queued:
         return None
     return QueueInfo(position=queue.position, reason=queue.reason, estimated_start=queue.estimated_start)
+
+
+def public_fields(row: Export | Evaluation, queue: ExportQueue | EvaluationQueue | None) -> dict[str, Any]:
+    """What the API's answer about any side run holds: its ids, status, error, times and place in the
+    queue."""
+    return {
+        "id": row.id,
+        "job_id": row.job_id,
+        "status": JobStatus(row.status),
+        "error": error_of(row),
+        "created_at": row.created_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "queue": queue_info(row, queue),
+    }

@@ -23,8 +23,8 @@ from ftq.contract.events import EventType
 from ftq.contract.status import JobStatus
 from ftq.store import events
 from ftq.store.models import Evaluation, EvaluationQueue, Job
-from ftq.store.side_runs import SideRunRepository, account_side_run, add_with_dispatch, get_row
-from ftq.store.transitions import RunTable, utcnow
+from ftq.store.side_runs import SideRunRepository, account_side_run, add_queued, get_row
+from ftq.store.transitions import RunTable
 
 # The outbox's dispatch kind that wakes the worker's evaluation sweep (`ftq.runtime.queue.TASK_EVALUATIONS`).
 DISPATCH_KIND = "evaluation"
@@ -35,45 +35,14 @@ def new_evaluation_id() -> str:
     return "eval_" + secrets.token_hex(8)
 
 
-class EvaluationRepository(SideRunRepository[Evaluation, EvaluationQueue]):
-    table = Evaluation
-    queue_table = EvaluationQueue
-    queue_key = "evaluation_id"
-    noun = "evaluation"
-
-    @property
-    def transitions(self) -> RunTable:
-        return EVALUATIONS
-
-    def queued_requests(self) -> int:
-        """This owner's evaluations asked for on demand that wait for a device (queued), over all its jobs,
-        with the owner's queue held until the transaction ends (two requests cannot both pass the cap)."""
-        self.hold_queue()
-        return self.queued_count(Evaluation.trigger == TRIGGER_REQUEST)
-
-    def add(self, job_id: str, *, step: int | None, suites: list[str] | None, trigger: str) -> Evaluation:
-        """A queued evaluation and the dispatch that wakes the worker, in the caller's transaction."""
-        return add_evaluation(self.session, job_id, step=step, suites=suites, trigger=trigger)
-
-
 # System operations (the worker, for every owner) -----------------------------------------------------
 
 
 def add_evaluation(
     session: Session, job_id: str, *, step: int | None, suites: list[str] | None, trigger: str
 ) -> Evaluation:
-    now = utcnow()
-    ev = Evaluation(
-        id=new_evaluation_id(),
-        job_id=job_id,
-        step=step,
-        suites=suites,
-        trigger=trigger,
-        status=JobStatus.queued,
-        created_at=now,
-        updated_at=now,
-    )
-    add_with_dispatch(session, ev, DISPATCH_KIND)
+    fields = {"step": step, "suites": suites, "trigger": trigger}
+    ev: Evaluation = add_queued(session, Evaluation, new_evaluation_id(), job_id, DISPATCH_KIND, **fields)
     return ev
 
 
@@ -164,3 +133,19 @@ def _ended(
 
 EVALUATIONS = RunTable(Evaluation, cancel_dispatch=DISPATCH_KIND, on_ended=_ended)
 
+
+class EvaluationRepository(
+    SideRunRepository[Evaluation, EvaluationQueue],
+    queue=EvaluationQueue,
+    noun="evaluation",
+    transitions=EVALUATIONS,
+):
+    def queued_requests(self) -> int:
+        """This owner's evaluations asked for on demand that wait for a device (queued), over all its jobs,
+        with the owner's queue held until the transaction ends (two requests cannot both pass the cap)."""
+        self.hold_queue()
+        return self.queued_count(Evaluation.trigger == TRIGGER_REQUEST)
+
+    def add(self, job_id: str, *, step: int | None, suites: list[str] | None, trigger: str) -> Evaluation:
+        """A queued evaluation and the dispatch that wakes the worker, in the caller's transaction."""
+        return add_evaluation(self.session, job_id, step=step, suites=suites, trigger=trigger)

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from ftq.contract.status import JobStatus
-from ftq.store.models import Dispatch, Export, ExportQueue
-from ftq.store.side_runs import SideRunRepository, account_side_run, add_with_dispatch, get_row
+from ftq.store.models import Export, ExportQueue
+from ftq.store.side_runs import SideRunRepository, account_side_run, add_queued, get_row
 from ftq.store.transitions import RunTable
 
 # The outbox's dispatch kind that wakes the worker's export sweep (`ftq.runtime.queue.TASK_EXPORTS`).
@@ -29,16 +29,22 @@ def new_export_id() -> str:
     return "exp_" + secrets.token_hex(8)
 
 
-class ExportRepository(SideRunRepository[Export, ExportQueue]):
-    table = Export
-    queue_table = ExportQueue
-    queue_key = "export_id"
-    noun = "export"
+# System operations (the worker, for every owner) -----------------------------------------------------
 
-    @property
-    def transitions(self) -> RunTable:
-        return EXPORTS
 
+def get_export(session: Session, export_id: str) -> Export | None:
+    export: Export | None = get_row(session, Export, export_id)
+    return export
+
+
+# An export's transitions (no events of its own; its cancel's dispatch wakes the export sweep); its end
+# is accounted in its owner's usage.
+EXPORTS = RunTable(Export, cancel_dispatch=DISPATCH_KIND, on_ended=account_side_run)
+
+
+class ExportRepository(
+    SideRunRepository[Export, ExportQueue], queue=ExportQueue, noun="export", transitions=EXPORTS
+):
     def find_same(
         self,
         job_id: str,
@@ -61,20 +67,7 @@ class ExportRepository(SideRunRepository[Export, ExportQueue]):
         found: list[Export] = list(self.session.scalars(stmt.order_by(Export.seq.desc())))
         return next((e for e in found if (e.push_to_hub or None) == (push_to_hub or None)), None)
 
-    def add_with_dispatch(self, export: Export) -> Dispatch:
-        """The export and the dispatch that wakes the worker, in the caller's transaction."""
-        return add_with_dispatch(self.session, export, DISPATCH_KIND)
-
-
-# System operations (the worker, for every owner) -----------------------------------------------------
-
-
-def get_export(session: Session, export_id: str) -> Export | None:
-    export: Export | None = get_row(session, Export, export_id)
-    return export
-
-
-# An export's transitions (no events of its own; its cancel's dispatch wakes the export sweep); its end
-# is accounted in its owner's usage.
-EXPORTS = RunTable(Export, cancel_dispatch=DISPATCH_KIND, on_ended=account_side_run)
-
+    def add(self, job_id: str, **fields: Any) -> Export:
+        """A queued export and the dispatch that wakes the worker, in the caller's transaction."""
+        export: Export = add_queued(self.session, Export, new_export_id(), job_id, DISPATCH_KIND, **fields)
+        return export

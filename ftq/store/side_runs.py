@@ -20,7 +20,7 @@ from ftq.contract.status import LAUNCHED, JobStatus
 from ftq.store.db import lock_for_transaction
 from ftq.store.models import Dispatch, Evaluation, EvaluationQueue, Export, ExportQueue, Job
 from ftq.store.repository import account_other_run
-from ftq.store.transitions import RunTable
+from ftq.store.transitions import RunTable, utcnow
 
 SideRun = type[Export] | type[Evaluation]
 Row = TypeVar("Row", Export, Evaluation)
@@ -28,13 +28,22 @@ Queue = TypeVar("Queue", ExportQueue, EvaluationQueue)
 
 
 class SideRunRepository(Generic[Row, Queue]):
-    """An owner's side runs of one table (`table`), and the scheduler's rows for them (`queue_table`,
-    keyed by `queue_key`); `noun` names the owner's queue lock."""
+    """An owner's side runs of one table (its `transitions`' table), the scheduler's rows for them (`queue`,
+    keyed by `<noun>_id`); `noun` also names the owner's queue lock. A kind names them in its class line:
+    `class ExportRepository(SideRunRepository[...], queue=ExportQueue, noun="export", transitions=...)`."""
 
     table: ClassVar[Any]
     queue_table: ClassVar[Any]
     queue_key: ClassVar[str]
     noun: ClassVar[str]
+    transitions: ClassVar[RunTable]
+
+    def __init_subclass__(
+        cls, *, queue: type[Queue], noun: str, transitions: RunTable, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.table, cls.queue_table, cls.noun, cls.transitions = transitions.table, queue, noun, transitions
+        cls.queue_key = f"{noun}_id"
 
     def __init__(self, session: Session, owner: str):
         self.session = session
@@ -80,11 +89,6 @@ class SideRunRepository(Generic[Row, Queue]):
         ended in [since, until): one device each, from launch to end."""
         return side_usage_rows(self.session, self.owner, self.table, since, until)
 
-    @property
-    def transitions(self) -> RunTable:
-        """The table's compare-and-set transitions."""
-        raise NotImplementedError
-
     def request_cancel(self, row: Row) -> str | None:
         """The API's cancel of one of these runs: its dispatch is about the row's job. The new status, or
         None when nothing changed (`ftq.store.transitions.RunTable.request_cancel`)."""
@@ -100,15 +104,18 @@ class SideRunRepository(Generic[Row, Queue]):
 # System operations (the worker, for every owner) -----------------------------------------------------
 
 
-def add_with_dispatch(session: Session, row: Export | Evaluation, dispatch_kind: str) -> Dispatch:
-    """A new side run and the dispatch (`dispatch_kind`) that wakes the worker about its job, in the
-    caller's transaction."""
+def add_queued(
+    session: Session, table: SideRun, row_id: str, job_id: str, dispatch_kind: str, **fields: Any
+) -> Any:
+    """A new queued side run of `table` and the dispatch (`dispatch_kind`) that wakes the worker about its
+    job, in the caller's transaction (`fields`: the row's own columns)."""
+    now = utcnow()
+    row = table(id=row_id, job_id=job_id, status=JobStatus.queued, created_at=now, updated_at=now, **fields)
     session.add(row)
     session.flush()
-    dispatch = Dispatch(job_id=row.job_id, kind=dispatch_kind, created_at=row.created_at, attempts=0)
-    session.add(dispatch)
+    session.add(Dispatch(job_id=job_id, kind=dispatch_kind, created_at=now, attempts=0))
     session.flush()
-    return dispatch
+    return row
 
 
 def get_row(session: Session, table: SideRun, row_id: str) -> Any:

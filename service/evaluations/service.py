@@ -69,18 +69,11 @@ def create(
 
 def to_public(ev: Evaluation, queue: EvaluationQueue | None = None) -> EvaluationPublic:
     return EvaluationPublic(
-        id=ev.id,
-        job_id=ev.job_id,
+        **side_runs.public_fields(ev, queue),
         checkpoint=ref_label(ev.step),
-        status=JobStatus(ev.status),
         results=ev.metrics if ev.status == JobStatus.succeeded else None,
-        error=side_runs.error_of(ev),
         suites=ev.suites,
         trigger=ev.trigger,
-        created_at=ev.created_at,
-        started_at=ev.started_at,
-        finished_at=ev.finished_at,
-        queue=side_runs.queue_info(ev, queue),
     )
 
 

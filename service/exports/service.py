@@ -18,9 +18,8 @@ from ftq.contract.schemas import (
 )
 from ftq.contract.status import JobStatus
 from ftq.runtime.settings import Settings
-from ftq.store.exports import ExportRepository, new_export_id
+from ftq.store.exports import ExportRepository
 from ftq.store.models import Export, ExportQueue
-from ftq.store.repository import utcnow
 from service import side_runs
 from service.errors import Conflict, spec_field_error
 from service.evaluations.service import resolve_step
@@ -72,20 +71,14 @@ def create(
         return same, True
     repo.hold_queue()
     side_runs.check_queue_cap(repo, repo.queued_count(), settings.max_queued_exports_per_owner)
-    now = utcnow()
-    export = Export(
-        id=new_export_id(),
-        job_id=job.id,
+    export = repo.add(
+        job.id,
         kind=str(body.kind),
         dtype=str(body.dtype),
         max_shard_size=shard,
         push_to_hub=push,
         step=step,
-        status=JobStatus.queued,
-        created_at=now,
-        updated_at=now,
     )
-    repo.add_with_dispatch(export)
     session.commit()
     return export, False
 
@@ -93,19 +86,12 @@ def create(
 def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
     """The API's export; `queue`: the scheduler's row for it while it is queued."""
     return ExportPublic(
-        id=export.id,
-        job_id=export.job_id,
+        **side_runs.public_fields(export, queue),
         kind=ExportKind(export.kind),
         dtype=ExportDtype(export.dtype),
         max_shard_size=export.max_shard_size,
         push_to_hub=PushToHub.model_validate(export.push_to_hub) if export.push_to_hub else None,
-        status=JobStatus(export.status),
-        error=side_runs.error_of(export),
         path=str(Path(runs.EXPORTS) / export.id),
-        created_at=export.created_at,
-        started_at=export.started_at,
-        finished_at=export.finished_at,
-        queue=side_runs.queue_info(export, queue),
         checkpoint=ref_label(export.step),
     )
 
