@@ -60,13 +60,10 @@ class EvaluationArgs:
     def read(cls, path: Path) -> EvaluationArgs:
         d = json.loads(path.read_text())
         return cls(
+            **side_run.request_fields(d),
             evaluation_id=str(d["evaluation_id"]),
-            job_id=str(d["job_id"]),
-            run_dir=Path(d["run_dir"]),
-            out_dir=Path(d["out_dir"]),
             step=None if d.get("step") is None else int(d["step"]),
             suites=[str(s) for s in d.get("suites") or []],
-            trust_remote_code=bool(d.get("trust_remote_code", False)),
         )
 
     @property

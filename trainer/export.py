@@ -91,8 +91,8 @@ class ExportRequest:
     def read(cls, path: Path) -> ExportRequest:
         data = json.loads(path.read_text())
         return cls(
+            **side_run.request_fields(data),
             export_id=str(data["export_id"]),
-            job_id=str(data["job_id"]),
             kind=str(data["kind"]),
             dtype=str(data["dtype"]),
             max_shard_size=str(data["max_shard_size"]),
@@ -101,9 +101,6 @@ class ExportRequest:
                 if (hub := data.get("push_to_hub"))
                 else None
             ),
-            run_dir=Path(data["run_dir"]),
-            out_dir=Path(data["out_dir"]),
-            trust_remote_code=bool(data.get("trust_remote_code", False)),
             source=Path(data["source"]) if data.get("source") else None,
             checkpoint=str(data.get("checkpoint") or "final"),
             evaluation={str(k): float(v) for k, v in (data.get("evaluation") or {}).items()},

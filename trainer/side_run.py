@@ -46,3 +46,15 @@ def read_spec(
     if not trust_remote_code and spec.model.trust_remote_code:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
     return spec_dict, spec
+
+
+def request_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """What every side run's request file holds (paths the server chose, never a client), for its `read`:
+    its job, the job's run directory, the folder it writes into, and whether the job's plan let remote
+    code run."""
+    return {
+        "job_id": str(data["job_id"]),
+        "run_dir": Path(data["run_dir"]),
+        "out_dir": Path(data["out_dir"]),
+        "trust_remote_code": bool(data.get("trust_remote_code", False)),
+    }
