@@ -760,19 +760,7 @@ def evaluate(
         out.print(_evaluation_line(made))
         if not follow:
             return
-        last = made.status
-        patience = Patience()
-        while made.status not in TERMINAL:
-            time.sleep(POLL_SECONDS)
-            try:
-                made = client.jobs.get_evaluation(job_id, made.id)
-            except TRANSIENT as exc:
-                patience.failed(exc)
-                continue
-            patience.answered()
-            if made.status != last:
-                out.print(_evaluation_line(made))
-                last = made.status
+        made = follow_side_run(lambda i: client.jobs.get_evaluation(job_id, i), made, _evaluation_line)
     if made.status != "succeeded":
         raise typer.Exit(EXIT_REFUSED)
 
@@ -842,18 +830,27 @@ def export(
 
 def follow_export(client: Client, job_id: str, made: ExportPublic) -> ExportPublic:
     """Poll an export until it ends, printing each status it passes through; returns its last state."""
+    return follow_side_run(lambda export_id: client.jobs.get_export(job_id, export_id), made, _export_line)
+
+
+SideRun = TypeVar("SideRun", ExportPublic, EvaluationPublic)
+
+
+def follow_side_run(get: Callable[[str], SideRun], made: SideRun, line: Callable[[SideRun], str]) -> SideRun:
+    """Poll a side run (`get` reads it by id) until it ends, printing its `line` at each status it passes
+    through; outages are waited out (`Patience`). Returns its last state."""
     last = made.status
     patience = Patience()
     while made.status not in TERMINAL:
         time.sleep(POLL_SECONDS)
         try:
-            made = client.jobs.get_export(job_id, made.id)
+            made = get(made.id)
         except TRANSIENT as exc:
             patience.failed(exc)
             continue
         patience.answered()
         if made.status != last:
-            out.print(_export_line(made))
+            out.print(line(made))
             last = made.status
     return made
 
