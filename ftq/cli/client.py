@@ -731,13 +731,17 @@ def _checkpoint_ref(text: str) -> str | int:
     return int(text)
 
 
-def _evaluation_line(ev: EvaluationPublic) -> str:
-    line = f"{ev.id}: {fmt_status(ev.status)} checkpoint {ev.checkpoint}"
-    if ev.results:
-        line += " " + " ".join(f"{escape(k)}={v:.4g}" for k, v in sorted(ev.results.items()))
-    if ev.error is not None:
-        line += f" [red]{escape(str(ev.error.code))}[/]: {escape(ev.error.message)}"
+def _side_run_line(row: ExportPublic | EvaluationPublic, what: str) -> str:
+    """One line about a side run: its id, status, `what` it is, and its error if it failed."""
+    line = f"{row.id}: {fmt_status(row.status)} {what}"
+    if row.error is not None:
+        line += f" [red]{escape(str(row.error.code))}[/]: {escape(row.error.message)}"
     return line
+
+
+def _evaluation_line(ev: EvaluationPublic) -> str:
+    scores = " ".join(f"{escape(k)}={v:.4g}" for k, v in sorted((ev.results or {}).items()))
+    return _side_run_line(ev, f"checkpoint {ev.checkpoint}" + (f" {scores}" if scores else ""))
 
 
 @_command("eval")
@@ -781,10 +785,7 @@ def evals(job_id: JobIdArg) -> None:
 
 
 def _export_line(export: ExportPublic) -> str:
-    line = f"{export.id}: {fmt_status(export.status)} {export.kind} {export.dtype} -> {export.path}"
-    if export.error is not None:
-        line += f" [red]{escape(str(export.error.code))}[/]: {escape(export.error.message)}"
-    return line
+    return _side_run_line(export, f"{export.kind} {export.dtype} -> {export.path}")
 
 
 @_command("export")
