@@ -2,9 +2,10 @@
 succeeded | failed | cancelled) through `worker.lifecycle`, as `worker.controller` drives jobs: the one
 scheduler (`worker.controller.schedule`, `worker.scheduling.decide`) places the one slot an export takes of
 the local pool with the jobs, under the same quotas, fair share and reservation; the job's launcher, and
-`worker.recovery.why_it_failed` for why it failed. What is an export's own is `ExportKind` here: its row
-in `ftq.store.exports` (its transitions `EXPORTS`), what it asks of the scheduler, its folder, its request
-file (export.json) and the operator's Hub token. An export never runs in the worker: it is
+`worker.recovery.why_it_failed` for why it failed. What every side run shares (what it asks of the
+scheduler, its folder, its lifecycle steps) is `worker.side_runs.SideRunKind`; what is an export's own is
+`ExportKind` here: its row in `ftq.store.exports` (its transitions `EXPORTS`), its request file
+(export.json) and the operator's Hub token. An export never runs in the worker: it is
 `python -m trainer.export` launched into `<run dir>/exports/<export id>/` (launch.sh locally, job.sbatch
 on SLURM).
 
