@@ -19,7 +19,6 @@ same quotas. Errors a user can act on end as one `ftq-error: <code>: <message>` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -32,10 +31,11 @@ from typing import Any
 
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
-from ftq.contract.evaluation import RESULTS, GradersSuite, LmEvalSuite, LossSuite
+from ftq.contract.evaluation import EVALUATION_REQUEST, RESULTS, GradersSuite, LmEvalSuite, LossSuite
 from ftq.contract.spec import JobSpec
 
-from .errors import DatasetError, FtqError, ModelError, report_and_exit
+from . import side_run
+from .errors import DatasetError, FtqError, ModelError
 
 log = logging.getLogger("trainer.evaluate")
 
@@ -60,13 +60,10 @@ class EvaluationArgs:
     def read(cls, path: Path) -> EvaluationArgs:
         d = json.loads(path.read_text())
         return cls(
+            **side_run.request_fields(d),
             evaluation_id=str(d["evaluation_id"]),
-            job_id=str(d["job_id"]),
-            run_dir=Path(d["run_dir"]),
-            out_dir=Path(d["out_dir"]),
             step=None if d.get("step") is None else int(d["step"]),
             suites=[str(s) for s in d.get("suites") or []],
-            trust_remote_code=bool(d.get("trust_remote_code", False)),
         )
 
     @property
@@ -76,28 +73,16 @@ class EvaluationArgs:
         return self.run_dir / runs.CHECKPOINTS / f"{runs.CHECKPOINT_PREFIX}{self.step}"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--request", type=Path, required=True, help="the evaluation.json the worker wrote")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = EvaluationArgs.read(parse_args(argv).request)
-    try:
-        evaluate(args)
-    except FtqError as err:
-        report_and_exit(err)
+    side_run.main_of("trainer.evaluate", __doc__ or "", EVALUATION_REQUEST, run, argv)
+
+
+def run(request: Path) -> None:
+    evaluate(EvaluationArgs.read(request))
 
 
 def evaluate(args: EvaluationArgs) -> dict[str, Any]:
-    try:
-        spec = JobSpec.model_validate_json((args.run_dir / runs.SPEC).read_text())
-    except (OSError, ValueError) as err:
-        raise ModelError(f"the job's {runs.SPEC} cannot be read: {err}") from err
-    if not args.trust_remote_code and spec.model.trust_remote_code:
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
+    _, spec = side_run.read_spec(args.run_dir, args.trust_remote_code)
     suites = [s for s in spec.eval.suites if not args.suites or s.name in args.suites]
     folder = args.checkpoint_dir
     if not folder.is_dir():

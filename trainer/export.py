@@ -19,7 +19,6 @@ trainer's do (trainer.errors); heavy libraries are imported inside the functions
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -36,7 +35,8 @@ from ftq.contract.errors import ErrorCode
 from ftq.contract.modelcard import ExportFacts, RunFacts, render_model_card
 from ftq.contract.spec import JobSpec
 
-from .errors import FtqError, ModelError, report_and_exit
+from . import side_run
+from .errors import FtqError, ModelError
 from .hub import DEFAULT_ENDPOINT, PROBE_TIMEOUT_S
 
 log = logging.getLogger("trainer.export")
@@ -91,8 +91,8 @@ class ExportRequest:
     def read(cls, path: Path) -> ExportRequest:
         data = json.loads(path.read_text())
         return cls(
+            **side_run.request_fields(data),
             export_id=str(data["export_id"]),
-            job_id=str(data["job_id"]),
             kind=str(data["kind"]),
             dtype=str(data["dtype"]),
             max_shard_size=str(data["max_shard_size"]),
@@ -101,9 +101,6 @@ class ExportRequest:
                 if (hub := data.get("push_to_hub"))
                 else None
             ),
-            run_dir=Path(data["run_dir"]),
-            out_dir=Path(data["out_dir"]),
-            trust_remote_code=bool(data.get("trust_remote_code", False)),
             source=Path(data["source"]) if data.get("source") else None,
             checkpoint=str(data.get("checkpoint") or "final"),
             evaluation={str(k): float(v) for k, v in (data.get("evaluation") or {}).items()},
@@ -111,32 +108,19 @@ class ExportRequest:
         )
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--request", type=Path, required=True, help="the export.json the worker wrote")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    try:
-        export(ExportRequest.read(args.request))
-    except FtqError as err:
-        report_and_exit(err)
+    side_run.main_of("trainer.export", __doc__ or "", runs.EXPORT_REQUEST, run, argv)
+
+
+def run(request: Path) -> None:
+    export(ExportRequest.read(request))
 
 
 def export(req: ExportRequest) -> None:
     final = req.source or req.run_dir / runs.FINAL
     if not final.is_dir():
         raise ModelError(f"the job has no {final.name}/ folder to export (was it removed?)")
-    try:
-        spec_dict = json.loads((req.run_dir / runs.SPEC).read_text())
-        spec = JobSpec.model_validate(spec_dict)
-    except (OSError, ValueError) as err:
-        raise ModelError(f"the job's {runs.SPEC} cannot be read: {_first_line(err)}") from err
-    if not req.trust_remote_code and spec.model.trust_remote_code:
-        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
+    spec_dict, spec = side_run.read_spec(req.run_dir, req.trust_remote_code, _first_line)
     is_lora = (final / "adapter_config.json").is_file()
     if req.kind == "adapter" and not is_lora:
         raise ModelError("the job is a full fine-tune: its final/ holds no LoRA adapter; export it as merged")

@@ -1,9 +1,10 @@
 """The job controller: drives each job through its states. One scheduler tick (`schedule`) claims devices
-for every kind of run (`KINDS`: jobs, and exports of `worker.exports`) through `worker.scheduling.decide`;
-then each claim is launched, cancelled and settled through `worker.lifecycle`, the same for every kind.
-What is a job's own is `JobKind` here: its run directory, the operator's time limit on a local run,
-SLURM's pending reason, the metrics ingested before the end, the cancel's last line in train.log. What to
-do after a failure (retry, requeue, resume from a checkpoint) is `worker.recovery`'s.
+for every kind of run (`KINDS`: jobs, and the side runs of `worker.side_runs`: exports, evaluations)
+through `worker.scheduling.decide`; then each claim is launched, cancelled and settled through
+`worker.lifecycle`, the same for every kind. What is a job's own is `JobKind` here: its run directory,
+the operator's time limit on a local run, SLURM's pending reason, the metrics ingested before the end, the
+cancel's last line in train.log. What to do after a failure (retry, requeue, resume from a checkpoint) is
+`worker.recovery`'s.
 
 Every function here is safe to run twice or concurrently: the store's compare-and-set transitions
 decide who acts, `worker.locks` locks keep two claims from handing out one GPU and two launches of

@@ -19,132 +19,30 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from ftq.contract import runs
-from ftq.contract.errors import ErrorCode
 from ftq.contract.evaluation import EVALUATION_REQUEST, EVALUATIONS, RESULTS
-from ftq.contract.spec import JobSpec
 from ftq.contract.status import LAUNCHED, TERMINAL, JobStatus
-from ftq.planning.render import render_export_plan
 from ftq.runtime.settings import get_settings
 from ftq.store import evaluations as store
-from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import Evaluation, Job
-from worker import lifecycle, scheduling
-from worker.exports import make_side_dir
-from worker.failures import Failure
-from worker.launchers.base import Launcher, LaunchRequest, RunState
-from worker.lifecycle import LauncherFor, RunView
+from worker import scheduling
+from worker.lifecycle import LauncherFor
+from worker.side_runs import SideRunKind, SideRunView
 
 log = logging.getLogger(__name__)
-MODULE = "trainer.evaluate"
-# Loading a checkpoint and running its suites: minutes. What the scheduler expects it to hold its slot for.
-ESTIMATE_SECONDS = 600.0
 # A succeeded job is looked at for its final evaluation and its checkpoints this long after it ended.
 DUE_WINDOW = timedelta(days=1)
 
 
-@dataclass(frozen=True)
-class EvaluationView(RunView):
-    job_id: str
-
-
 def evaluation_dir(run_dir: Path, evaluation_id: str) -> Path:
     return run_dir / EVALUATIONS / evaluation_id
-
-
-def _view(ev: Evaluation, job: Job) -> EvaluationView:
-    run_dir = runs.run_dir(get_settings().runs_dir, ev.job_id)
-    return EvaluationView.of(
-        ev, launcher=job.launcher, run_dir=evaluation_dir(run_dir, ev.id), job_id=ev.job_id
-    )
-
-
-def _run_request(row: Any) -> scheduling.RunRequest:
-    pool = scheduling.pool_of(row.launcher, row.device)
-    return scheduling.RunRequest(
-        id=row.id,
-        owner=row.owner,
-        need=scheduling.Need(pool, 1 if pool else 0),
-        priority=row.priority or "normal",
-        seq=row.seq,
-        estimate_seconds=ESTIMATE_SECONDS,
-        kind=scheduling.EVALUATION,
-        submitted=row.created_at.timestamp(),
-    )
-
-
-def request_of(ev: Evaluation, job: Job, run_dir: Path) -> dict[str, Any]:
-    """evaluation.json: everything `trainer.evaluate` needs (paths the server chose, never a client)."""
-    plan_command = (job.plan or {}).get("command") or []
-    return {
-        "evaluation_id": ev.id,
-        "job_id": job.id,
-        "run_dir": str(run_dir),
-        "out_dir": str(evaluation_dir(run_dir, ev.id)),
-        "step": ev.step,
-        "suites": ev.suites or [],
-        "trust_remote_code": "--trust_remote_code" in plan_command,
-    }
-
-
-def write_evaluation_dir(ev: Evaluation, job: Job, folder: Path) -> LaunchRequest:
-    settings = get_settings()
-    run_dir = folder.parent.parent
-    spec = JobSpec.model_validate(job.spec)
-    plan = render_export_plan(
-        spec, export_id=ev.id, export_dir=folder, settings=settings, module=MODULE, request=EVALUATION_REQUEST
-    )
-    files = {
-        EVALUATION_REQUEST: json.dumps(request_of(ev, job, run_dir), indent=2) + "\n",
-        runs.LAUNCH_SCRIPT: plan.launch_script,
-    }
-    lifecycle.write_attempt_files(folder, files)
-    return LaunchRequest(
-        job_id=ev.id,
-        run_dir=folder,
-        spec=spec,
-        plan=plan,
-        resources=ev.resources or {},
-        env={},
-        owner=job.owner,
-    )
-
-
-def _views(statuses: list[str], job_id: str | None = None) -> list[EvaluationView]:
-    with session_scope() as session:
-        out = []
-        for ev in store.evaluations_in(session, statuses):
-            if job_id is not None and ev.job_id != job_id:
-                continue
-            job = repository.get_job(session, ev.job_id)
-            if job is not None:
-                out.append(_view(ev, job))
-        return out
-
-
-def sweep(launcher_for: LauncherFor) -> None:
-    """Settle launched evaluations, then queue the due ones and rotate scored checkpoints. The caller
-    holds the reconcile singleton (`worker.controller.reconcile`)."""
-    lifecycle.sweep(_views(list(LAUNCHED)), launcher_for, _reconcile_one, "evaluation")
-    queue_due()
-
-
-def cancel_requested(job_id: str, launcher_for: LauncherFor) -> None:
-    for v in _views([JobStatus.cancelling], job_id):
-        lifecycle.cancel(EVALUATIONS_KIND, v.id, launcher_for)
-
-
-def _reconcile_one(v: EvaluationView, launcher: Launcher, state: RunState | None) -> None:
-    lifecycle.reconcile_one(EVALUATIONS_KIND, v, launcher, state)
 
 
 # What the spec's eval.on asks for ---------------------------------------------------------------------
@@ -236,50 +134,38 @@ def read_results(folder: Path) -> dict[str, float] | None:
     }
 
 
-class EvaluationKind:
-    """What `worker.lifecycle` needs of an evaluation (as `worker.exports.ExportKind` of an export)."""
+class EvaluationKind(SideRunKind):
+    """An evaluation as `worker.lifecycle` drives it (as `worker.exports.ExportKind` an export), with what
+    is its own: the due ones queued after each sweep, its results stored before its end is recorded."""
 
     name = scheduling.EVALUATION
     run_noun = "evaluation"
     transitions = store.EVALUATIONS
+    table = Evaluation
+    folder = EVALUATIONS
+    module = "trainer.evaluate"
+    request_file = EVALUATION_REQUEST
 
-    def label(self, v: EvaluationView) -> str:
-        return f"evaluation {v.id} of job {v.job_id}"
+    def request_of(self, ev: Evaluation, job: Job, run_dir: Path) -> dict[str, Any]:
+        """evaluation.json: everything `trainer.evaluate` needs (paths the server chose, never a client)."""
+        plan_command = (job.plan or {}).get("command") or []
+        return {
+            "evaluation_id": ev.id,
+            "job_id": job.id,
+            "run_dir": str(run_dir),
+            "out_dir": str(evaluation_dir(run_dir, ev.id)),
+            "step": ev.step,
+            "suites": ev.suites or [],
+            "trust_remote_code": "--trust_remote_code" in plan_command,
+        }
 
-    def job_id(self, v: EvaluationView) -> str:
-        return v.job_id
+    def sweep(self, launcher_for: LauncherFor) -> None:
+        """Settle launched evaluations, then queue the due ones and rotate scored checkpoints. The caller
+        holds the reconcile singleton (`worker.controller.reconcile`)."""
+        super().sweep(launcher_for)
+        queue_due()
 
-    def read(self, session: Session, row_id: str) -> tuple[tuple[Evaluation, Job], EvaluationView] | None:
-        ev = store.get_evaluation(session, row_id)
-        job = repository.get_job(session, ev.job_id) if ev is not None else None
-        if ev is None or job is None:
-            return None
-        return (ev, job), _view(ev, job)
-
-    def queued(self, session: Session) -> list[scheduling.RunRequest]:
-        return [_run_request(r) for r in store.queued_rows(session)]
-
-    def holding(self, session: Session) -> list[scheduling.Running]:
-        held = store.holding_rows(session)
-        return [scheduling.Running.of(r, estimate_seconds=ESTIMATE_SECONDS) for r in held]
-
-    def prepare(self, session: Session, v: EvaluationView) -> bool:
-        try:
-            make_side_dir(v.run_dir)
-        except OSError as exc:
-            why = f"the job's run directory cannot hold the evaluation: {exc}"[:2000]
-            end = lifecycle.End(JobStatus.failed, ErrorCode.launch_error, why)
-            end.record(session, store.EVALUATIONS, v.id)
-            return False
-        return True
-
-    def request(self, row: tuple[Evaluation, Job], v: EvaluationView) -> LaunchRequest:
-        return write_evaluation_dir(*row, v.run_dir)
-
-    def while_running(self, v: EvaluationView, launcher: Launcher, state: RunState) -> None:
-        return None
-
-    def before_end(self, v: EvaluationView) -> None:
+    def before_end(self, v: SideRunView) -> None:
         metrics = read_results(v.run_dir)
         if metrics is None:
             return
@@ -287,19 +173,7 @@ class EvaluationKind:
             store.store_metrics(session, v.id, metrics)
             session.commit()
 
-    def stopped_by_worker(self, v: EvaluationView) -> Failure | None:
-        return None
-
-    def retried(
-        self, session: Session, row: tuple[Evaluation, Job], v: EvaluationView, failure: Failure
-    ) -> bool:
-        return False
-
-    def after_cancelled(self, row: tuple[Evaluation, Job], v: EvaluationView) -> None:
-        return None
-
-    def held(self, session: Session, row: tuple[Evaluation, Job], v: EvaluationView, state: RunState) -> bool:
-        return False
-
 
 EVALUATIONS_KIND = EvaluationKind()
+sweep = EVALUATIONS_KIND.sweep
+cancel_requested = EVALUATIONS_KIND.cancel_requested

@@ -173,14 +173,7 @@ def spec_for_run(spec: dict[str, Any], owner: str, run_dir: Path) -> dict[str, A
     folder = run_dir / DATASET_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     for name, target in sources.items():
-        link = folder / f"{name}{files.SUFFIX}"
-        tmp = folder / f".{name}.tmp"
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(target, tmp)
-        except OSError:  # another file system (FTQ_RUNS_DIR on shared storage): a real copy
-            shutil.copyfile(target, tmp)
-        tmp.replace(link)
+        _copy_in(target, folder / f"{name}{files.SUFFIX}")
     if not eval_id:
         ds["name_or_path"] = str(folder / f"train{files.SUFFIX}")
         return out

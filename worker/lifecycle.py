@@ -1,6 +1,7 @@
-"""The lifecycle of a launched run, one for every kind: a job's run (`worker.controller`) and an export
-(`worker.exports`). Launch it or adopt the launch a dead worker left, cancel it, settle a claim whose
-worker died mid-launch, bring it in line with what its launcher reports, and record how it ended.
+"""The lifecycle of a launched run, one for every kind: a job's run (`worker.controller`) and a side run
+(`worker.side_runs`: an export, an evaluation). Launch it or adopt the launch a dead worker left, cancel
+it, settle a claim whose worker died mid-launch, bring it in line with what its launcher reports, and
+record how it ended.
 
 What differs between the kinds is a `Kind`: how to read its row, its table's transitions (one
 `ftq.store.transitions.RunTable` each), what it asks of the scheduler, what its launch request is, and its

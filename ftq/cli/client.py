@@ -731,13 +731,17 @@ def _checkpoint_ref(text: str) -> str | int:
     return int(text)
 
 
-def _evaluation_line(ev: EvaluationPublic) -> str:
-    line = f"{ev.id}: {fmt_status(ev.status)} checkpoint {ev.checkpoint}"
-    if ev.results:
-        line += " " + " ".join(f"{escape(k)}={v:.4g}" for k, v in sorted(ev.results.items()))
-    if ev.error is not None:
-        line += f" [red]{escape(str(ev.error.code))}[/]: {escape(ev.error.message)}"
+def _side_run_line(row: ExportPublic | EvaluationPublic, what: str) -> str:
+    """One line about a side run: its id, status, `what` it is, and its error if it failed."""
+    line = f"{row.id}: {fmt_status(row.status)} {what}"
+    if row.error is not None:
+        line += f" [red]{escape(str(row.error.code))}[/]: {escape(row.error.message)}"
     return line
+
+
+def _evaluation_line(ev: EvaluationPublic) -> str:
+    scores = " ".join(f"{escape(k)}={v:.4g}" for k, v in sorted((ev.results or {}).items()))
+    return _side_run_line(ev, f"checkpoint {ev.checkpoint}" + (f" {scores}" if scores else ""))
 
 
 @_command("eval")
@@ -760,19 +764,7 @@ def evaluate(
         out.print(_evaluation_line(made))
         if not follow:
             return
-        last = made.status
-        patience = Patience()
-        while made.status not in TERMINAL:
-            time.sleep(POLL_SECONDS)
-            try:
-                made = client.jobs.get_evaluation(job_id, made.id)
-            except TRANSIENT as exc:
-                patience.failed(exc)
-                continue
-            patience.answered()
-            if made.status != last:
-                out.print(_evaluation_line(made))
-                last = made.status
+        made = follow_side_run(lambda i: client.jobs.get_evaluation(job_id, i), made, _evaluation_line)
     if made.status != "succeeded":
         raise typer.Exit(EXIT_REFUSED)
 
@@ -793,10 +785,7 @@ def evals(job_id: JobIdArg) -> None:
 
 
 def _export_line(export: ExportPublic) -> str:
-    line = f"{export.id}: {fmt_status(export.status)} {export.kind} {export.dtype} -> {export.path}"
-    if export.error is not None:
-        line += f" [red]{escape(str(export.error.code))}[/]: {escape(export.error.message)}"
-    return line
+    return _side_run_line(export, f"{export.kind} {export.dtype} -> {export.path}")
 
 
 @_command("export")
@@ -842,18 +831,27 @@ def export(
 
 def follow_export(client: Client, job_id: str, made: ExportPublic) -> ExportPublic:
     """Poll an export until it ends, printing each status it passes through; returns its last state."""
+    return follow_side_run(lambda export_id: client.jobs.get_export(job_id, export_id), made, _export_line)
+
+
+SideRun = TypeVar("SideRun", ExportPublic, EvaluationPublic)
+
+
+def follow_side_run(get: Callable[[str], SideRun], made: SideRun, line: Callable[[SideRun], str]) -> SideRun:
+    """Poll a side run (`get` reads it by id) until it ends, printing its `line` at each status it passes
+    through; outages are waited out (`Patience`). Returns its last state."""
     last = made.status
     patience = Patience()
     while made.status not in TERMINAL:
         time.sleep(POLL_SECONDS)
         try:
-            made = client.jobs.get_export(job_id, made.id)
+            made = get(made.id)
         except TRANSIENT as exc:
             patience.failed(exc)
             continue
         patience.answered()
         if made.status != last:
-            out.print(_export_line(made))
+            out.print(line(made))
             last = made.status
     return made
 

@@ -193,8 +193,7 @@ def export(
 
 
 def exports(job_id: str) -> Call[list[schemas.ExportPublic]]:
-    listing = reads(schemas.ExportList)
-    return Call("GET", _core.export_path(job_id), lambda resp, url: listing(resp, url).data)
+    return side_runs(_core.export_path(job_id), schemas.ExportList)
 
 
 def get_export(job_id: str, export_id: str) -> Call[schemas.ExportPublic]:
@@ -208,10 +207,7 @@ def cancel_export(job_id: str, export_id: str) -> Call[schemas.ExportPublic]:
 def wait_export(
     job_id: str, export_id: str, timeout: float | None, poll: float
 ) -> Flow[Never, schemas.ExportPublic]:
-    def timed_out(export: schemas.ExportPublic) -> TimeoutError:
-        return TimeoutError(f"export {export_id} still {export.status} after {timeout} s")
-
-    return wait_until(get_export(job_id, export_id), ended, timed_out, timeout, poll)
+    return wait_side_run(get_export(job_id, export_id), f"export {export_id}", timeout, poll)
 
 
 # Evaluations
@@ -225,8 +221,7 @@ def evaluate(
 
 
 def evaluations(job_id: str) -> Call[list[schemas.EvaluationPublic]]:
-    listing = reads(schemas.EvaluationList)
-    return Call("GET", _core.evaluation_path(job_id), lambda resp, url: listing(resp, url).data)
+    return side_runs(_core.evaluation_path(job_id), schemas.EvaluationList)
 
 
 def get_evaluation(job_id: str, evaluation_id: str) -> Call[schemas.EvaluationPublic]:
@@ -240,10 +235,30 @@ def cancel_evaluation(job_id: str, evaluation_id: str) -> Call[schemas.Evaluatio
 def wait_evaluation(
     job_id: str, evaluation_id: str, timeout: float | None, poll: float
 ) -> Flow[Never, schemas.EvaluationPublic]:
-    def timed_out(ev: schemas.EvaluationPublic) -> TimeoutError:
-        return TimeoutError(f"evaluation {evaluation_id} still {ev.status} after {timeout} s")
+    return wait_side_run(get_evaluation(job_id, evaluation_id), f"evaluation {evaluation_id}", timeout, poll)
 
-    return wait_until(get_evaluation(job_id, evaluation_id), ended, timed_out, timeout, poll)
+
+# What every side run (an export, an evaluation) shares
+
+
+SideRun = TypeVar("SideRun", schemas.ExportPublic, schemas.EvaluationPublic)
+
+
+def side_runs(path: str, listing: type[schemas.ExportList] | type[schemas.EvaluationList]) -> Call[Any]:
+    """A job's side runs of one kind (`path`, answered as `listing`), newest first."""
+    read = reads(listing)
+    return Call("GET", path, lambda resp, url: read(resp, url).data)
+
+
+def wait_side_run(
+    call: Call[SideRun], label: str, timeout: float | None, poll: float
+) -> Flow[Never, SideRun]:
+    """The side run `call` reads once it has ended; TimeoutError (naming it: `label`) after `timeout` s."""
+
+    def timed_out(found: SideRun) -> TimeoutError:
+        return TimeoutError(f"{label} still {found.status} after {timeout} s")
+
+    return wait_until(call, ended, timed_out, timeout, poll)
 
 
 # Logs

@@ -89,22 +89,21 @@ def job_path(job_id: str, *rest: str) -> str:
     return "/".join(["/jobs", quote(job_id, safe=""), *rest])
 
 
+def side_run_path(job_id: str, plural: str, row_id: str | None = None, *rest: str) -> str:
+    """/jobs/<id>/<plural>[/<row id>/...] of a job's side runs (`exports`, `evaluations`), both ids quoted."""
+    if row_id is None:
+        return job_path(job_id, plural)
+    if not row_id:
+        raise ValueError(f"{plural[:-1]}_id is empty")
+    return job_path(job_id, plural, quote(row_id, safe=""), *rest)
+
+
 def export_path(job_id: str, export_id: str | None = None, *rest: str) -> str:
-    """/jobs/<id>/exports[/<export id>/...], both ids quoted."""
-    if export_id is None:
-        return job_path(job_id, "exports")
-    if not export_id:
-        raise ValueError("export_id is empty")
-    return job_path(job_id, "exports", quote(export_id, safe=""), *rest)
+    return side_run_path(job_id, "exports", export_id, *rest)
 
 
 def evaluation_path(job_id: str, evaluation_id: str | None = None, *rest: str) -> str:
-    """/jobs/<id>/evaluations[/<evaluation id>/...], both ids quoted."""
-    if evaluation_id is None:
-        return job_path(job_id, "evaluations")
-    if not evaluation_id:
-        raise ValueError("evaluation_id is empty")
-    return job_path(job_id, "evaluations", quote(evaluation_id, safe=""), *rest)
+    return side_run_path(job_id, "evaluations", evaluation_id, *rest)
 
 
 def evaluation_body(checkpoint: str | int, suites: Sequence[str] | None) -> tuple[bytes, dict[str, str]]:

@@ -119,7 +119,16 @@ class Job(RunState, Base):
     )
 
 
-class JobQueue(Base):
+class QueuePlace:
+    """The columns of a queued run's row in its queue table (every kind of run waits in one queue): its
+    position, why it waits (`ftq.contract.schemas.QueueInfo`), and when it is expected to start."""
+
+    position: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(64), nullable=False)
+    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobQueue(QueuePlace, Base):
     """Why each queued job waits, written by the scheduler on every tick; the API only reads it. SLURM
     jobs pending in SLURM's queue have SLURM's reason here (no position)."""
 
@@ -128,12 +137,9 @@ class JobQueue(Base):
     job_id: Mapped[str] = mapped_column(
         String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
     )
-    position: Mapped[int | None] = mapped_column(Integer)
-    reason: Mapped[str] = mapped_column(String(64), nullable=False)
-    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
-class ExportQueue(Base):
+class ExportQueue(QueuePlace, Base):
     """Why each queued export waits, written by the scheduler on every tick as `job_queue` is for jobs
     (exports and jobs wait in one queue); the API only reads it."""
 
@@ -142,9 +148,6 @@ class ExportQueue(Base):
     export_id: Mapped[str] = mapped_column(
         String(40), ForeignKey("exports.id", ondelete="CASCADE"), primary_key=True
     )
-    position: Mapped[int | None] = mapped_column(Integer)
-    reason: Mapped[str] = mapped_column(String(64), nullable=False)
-    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class OwnerUsage(Base):
@@ -273,7 +276,7 @@ class Evaluation(RunState, Base):
     )
 
 
-class EvaluationQueue(Base):
+class EvaluationQueue(QueuePlace, Base):
     """Why each queued evaluation waits (one queue with jobs and exports); the API only reads it."""
 
     __tablename__ = "evaluation_queue"
@@ -281,9 +284,6 @@ class EvaluationQueue(Base):
     evaluation_id: Mapped[str] = mapped_column(
         String(40), ForeignKey("evaluations.id", ondelete="CASCADE"), primary_key=True
     )
-    position: Mapped[int | None] = mapped_column(Integer)
-    reason: Mapped[str] = mapped_column(String(64), nullable=False)
-    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 # A 64-bit id that SQLite still numbers itself (only its INTEGER PRIMARY KEY is the rowid).

@@ -6,43 +6,15 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from ftq.contract import runs
-from ftq.contract.errors import ErrorCode
 from ftq.contract.evaluation import BEST, FINAL, ref_label
-from ftq.contract.schemas import EvaluationCreate, EvaluationPublic, JobError, QueueInfo
+from ftq.contract.schemas import EvaluationCreate, EvaluationPublic
 from ftq.contract.status import JobStatus
-from ftq.runtime.redact import redact
 from ftq.runtime.settings import Settings
 from ftq.store import evaluations as store
 from ftq.store.evaluations import EvaluationRepository
 from ftq.store.models import Evaluation, EvaluationQueue, Job
-from ftq.store.repository import JobRepository
-from service.errors import Conflict, NotFound, QuotaExceeded, spec_field_error
-
-
-def job_or_404(session: Session, owner: str, job_id: str) -> Job:
-    job = JobRepository(session, owner).get(job_id)
-    if job is None:
-        raise NotFound(f"job {job_id} not found")
-    return job
-
-
-def get_or_404(session: Session, owner: str, job_id: str, evaluation_id: str) -> Evaluation:
-    ev = EvaluationRepository(session, owner).get(job_id, evaluation_id)
-    if ev is None:
-        raise NotFound(f"evaluation {evaluation_id} of job {job_id} not found")
-    return ev
-
-
-def list_evaluations(session: Session, owner: str, job_id: str) -> list[EvaluationPublic]:
-    job_or_404(session, owner, job_id)
-    return with_queue(session, owner, EvaluationRepository(session, owner).list_for(job_id))
-
-
-def with_queue(session: Session, owner: str, rows: list[Evaluation]) -> list[EvaluationPublic]:
-    queue = EvaluationRepository(session, owner).queue_of(
-        [e.id for e in rows if e.status == JobStatus.queued]
-    )
-    return [to_public(e, queue.get(e.id)) for e in rows]
+from service import side_runs
+from service.errors import Conflict, spec_field_error
 
 
 def resolve_step(session: Session, job: Job, settings: Settings, checkpoint: str | int) -> int | None:
@@ -74,8 +46,9 @@ def resolve_step(session: Session, job: Job, settings: Settings, checkpoint: str
 
 def create(
     session: Session, owner: str, settings: Settings, job_id: str, body: EvaluationCreate
-) -> Evaluation:
-    job = job_or_404(session, owner, job_id)
+) -> tuple[Evaluation, bool]:
+    """The new evaluation (queued, with its dispatch); never an existing one (False)."""
+    job = side_runs.job_or_404(session, owner, job_id)
     suites = [s.get("name") for s in ((job.spec or {}).get("eval") or {}).get("suites") or []]
     if not suites:
         raise Conflict(f"job {job_id} has no eval.suites in its spec: there is nothing to evaluate with")
@@ -86,51 +59,23 @@ def create(
             )
     step = resolve_step(session, job, settings, body.checkpoint)
     repo = EvaluationRepository(session, owner)
-    waiting = repo.queued_requests()
-    if waiting >= settings.max_queued_evaluations_per_owner:
-        raise QuotaExceeded(
-            f"you have {waiting} evaluations waiting for a device, the most one owner may queue "
-            f"(FTQ_MAX_QUEUED_EVALUATIONS_PER_OWNER={settings.max_queued_evaluations_per_owner}); wait for "
-            "some to start, or cancel one (POST /jobs/{id}/evaluations/{eid}/cancel)",
-            retry_after=30,
-        )
+    side_runs.check_queue_cap(repo, repo.queued_requests(), settings.max_queued_evaluations_per_owner)
     ev = repo.add(
         job.id, step=step, suites=list(body.suites) if body.suites else None, trigger=store.TRIGGER_REQUEST
     )
     session.commit()
-    return ev
-
-
-def cancel(session: Session, owner: str, job_id: str, evaluation_id: str) -> Evaluation:
-    ev = get_or_404(session, owner, job_id, evaluation_id)
-    changed = store.request_cancel(session, ev)
-    session.commit()
-    if changed is not None:
-        session.refresh(ev)
-    return ev
+    return ev, False
 
 
 def to_public(ev: Evaluation, queue: EvaluationQueue | None = None) -> EvaluationPublic:
-    error = None
-    if ev.error_code and ev.status != JobStatus.cancelled:
-        error = JobError(
-            code=ErrorCode(ev.error_code), message=redact(ev.error_message or ""), exit_code=ev.exit_code
-        )
     return EvaluationPublic(
-        id=ev.id,
-        job_id=ev.job_id,
+        **side_runs.public_fields(ev, queue),
         checkpoint=ref_label(ev.step),
-        status=JobStatus(ev.status),
         results=ev.metrics if ev.status == JobStatus.succeeded else None,
-        error=error,
         suites=ev.suites,
         trigger=ev.trigger,
-        created_at=ev.created_at,
-        started_at=ev.started_at,
-        finished_at=ev.finished_at,
-        queue=(
-            QueueInfo(position=queue.position, reason=queue.reason, estimated_start=queue.estimated_start)
-            if queue is not None and ev.status == JobStatus.queued
-            else None
-        ),
     )
+
+
+# Read and cancelled as every side run is.
+RULES: side_runs.SideRuns[Evaluation, EvaluationPublic] = side_runs.SideRuns(EvaluationRepository, to_public)

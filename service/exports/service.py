@@ -8,51 +8,21 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from ftq.contract import runs
-from ftq.contract.errors import ErrorCode
 from ftq.contract.evaluation import ref_label
 from ftq.contract.schemas import (
     ExportCreate,
     ExportDtype,
     ExportKind,
     ExportPublic,
-    JobError,
     PushToHub,
-    QueueInfo,
 )
 from ftq.contract.status import JobStatus
-from ftq.runtime.redact import redact
 from ftq.runtime.settings import Settings
-from ftq.store import exports as store
-from ftq.store.exports import ExportRepository, new_export_id
-from ftq.store.models import Export, ExportQueue, Job
-from ftq.store.repository import JobRepository, utcnow
-from service.errors import Conflict, NotFound, QuotaExceeded, spec_field_error
+from ftq.store.exports import ExportRepository
+from ftq.store.models import Export, ExportQueue
+from service import side_runs
+from service.errors import Conflict, spec_field_error
 from service.evaluations.service import resolve_step
-
-
-def _job_or_404(session: Session, owner: str, job_id: str) -> Job:
-    job = JobRepository(session, owner).get(job_id)
-    if job is None:
-        raise NotFound(f"job {job_id} not found")
-    return job
-
-
-def get_or_404(session: Session, owner: str, job_id: str, export_id: str) -> Export:
-    export = ExportRepository(session, owner).get(job_id, export_id)
-    if export is None:
-        raise NotFound(f"export {export_id} of job {job_id} not found")
-    return export
-
-
-def list_exports(session: Session, owner: str, job_id: str) -> list[ExportPublic]:
-    _job_or_404(session, owner, job_id)
-    return with_queue(session, owner, ExportRepository(session, owner).list_for(job_id))
-
-
-def with_queue(session: Session, owner: str, rows: list[Export]) -> list[ExportPublic]:
-    """The API's exports, each queued one with the scheduler's row for it."""
-    queue = ExportRepository(session, owner).queue_of([e.id for e in rows if e.status == JobStatus.queued])
-    return [to_public(e, queue.get(e.id)) for e in rows]
 
 
 def create(
@@ -66,7 +36,7 @@ def create(
             "leave push_to_hub out and download the export",
             "not_configured",
         )
-    job = _job_or_404(session, owner, job_id)
+    job = side_runs.job_or_404(session, owner, job_id)
     if job.status != JobStatus.succeeded:
         raise Conflict(
             f"job {job_id} is {job.status}: only a succeeded job has a final model to export; wait for it "
@@ -100,68 +70,32 @@ def create(
     if same is not None:
         return same, True
     repo.hold_queue()
-    waiting = repo.queued_count()
-    if waiting >= settings.max_queued_exports_per_owner:
-        raise QuotaExceeded(
-            f"you have {waiting} exports waiting for a device, the most one owner may queue "
-            f"(FTQ_MAX_QUEUED_EXPORTS_PER_OWNER={settings.max_queued_exports_per_owner}); wait for some to "
-            "start, or cancel one (POST /jobs/{id}/exports/{eid}/cancel)",
-            retry_after=30,
-        )
-    now = utcnow()
-    export = Export(
-        id=new_export_id(),
-        job_id=job.id,
+    side_runs.check_queue_cap(repo, repo.queued_count(), settings.max_queued_exports_per_owner)
+    export = repo.add(
+        job.id,
         kind=str(body.kind),
         dtype=str(body.dtype),
         max_shard_size=shard,
         push_to_hub=push,
         step=step,
-        status=JobStatus.queued,
-        created_at=now,
-        updated_at=now,
     )
-    repo.add_with_dispatch(export)
     session.commit()
     return export, False
 
 
-def cancel(session: Session, owner: str, job_id: str, export_id: str) -> Export:
-    """As a job's cancel: queued -> cancelled; starting/running -> cancelling; else nothing changes."""
-    export = get_or_404(session, owner, job_id, export_id)
-    changed = store.request_cancel(session, export)
-    session.commit()
-    if changed is not None:
-        session.refresh(export)
-    return export
-
-
 def to_public(export: Export, queue: ExportQueue | None = None) -> ExportPublic:
     """The API's export; `queue`: the scheduler's row for it while it is queued."""
-    error = None
-    if export.error_code and export.status != JobStatus.cancelled:
-        error = JobError(
-            code=ErrorCode(export.error_code),
-            message=redact(export.error_message or ""),
-            exit_code=export.exit_code,
-        )
     return ExportPublic(
-        id=export.id,
-        job_id=export.job_id,
+        **side_runs.public_fields(export, queue),
         kind=ExportKind(export.kind),
         dtype=ExportDtype(export.dtype),
         max_shard_size=export.max_shard_size,
         push_to_hub=PushToHub.model_validate(export.push_to_hub) if export.push_to_hub else None,
-        status=JobStatus(export.status),
-        error=error,
         path=str(Path(runs.EXPORTS) / export.id),
-        created_at=export.created_at,
-        started_at=export.started_at,
-        finished_at=export.finished_at,
-        queue=(
-            QueueInfo(position=queue.position, reason=queue.reason, estimated_start=queue.estimated_start)
-            if queue is not None and export.status == JobStatus.queued
-            else None
-        ),
         checkpoint=ref_label(export.step),
     )
+
+
+# Read and cancelled as every side run is.
+RULES: side_runs.SideRuns[Export, ExportPublic] = side_runs.SideRuns(ExportRepository, to_public)
+with_queue = RULES.with_queue

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from ftq.contract.schemas import UsagePage, UsageRow
-from ftq.store.exports import ExportRepository, side_usage_rows
-from ftq.store.models import Evaluation
+from ftq.store.evaluations import EvaluationRepository
+from ftq.store.exports import ExportRepository
 from ftq.store.repository import JobRepository
 
 
@@ -17,7 +17,7 @@ def usage(repo: JobRepository, since: datetime | None, until: datetime | None, g
     sums: dict[tuple[str, str | None], list[float]] = {}
     runs = [(row, 2) for row in repo.usage_rows(since, until)]
     runs += [(row, 3) for row in ExportRepository(repo.session, repo.owner).usage_rows(since, until)]
-    runs += [(row, 4) for row in side_usage_rows(repo.session, repo.owner, Evaluation, since, until)]
+    runs += [(row, 4) for row in EvaluationRepository(repo.session, repo.owner).usage_rows(since, until)]
     for (owner, finished, device_seconds, device), counter in runs:
         day = finished.date().isoformat() if group_by == "day" else None
         row = sums.setdefault((owner, day), [0.0, 0.0, 0, 0, 0])
