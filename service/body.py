@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import yaml
 
+from ftq.contract.specyaml import SpecLoader
 from ftq.contract.yaml_errors import describe
 from service.errors import BadRequest, SpecError, UnsupportedMediaType
 
@@ -30,7 +31,7 @@ MAX_NODES = 10_000
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
-_Loader: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Loader: type[Any] = SpecLoader  # YAML 1.2 booleans: `on:` is a key, not True
 # Bodies parsed at once; the rest of the thread pool stays free for everything else.
 _PARSE_SLOTS = anyio.CapacityLimiter(4)
 

@@ -23,6 +23,7 @@ def main_of(
     """`python -m <module> --request <folder>/<request_file>`: `run` the request; a user's error ends as
     one `ftq-error: <code>: <message>` line and exit status 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)  # train.quiet_bitsandbytes
     parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     parser.add_argument("--request", type=Path, required=True, help=f"the {request_file} the worker wrote")
     request = parser.parse_args(argv).request

@@ -430,6 +430,13 @@ def write_model_card(spec: JobSpec, facts: RunFacts, out: Path) -> None:
     (out / runs.FINAL / runs.MODEL_CARD).write_text(render_model_card(spec.model_dump(mode="json"), facts))
 
 
+def quiet_bitsandbytes() -> None:
+    """bitsandbytes (the qlora extra) is imported by transformers and peft whenever it is installed, and
+    on a CPU machine warns, in every run, that the optional `kernels` package is missing: its own CPU
+    path runs instead, and no job could do anything about it. Its errors stay."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
 def configure_logging() -> None:
     """train.log is read by people: INFO from rank 0 alone (the others said the same), warnings from all,
     and none of accelerate's INFO. Every rank's memory lines stay (trainer.memory): they differ by rank
@@ -446,6 +453,7 @@ def configure_logging() -> None:
     # with their paths); a checkpoint is a job.checkpoint event once whole, and a resume is the trainer's
     # own `resuming from` line. Its warnings and errors stay.
     logging.getLogger("accelerate").setLevel(logging.WARNING)
+    quiet_bitsandbytes()
     # transformers 5 calls its own deprecated name from inside; nothing the job could change.
     warnings.filterwarnings(
         "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning

@@ -23,6 +23,7 @@ from ftq.cli.output import (
     out,
 )
 from ftq.client import Client
+from ftq.contract import specyaml
 from ftq.contract.plans import DatasetPreflight
 from ftq.contract.schemas import FilePublic
 from ftq.contract.spec import looks_local
@@ -127,7 +128,7 @@ def upload_spec_files(client: Client, spec_path: Path) -> dict[str, Any]:
     `<eval_split>.jsonl`) becomes `file_id` (and `eval_file_id`). Waits for the validations; a file that
     is not ready stops here with its errors."""
     try:
-        spec = yaml.safe_load(spec_path.read_text())
+        spec = specyaml.load(spec_path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         fail(f"{spec_path}: {exc}", EXIT_INPUT)
     if not isinstance(spec, dict) or not isinstance(spec.get("dataset"), dict):

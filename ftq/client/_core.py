@@ -20,6 +20,7 @@ import yaml
 
 from ftq import __version__
 from ftq.client import errors
+from ftq.contract import specyaml
 from ftq.contract.schemas import Artifact, LogChunk
 from ftq.contract.spec import JobSpec
 from ftq.contract.status import TERMINAL, JobStatus
@@ -179,7 +180,7 @@ def read_spec_file(path: Path) -> tuple[bytes, str]:
         ctype = "application/json"
     else:
         try:
-            body = yaml.safe_load(text)
+            body = specyaml.load(text)
         except yaml.YAMLError as exc:
             raise errors.SpecFileError(str(path), describe_yaml_error(text, exc)) from None
         ctype = "application/yaml"

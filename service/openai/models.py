@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ftq.contract import specyaml
 from ftq.contract.spec import looks_local
 
 TINY_ALIAS = "ftq-tiny"
@@ -66,7 +65,7 @@ class Catalog:
 @functools.lru_cache(maxsize=4)
 def _load(path: str, mtime: float) -> Catalog:
     text = Path(path).read_text()
-    raw = yaml.safe_load(text) if not path.endswith(".json") else json.loads(text)
+    raw = specyaml.load(text) if not path.endswith(".json") else json.loads(text)
     if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict) or not raw["models"]:
         raise ValueError(f"{path}: the catalog needs `models:` mapping each alias to a spec template")
     templates = {str(k): dict(v or {}) for k, v in raw["models"].items()}
