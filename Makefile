@@ -109,15 +109,15 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e
-# in one pytest process, then the `serial` ones alone (tests/integration/faults stops the machine's
-# PostgreSQL). One process, not pytest-xdist: on the 2-core machine every training launch and server
-# already keeps both cores busy, and two workers made the suite slower (33 min against 20 before the
-# shared runs); the session's shared servers and runs (tests/e2e/conftest.py, tests/e2e/bank.py) are
-# then made once. `make test XDIST="-n 2 --dist loadgroup"` runs two workers (a bigger machine), the tests
-# that share a server or a run on the same one (tests/harness/groups.py). Both runs go to the end; the
-# target fails if either did (the serial run may select nothing: exit 5). The 25 slowest tests of each
-# are listed, then the total test time.
-XDIST :=
+# on three pytest-xdist workers, then the `serial` ones alone (tests/integration/faults stops the machine's
+# PostgreSQL). Three workers on two cores because the suite mostly waits: the tests of tests/integration
+# used 757 s of CPU in 1,157 s of one process's wall time (a cpuacct cgroup around the run), servers
+# starting, jobs polled, processes waited for. tests/harness/groups.py keeps the tests that share a server
+# or a run on one worker (the session's `ftq up` and its bank of trained runs are made once) and the real
+# `accelerate launch` tests one after another. `make test XDIST=` runs one process. Both runs go to the
+# end; the target fails if either did (the serial run may select nothing: exit 5). The 25 slowest tests
+# of each are listed, then the total test time.
+XDIST ?= -n 3 --dist loadgroup
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \
 	$(BIN)/python -m pytest $(if $(XDIST),$(XDIST),-p no:xdist) --durations=25 -m "not serial" $(PYTEST_ARGS) || status=$$?; \

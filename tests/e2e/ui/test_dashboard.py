@@ -82,7 +82,7 @@ def test_job_page_charts_every_point_and_stops_polling(
     expect(page.locator(f'#job-meta dd[title="{model_path}"]')).to_have_text("…/tiny/model")
     ckpts = server.get(f"/jobs/{finished_job.job_id}/checkpoints")["data"]
     assert ckpts
-    expect(page.locator("#checkpoints tr")).to_have_count(len(ckpts))
+    expect(page.locator("#checkpoints tbody tr")).to_have_count(len(ckpts))
     expect(page.locator(f'#checkpoints code[title="{ckpts[-1]["path"]}"]')).to_be_visible()
     # The job's events, one row each, in order, ending with how it ended.
     events = server.get(f"/jobs/{finished_job.job_id}/events", limit=1000)["data"]

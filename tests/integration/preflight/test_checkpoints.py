@@ -128,9 +128,13 @@ def test_fsdp2_sharded_checkpoints_are_resumable(quick_up: Deployment, tiny_dir:
     found = {c["step"]: c["resumable"] for c in checkpoints(quick_up, job["id"])}
     assert found == {2: True, 3: False}
     # Issue 27: checked at submit against this job's strategy and world size. FSDP's sharded state
-    # reshards onto another world size (one process here); DDP cannot read it: a 422 naming resume_from.
+    # reshards onto another world size (one process here, accumulating two micro-batches a step so that
+    # a step keeps its rows); DDP cannot read it: a 422 naming resume_from.
     resume = {"resume_from": {"job_id": job["id"], "checkpoint": 2}}
     one = {**spec, **resume, "resources": {**spec["resources"], "processes_per_node": 1}}
+    r = quick_up.http.post("/jobs", params={"dry_run": "true"}, json=one)
+    assert r.status_code == 422 and "gradient_accumulation_steps: 2" in r.json()["detail"][0]["msg"], r.text
+    one["training"] = {**spec["training"], "gradient_accumulation_steps": 2}
     assert quick_up.dry_run(one)["trainer_args"]["resume_from_checkpoint"] == str(ckpt)
     ddp = {**spec, **resume, "distributed": {"strategy": "ddp"}}
     r = quick_up.http.post("/jobs", params={"dry_run": "true"}, json=ddp)
