@@ -78,7 +78,7 @@ def baseline(tiny: Path, steps: int, out: Path) -> None:
                     }
                 )
 
-    def short(completions: list[str], **kwargs: Any) -> list[float]:
+    def short(completions: list[str], **kwargs: Any) -> list[float | None]:
         return [1.0 - len(c) / 80 for c in completions]
 
     tok = AutoTokenizer.from_pretrained(tiny / "model")

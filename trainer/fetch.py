@@ -86,7 +86,8 @@ def fetch_repo(repo: str, revision: str | None, repo_type: str = "model") -> int
         raise error(problem)
     try:
         info = HfApi().repo_info(repo, repo_type=repo_type, revision=revision, files_metadata=True)
-        sizes = {s.rfilename: s.size or 0 for s in info.siblings or []}
+        siblings = getattr(info, "siblings", None) or []  # model and dataset infos have them
+        sizes = {s.rfilename: s.size or 0 for s in siblings}
         # A dataset repo's files are all data (or its card): only a model's second weight format is left.
         files = wanted(sorted(sizes)) if repo_type == "model" else sorted(sizes)
         total, done = sum(sizes[f] for f in files), 0

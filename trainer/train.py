@@ -531,31 +531,12 @@ def grpo_config(spec: JobSpec, common: dict[str, Any]) -> Any:
 
     g: Any = spec.training.method_parameters()
     common = {**common, "include_num_input_tokens_seen": "no"}  # GRPOTrainer counts them as it generates
+    # training.grpo's fields are GRPOConfig's own names (enums as their strings), but for ftq's own
+    # `rollouts_per_log` (how many rollouts a step writes to samples.jsonl).
     return GRPOConfig(
         **common,
-        num_generations=g.num_generations,
-        max_completion_length=g.max_completion_length,
-        beta=g.beta,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        min_p=g.min_p,
-        repetition_penalty=g.repetition_penalty,
-        loss_type=str(g.loss_type),
-        epsilon=g.epsilon,
-        epsilon_high=g.epsilon_high,
-        delta=g.delta,
-        num_iterations=g.num_iterations,
-        steps_per_generation=g.steps_per_generation,
-        scale_rewards=str(g.scale_rewards),
-        importance_sampling_level=str(g.importance_sampling_level),
-        mask_truncated_completions=g.mask_truncated_completions,
-        sync_ref_model=g.sync_ref_model,
-        ref_model_mixup_alpha=g.ref_model_mixup_alpha,
-        ref_model_sync_steps=g.ref_model_sync_steps,
-        use_vllm=g.use_vllm,
+        **g.model_dump(mode="json", exclude={"rollouts_per_log"}),
         vllm_mode="colocate",
-        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
         log_completions=False,
     )
 

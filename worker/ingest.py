@@ -352,7 +352,7 @@ def _side_event_data(type_: EventType, obj: dict[str, Any]) -> dict[str, Any] | 
     if type_ == EventType.warning:
         kind = _text(obj.get("kind"), 32) or "warning"
         return {"kind": kind, "step": step, "message": _text(obj.get("message"), 2000) or kind}
-    data = {
+    data: dict[str, Any] = {
         "step": step,
         "prompt": _text(obj.get("prompt"), 4000),
         "completion": _text(obj.get("completion"), 8000),

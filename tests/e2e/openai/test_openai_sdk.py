@@ -302,10 +302,10 @@ def test_a_reinforcement_job_with_a_string_check_grader_succeeds_with_reward_met
     job = client.fine_tuning.jobs.create(
         model="ftq-tiny",
         training_file=train.id,
-        method={
+        method={  # type: ignore[arg-type]
             "type": "reinforcement",
             "reinforcement": {
-                "grader": grader,  # type: ignore[typeddict-item]
+                "grader": grader,
                 "hyperparameters": {"n_epochs": 1, "batch_size": 1, "compute_multiplier": 0.25},
             },
         },

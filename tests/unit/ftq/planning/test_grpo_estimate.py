@@ -45,6 +45,7 @@ def test_the_kv_cache_of_the_generation_batch_is_counted() -> None:
         device_memory_bytes=A100,
     )
     assert four.breakdown["generation_kv_cache"] == 4 * kv
+    assert four.per_device_bytes is not None and est.per_device_bytes is not None
     assert four.per_device_bytes > est.per_device_bytes
     sft = estimate_memory(
         example("llama2-70b-fsdp", lora=None, training__packing=False, dataset__format="auto"),
@@ -66,7 +67,7 @@ def test_the_reference_model_only_with_beta_above_zero_and_full_fine_tuning() ->
 
 
 def test_the_time_counts_one_forward_per_generated_token() -> None:
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    settings = Settings(_env_file=None)
     spec = grpo(training__max_steps=10)
     generated, extra, note = generation_terms(spec)
     # 10 steps x 2 a device x 1 accumulation x 16 processes completions, of up to 1024 tokens each.

@@ -402,7 +402,7 @@ def test_a_reinforcement_job_maps_onto_grpo_with_its_grader(v1: Any) -> None:
     job = sdk.fine_tuning.jobs.create(
         model="ftq-tiny",
         training_file=train,
-        method={
+        method={  # type: ignore[arg-type]
             "type": "reinforcement",
             "reinforcement": {
                 "grader": RL_GRADER,
@@ -412,7 +412,7 @@ def test_a_reinforcement_job_maps_onto_grpo_with_its_grader(v1: Any) -> None:
     )
     assert job.status == "queued" and job.method is not None and job.method.type == "reinforcement"
     assert job.method.reinforcement is not None
-    assert job.method.reinforcement.grader.type == "string_check"  # type: ignore[union-attr]
+    assert job.method.reinforcement.grader.type == "string_check"
     hyper = job.method.reinforcement.hyperparameters
     assert hyper is not None and hyper.compute_multiplier == 0.5 and hyper.eval_samples == 4
     # 1 prompt a step, 8 x 0.5 = 4 completions of it, over the template's 2 ranks: 2 a rank.
