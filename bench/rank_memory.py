@@ -18,7 +18,6 @@ of each.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.trainer.helpers import rendered_config
-from tests.integration.trainer.rank_memory import MIB, build_llama, launch_measured
+from tests.integration.trainer.rank_memory import MIB, build_llama, launch_measured, one_step_spec, write_rows
 
 MODEL_DIR = Path(tempfile.gettempdir()) / "ftq-rank-memory" / "model"
 TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny" / "model"
@@ -44,30 +43,10 @@ def model_dir() -> tuple[Path, int]:
 def job_spec(model: Path, data: Path, version: int, mixed_precision: str = "no") -> dict[str, Any]:
     """One LoRA step of two 16-token rows on two CPU ranks under FSDP `version`."""
     return {
-        "model": {"name_or_path": str(model)},
-        "dataset": {"name_or_path": str(data)},
-        "training": {
-            "max_seq_len": 16,
-            "max_steps": 1,
-            "per_device_train_batch_size": 1,
-            "learning_rate": 1e-3,
-            "logging_steps": 1,
-            "save_steps": None,
-            "packing": False,
-            "gradient_checkpointing": False,
-            "mixed_precision": mixed_precision,
-            "seed": 1,
-        },
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        **one_step_spec(model, data, mixed_precision),
         "distributed": {"strategy": "fsdp", "fsdp": {"version": version}},
         "resources": {"device": "cpu", "processes_per_node": 2},
     }
-
-
-def write_rows(path: Path) -> Path:
-    row = json.dumps({"text": "one two three four five six seven eight nine ten"})
-    path.write_text((row + "\n") * 2)
-    return path
 
 
 STEPS = """

@@ -482,35 +482,16 @@ def training_config(
     if method == "dpo":
         from trl import DPOConfig
 
-        dpo: Any = t.method_parameters()
-        loss_types = dpo.loss_type if isinstance(dpo.loss_type, list) else [dpo.loss_type]
-        return DPOConfig(
-            **common,
-            max_length=t.max_seq_len,
-            beta=dpo.beta,
-            loss_type=[str(x) for x in loss_types],
-            loss_weights=dpo.loss_weights,
-            label_smoothing=dpo.label_smoothing,
-            ld_alpha=dpo.ld_alpha,
-            use_weighting=dpo.use_weighting,
-            precompute_ref_log_probs=dpo.precompute_ref_log_probs,
-            sync_ref_model=dpo.sync_ref_model,
-            ref_model_mixup_alpha=dpo.ref_model_mixup_alpha,
-            ref_model_sync_steps=dpo.ref_model_sync_steps,
-        )
+        # training.dpo and training.kto are DPOConfig's and KTOConfig's own names (enums as strings).
+        dpo: dict[str, Any] = _method_block(t)
+        if not isinstance(dpo["loss_type"], list):
+            dpo["loss_type"] = [dpo["loss_type"]]  # DPOConfig takes a list (several losses, weighted)
+        return DPOConfig(**common, max_length=t.max_seq_len, **dpo)
     if method == "kto":
         from trl import KTOConfig
 
-        kto: Any = t.method_parameters()
-        return KTOConfig(
-            **common,
-            max_length=t.max_seq_len,
-            beta=kto.beta,
-            loss_type=str(kto.loss_type),
-            desirable_weight=kto.desirable_weight,
-            undesirable_weight=kto.undesirable_weight,
-            precompute_ref_log_probs=kto.precompute_ref_log_probs,
-        )
+        kto = _method_block(t)
+        return KTOConfig(**common, max_length=t.max_seq_len, **kto)
     if method == "reward":
         from trl import RewardConfig
 
@@ -521,6 +502,13 @@ def training_config(
     if method == "grpo":
         return grpo_config(spec, common)
     raise SpecError(f"training.method {method} is not one this trainer runs")
+
+
+def _method_block(training: Any) -> dict[str, Any]:
+    """The method's own block (defaults where the spec left it out) under its TRL config's names."""
+    block = training.method_parameters()
+    assert block is not None, f"{training.method} has no block of its own"
+    return dict(block.model_dump(mode="json"))
 
 
 def grpo_config(spec: JobSpec, common: dict[str, Any]) -> Any:

@@ -12,6 +12,7 @@ copy of the weights cannot hide in the runtime's own memory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -59,6 +60,36 @@ def build_llama(folder: Path, tokenizer_from: Path, *, hidden: int = 2048, layer
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(tokenizer_from / name, folder / name)
     return sum(p.numel() for p in model.parameters())
+
+
+def write_rows(path: Path) -> Path:
+    """Two identical rows: the first step's loss is then the same however the rows are split among ranks."""
+    row = json.dumps({"text": "one two three four five six seven eight nine ten"})
+    path.write_text((row + "\n") * 2)
+    return path
+
+
+def one_step_spec(model: Path, data: Path, mixed_precision: str = "no") -> dict[str, Any]:
+    """One LoRA step of 16-token rows, one row a process, on the CPU (the caller sets the strategy and
+    the processes)."""
+    return {
+        "model": {"name_or_path": str(model)},
+        "dataset": {"name_or_path": str(data)},
+        "training": {
+            "max_seq_len": 16,
+            "max_steps": 1,
+            "per_device_train_batch_size": 1,
+            "learning_rate": 1e-3,
+            "logging_steps": 1,
+            "save_steps": None,
+            "packing": False,
+            "gradient_checkpointing": False,
+            "mixed_precision": mixed_precision,
+            "seed": 1,
+        },
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "resources": {"device": "cpu"},
+    }
 
 
 def pss_kib(pid: int) -> int | None:

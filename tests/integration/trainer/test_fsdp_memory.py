@@ -10,7 +10,6 @@ model built once for the module; the final save's lines come from the ranks' own
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
@@ -26,7 +25,14 @@ from tests.integration.trainer.helpers import (
     run_trainer,
     write_spec,
 )
-from tests.integration.trainer.rank_memory import MIB, RankMemory, build_llama, launch_measured
+from tests.integration.trainer.rank_memory import (
+    MIB,
+    RankMemory,
+    build_llama,
+    launch_measured,
+    one_step_spec,
+    write_rows,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,27 +44,7 @@ HIDDEN, LAYERS = 2048, 12
 def mid(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("mid")
     n_params = build_llama(root / "model", tiny_dir / "model", hidden=HIDDEN, layers=LAYERS)
-    # Identical rows: the first step's loss is then the same however the rows are split among ranks.
-    row = json.dumps({"text": "one two three four five six seven eight nine ten"})
-    (root / "data.jsonl").write_text((row + "\n") * 2)
-    spec = {
-        "model": {"name_or_path": str(root / "model")},
-        "dataset": {"name_or_path": str(root / "data.jsonl")},
-        "training": {
-            "max_seq_len": 16,
-            "max_steps": 1,
-            "per_device_train_batch_size": 1,
-            "learning_rate": 1e-3,
-            "logging_steps": 1,
-            "save_steps": None,
-            "packing": False,
-            "gradient_checkpointing": False,
-            "mixed_precision": "no",
-            "seed": 1,
-        },
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "resources": {"device": "cpu"},
-    }
+    spec = one_step_spec(root / "model", write_rows(root / "data.jsonl"))
     return {"root": root, "spec": spec, "n_params": n_params}
 
 
