@@ -110,13 +110,14 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 
 # Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e
 # on three pytest-xdist workers, then the `serial` ones alone (tests/integration/faults stops the machine's
-# PostgreSQL). Three workers on two cores because the suite mostly waits: the tests of tests/integration
-# used 757 s of CPU in 1,157 s of one process's wall time (a cpuacct cgroup around the run), servers
-# starting, jobs polled, processes waited for. tests/harness/groups.py keeps the tests that share a server
-# or a run on one worker (the session's `ftq up` and its bank of trained runs are made once) and the real
-# `accelerate launch` tests one after another. `make test XDIST=` runs one process. Both runs go to the
-# end; the target fails if either did (the serial run may select nothing: exit 5). The 25 slowest tests
-# of each are listed, then the total test time.
+# PostgreSQL). On a clean clone of the 2-core machine three workers ran 1,405 tests in 23 min (one process
+# ran 1,348 in 25.5 min a session before): a test that waits for a server, a poll or a process leaves a core
+# to another worker. The suite is CPU-bound beyond that (2,176 CPU-seconds in a cpuacct cgroup around the
+# whole run): making it shorter takes less work, not more workers. tests/harness/groups.py keeps the tests
+# that share a server or a run on one worker (the session's `ftq up` and its bank of trained runs are made
+# once) and the real `accelerate launch` tests one after another. `make test XDIST=` runs one process.
+# Both runs go to the end; the target fails if either did (the serial run may select nothing: exit 5). The
+# 25 slowest tests of each are listed, then the total test time.
 XDIST ?= -n 3 --dist loadgroup
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \

@@ -53,14 +53,17 @@ def peak_rss(phase: str) -> Iterator[None]:
     before, _ = rss_kib()
     yield
     after, peak = rss_kib()
-    # Without a reset the peak may predate this phase: then the figure is only an upper bound.
+    # Without a reset the peak may predate this phase: then the figure is only an upper bound. With
+    # freed blocks going back to the kernel (return_freed_blocks_to_os), the RSS read after the reset
+    # can sit a few KiB above the peak the kernel kept: the phase then raised the peak by nothing, not
+    # by "-1 MiB" (which the lines' readers, `+N MiB`, would not find).
     bound = "" if reset else "at most "
     log.info(
         "rank %s %s: peak RSS %s+%d MiB (RSS %d -> %d MiB)",
         rank,
         phase,
         bound,
-        (peak - before) // 1024,
+        max(0, peak - before) // 1024,
         before // 1024,
         after // 1024,
     )

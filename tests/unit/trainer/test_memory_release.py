@@ -43,3 +43,20 @@ def test_freed_blocks_leave_the_process_once_the_threshold_is_fixed() -> None:
     dynamic, fixed = rss_after("dynamic"), rss_after("fixed")
     assert dynamic > 400, dynamic  # glibc alone keeps the 512 MiB freed between the small blocks
     assert fixed < 100, fixed
+
+
+def test_a_phase_whose_rss_fell_below_the_kept_peak_raised_it_by_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The RSS read after the reset 300 KiB above the peak the kernel reports at the end (freed blocks went
+    # back): the line says +0 MiB, which the readers' `\+(\d+) MiB` finds (it said "+-1 MiB").
+    import logging
+
+    from trainer import memory
+
+    reads = iter([(2_000_000, 2_000_000), (1_500_000, 1_999_700)])
+    monkeypatch.setattr(memory, "rss_kib", lambda: next(reads))
+    monkeypatch.setattr(memory, "_reset_peak", lambda: True)
+    with caplog.at_level(logging.INFO, logger="trainer.memory"), memory.peak_rss("final save"):
+        pass
+    assert "rank 0 final save: peak RSS +0 MiB (RSS 1953 -> 1464 MiB)" in caplog.text
