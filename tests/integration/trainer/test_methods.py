@@ -87,12 +87,16 @@ def one_process(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     """Each of ONE_PROCESS_RUNS launched (all at once): its run directory and log, by name."""
     from concurrent.futures import ThreadPoolExecutor
 
+    # The folders first, in this thread: pytest's TempPathFactory is not thread-safe (its first mktemp
+    # makes the session's base folder, which concurrent calls then race over).
+    folders = {name: tmp_path_factory.mktemp(name) for name in ONE_PROCESS_RUNS}
+
     def run(name: str) -> tuple[Path, str]:
         method, dataset, training = ONE_PROCESS_RUNS[name]
         spec = method_spec(tiny_dir, method, dataset, **training)
         if name == "qlora":
             spec["lora"]["quantization"] = QUANTIZATION
-        return launch(spec, tmp_path_factory.mktemp(name))
+        return launch(spec, folders[name])
 
     with ThreadPoolExecutor(len(ONE_PROCESS_RUNS)) as pool:
         return dict(zip(ONE_PROCESS_RUNS, pool.map(run, ONE_PROCESS_RUNS), strict=True))
