@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -164,18 +163,17 @@ def test_hostile_graders_are_held(api: Any) -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        accepted: list[object] = []
-        server.settimeout(12)
-        t = threading.Thread(target=lambda: accepted.append(_try_accept(server)))
-        t.start()
         body = _run(
             api,
             "import socket\ndef grade(s, i):\n"
             f"    socket.create_connection(('127.0.0.1', {port}), 2)\n    return 1.0\n",
         )
-        t.join()
+        # The grader's process has ended: a connection it made would wait in the listen backlog (the
+        # kernel completes the handshake without accept), so one look tells.
+        server.settimeout(0.5)
+        accepted = _try_accept(server)
     _held(body, None, "refuses socket")
-    assert accepted == [None], "the grader reached the listening port"
+    assert accepted is None, "the grader reached the listening port"
     # Apart from the hook: the grader's network namespace has only a loopback (/proc/net/dev lists lo).
     interfaces = "def grade(s, i):\n    return float(len(open('/proc/net/dev').read().splitlines()) - 2)\n"
     assert _run(api, interfaces)["reward"] == 1.0
