@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -60,7 +61,7 @@ def make_side_dir(folder: Path) -> None:
     folder.mkdir(mode=0o700, exist_ok=True)
 
 
-class SideRunKind:
+class SideRunKind(ABC):
     """What `worker.lifecycle` needs of a side run: its row in `table` (with its job's, whose launcher,
     owner and priority it takes), its folder (`folder` under the run directory) and its request."""
 
@@ -159,9 +160,9 @@ class SideRunKind:
     def request(self, row: tuple[Any, Job], v: SideRunView) -> LaunchRequest:
         return self.write_folder(*row, v.run_dir)
 
+    @abstractmethod
     def request_of(self, row: Any, job: Job, run_dir: Path) -> dict[str, Any]:
         """The request file's contents: everything the module needs (paths the server chose)."""
-        raise NotImplementedError
 
     def env_of(self, row: Any) -> dict[str, str]:
         """What the run's process gets in its environment besides the launcher's."""
