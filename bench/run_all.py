@@ -105,6 +105,8 @@ BENCHES = [
     Bench(
         "grpo", ["-m", "bench.grpo_bench"], ["-m", "bench.grpo_bench", "--steps", "6", "--rounds", "1"], 1200
     ),
+    # A run's start-up in CPU seconds, with and without the optional packages its spec does not use.
+    Bench("startup", ["-m", "bench.startup_bench"], ["-m", "bench.startup_bench", "--rounds", "1"], 600),
     # Issue 28: kills during uploads, exports and webhook deliveries, a full disk, a deleted run dir.
     Bench("fault_campaign", ["-m", "bench.fault_campaign"], ["-m", "bench.fault_campaign"], 1800),
 ]

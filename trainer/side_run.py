@@ -15,6 +15,7 @@ from ftq.contract import runs
 from ftq.contract.spec import JobSpec
 
 from .errors import FtqError, ModelError, report_and_exit
+from .lean import skip_unused_imports
 
 
 def main_of(
@@ -46,6 +47,7 @@ def read_spec(
         raise ModelError(f"the job's {runs.SPEC} cannot be read: {describe(err)}") from err
     if not trust_remote_code and spec.model.trust_remote_code:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
+    skip_unused_imports(spec)  # read before torch: what the job did not use, its side run does not either
     return spec_dict, spec
 
 

@@ -40,6 +40,7 @@ from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
+from .lean import skip_unused_imports
 from .memory import peak_rss, return_freed_blocks_to_os
 from .model import (
     check_model_path,
@@ -73,6 +74,7 @@ def run(args: TrainerArgs) -> None:
     is a change to that parser too."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
+    skip_unused_imports(spec)  # first: before anything imports transformers
     # Before the first large tensor: a rank's freed loading and all-gather buffers leave its memory.
     return_freed_blocks_to_os()
     configure_logging()

@@ -1,0 +1,79 @@
+"""A run's start-up cost: CPU seconds of a whole one-process run of examples/tiny (4 steps, LoRA; on the
+tiny model a run is almost all start-up), as ftq's trainer runs it (trainer/lean.py leaves out the
+optional packages the spec does not use) against the same run with those packages imported first, as
+transformers, PEFT and TRL import them when nothing is left out.
+
+    python -m bench.startup_bench [--rounds 3]
+
+Each round runs both, in alternating order; the figure is the median of the rounds' user+system CPU
+seconds of the process (its children included), which on a shared machine varies far less than its
+wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import log, note, result
+from trainer.lean import OPTIONAL
+
+REPO = Path(__file__).resolve().parent.parent
+# The baseline: the optional packages imported before the trainer, as without trainer/lean.py.
+EAGER = (
+    f"import importlib, runpy, sys\nfor m in {list(OPTIONAL)!r}: importlib.import_module(m)\n"
+    "sys.argv = ['trainer', *sys.argv[1:]]\n"
+    "runpy.run_module('trainer', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def cpu_seconds(argv: list[str], env: dict[str, str]) -> float:
+    """User+system CPU of `argv` to its end (one child at a time: RUSAGE_CHILDREN's difference)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, cwd=REPO, env=env, check=True, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    import os
+
+    from tests.harness import tiny_assets, tiny_spec
+
+    tiny = tiny_assets()
+    work = Path(tempfile.mkdtemp(prefix="ftq-startup-"))
+    spec = work / "spec.json"
+    spec.write_text(json.dumps(tiny_spec(tiny, max_steps=4, processes=1)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = str(REPO)
+    runs = {"lean": [sys.executable, "-m", "trainer"], "eager": [sys.executable, "-c", EAGER]}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(args.rounds):
+        for name in runs if round_ % 2 == 0 else reversed(runs):
+            out = work / f"run-{name}-{round_}"
+            cpu[name].append(cpu_seconds([*runs[name], "--spec", str(spec), "--output_dir", str(out)], env))
+            log(f"round {round_ + 1}: {name} {cpu[name][-1]:.2f} CPU-s")
+    shutil.rmtree(work, ignore_errors=True)
+    eager, lean = statistics.median(cpu["eager"]), statistics.median(cpu["lean"])
+    result("eager_cpu", eager, "s")
+    result("lean_cpu", lean, "s", baseline="eager_cpu", target="<0.9")
+    note(
+        f"A one-process run of examples/tiny (4 steps, LoRA) in CPU seconds, median of {args.rounds} rounds:"
+        f" {lean:.2f} s as the trainer starts (trainer/lean.py leaves out {', '.join(OPTIONAL)}) against"
+        f" {eager:.2f} s with them imported first."
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Start-up without the integrations a run does not use.
+
+transformers, accelerate, TRL and PEFT import every optional package they find installed, whether the
+run uses it or not: bitsandbytes (and through it torch's inductor), W&B, MLflow and DeepSpeed cost a
+rank about 2 s of CPU before its first step (6.6 -> 4.4 s for the tiny model's whole run on one process,
+`python -m bench.run_all --only startup`), on every rank of every run, and on a GPU machine bitsandbytes
+also loads its CUDA libraries. Marking a package as absent (None in sys.modules) makes their
+`importlib.util.find_spec` checks say it is not installed, so none of them imports it.
+
+Only what the spec cannot need is left out: bitsandbytes unless `lora.quantization` is set or the model
+folder's config says its weights are quantized (a hub model: kept, its config is not read here),
+DeepSpeed unless it is the strategy, W&B and MLflow unless `integrations` asks for them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ftq.contract.spec import JobSpec, Strategy
+
+# The packages a run may leave out, and the spec settings that need each.
+OPTIONAL = ("bitsandbytes", "deepspeed", "wandb", "mlflow")
+
+
+def _model_is_quantized(name_or_path: str) -> bool:
+    """True unless a local model folder's config.json says its weights are not quantized."""
+    config = Path(name_or_path) / "config.json"
+    try:
+        return "quantization_config" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return True  # a hub id, or a config we cannot read: keep bitsandbytes importable
+
+
+def unused(spec: JobSpec) -> list[str]:
+    """The OPTIONAL packages this spec's run cannot need."""
+    needed = {
+        "bitsandbytes": (spec.lora is not None and spec.lora.quantization is not None)
+        or _model_is_quantized(spec.model.name_or_path),
+        "deepspeed": spec.distributed.strategy == Strategy.deepspeed,
+        "wandb": spec.integrations.wandb is not None,
+        "mlflow": spec.integrations.mlflow is not None,
+    }
+    return [name for name in OPTIONAL if not needed[name]]
+
+
+def skip_unused_imports(spec: JobSpec) -> list[str]:
+    """Mark the packages this run cannot need as absent (before torch or transformers is imported);
+    the names left out. A package already imported is left alone."""
+    skipped = [name for name in unused(spec) if name not in sys.modules]
+    for name in skipped:
+        sys.modules[name] = None  # type: ignore[assignment]  # import's own "not installed" marker
+    return skipped
