@@ -109,21 +109,17 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e
-# on three pytest-xdist workers, then the `serial` ones alone (tests/integration/faults stops the machine's
-# PostgreSQL). On a clean clone of the 2-core machine three workers ran 1,405 tests in 23 min (one process
-# ran 1,348 in 25.5 min a session before): a test that waits for a server, a poll or a process leaves a core
-# to another worker. The suite is CPU-bound beyond that (2,176 CPU-seconds in a cpuacct cgroup around the
-# whole run): making it shorter takes less work, not more workers. tests/harness/groups.py keeps the tests
-# that share a server or a run on one worker (the session's `ftq up` and its bank of trained runs are made
-# once) and the real `accelerate launch` tests one after another. `make test XDIST=` runs one process.
-# Both runs go to the end; the target fails if either did (the serial run may select nothing: exit 5). The
-# 25 slowest tests of each are listed, then the total test time.
+# on three pytest-xdist workers. SUITE_FIGURES. A test that waits for a server, a poll or a process leaves
+# a core to another worker; beyond that the suite is CPU-bound (counted with a cpuacct cgroup around the
+# run): making it shorter takes less work, not more workers. tests/harness/groups.py keeps the tests that
+# share a server or a run on one worker (the session's `ftq up` and its bank of trained runs are made
+# once) and the real `accelerate launch` tests in two groups, each one launch after another. No test needs
+# the machine to itself (the fault tests stop a PostgreSQL and a Redis of their own). `make test XDIST=`
+# runs one process. The 25 slowest tests are listed, then the total test time.
 XDIST ?= -n 3 --dist loadgroup
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \
-	$(BIN)/python -m pytest $(if $(XDIST),$(XDIST),-p no:xdist) --durations=25 -m "not serial" $(PYTEST_ARGS) || status=$$?; \
-	serial=0; $(BIN)/python -m pytest -p no:xdist --durations=25 -m serial $(PYTEST_ARGS) || serial=$$?; \
-	if [ $$serial -ne 0 ] && [ $$serial -ne 5 ]; then status=$$serial; fi; \
+	$(BIN)/python -m pytest $(if $(XDIST),$(XDIST),-p no:xdist) --durations=25 $(PYTEST_ARGS) || status=$$?; \
 	echo "tests: $$((SECONDS - start)) s in all"; exit $$status
 
 # The unit tests alone (in process: no subprocess, server or training): pure CPU in the test process, so

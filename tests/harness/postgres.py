@@ -1,5 +1,6 @@
-"""PostgreSQL for tests and benches: throwaway databases on the machine's server, and (for the fault
-tests) stopping and starting that server.
+"""PostgreSQL for tests and benches: throwaway databases on the machine's server, stopping and starting
+that server, and a server of the harness's own (PrivatePostgres: the fault tests stop it without
+stopping anyone else's).
 
 FTQ_TEST_PG_ADMIN names the maintenance database to connect to (default: the local server as postgres).
 """
@@ -9,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 
@@ -110,16 +114,84 @@ def ensure_up(timeout: float = 90) -> None:
         time.sleep(1)
 
 
-def answers_while_down(request: Callable[[], int | str], seconds: float) -> tuple[Counter[str], Counter[str]]:
+def answers_while_down(
+    request: Callable[[], int | str], seconds: float, up: Callable[[], bool] = is_up
+) -> tuple[Counter[str], Counter[str]]:
     """Call `request` for `seconds` while the server is stopped: (answers given while it was down before and
     after the call, answers given while it was up). Something else on the host may start PostgreSQL again
-    early; an answer from then is no evidence about the outage."""
+    early; an answer from then is no evidence about the outage. `up`: whether the server answers (the
+    machine's, unless given)."""
     down: Counter[str] = Counter()
     back: Counter[str] = Counter()
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
-        was_down = not is_up()
+        was_down = not up()
         answer = str(request())
-        (down if was_down and not is_up() else back)[answer] += 1
+        (down if was_down and not up() else back)[answer] += 1
         time.sleep(0.2)
     return down, back
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of its own (initdb, pg_ctl) on a free loopback port, trust auth, in a folder
+    that `close()` removes: `stop()` is an outage that no other test sees, `start()` ends it (same port).
+    PostgreSQL refuses to run as root, so under root it runs as the `postgres` user, in a folder of its
+    own under the system's temporary folder (pytest's are private to root)."""
+
+    def __init__(self, port: int | None = None):
+        from tests.harness.procs import free_port
+
+        self.port = port or free_port()
+        self.bin = Path(f"/usr/lib/postgresql/{_cluster()[0]}/bin")
+        self.root = Path(tempfile.mkdtemp(prefix="ftq-pg-"))
+        self.data = self.root / "data"
+        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self._as:
+            shutil.chown(self.root, "postgres")
+            self.root.chmod(0o700)
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _pg(self, tool: str, *args: str, timeout: float = 120) -> None:
+        argv = [*self._as, str(self.bin / tool), *args]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"{tool} {' '.join(args)}: exit {out.returncode}\n{out.stdout}{out.stderr}")
+
+    def start(self) -> PrivatePostgres:
+        if not self.data.exists():
+            self._pg(
+                "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"
+            )
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off"
+        self._pg(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "start"
+        )
+        return self
+
+    def stop(self) -> None:
+        """A fast shutdown: an outage; returns once it no longer answers."""
+        self._pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def is_up(self) -> bool:
+        try:
+            with psycopg.connect(self.admin_url, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def create_database(self, prefix: str = "ftq_test") -> str:
+        """A new empty database on this server; its postgresql:// URL."""
+        name = f"{prefix}_{secrets.token_hex(4)}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return f"{self.admin_url.rsplit('/', 1)[0]}/{name}"
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            if (self.data / "postmaster.pid").exists():
+                self._pg("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)

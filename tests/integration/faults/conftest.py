@@ -1,5 +1,5 @@
-"""The fault tests' deployments, with API tokens on: `ftq api` + `ftq worker` on PostgreSQL and a private
-Redis (the test stops both the machine's PostgreSQL and that Redis), and `ftq up`."""
+"""The fault tests' deployments, with API tokens on: `ftq api` + `ftq worker` on a PostgreSQL server and a
+Redis of their own (the test stops both; no other test sees it), and `ftq up`."""
 
 from __future__ import annotations
 
@@ -19,21 +19,30 @@ def fault_settings(root: Path, tiny: Path) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def production_stack(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def private_postgres() -> Iterator[postgres.PrivatePostgres]:
+    server = postgres.PrivatePostgres().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def production_stack(
+    tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory, private_postgres: postgres.PrivatePostgres
+) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("faults-prod")
     dep = Deployment(
         root,
         mode="api+worker",
         store="postgres",
+        database_url=private_postgres.create_database(),
         broker="redis",
         tokens=TOKENS,
         settings=fault_settings(root, tiny_dir),
     )
-    try:
-        with dep:
-            yield dep
-    finally:
-        postgres.ensure_up()  # whatever the test left stopped
+    with dep:
+        yield dep
 
 
 @pytest.fixture(scope="module")
