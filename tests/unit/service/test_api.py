@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -175,18 +174,22 @@ def test_idempotency(make_client: MakeClient, store_url: str, tiny_job: dict[str
 def test_concurrent_duplicates_make_one_job(
     make_client: MakeClient, store_url: str, tiny_job: dict[str, Any]
 ) -> None:
+    import asyncio
+
+    import httpx
+
     client = make_client(store_url)
-    results: list[int] = []
 
-    def post() -> None:
-        r = client.post("/jobs", json=tiny_job, headers={"Idempotency-Key": "race"})
-        results.append(r.status_code)
+    # Six requests at once in one event loop, each handler in the app's own thread pool. (Six threads
+    # each calling the TestClient, a portal and an event loop per request, once left one request never
+    # answered: a hang in the test's transport, not in the app.)
+    async def post_all() -> list[int]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            posts = [http.post("/jobs", json=tiny_job, headers={"Idempotency-Key": "race"}) for _ in range(6)]
+            return [r.status_code for r in await asyncio.gather(*posts)]
 
-    threads = [threading.Thread(target=post) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = asyncio.run(post_all())
     assert set(results) <= {201, 409}, results
     assert 201 in results
     assert len(client.get("/jobs").json()["data"]) == 1
