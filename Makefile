@@ -15,7 +15,7 @@ HOST ?=
 PORT ?=
 LOG_LEVEL ?=
 
-.PHONY: help install up test test-fast lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench gpu-wheels gpu-import-check clean lock
+.PHONY: help install up test test-fast test-weights lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench gpu-wheels gpu-import-check clean lock
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -81,7 +81,7 @@ lint: install unasync-check ## ruff check, ruff format --check, lint-imports, a 
 
 # The blocking SDK client is generated from the async one (bin/unasync_sdk.py, with unasync).
 unasync: install ## regenerate ftq/client/_sync.py from ftq/client/_async.py
-	$(BIN)/python bin/unasync_sdk.py
+	$(BIN)/python bin/unasync_sdk.py bin/test_weights.py
 
 unasync-check: install ## fail if ftq/client/_sync.py is stale
 	$(BIN)/python bin/unasync_sdk.py --check
@@ -93,7 +93,7 @@ client-wheel: install ## build the ftq-client wheel into build/client-wheel
 	$(BIN)/pip wheel -q --no-deps -w build/client-wheel ./client
 
 typecheck: install ## strict mypy
-	$(BIN)/mypy ftq service worker trainer migrations tests bench docs/hooks.py bin/unasync_sdk.py
+	$(BIN)/mypy ftq service worker trainer migrations tests bench docs/hooks.py bin/unasync_sdk.py bin/test_weights.py
 
 openapi: install ## regenerate openapi/openapi.json
 	$(BIN)/python -m service.openapi_dump > openapi/openapi.json
@@ -115,12 +115,18 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 # share a server or a run on one worker (the session's `ftq up` and its bank of trained runs are made
 # once) and the real `accelerate launch` tests in two groups, each one launch after another. No test needs
 # the machine to itself (the fault tests stop a PostgreSQL and a Redis of their own). `make test XDIST=`
-# runs one process. The 25 slowest tests are listed, then the total test time.
+# runs one process. The 25 slowest tests are listed, then the total test time; every test's time is in
+# build/test-results.xml (JUnit XML), which `make test-weights` turns into the modules' seconds that
+# tests/harness/groups.py orders the workers' groups by.
 XDIST ?= -n 3 --dist loadgroup
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \
-	$(BIN)/python -m pytest $(if $(XDIST),$(XDIST),-p no:xdist) --durations=25 $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest $(if $(XDIST),$(XDIST),-p no:xdist) --durations=25 \
+		--junitxml=build/test-results.xml $(PYTEST_ARGS) || status=$$?; \
 	echo "tests: $$((SECONDS - start)) s in all"; exit $$status
+
+test-weights: ## rewrite tests/harness/module_seconds.json from the last `make test`'s build/test-results.xml
+	$(BIN)/python bin/test_weights.py build/test-results.xml
 
 # The unit tests alone (in process: no subprocess, server or training): pure CPU in the test process, so
 # here two pytest-xdist workers do halve the time (62 s against 101 s on the loaded 2-core machine).

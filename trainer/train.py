@@ -673,18 +673,14 @@ def build_trainer(
     (ZeRO-3: partitioned like the policy; FSDP: sharded by prepare_fsdp; DDP: a replica per process), in
     evaluation mode: weights only, no gradients or optimizer state.
     """
-    from trl import DPOTrainer, GRPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
+    import importlib
 
-    kinds = {
-        "sft": SFTTrainer,
-        "dpo": DPOTrainer,
-        "kto": KTOTrainer,
-        "reward": RewardTrainer,
-        "grpo": GRPOTrainer,
-    }
-    cls = kinds[str(spec.training.method)]
-    if cls is GRPOTrainer:
-        return GRPOTrainer(
+    # Only the method's trainer: each of TRL's trainer modules imports more of its own (GRPO's, vLLM's
+    # client and generation helpers).
+    module, _, name = METHOD_TRAINERS[str(spec.training.method)].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    if name == "GRPOTrainer":
+        return cls(
             model=model,
             reward_funcs=reward_funcs,
             args=config,

@@ -92,13 +92,28 @@ def train_group(module: str) -> str:
     return SECOND_TRAIN_GROUP if module.rpartition("/")[2] in SECOND_TRAIN_MODULES else TRAIN_GROUP
 
 
-# What a test costs, roughly, for the order groups go out in: a unit test runs in process in well under a
-# second; another starts processes or a server; a `slow` one trains. The group's total is in its name
-# (`<key>#<weight>`, made alike on every worker), since xdist's controller sees node ids only.
-UNIT_WEIGHT, PROCESS_WEIGHT, SLOW_WEIGHT = 1, 5, 30
+# What a test costs, for the order groups go out in. A module's measured seconds (MODULE_SECONDS: the sum
+# of its tests' times, setup and teardown included, on three workers; `make test-weights` rewrites it
+# from the last `make test`'s build/test-results.xml) where it was measured; else a guess by kind: a unit
+# test runs in process in well under a second, another starts processes or a server, a `slow` one
+# trains. The group's total is in its name (`<key>#<weight>`, made alike on every worker), since xdist's
+# controller sees node ids only. The heaviest group left goes to the next free worker, so the weights
+# must be right for the workers to end together: by the guesses, one worker ran 210 s past the others.
+UNIT_WEIGHT, PROCESS_WEIGHT, SLOW_WEIGHT = 0.2, 3, 15
+WEIGHTS_FILE = Path(__file__).with_name("module_seconds.json")
 
 
-def item_weight(item: pytest.Item) -> int:
+def module_seconds() -> dict[str, float]:
+    """The measured seconds by module node id (empty when the file is missing or unreadable)."""
+    try:
+        data = json.loads(WEIGHTS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def item_weight(item: pytest.Item) -> float:
+    """The guess for a test of a module that was not measured."""
     if item.get_closest_marker("slow") is not None:
         return SLOW_WEIGHT
     return UNIT_WEIGHT if item.nodeid.startswith("tests/unit/") else PROCESS_WEIGHT
@@ -117,12 +132,17 @@ def group_items(items: list[pytest.Item]) -> dict[str, str]:
             sets.union(module, f"group:{mark.args[0] if mark.args else mark.kwargs.get('name')}")
         if module.startswith(TRAIN_FOLDERS):
             sets.union(module, train_group(module))
-    weights: dict[str, int] = {}
-    for item, module in zip(items, modules, strict=True):
+    measured = module_seconds()
+    weights: dict[str, float] = {}
+    for module in set(modules) & set(measured):
         key = sets.find(module)
-        weights[key] = weights.get(key, 0) + item_weight(item)
+        weights[key] = weights.get(key, 0) + measured[module]
+    for item, module in zip(items, modules, strict=True):
+        if module not in measured:
+            key = sets.find(module)
+            weights[key] = weights.get(key, 0) + item_weight(item)
     return {
-        item.nodeid: f"{sets.find(module)}#{weights[sets.find(module)]}"
+        item.nodeid: f"{sets.find(module)}#{round(weights[sets.find(module)])}"
         for item, module in zip(items, modules, strict=True)
     }
 
