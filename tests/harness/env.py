@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
 # The venv's console scripts, next to the interpreter running the tests or the bench.
@@ -12,6 +14,17 @@ BIN = Path(sys.executable).parent
 FTQ = str(BIN / "ftq")
 # Screenshots and other files a human may want to look at after a run (gitignored).
 ARTIFACTS = REPO / "tests" / "_artifacts"
+
+
+def load_script(relative: str) -> ModuleType:
+    """A script of the checkout (`bin/unasync_sdk.py`, `docs/hooks.py`: no package) as a module, loaded by
+    path the way its own tool runs it."""
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def clean_env(**extra: str) -> dict[str, str]:

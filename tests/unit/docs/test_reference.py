@@ -5,7 +5,6 @@ each spec field with its default and allowed values; and the settings page names
 from __future__ import annotations
 
 import enum
-import importlib.util
 import json
 import re
 import types
@@ -18,6 +17,7 @@ import pytest
 
 from ftq.contract.spec import JobSpec
 from ftq.runtime.settings import Settings
+from tests.harness.env import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 METHODS = ("get", "put", "post", "patch", "delete", "head")
@@ -25,11 +25,7 @@ METHODS = ("get", "put", "post", "patch", "delete", "head")
 
 def load_hooks() -> types.ModuleType:
     # mkdocs loads the hook by path (docs/ is no package), so the test does too.
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/hooks.py")
 
 
 hooks = load_hooks()

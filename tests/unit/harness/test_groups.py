@@ -3,26 +3,17 @@ the JUnit report turned into those seconds (bin/test_weights.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from tests.harness import REPO, groups
-
-
-def weights_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("test_weights", REPO / "bin" / "test_weights.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.harness.env import load_script
 
 
 def test_a_junit_report_becomes_seconds_by_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script = weights_script()
+    script = load_script("bin/test_weights.py")
     assert script.module_of("tests.e2e.cli.test_cli") == "tests/e2e/cli/test_cli.py"
     assert script.module_of("tests.unit.ftq.test_x.TestThing") == "tests/unit/ftq/test_x.py"
     report = tmp_path / "results.xml"

@@ -4,23 +4,19 @@ async name it has no blocking twin for instead of writing a client that fails at
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from ftq.client import AsyncClient, AsyncFiles, AsyncJobs, Client, Files, Jobs
+from tests.harness.env import load_script
 
 ROOT = Path(__file__).resolve().parents[4]
 
 
 def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("unasync_sdk", ROOT / "bin" / "unasync_sdk.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bin/unasync_sdk.py")
 
 
 def test_sync_client_is_what_the_generator_makes_of_the_async_one(tmp_path: Path) -> None:
