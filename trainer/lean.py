@@ -9,7 +9,8 @@ also loads its CUDA libraries. Marking a package as absent (None in sys.modules)
 
 Only what the spec cannot need is left out: bitsandbytes unless `lora.quantization` is set or the model
 folder's config says its weights are quantized (a hub model: kept, its config is not read here),
-DeepSpeed unless it is the strategy, W&B and MLflow unless `integrations` asks for them.
+DeepSpeed unless it is the strategy, W&B and MLflow unless `integrations` asks for them (never in a side
+run: an export or an evaluation logs to no tracker).
 """
 
 from __future__ import annotations
@@ -33,22 +34,23 @@ def _model_is_quantized(name_or_path: str) -> bool:
         return True  # a hub id, or a config we cannot read: keep bitsandbytes importable
 
 
-def unused(spec: JobSpec) -> list[str]:
-    """The OPTIONAL packages this spec's run cannot need."""
+def unused(spec: JobSpec, *, trackers: bool = True) -> list[str]:
+    """The OPTIONAL packages this spec's run cannot need (`trackers`: whether the process logs to the
+    spec's trackers; a side run, an export or an evaluation, does not)."""
     needed = {
         "bitsandbytes": (spec.lora is not None and spec.lora.quantization is not None)
         or _model_is_quantized(spec.model.name_or_path),
         "deepspeed": spec.distributed.strategy == Strategy.deepspeed,
-        "wandb": spec.integrations.wandb is not None,
-        "mlflow": spec.integrations.mlflow is not None,
+        "wandb": trackers and spec.integrations.wandb is not None,
+        "mlflow": trackers and spec.integrations.mlflow is not None,
     }
     return [name for name in OPTIONAL if not needed[name]]
 
 
-def skip_unused_imports(spec: JobSpec) -> list[str]:
+def skip_unused_imports(spec: JobSpec, *, trackers: bool = True) -> list[str]:
     """Mark the packages this run cannot need as absent (before torch or transformers is imported);
     the names left out. A package already imported is left alone."""
-    skipped = [name for name in unused(spec) if name not in sys.modules]
+    skipped = [name for name in unused(spec, trackers=trackers) if name not in sys.modules]
     for name in skipped:
         sys.modules[name] = None  # type: ignore[assignment]  # import's own "not installed" marker
     return skipped

@@ -47,7 +47,8 @@ def read_spec(
         raise ModelError(f"the job's {runs.SPEC} cannot be read: {describe(err)}") from err
     if not trust_remote_code and spec.model.trust_remote_code:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
-    skip_unused_imports(spec)  # read before torch: what the job did not use, its side run does not either
+    # Read before torch: what the job did not use, its side run does not either, nor its trackers.
+    skip_unused_imports(spec, trackers=False)
     return spec_dict, spec
 
 

@@ -36,6 +36,8 @@ def test_each_setting_keeps_the_package_it_needs(tiny_dir: Path, tmp_path: Path)
     assert "deepspeed" not in unused(spec(model, distributed={"strategy": "deepspeed"}))
     integrations = {"wandb": {"project": "p"}, "mlflow": {"experiment": "e"}}
     assert unused(spec(model, integrations=integrations)) == ["bitsandbytes", "deepspeed"]
+    # A side run (an export, an evaluation) of that job logs to no tracker.
+    assert unused(spec(model, integrations=integrations), trackers=False) == list(OPTIONAL)
 
     # A model folder whose weights are already quantized, and a hub id (its config is not read here).
     prequantized = tmp_path / "prequantized"
