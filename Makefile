@@ -109,15 +109,17 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e
-# on three pytest-xdist workers. SUITE_FIGURES. A test that waits for a server, a poll or a process leaves
-# a core to another worker; beyond that the suite is CPU-bound (counted with a cpuacct cgroup around the
-# run): making it shorter takes less work, not more workers. tests/harness/groups.py keeps the tests that
-# share a server or a run on one worker (the session's `ftq up` and its bank of trained runs are made
-# once) and the real `accelerate launch` tests in two groups, each one launch after another. No test needs
-# the machine to itself (the fault tests stop a PostgreSQL and a Redis of their own). `make test XDIST=`
-# runs one process. The 25 slowest tests are listed, then the total test time; every test's time is in
-# build/test-results.xml (JUnit XML), which `make test-weights` turns into the modules' seconds that
-# tests/harness/groups.py orders the workers' groups by.
+# on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,413 tests in 20
+# min, in a slow spell of that machine (a one-process run of the tiny model took 6.5 CPU-s, 4.4 an hour
+# before: python -m bench.startup_bench); in the fast spell, 13 to 16 min. A test that waits for a server, a
+# poll or a process leaves a core to another worker; beyond that the suite is CPU-bound (counted with a
+# cpuacct cgroup around the run): making it shorter takes less work, not more workers.
+# tests/harness/groups.py keeps the tests that share a server or a run on one worker (the session's `ftq up`
+# and its bank of trained runs are made once) and the real `accelerate launch` tests in two groups, each one
+# launch after another. No test needs the machine to itself (the fault tests stop a PostgreSQL and a Redis
+# of their own). `make test XDIST=` runs one process. The 25 slowest tests are listed, then the total test
+# time; every test's time is in build/test-results.xml (JUnit XML), which `make test-weights` turns into the
+# modules' seconds that tests/harness/groups.py orders the workers' groups by.
 XDIST ?= -n 3 --dist loadgroup
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \
