@@ -65,12 +65,14 @@ def test_two_uploads_finishing_together_cannot_both_take_the_last_room(
             outcomes.append("stored")
         except TooManyRequests:
             outcomes.append("refused")
+        except Exception as err:  # said in the assertion, not lost with the thread
+            outcomes.append(repr(err))
 
     threads = [threading.Thread(target=upload) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(300)  # a loaded machine: SQLite's lock wait, not a hang
     assert sorted(outcomes) == ["refused", "stored"]
     with session_scope() as session:
         assert read_used(FileRepository(session, OWNER)) == 1000
