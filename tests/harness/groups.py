@@ -92,7 +92,7 @@ def train_group(module: str) -> str:
     return SECOND_TRAIN_GROUP if module.rpartition("/")[2] in SECOND_TRAIN_MODULES else TRAIN_GROUP
 
 
-# What a test costs, for the order groups go out in. A module's measured seconds (MODULE_SECONDS: the sum
+# What a test costs, for the order groups go out in. A module's measured seconds (WEIGHTS_FILE: the sum
 # of its tests' times, setup and teardown included, on three workers; `make test-weights` rewrites it
 # from the last `make test`'s build/test-results.xml) where it was measured; else a guess by kind: a unit
 # test runs in process in well under a second, another starts processes or a server, a `slow` one

@@ -23,9 +23,9 @@ import psycopg
 PG_ADMIN_URL = os.environ.get("FTQ_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def database_url(name: str) -> str:
+def database_url(name: str, admin_url: str = PG_ADMIN_URL) -> str:
     """postgresql:// URL of database `name` on the admin URL's server."""
-    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    return f"{admin_url.rsplit('/', 1)[0]}/{name}"
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -33,12 +33,13 @@ def sqlalchemy_url(url: str) -> str:
     return "postgresql+psycopg://" + url.split("://", 1)[1]
 
 
-def create_database(prefix: str = "ftq_test") -> str:
-    """A new empty database named `<prefix>_<random>`; returns its postgresql:// URL."""
+def create_database(prefix: str = "ftq_test", admin_url: str = PG_ADMIN_URL) -> str:
+    """A new empty database named `<prefix>_<random>` (on the machine's server unless `admin_url` names
+    another's maintenance database); returns its postgresql:// URL."""
     name = f"{prefix}_{secrets.token_hex(4)}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    return database_url(name)
+    return database_url(name, admin_url)
 
 
 def drop_database(url: str, attempts: int = 10) -> None:
@@ -81,9 +82,9 @@ def reset_schema(url: str) -> None:
 # The server itself (fault tests) ------------------------------------------------------------------------
 
 
-def is_up() -> bool:
+def is_up(admin_url: str = PG_ADMIN_URL) -> bool:
     try:
-        with psycopg.connect(PG_ADMIN_URL, connect_timeout=2) as conn:
+        with psycopg.connect(admin_url, connect_timeout=2) as conn:
             conn.execute("SELECT 1")
         return True
     except psycopg.Error:
@@ -176,19 +177,11 @@ class PrivatePostgres:
         self._pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def is_up(self) -> bool:
-        try:
-            with psycopg.connect(self.admin_url, connect_timeout=2) as conn:
-                conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            return False
+        return is_up(self.admin_url)
 
     def create_database(self, prefix: str = "ftq_test") -> str:
         """A new empty database on this server; its postgresql:// URL."""
-        name = f"{prefix}_{secrets.token_hex(4)}"
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return f"{self.admin_url.rsplit('/', 1)[0]}/{name}"
+        return create_database(prefix, self.admin_url)
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
