@@ -11,6 +11,10 @@ Only what the spec cannot need is left out: bitsandbytes unless `lora.quantizati
 folder's config says its weights are quantized (a hub model: kept, its config is not read here),
 DeepSpeed unless it is the strategy, W&B and MLflow unless `integrations` asks for them (never in a side
 run: an export or an evaluation logs to no tracker).
+
+Nor is what DeepSpeed builds for inference: on a CPU it compiles a shared-memory all-reduce op with g++
+when its process group starts (about 70 CPU-s, once per machine, and a run fails without a compiler),
+which only DeepSpeed-Inference's tensor parallelism calls (`skip_inference_comm_op`).
 """
 
 from __future__ import annotations
@@ -54,3 +58,18 @@ def skip_unused_imports(spec: JobSpec, *, trackers: bool = True) -> list[str]:
     for name in skipped:
         sys.modules[name] = None  # type: ignore[assignment]  # import's own "not installed" marker
     return skipped
+
+
+def skip_inference_comm_op() -> bool:
+    """Keep DeepSpeed from building its shared-memory all-reduce op (`deepspeed_shm_comm`) when its
+    process group starts on a CPU: only `inference_all_reduce` uses it, and training never calls that
+    (its all-reduce falls back to torch.distributed's without the op). True if it was marked off; call
+    before the process group starts (before the training arguments), with DS_ACCELERATOR=cpu set."""
+    import deepspeed.ops
+
+    # The probe of every op's compatibility runs once and is cached in the module: an edit persists,
+    # and deepspeed.comm.torch.build_shm_op reads it before it builds anything.
+    compatible: dict[str, bool] = deepspeed.ops.__compatible_ops__
+    was = compatible.get("deepspeed_shm_comm", False)
+    compatible["deepspeed_shm_comm"] = False
+    return bool(was)

@@ -40,7 +40,7 @@ from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
-from .lean import skip_unused_imports
+from .lean import skip_inference_comm_op, skip_unused_imports
 from .memory import peak_rss, return_freed_blocks_to_os
 from .model import (
     check_model_path,
@@ -142,6 +142,8 @@ def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
     if not torch.cuda.is_available():
         # What DeepSpeed's detection picks anyway, said up front: else every rank warns in train.log.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if _deepspeed_from_env():
+            skip_inference_comm_op()
     from accelerate import PartialState
 
     if args.from_train_py_flags and not torch.cuda.is_available():
