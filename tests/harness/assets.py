@@ -113,6 +113,15 @@ def example_spec(name: str = "tiny-cpu.yaml", **training: Any) -> dict[str, Any]
     return spec
 
 
+def one_process_example(**training: Any) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml on one process, for a test whose point is not DDP (a job to cancel, to
+    follow, to show): the shipped run's two ranks cost twice the CPU on the 2-core machine."""
+    spec = example_spec(**training)
+    spec["distributed"] = {"strategy": "none"}
+    spec["resources"]["processes_per_node"] = 1
+    return spec
+
+
 def model_config(name: str) -> dict[str, Any]:
     """config.json of one of the examples' large models (MODEL_CONFIGS: llama-2-70b-hf, falcon-180B)."""
     return dict(json.loads((MODEL_CONFIGS / name / "config.json").read_text()))

@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from tests.e2e.session import AUTH_TOKEN, TINY_SPEC, FinishedJob, Walkthrough
-from tests.harness import TINY_RELATIVE, Deployment, example_spec, free_port, run_ftq, tiny_spec
+from tests.harness import (
+    TINY_RELATIVE,
+    Deployment,
+    example_spec,
+    free_port,
+    one_process_example,
+    run_ftq,
+    tiny_spec,
+)
 
 
 def assert_one_clean_line(stderr: str) -> str:
@@ -152,7 +160,7 @@ def test_dry_run_prints_config_command_script_and_estimate(server: Deployment) -
 @pytest.mark.slow  # a real tiny training run
 def test_idempotency_key_returns_the_same_job(server: Deployment, tmp_path: Path) -> None:
     spec = tmp_path / "long.json"
-    spec.write_text(json.dumps(example_spec(max_steps=100000)))
+    spec.write_text(json.dumps(one_process_example(max_steps=100000)))
     first = run_ftq("submit", str(spec), "--idempotency-key", "cli-retry-1", url=server.url)
     second = run_ftq("submit", str(spec), "--idempotency-key", "cli-retry-1", url=server.url)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr

@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -37,7 +36,15 @@ from ftq.client import (
     ValidationError,
     WaitTimeout,
 )
-from tests.harness import EXAMPLES, SDK_STYLES, Deployment, example_spec, free_port, sdk_client
+from tests.harness import (
+    EXAMPLES,
+    SDK_STYLES,
+    Deployment,
+    example_spec,
+    free_port,
+    one_process_example,
+    sdk_client,
+)
 
 TINY_SPEC = EXAMPLES / "tiny-cpu.yaml"
 ERIN_TOKEN = "e2e-sdk-erin-token"
@@ -71,14 +78,6 @@ def erin(api_only: Deployment) -> Iterator[Client]:
         yield client
 
 
-def one_process_spec(**training: Any) -> dict[str, Any]:
-    """The tiny job in one process: half the time of the shipped two-process DDP run on 2 cores."""
-    spec = example_spec(**training)
-    spec["distributed"] = {"strategy": "none"}
-    spec["resources"]["processes_per_node"] = 1
-    return spec
-
-
 def _wait_for(client: Client, job_id: str, status: str, timeout: float) -> JobPublic:
     deadline = time.monotonic() + timeout
     while True:
@@ -95,7 +94,7 @@ def _wait_for(client: Client, job_id: str, status: str, timeout: float) -> JobPu
 @pytest.mark.slow  # a real tiny training run
 @pytest.mark.parametrize("style", SDK_STYLES)
 def test_create_follow_logs_metrics_and_wait(server: Deployment, style: str) -> None:
-    spec = one_process_spec(max_steps=8, eval_steps=4, save_steps=4)
+    spec = one_process_example(max_steps=8, eval_steps=4, save_steps=4)
     with sdk_client(style, server.url, token="") as ftq:
         assert ftq.health().status == "ok"
         job = ftq.jobs.create(spec)
@@ -137,7 +136,7 @@ def test_create_follow_logs_metrics_and_wait(server: Deployment, style: str) -> 
 
 @pytest.mark.slow  # a real launch, cancelled while it trains
 def test_idempotent_create_then_cancel_a_running_job(server: Deployment) -> None:
-    spec = one_process_spec(max_steps=100_000)
+    spec = one_process_example(max_steps=100_000)
     key = f"sdk-{uuid.uuid4().hex}"
     with Client(server.url, token="") as ftq:
         first = ftq.jobs.create(spec, idempotency_key=key)
@@ -145,7 +144,7 @@ def test_idempotent_create_then_cancel_a_running_job(server: Deployment) -> None
         assert again.id == first.id  # the retry is the same job, not a second one
 
         with pytest.raises(ValidationError) as other_body:
-            ftq.jobs.create(one_process_spec(max_steps=99_999), idempotency_key=key)
+            ftq.jobs.create(one_process_example(max_steps=99_999), idempotency_key=key)
         assert other_body.value.loc == ["header", "Idempotency-Key"]
 
         running = _wait_for(ftq, first.id, "running", timeout=180)

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.session import AUTH_TOKEN, FinishedJob, Walkthrough
-from tests.harness import ARTIFACTS, Deployment, example_spec
+from tests.harness import ARTIFACTS, Deployment, one_process_example
 
 pytestmark = pytest.mark.browser
 
@@ -36,7 +36,7 @@ def test_jobs_page_lists_jobs_and_picks_up_new_ones(
 
     # A job created after the page loaded appears without a reload (the page polls GET /jobs).
     with server.client() as c:
-        created = c.post("/jobs", json=example_spec(max_steps=100000))
+        created = c.post("/jobs", json=one_process_example(max_steps=100000))
         assert created.status_code == 201, created.text
         new_id = created.json()["id"]
         c.post(f"/jobs/{new_id}/cancel")
@@ -135,7 +135,7 @@ def test_job_page_charts_every_point_and_stops_polling(
 @pytest.mark.slow  # a real tiny training run
 def test_cancel_button_stops_a_running_job(server: Deployment, page: Any) -> None:
     with server.client() as c:
-        resp = c.post("/jobs", json=example_spec(max_steps=100000, logging_steps=1))
+        resp = c.post("/jobs", json=one_process_example(max_steps=100000, logging_steps=1))
         assert resp.status_code == 201, resp.text
     job_id = resp.json()["id"]
     server.wait_for(job_id, lambda j: j["status"] == "running", timeout=120, what="running")

@@ -147,11 +147,12 @@ def test_pause_through_a_worker_restart_then_resume_continues_from_the_checkpoin
 ) -> None:
     """One run for the whole scenario: paused mid-run (and `ftq up` killed while the pause is under way:
     the restarted worker's reconcile finishes it), then resumed from the checkpoint to its max steps."""
-    # Long enough that the run is still training when the restarted worker looks at it (ftq up's restart
-    # takes about 10 s), short enough to finish soon after the resume. A micro-batch of the tiny model
-    # takes 15 ms on a quiet machine and 100 ms on a loaded one: six of them a step make 400 steps about
-    # 36 s even when quiet (with one a step, the run finished before the restarted worker looked).
-    max_steps = 400
+    # Long enough that the run is still training when the restarted worker looks at it (about 8 s after
+    # the pause is asked for), short enough to finish soon after the resume. Six micro-batches a step: on a
+    # quiet machine the pause came at step 137, with three busy processes beside it at step 34 (the run
+    # gets less of the CPU than the restart does); with one a step, the run finished before the restarted
+    # worker looked. 300 steps: more than twice the quiet case.
+    max_steps = 300
     spec = tiny_spec(tiny_dir, max_steps=max_steps, name="pause-resume", gradient_accumulation_steps=6)
     job = embedded.post_job(spec)
     job_id = job["id"]
