@@ -1,7 +1,8 @@
 """Start-up without the integrations a run does not use.
 
 transformers, accelerate, TRL and PEFT import every optional package they find installed, whether the
-run uses it or not: bitsandbytes (and through it torch's inductor), W&B, MLflow and DeepSpeed cost a
+run uses it or not: bitsandbytes (and through it torch's inductor), W&B, MLflow, DeepSpeed and SciPy
+(transformers' object-detection losses import it with every model) cost a
 rank about 2 s of CPU before its first step (6.6 -> 4.4 s for the tiny model's whole run on one process,
 `python -m bench.run_all --only startup`), on every rank of every run, and on a GPU machine bitsandbytes
 also loads its CUDA libraries. Marking a package as absent (None in sys.modules) makes their
@@ -10,7 +11,8 @@ also loads its CUDA libraries. Marking a package as absent (None in sys.modules)
 Only what the spec cannot need is left out: bitsandbytes unless `lora.quantization` is set or the model
 folder's config says its weights are quantized (a hub model: kept, its config is not read here),
 DeepSpeed unless it is the strategy, W&B and MLflow unless `integrations` asks for them (never in a side
-run: an export or an evaluation logs to no tracker).
+run: an export or an evaluation logs to no tracker), SciPy except in a side run (an evaluation's
+lm-evaluation-harness metrics use scikit-learn and SciPy; a grader runs in a process of its own).
 
 Nor is what DeepSpeed builds for inference: on a CPU it compiles a shared-memory all-reduce op with g++
 when its process group starts (about 70 CPU-s, once per machine, and a run fails without a compiler),
@@ -26,7 +28,7 @@ from pathlib import Path
 from ftq.contract.spec import JobSpec, Strategy
 
 # The packages a run may leave out, and the spec settings that need each.
-OPTIONAL = ("bitsandbytes", "deepspeed", "wandb", "mlflow")
+OPTIONAL = ("bitsandbytes", "deepspeed", "wandb", "mlflow", "scipy")
 
 
 def _model_is_quantized(name_or_path: str) -> bool:
@@ -38,23 +40,25 @@ def _model_is_quantized(name_or_path: str) -> bool:
         return True  # a hub id, or a config we cannot read: keep bitsandbytes importable
 
 
-def unused(spec: JobSpec, *, trackers: bool = True) -> list[str]:
-    """The OPTIONAL packages this spec's run cannot need (`trackers`: whether the process logs to the
-    spec's trackers; a side run, an export or an evaluation, does not)."""
+def unused(spec: JobSpec, *, side_run: bool = False) -> list[str]:
+    """The OPTIONAL packages this spec's run cannot need (`side_run`: an export or an evaluation of the
+    job, which logs to no tracker, not its training)."""
+    trackers = not side_run
     needed = {
         "bitsandbytes": (spec.lora is not None and spec.lora.quantization is not None)
         or _model_is_quantized(spec.model.name_or_path),
         "deepspeed": spec.distributed.strategy == Strategy.deepspeed,
         "wandb": trackers and spec.integrations.wandb is not None,
         "mlflow": trackers and spec.integrations.mlflow is not None,
+        "scipy": side_run,
     }
     return [name for name in OPTIONAL if not needed[name]]
 
 
-def skip_unused_imports(spec: JobSpec, *, trackers: bool = True) -> list[str]:
+def skip_unused_imports(spec: JobSpec, *, side_run: bool = False) -> list[str]:
     """Mark the packages this run cannot need as absent (before torch or transformers is imported);
     the names left out. A package already imported is left alone."""
-    skipped = [name for name in unused(spec, trackers=trackers) if name not in sys.modules]
+    skipped = [name for name in unused(spec, side_run=side_run) if name not in sys.modules]
     for name in skipped:
         sys.modules[name] = None  # type: ignore[assignment]  # import's own "not installed" marker
     return skipped

@@ -48,7 +48,7 @@ def read_spec(
     if not trust_remote_code and spec.model.trust_remote_code:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
     # Read before torch: what the job did not use, its side run does not either, nor its trackers.
-    skip_unused_imports(spec, trackers=False)
+    skip_unused_imports(spec, side_run=True)
     return spec_dict, spec
 
 

@@ -35,9 +35,10 @@ def test_each_setting_keeps_the_package_it_needs(tiny_dir: Path, tmp_path: Path)
     assert "bitsandbytes" not in unused(spec(model, lora=quantized))
     assert "deepspeed" not in unused(spec(model, distributed={"strategy": "deepspeed"}))
     integrations = {"wandb": {"project": "p"}, "mlflow": {"experiment": "e"}}
-    assert unused(spec(model, integrations=integrations)) == ["bitsandbytes", "deepspeed"]
-    # A side run (an export, an evaluation) of that job logs to no tracker.
-    assert unused(spec(model, integrations=integrations), trackers=False) == list(OPTIONAL)
+    assert unused(spec(model, integrations=integrations)) == ["bitsandbytes", "deepspeed", "scipy"]
+    # A side run (an export, an evaluation) of that job logs to no tracker, and may run lm-eval's metrics.
+    side = unused(spec(model, integrations=integrations), side_run=True)
+    assert side == ["bitsandbytes", "deepspeed", "wandb", "mlflow"]
 
     # A model folder whose weights are already quantized, and a hub id (its config is not read here).
     prequantized = tmp_path / "prequantized"
@@ -60,7 +61,7 @@ spec = JobSpec.model_validate({{"model": {{"name_or_path": {str(tiny_dir / "mode
                                 "lora": {{"r": 4}}}})
 skipped = skip_unused_imports(spec)
 import sys
-from transformers.utils import is_bitsandbytes_available
+from transformers.utils import is_bitsandbytes_available, is_scipy_available
 from transformers.integrations import is_mlflow_available, is_wandb_available
 from accelerate.utils import is_deepspeed_available
 import peft
@@ -69,11 +70,12 @@ try:
     bnb = "imported"
 except ImportError:
     bnb = "absent"
-checks = (is_bitsandbytes_available, is_mlflow_available, is_wandb_available, is_deepspeed_available)
+checks = (is_bitsandbytes_available, is_mlflow_available, is_wandb_available, is_deepspeed_available,
+          is_scipy_available)
 loaded = sorted(m for m in {list(OPTIONAL)!r} if sys.modules.get(m))
 available = [bool(f()) for f in checks]
 print(json.dumps({{"skipped": skipped, "bnb": bnb, "loaded": loaded, "available": available}}))
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"skipped": list(OPTIONAL), "bnb": "absent", "loaded": [], "available": [False] * 4}
+    assert result == {"skipped": list(OPTIONAL), "bnb": "absent", "loaded": [], "available": [False] * 5}
