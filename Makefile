@@ -109,9 +109,9 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e
-# on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,413 tests in 20
-# min, in a slow spell of that machine (a one-process run of the tiny model took 6.5 CPU-s, 4.4 an hour
-# before: python -m bench.startup_bench); in the fast spell, 13 to 16 min. A test that waits for a server, a
+# on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,413 tests in 18
+# min on 2026-12-06, when a one-process run of the tiny model took 5.1 CPU-s (python -m bench.startup_bench;
+# the machine's speed varies by half from hour to hour, 4.4 to 7.3 CPU-s). A test that waits for a server, a
 # poll or a process leaves a core to another worker; beyond that the suite is CPU-bound (counted with a
 # cpuacct cgroup around the run): making it shorter takes less work, not more workers.
 # tests/harness/groups.py keeps the tests that share a server or a run on one worker (the session's `ftq up`
