@@ -64,16 +64,13 @@ def skip_unused_imports(spec: JobSpec, *, side_run: bool = False) -> list[str]:
     return skipped
 
 
-def skip_inference_comm_op() -> bool:
+def skip_inference_comm_op() -> None:
     """Keep DeepSpeed from building its shared-memory all-reduce op (`deepspeed_shm_comm`) when its
     process group starts on a CPU: only `inference_all_reduce` uses it, and training never calls that
-    (its all-reduce falls back to torch.distributed's without the op). True if it was marked off; call
-    before the process group starts (before the training arguments), with DS_ACCELERATOR=cpu set."""
+    (its all-reduce falls back to torch.distributed's without the op). Call before the process group
+    starts (before the training arguments), with DS_ACCELERATOR=cpu set."""
     import deepspeed.ops
 
     # The probe of every op's compatibility runs once and is cached in the module: an edit persists,
     # and deepspeed.comm.torch.build_shm_op reads it before it builds anything.
-    compatible: dict[str, bool] = deepspeed.ops.__compatible_ops__
-    was = compatible.get("deepspeed_shm_comm", False)
-    compatible["deepspeed_shm_comm"] = False
-    return bool(was)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
