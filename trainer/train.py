@@ -40,7 +40,7 @@ from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
-from .lean import skip_inference_comm_op, skip_unused_imports
+from .lean import cache_import_scans, imports_without_gc, skip_inference_comm_op, skip_unused_imports
 from .memory import peak_rss, return_freed_blocks_to_os
 from .model import (
     check_model_path,
@@ -74,17 +74,19 @@ def run(args: TrainerArgs) -> None:
     is a change to that parser too."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
-    skip_unused_imports(spec)  # first: before anything imports transformers
-    # Before the first large tensor: a rank's freed loading and all-gather buffers leave its memory.
-    return_freed_blocks_to_os()
-    configure_logging()
-    _quiet_progress_bars(heavy=False)
-    stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
+    with imports_without_gc():
+        skip_unused_imports(spec)  # first: before anything imports transformers
+        cache_import_scans()
+        # Before the first large tensor: a rank's freed loading and all-gather buffers leave its memory.
+        return_freed_blocks_to_os()
+        configure_logging()
+        _quiet_progress_bars(heavy=False)
+        stop = listen_for_stop()  # SLURM's warning before the time limit may come while the model loads
 
-    splits = check_inputs(spec)
-    # A tracker that is down costs seconds here, not minutes of retries once the model is loaded.
-    trackers.check_reachable(spec.integrations, out)
-    launch = set_up_launch(args, splits)
+        splits = check_inputs(spec)
+        # A tracker that is down costs seconds here, not minutes of retries once the model is loaded.
+        trackers.check_reachable(spec.integrations, out)
+        launch = set_up_launch(args, splits)
     data = prepare_data(spec, splits, launch)
     model, peft_config = load_policy(spec, launch, splits.format)
     job = build_job(spec, out, launch, data, model, peft_config, stop)
