@@ -89,10 +89,11 @@ def skip_inference_comm_op() -> None:
 # (`define_import_structure`: ~1 CPU-s). On a shared filesystem, where a venv usually lives on a
 # cluster, each of those reads is a network round trip. Their answers change only when a package is
 # installed or a file edited, so `cache_import_scans` keeps them in JSON files under
-# ~/.cache/ftq/start-up (XDG_CACHE_HOME), keyed by what they read: the import path's folders'
-# modification times for the first, every scanned file's size and modification time for the second
-# (~0.05 CPU-s to stat). JSON, not pickle: a cache file is data, never code. Any failure (an unwritable
-# home, a transformers without that function) falls back to the scan itself.
+# ~/.cache/ftq/start-up (XDG_CACHE_HOME), keyed by what they read: the installed distributions'
+# metadata folders and their modification times for the first, every scanned file's size and
+# modification time for the second (~0.05 CPU-s to stat). JSON, not pickle: a cache file is data,
+# never code. Any failure (an unwritable home, a transformers without that function) falls back to
+# the scan itself.
 
 _SCANS_VERSION = 1
 
@@ -144,12 +145,28 @@ def _tree_fingerprint(folder: str) -> str:
     return "\n".join(sorted(lines))
 
 
+def _installed_distributions() -> list[str]:
+    """Each distribution's metadata folder on the import path, with its modification time: what
+    `packages_distributions()` reads changes only when one of them is installed or removed (a folder
+    of the path itself, such as the working directory, changes all the time)."""
+    import os
+
+    found: list[str] = []
+    for folder in sys.path:
+        try:
+            entries = os.scandir(folder or ".")
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                if entry.name.endswith((".dist-info", ".egg-info")):
+                    found.append(f"{entry.path}\0{entry.stat().st_mtime_ns}")
+    return found
+
+
 def _cached_packages_distributions(original: Any) -> Any:
     def packages_distributions() -> Any:
-        import os
-
-        folders = [p for p in sys.path if p and os.path.isdir(p)]
-        key = "\n".join(f"{p}\0{os.stat(p).st_mtime_ns}" for p in folders)
+        key = "\n".join(_installed_distributions())
         return _cached(
             "distributions", key, original, lambda d: d, lambda d: {k: list(v) for k, v in d.items()}
         )

@@ -15,7 +15,13 @@ import pytest
 
 from ftq.contract.spec import JobSpec
 from tests.harness import REPO
-from trainer.lean import OPTIONAL, _cached_define_import_structure, imports_without_gc, unused
+from trainer.lean import (
+    OPTIONAL,
+    _cached_define_import_structure,
+    _cached_packages_distributions,
+    imports_without_gc,
+    unused,
+)
 
 
 def spec(model: Path, **parts: Any) -> JobSpec:
@@ -155,6 +161,30 @@ def test_a_scan_is_served_until_a_file_it_read_changes(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
     assert served() == both
     assert len(scans) == 5
+
+
+def test_the_distributions_scan_is_served_until_one_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    site = tmp_path / "site-packages"
+    (site / "torch-2.13.0.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(site), str(tmp_path / "missing")])
+    scans: list[int] = []
+
+    def scan() -> dict[str, list[str]]:
+        scans.append(1)
+        return {"torch": ["torch"]}
+
+    served = _cached_packages_distributions(scan)
+    assert served() == served() == {"torch": ["torch"]}
+    assert len(scans) == 1
+    (site / "notes.txt").write_text("a file that is no distribution: the working directory's churn")
+    served()
+    assert len(scans) == 1
+    (site / "peft-0.18.0.dist-info").mkdir()
+    served()
+    assert len(scans) == 2
 
 
 def test_the_collector_is_off_only_while_importing() -> None:
