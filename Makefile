@@ -121,6 +121,11 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 # time; every test's time is in build/test-results.xml (JUnit XML), which `make test-weights` turns into the
 # modules' seconds that tests/harness/groups.py orders the workers' groups by.
 XDIST ?= -n 3 --dist loadgroup
+# The suite starts about 700 Python processes and three workers that collect every test module: with
+# PYTHONDONTWRITEBYTECODE set (as some CI images set it), each of them compiles ftq's modules and pytest
+# rewrites every test module's asserts again (collection: 19 CPU-s a worker instead of 7). The test
+# targets keep the bytecode (in __pycache__, which git ignores).
+unexport PYTHONDONTWRITEBYTECODE
 test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \
 	$(BIN)/python -m pytest $(if $(XDIST),$(XDIST),-p no:xdist) --durations=25 \

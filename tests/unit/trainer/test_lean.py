@@ -203,4 +203,3 @@ def test_the_collector_is_off_only_while_importing() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
-        gc.unfreeze()
