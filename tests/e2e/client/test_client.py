@@ -1,7 +1,7 @@
 """The Python SDK (`ftq.client`) against real servers, nothing mocked.
 
-Jobs that train run on the session's shared `ftq up` (the e2e session fixture `server`), once through
-`Client` and once through `AsyncClient` (`sdk_client`). Paging, owners and the error types use a private
+Jobs that train run on the session's shared `ftq up` (the e2e session fixture `server`); one of them is
+read through both `Client` and `AsyncClient` (`sdk_client`). Paging, owners and the error types use a private
 `ftq api` that this module starts with two tokens and no worker, so its jobs stay queued and cost no CPU,
 and its job list holds only what these tests put there.
 """
@@ -91,16 +91,28 @@ def _wait_for(client: Client, job_id: str, status: str, timeout: float) -> JobPu
 # On the shared `ftq up`: real training runs -----------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def sdk_job(server: Deployment) -> JobPublic:
+    """One tiny training job that both clients read, created by AsyncClient as it is queued: the
+    synchronous client is generated from the async one (bin/unasync_sdk.py), and its create is the
+    idempotency test's."""
+    with sdk_client("async", server.url, token="") as ftq:
+        job = ftq.jobs.create(one_process_example(max_steps=8, eval_steps=4, save_steps=4))
+    assert isinstance(job, JobPublic)
+    assert job.status in (JobStatus.queued, JobStatus.starting, JobStatus.running)
+    assert job.spec.training.max_steps == 8 and job.owner == "local"
+    return job
+
+
 @pytest.mark.slow  # a real tiny training run
 @pytest.mark.parametrize("style", SDK_STYLES)
-def test_create_follow_logs_metrics_and_wait(server: Deployment, style: str) -> None:
-    spec = one_process_example(max_steps=8, eval_steps=4, save_steps=4)
+def test_create_follow_logs_metrics_and_wait(server: Deployment, sdk_job: JobPublic, style: str) -> None:
+    # The first style follows the job while it trains; the second reads it once it has ended.
+    job = sdk_job
     with sdk_client(style, server.url, token="") as ftq:
         assert ftq.health().status == "ok"
-        job = ftq.jobs.create(spec)
-        assert isinstance(job, JobPublic)
-        assert job.status in (JobStatus.queued, JobStatus.starting, JobStatus.running)
-        assert job.spec.training.max_steps == 8 and job.owner == "local"
+        got = ftq.jobs.get(job.id)
+        assert isinstance(got, JobPublic) and got.id == job.id and got.spec.training.max_steps == 8
 
         # follow=True returns once the job has ended and its whole log was read.
         lines = list(ftq.jobs.logs(job.id, follow=True))
