@@ -109,9 +109,10 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e
-# on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,413 tests in 18
-# min on 2026-12-06, when a one-process run of the tiny model took 5.1 CPU-s (python -m bench.startup_bench;
-# the machine's speed varies by half from hour to hour, 4.4 to 7.3 CPU-s). A test that waits for a server, a
+# on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,416 tests in 20
+# min 22 s on 2026-12-06 (4ddfcc0), in an hour when the commit before (692199b) took 21 min 59 s there; the
+# machine's speed varies by half from hour to hour (python -m bench.startup_bench: 4.4 to 7.3 CPU-s for the
+# tiny model's run before trainer/lean.py's scan cache), so only runs made close together compare. A test that waits for a server, a
 # poll or a process leaves a core to another worker; beyond that the suite is CPU-bound (counted with a
 # cpuacct cgroup around the run): making it shorter takes less work, not more workers.
 # tests/harness/groups.py keeps the tests that share a server or a run on one worker (the session's `ftq up`
