@@ -123,10 +123,16 @@ print(json.dumps({{"skipped": skipped, "bnb": bnb, "loaded": loaded, "available"
     assert "distributions" in written and written.count("transformers") >= 2  # models/, and llama/
 
 
-def test_a_scan_is_served_until_a_file_it_read_changes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache home ($XDG_CACHE_HOME) for this test alone."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_scan_is_served_until_a_file_it_read_changes(
+    tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree = tmp_path / "models"
     (tree / "llama").mkdir(parents=True)
     module = tree / "llama" / "modeling_llama.py"
@@ -153,7 +159,7 @@ def test_a_scan_is_served_until_a_file_it_read_changes(
     assert len(scans) == 3
 
     # A damaged cache file is scanned over and rewritten; an unwritable cache still answers.
-    for cached in (tmp_path / "cache" / "ftq" / "start-up").iterdir():
+    for cached in (cache_home / "ftq" / "start-up").iterdir():
         cached.write_text("{not json")
     assert served() == both
     assert len(scans) == 4
@@ -163,10 +169,10 @@ def test_a_scan_is_served_until_a_file_it_read_changes(
     assert len(scans) == 5
 
 
+@pytest.mark.usefixtures("cache_home")
 def test_the_distributions_scan_is_served_until_one_is_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     site = tmp_path / "site-packages"
     (site / "torch-2.13.0.dist-info").mkdir(parents=True)
     monkeypatch.setattr(sys, "path", [str(site), str(tmp_path / "missing")])
