@@ -112,9 +112,10 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 # on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,416 tests in 20
 # min 22 s on 2026-12-06 (4ddfcc0), in an hour when the commit before (692199b) took 21 min 59 s there; the
 # machine's speed varies by half from hour to hour (python -m bench.startup_bench: 4.4 to 7.3 CPU-s for the
-# tiny model's run before trainer/lean.py's scan cache), so only runs made close together compare. A test that waits for a server, a
-# poll or a process leaves a core to another worker; beyond that the suite is CPU-bound (counted with a
-# cpuacct cgroup around the run): making it shorter takes less work, not more workers.
+# tiny model's run before trainer/lean.py's scan cache), so only runs made close together compare. A test
+# that waits for a server, a poll or a process leaves a core to another worker; beyond that the suite is
+# CPU-bound (counted with a cpuacct cgroup around the run): making it shorter takes less work, not more
+# workers.
 # tests/harness/groups.py keeps the tests that share a server or a run on one worker (the session's `ftq up`
 # and its bank of trained runs are made once) and the real `accelerate launch` tests in two groups, each one
 # launch after another. No test needs the machine to itself (the fault tests stop a PostgreSQL and a Redis

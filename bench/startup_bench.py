@@ -33,8 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 EAGER = (
     "import contextlib, importlib, runpy, sys\n"
     "import trainer.train as t\n"
-    "t.cache_import_scans = lambda: None\n"
-    "t.imports_without_gc = contextlib.nullcontext\n"
+    "t.start_up = lambda spec, **_: contextlib.nullcontext([])\n"
     f"for m in {list(OPTIONAL)!r}: importlib.import_module(m)\n"
     "sys.argv = ['trainer', *sys.argv[1:]]\n"
     "runpy.run_module('trainer', run_name='__main__', alter_sys=True)\n"

@@ -22,8 +22,11 @@ which only DeepSpeed-Inference's tensor parallelism calls (`skip_inference_comm_
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import hashlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,17 +102,12 @@ _SCANS_VERSION = 1
 
 
 def _scan_cache_dir() -> Path:
-    import os
-
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ftq" / "start-up"
 
 
 def _cached(kind: str, key: str, compute: Any, encode: Any, decode: Any) -> Any:
     """compute(), or its answer from an earlier start with the same key."""
-    import hashlib
-    import os
-
     digest = hashlib.blake2b(f"{_SCANS_VERSION}\0{key}".encode(), digest_size=16).hexdigest()
     path = _scan_cache_dir() / f"{kind}-{digest}.json"
     try:
@@ -129,8 +127,6 @@ def _cached(kind: str, key: str, compute: Any, encode: Any, decode: Any) -> Any:
 
 def _tree_fingerprint(folder: str) -> str:
     """Every .py file under `folder` (what transformers reads), with its size and modification time."""
-    import os
-
     lines: list[str] = []
     stack = [folder]
     while stack:
@@ -149,8 +145,6 @@ def _installed_distributions() -> list[str]:
     """Each distribution's metadata folder on the import path, with its modification time: what
     `packages_distributions()` reads changes only when one of them is installed or removed (a folder
     of the path itself, such as the working directory, changes all the time)."""
-    import os
-
     found: list[str] = []
     for folder in sys.path:
         try:
@@ -176,9 +170,6 @@ def _cached_packages_distributions(original: Any) -> Any:
 
 
 def _cached_define_import_structure(original: Any, version: str) -> Any:
-    import functools
-    import os
-
     def encode(structure: Any) -> Any:
         return [
             [sorted(backends), {m: sorted(names) for m, names in modules.items()}]
@@ -280,3 +271,17 @@ def imports_without_gc() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+# --- A run's start ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def start_up(spec: JobSpec, *, side_run: bool = False) -> Iterator[list[str]]:
+    """A run's process before and while it makes its heavy imports (enter before anything imports
+    torch or transformers; leave before the dataset is tokenized and the model loaded): the packages the
+    spec cannot need left out (yielded), the two scans served from their cache, the collector off."""
+    with imports_without_gc():
+        skipped = skip_unused_imports(spec, side_run=side_run)
+        cache_import_scans()
+        yield skipped

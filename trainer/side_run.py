@@ -15,7 +15,7 @@ from ftq.contract import runs
 from ftq.contract.spec import JobSpec
 
 from .errors import FtqError, ModelError, report_and_exit
-from .lean import cache_import_scans, imports_without_gc, skip_unused_imports
+from .lean import start_up
 
 
 def main_of(
@@ -48,9 +48,7 @@ def read_spec(
     if not trust_remote_code and spec.model.trust_remote_code:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"trust_remote_code": False})})
     # Read before torch: what the job did not use, its side run does not either, nor its trackers.
-    with imports_without_gc():
-        skip_unused_imports(spec, side_run=True)
-        cache_import_scans()
+    with start_up(spec, side_run=True):
         import peft  # noqa: F401  (with torch and transformers: the bulk of a side run's imports)
     return spec_dict, spec
 

@@ -40,7 +40,7 @@ from .args import TrainerArgs
 from .callbacks import metrics_callback
 from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
-from .lean import cache_import_scans, imports_without_gc, skip_inference_comm_op, skip_unused_imports
+from .lean import skip_inference_comm_op, start_up
 from .memory import peak_rss, return_freed_blocks_to_os
 from .model import (
     check_model_path,
@@ -74,9 +74,7 @@ def run(args: TrainerArgs) -> None:
     is a change to that parser too."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
-    with imports_without_gc():
-        skip_unused_imports(spec)  # first: before anything imports transformers
-        cache_import_scans()
+    with start_up(spec):  # first: before anything imports transformers
         # Before the first large tensor: a rank's freed loading and all-gather buffers leave its memory.
         return_freed_blocks_to_os()
         configure_logging()

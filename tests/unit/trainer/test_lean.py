@@ -65,16 +65,14 @@ def test_left_out_packages_are_absent_to_transformers_and_peft(tiny_dir: Path, t
     code = f"""
 import json
 from ftq.contract.spec import JobSpec
-from trainer.lean import skip_unused_imports
+from trainer.lean import start_up
 spec = JobSpec.model_validate({{"model": {{"name_or_path": {str(tiny_dir / "model")!r}}},
                                 "dataset": {{"name_or_path": "x.jsonl"}}, "training": {{"max_steps": 1}},
                                 "lora": {{"r": 4}}}})
-skipped = skip_unused_imports(spec)
 import gc, importlib.metadata, sys
 from pathlib import Path
-from trainer.lean import cache_import_scans, imports_without_gc, _cached_define_import_structure
-with imports_without_gc():
-    cache_import_scans()
+from trainer.lean import _cached_define_import_structure
+with start_up(spec) as skipped:
     import transformers.models.llama.modeling_llama
 frozen = gc.get_freeze_count()
 gc.unfreeze()
