@@ -12,9 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftq.planning.render import ACCELERATE_LAUNCH as LAUNCH_MODULE
 from tests.harness import REPO, free_port
 
-ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+# What the worker and job.sbatch run: accelerate's launch command as a module. The `accelerate` script
+# runs the same command, but first imports all of accelerate's others (`estimate-memory` imports
+# transformers): about 1.2 CPU-s more a launch. ACCELERATE_CLI is the articles' `accelerate launch`, for
+# their own command line.
+ACCELERATE_LAUNCH = [sys.executable, *LAUNCH_MODULE]
+ACCELERATE_CLI = [str(Path(sys.executable).with_name("accelerate")), "launch"]
 
 
 def rendered_config(spec: dict[str, Any]) -> str:
@@ -119,13 +125,14 @@ def launch_trainer(
     workdir: Path,
     args: list[str],
     timeout: int = 600,
+    launcher: list[str] = ACCELERATE_LAUNCH,
 ) -> subprocess.CompletedProcess[str]:
-    """`accelerate launch --config_file CFG -m trainer ARGS` (two CPU processes in the configs here)."""
+    """`accelerate launch --config_file CFG -m trainer ARGS` (two CPU processes in the configs here), as
+    the worker starts it unless `launcher` says otherwise."""
     cfg = workdir / "accelerate_config.yaml"
     cfg.write_text(config_yaml)
     cmd = [
-        ACCELERATE,
-        "launch",
+        *launcher,
         "--config_file",
         str(cfg),
         "--main_process_port",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness import REPO, free_port
-from tests.integration.trainer.helpers import ACCELERATE, trainer_env, write_spec
+from tests.integration.trainer.helpers import ACCELERATE_LAUNCH, trainer_env, write_spec
 
 MIB = 2**20
 SAMPLE_EVERY_S = 0.05
@@ -179,7 +179,7 @@ def launch_measured(
     cfg.write_text(config_yaml)
     out = workdir / "run"
     args = ["--spec", str(write_spec(workdir / "spec.json", spec)), "--output_dir", str(out)]
-    cmd = [ACCELERATE, "launch", "--config_file", str(cfg), "--main_process_port", str(free_port())]
+    cmd = [*ACCELERATE_LAUNCH, "--config_file", str(cfg), "--main_process_port", str(free_port())]
     launcher = subprocess.Popen(
         [*cmd, "-m", "trainer", *args],
         cwd=REPO,

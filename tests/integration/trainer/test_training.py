@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.integration.trainer.helpers import (
+    ACCELERATE_CLI,
     ACCELERATE_FSDP2_CPU,
     ACCELERATE_FSDP2_ONE_CPU,
     ACCELERATE_ZERO3_CPU,
@@ -86,7 +87,10 @@ def test_train_py_command_line_under_fsdp2_on_two_cpu_processes_then_resume_on_o
     """The acceptance check, in bf16 on two processes; then its sharded checkpoint resumed by one process
     (another world size: torch's distributed checkpoint reshards as it loads)."""
     out = tmp_path / "run"
-    proc = launch_trainer(ACCELERATE_FSDP2_CPU, tmp_path, train_py_argv(tiny_dir, out))
+    # The articles' own command line: their `accelerate launch`, not the module the worker runs.
+    proc = launch_trainer(
+        ACCELERATE_FSDP2_CPU, tmp_path, train_py_argv(tiny_dir, out), launcher=ACCELERATE_CLI
+    )
     assert proc.returncode == 0, explain(proc)
     assert "engaged fsdp" in proc.stderr  # FSDP2 really ran, not accelerate's silent DDP fallback on CPU
     assert "FSDP computes in bfloat16" in proc.stderr  # its mixed-precision policy, from the plugin
