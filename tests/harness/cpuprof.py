@@ -7,7 +7,8 @@ as on the 2-core machine; needs root), which every process it starts inherits: t
 `accelerate launch` runs and their ranks. Before and after each test (setup and teardown included) the
 group's usage is read, so a test's line counts the CPU of everything that ran for it, whatever the
 other workers did meanwhile (a shared fixture is counted in the first test that asks for it). One JSON
-line a test: node id, CPU seconds, wall seconds, worker. Processes that SLURM starts are in slurmd's
+line a test: node id, CPU seconds, the worker's own share of them (the test's in-process work: its
+code, TestClient apps, HTTP polling), wall seconds, worker. Processes that SLURM starts are in slurmd's
 group, not the test's.
 """
 
@@ -40,11 +41,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    cpu, wall = _usage(), time.monotonic()
+    cpu, own, wall = _usage(), time.process_time(), time.monotonic()
     yield
     line = {
         "id": item.nodeid,
         "cpu": round(_usage() - cpu, 2),
+        "self": round(time.process_time() - own, 2),
         "wall": round(time.monotonic() - wall, 2),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
     }
