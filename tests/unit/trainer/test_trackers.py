@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,21 @@ def test_an_unreachable_tracker_is_told_in_seconds(closed_url: str, silent_url: 
         problem = trackers.probe(url, 1.0)
         assert problem is not None and says in problem, problem
         assert time.monotonic() - started < 30  # liveness only: not minutes of retries
+
+
+def test_a_silent_server_gets_the_same_answer_when_the_wait_ends_late(
+    monkeypatch: pytest.MonkeyPatch, silent_url: str
+) -> None:
+    """The probe's socket times out after the same `seconds` that its wait lasts. On a loaded machine the
+    wait can end last: the answer is still that the server did not answer (a full run once said
+    "TimeoutError: timed out")."""
+    join = threading.Thread.join
+
+    def late_join(self: threading.Thread, timeout: float | None = None) -> None:
+        join(self, None if timeout is None else timeout + 2)
+
+    monkeypatch.setattr(threading.Thread, "join", late_join)
+    assert trackers.probe(silent_url, 0.5) == "no answer within 0.5 s"
 
 
 def test_fail_ends_the_run_with_tracker_error_naming_the_setting_and_url(
