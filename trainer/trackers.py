@@ -112,7 +112,6 @@ def probe(url: str, seconds: float) -> str | None:
     unreachable as a closed port."""
     parts = urlsplit(url)
     outcome: list[str | None] = []
-    silent = f"no answer within {seconds:g} s"
 
     def ask() -> None:
         conn_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -125,8 +124,9 @@ def probe(url: str, seconds: float) -> str | None:
                 conn.close()
             outcome.append(None)
         except TimeoutError:
-            # The socket's own timeout (the same `seconds`) can fire just before the join below gives up.
-            outcome.append(silent)
+            # The socket's own timeout (the same `seconds`) can fire just before the join below gives up:
+            # no answer, either way.
+            return
         except (OSError, http.client.HTTPException, ValueError) as exc:
             outcome.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
@@ -134,8 +134,8 @@ def probe(url: str, seconds: float) -> str | None:
     thread = threading.Thread(target=ask, name="tracker-probe", daemon=True)
     thread.start()
     thread.join(seconds)
-    if not outcome or outcome[0] == silent:
-        return silent
+    if not outcome:
+        return f"no answer within {seconds:g} s"
     if outcome[0] is not None:
         return f"{outcome[0]} (after {time.monotonic() - started:.1f} s)"
     return None
