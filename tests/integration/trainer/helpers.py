@@ -120,6 +120,11 @@ def run_trainers(*argvs: list[str], timeout: int = 600) -> list[subprocess.Compl
         return list(pool.map(lambda args: run_trainer(args, timeout), argvs))
 
 
+def accelerate_command(cfg: Path, launcher: list[str] = ACCELERATE_LAUNCH) -> list[str]:
+    """The launch with accelerate config `cfg` on a free rendezvous port, up to the module it runs."""
+    return [*launcher, "--config_file", str(cfg), "--main_process_port", str(free_port())]
+
+
 def launch_trainer(
     config_yaml: str,
     workdir: Path,
@@ -131,16 +136,7 @@ def launch_trainer(
     the worker starts it unless `launcher` says otherwise."""
     cfg = workdir / "accelerate_config.yaml"
     cfg.write_text(config_yaml)
-    cmd = [
-        *launcher,
-        "--config_file",
-        str(cfg),
-        "--main_process_port",
-        str(free_port()),
-        "-m",
-        "trainer",
-        *args,
-    ]
+    cmd = [*accelerate_command(cfg, launcher), "-m", "trainer", *args]
     return subprocess.run(cmd, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
 
 

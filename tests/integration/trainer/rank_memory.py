@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness import REPO, free_port
-from tests.integration.trainer.helpers import ACCELERATE_LAUNCH, trainer_env, write_spec
+from tests.harness import REPO
+from tests.integration.trainer.helpers import accelerate_command, trainer_env, write_spec
 
 MIB = 2**20
 SAMPLE_EVERY_S = 0.05
@@ -179,7 +179,7 @@ def launch_measured(
     cfg.write_text(config_yaml)
     out = workdir / "run"
     args = ["--spec", str(write_spec(workdir / "spec.json", spec)), "--output_dir", str(out)]
-    cmd = [*ACCELERATE_LAUNCH, "--config_file", str(cfg), "--main_process_port", str(free_port())]
+    cmd = accelerate_command(cfg)
     launcher = subprocess.Popen(
         [*cmd, "-m", "trainer", *args],
         cwd=REPO,

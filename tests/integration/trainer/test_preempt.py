@@ -16,8 +16,8 @@ import pytest
 from ftq.contract import runs
 from ftq.contract.spec import JobSpec
 from ftq.planning.render import accelerate_config, config_yaml
-from tests.harness import REPO, free_port, tiny_spec, wait_until
-from tests.integration.trainer.helpers import ACCELERATE_LAUNCH, explain, points, trainer_env, write_spec
+from tests.harness import REPO, tiny_spec, wait_until
+from tests.integration.trainer.helpers import accelerate_command, explain, points, trainer_env, write_spec
 from trainer.preempt import EXIT_CHECKPOINTED
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step_with_a_checkpoint(
     env.update(
         PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="120"
     )
-    cmd = [*ACCELERATE_LAUNCH, "--config_file", str(cfg), "--main_process_port", str(free_port())]
+    cmd = accelerate_command(cfg)
     cmd += ["-m", "trainer", "--spec", str(spec_path), "--output_dir", str(run_dir)]
     with subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
