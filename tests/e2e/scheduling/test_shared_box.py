@@ -144,7 +144,15 @@ def test_fair_share_priority_backfill_and_usage(box: Deployment) -> None:
     short = _post(alice, _spec("alice-short", resources={"max_seconds": 120}))
     jobs.update({too_long: alice, short: alice})
     assert _ended(box, alice, short)["status"] == "succeeded", box.report(short)
-    blocked = _job(alice, too_long)
+    # Its reason is the one the next scheduling pass gives, with the short job's slot free again (the
+    # short job's end is recorded before that pass runs): it waits, or it has started past the reservation.
+    blocked = _wait(
+        box,
+        alice,
+        too_long,
+        lambda j: j["status"] != "queued" or j["queue"]["reason"] == "reservation",
+        "a decision on the free slot",
+    )
     assert blocked["status"] == "queued" and blocked["queue"]["reason"] == "reservation", blocked
     assert _job(bob, two)["status"] == "queued"
     _cancel(box, alice, too_long)
