@@ -166,23 +166,22 @@ def drain(webhook_id: str, deadline: float, settings: Settings) -> int:
 
 
 def _drain(webhook_id: str, deadline: float, settings: Settings) -> int:
-    # A webhook chosen for the pass sends at least its first due delivery, even when its thread starts
-    # after the deadline (a loaded host): otherwise a busy pass could leave a chosen endpoint with nothing
-    # tried, pass after pass. The pass still ends within one request's deadline of `deadline`.
-    sent = tried = 0
-    while tried == 0 or time.monotonic() < deadline:
+    # The deadline is checked after each request, not before: a webhook chosen for the pass sends at least
+    # its first due delivery even when its thread starts after the deadline (a loaded host), so a busy pass
+    # cannot leave a chosen endpoint with nothing tried, pass after pass. The pass still ends within one
+    # request's deadline of `deadline`.
+    sent = 0
+    while True:
         with session_scope() as session:
             due = store.due_for(session, webhook_id, datetime.now(UTC))
         if not due:
-            break
+            return sent
         for d in due:
-            if tried and time.monotonic() >= deadline:
-                break
             code, error = _post(d, settings)
             _settle(d, code, error, settings)
             sent += error is None
-            tried += 1
-    return sent
+            if time.monotonic() >= deadline:
+                return sent
 
 
 def this_pass(hooks: list[tuple[str, str]], slots: int, per_owner: int) -> list[str]:
