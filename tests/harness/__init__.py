@@ -16,8 +16,8 @@
 - launching.py: launch requests for launcher tests that run scripts of their own.
 - sdk.py: sdk_client(), the sync or the async SDK client for one scenario written for both (SDK_STYLES).
 - users.py: the unprivileged run users (FTQ_RUN_AS_USER) of the run-isolation tests, made on first use.
-- groups.py: which tests share a pytest-xdist worker (`make test-fast` runs two, and `make test` with
-  XDIST="-n 2 --dist loadgroup"), and the scheduler that hands the groups out, heaviest first.
+- groups.py: which tests share a pytest-xdist worker (`make test` and `make test-fast` run three:
+  XDIST and FAST_XDIST, "-n 3 --dist loadgroup"), and the scheduler that hands the groups out, heaviest first.
 """
 
 from tests.harness.api import Job, JobsApi

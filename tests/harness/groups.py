@@ -1,5 +1,5 @@
 """Which tests run on the same pytest-xdist worker (`--dist loadgroup`: `make test` on three workers,
-`make test-fast` on two; `make test XDIST=` runs one process).
+`make test-fast` on three; `make test XDIST=` runs one process).
 
 xdist's own loadgroup tags node ids with their `xdist_group`, which pytest 9's structured node ids ignore;
 so each worker writes the groups it computed (GROUPS_DIR, a folder the controller made) and the
