@@ -107,6 +107,8 @@ BENCHES = [
     ),
     # A run's start-up in CPU seconds, with and without the optional packages its spec does not use.
     Bench("startup", ["-m", "bench.startup_bench"], ["-m", "bench.startup_bench", "--rounds", "1"], 600),
+    # An evaluation's CPU with lm-eval indexing the suite's own task folder alone, against all its tasks.
+    Bench("evaluate", ["-m", "bench.evaluate_bench"], ["-m", "bench.evaluate_bench", "--rounds", "1"], 600),
     # Issue 28: kills during uploads, exports and webhook deliveries, a full disk, a deleted run dir.
     Bench("fault_campaign", ["-m", "bench.fault_campaign"], ["-m", "bench.fault_campaign"], 1800),
 ]
