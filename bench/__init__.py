@@ -9,8 +9,12 @@ percentiles and the server's CPU per request).
 
 from __future__ import annotations
 
+import argparse
+import os
+import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +41,29 @@ def note(text: str) -> None:
 
 def log(text: str) -> None:
     print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def alternated(rounds: int, names: list[str], measure: Callable[[str, int], float]) -> dict[str, float]:
+    """measure(name, round) for each name once a round, in the given order in even rounds and the reverse
+    in odd ones so that none always runs first; the median of each name's figures over the rounds."""
+    values: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else reversed(names):
+            values[name].append(measure(name, round_))
+            log(f"round {round_ + 1}: {name} {values[name][-1]:.2f}")
+    return {name: statistics.median(v) for name, v in values.items()}
+
+
+def rounds_argument(doc: str, default: int = 3) -> int:
+    """`--rounds N` of a bench that alternates its runs (see `alternated`), the first paragraph of `doc`
+    as its description."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=default)
+    return int(parser.parse_args().rounds)
+
+
+def offline_run_env() -> dict[str, str]:
+    """The environment a bench's trainer process runs in: this checkout importable, no hub, one thread."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = str(REPO)
+    return env

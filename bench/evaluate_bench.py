@@ -12,17 +12,14 @@ machine varies far less than its wall time.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench import REPO, log, note, result
+from bench import REPO, alternated, note, offline_run_env, result, rounds_argument
 from bench.startup_bench import cpu_seconds
 
 # The baseline: the evaluation with no index of the folder alone (lm-eval's full index, and the folder).
@@ -35,9 +32,7 @@ FULL_INDEX = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    rounds = rounds_argument(__doc__ or "")
 
     from tests.harness import tiny_assets, tiny_spec
 
@@ -49,8 +44,7 @@ def main() -> None:
     spec["eval"] = {
         "suites": [{"name": "bench", "type": "lm_eval", "tasks": ["tiny_mc"], "task_dir": str(tasks)}]
     }
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = str(REPO)
+    env = offline_run_env()
     (work / "spec.json").write_text(json.dumps(spec))
     subprocess.run(
         [sys.executable, "-m", "trainer", "--spec", str(work / "spec.json"), "--output_dir", str(run_dir)],
@@ -72,22 +66,24 @@ def main() -> None:
         "folder": [sys.executable, "-m", "trainer.evaluate", "--request"],
         "full": [sys.executable, "-c", FULL_INDEX, "--request"],
     }
-    cpu: dict[str, list[float]] = {name: [] for name in runs}
-    for round_ in range(args.rounds):
-        for name in runs if round_ % 2 == 0 else reversed(runs):
-            req = request(f"{name}-{round_}")
-            cpu[name].append(cpu_seconds([*runs[name], str(req)], env))
-            metrics = json.loads((req.parent / "results.json").read_text())["metrics"]
-            assert "bench/tiny_mc/acc" in metrics, metrics
-            log(f"round {round_ + 1}: {name} {cpu[name][-1]:.2f} CPU-s")
-    shutil.rmtree(work, ignore_errors=True)
-    full, folder = statistics.median(cpu["full"]), statistics.median(cpu["folder"])
-    result("full_index_cpu", full, "s")
-    result("folder_index_cpu", folder, "s", baseline="full_index_cpu", target="<0.7")
+
+    def evaluation_cpu(name: str, round_: int) -> float:
+        req = request(f"{name}-{round_}")
+        cpu = cpu_seconds([*runs[name], str(req)], env)
+        metrics = json.loads((req.parent / "results.json").read_text())["metrics"]
+        assert "bench/tiny_mc/acc" in metrics, metrics
+        return cpu
+
+    try:
+        cpu = alternated(rounds, list(runs), evaluation_cpu)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result("full_index_cpu", cpu["full"], "s")
+    result("folder_index_cpu", cpu["folder"], "s", baseline="full_index_cpu", target="<0.7")
     note(
         f"A whole evaluation of the tiny job's final/ with one lm_eval suite on examples/evaluation's local"
-        f" task, in CPU seconds, median of {args.rounds} rounds: {folder:.2f} s with lm-eval indexing the"
-        f" suite's folder alone against {full:.2f} s with its ~14,700 built-in tasks indexed too."
+        f" task, in CPU seconds, median of {rounds} rounds: {cpu['folder']:.2f} s with lm-eval indexing"
+        f" the suite's folder alone against {cpu['full']:.2f} s with its ~14,700 built-in tasks indexed too."
     )
 
 

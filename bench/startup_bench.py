@@ -14,20 +14,17 @@ does; the median is of the runs after it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench import log, note, result
+from bench import REPO, alternated, log, note, offline_run_env, result, rounds_argument
 from trainer.lean import OPTIONAL
 
-REPO = Path(__file__).resolve().parent.parent
 # The baseline: the trainer without trainer/lean.py's start-up work (the optional packages imported
 # first, no scan cache, the collector on throughout).
 EAGER = (
@@ -49,11 +46,7 @@ def cpu_seconds(argv: list[str], env: dict[str, str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-
-    import os
+    rounds = rounds_argument(__doc__ or "")
 
     from tests.harness import tiny_assets, tiny_spec
 
@@ -61,23 +54,22 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ftq-startup-"))
     spec = work / "spec.json"
     spec.write_text(json.dumps(tiny_spec(tiny, max_steps=4, processes=1)))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = str(REPO)
+    env = offline_run_env()
     runs = {"lean": [sys.executable, "-m", "trainer"], "eager": [sys.executable, "-c", EAGER]}
-    cpu: dict[str, list[float]] = {name: [] for name in runs}
     first = cpu_seconds([*runs["lean"], "--spec", str(spec), "--output_dir", str(work / "run-first")], env)
     log(f"first lean run (fills the scans' cache if empty): {first:.2f} CPU-s")
-    for round_ in range(args.rounds):
-        for name in runs if round_ % 2 == 0 else reversed(runs):
-            out = work / f"run-{name}-{round_}"
-            cpu[name].append(cpu_seconds([*runs[name], "--spec", str(spec), "--output_dir", str(out)], env))
-            log(f"round {round_ + 1}: {name} {cpu[name][-1]:.2f} CPU-s")
+
+    def measure(name: str, round_: int) -> float:
+        out = work / f"run-{name}-{round_}"
+        return cpu_seconds([*runs[name], "--spec", str(spec), "--output_dir", str(out)], env)
+
+    cpu = alternated(rounds, list(runs), measure)
     shutil.rmtree(work, ignore_errors=True)
-    eager, lean = statistics.median(cpu["eager"]), statistics.median(cpu["lean"])
+    eager, lean = cpu["eager"], cpu["lean"]
     result("eager_cpu", eager, "s")
     result("lean_cpu", lean, "s", baseline="eager_cpu", target="<0.9")
     note(
-        f"A one-process run of examples/tiny (4 steps, LoRA) in CPU seconds, median of {args.rounds} rounds:"
+        f"A one-process run of examples/tiny (4 steps, LoRA) in CPU seconds, median of {rounds} rounds:"
         f" {lean:.2f} s as the trainer starts (trainer/lean.py: {', '.join(OPTIONAL)} left out, the scans"
         f" cached, the imports without the collector) against {eager:.2f} s without that."
     )
