@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -67,3 +69,11 @@ def offline_run_env() -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = str(REPO)
     return env
+
+
+def cpu_seconds(argv: list[str], env: dict[str, str]) -> float:
+    """User+system CPU of `argv` to its end (one child at a time: RUSAGE_CHILDREN's difference)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, cwd=REPO, env=env, check=True, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

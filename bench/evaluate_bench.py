@@ -19,8 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import REPO, alternated, note, offline_run_env, result, rounds_argument
-from bench.startup_bench import cpu_seconds
+from bench import REPO, alternated, cpu_seconds, note, offline_run_env, result, rounds_argument
 
 # The baseline: the evaluation with no index of the folder alone (lm-eval's full index, and the folder).
 FULL_INDEX = (

@@ -15,14 +15,12 @@ does; the median is of the runs after it.
 from __future__ import annotations
 
 import json
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench import REPO, alternated, log, note, offline_run_env, result, rounds_argument
+from bench import alternated, cpu_seconds, log, note, offline_run_env, result, rounds_argument
 from trainer.lean import OPTIONAL
 
 # The baseline: the trainer without trainer/lean.py's start-up work (the optional packages imported
@@ -35,14 +33,6 @@ EAGER = (
     "sys.argv = ['trainer', *sys.argv[1:]]\n"
     "runpy.run_module('trainer', run_name='__main__', alter_sys=True)\n"
 )
-
-
-def cpu_seconds(argv: list[str], env: dict[str, str]) -> float:
-    """User+system CPU of `argv` to its end (one child at a time: RUSAGE_CHILDREN's difference)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, cwd=REPO, env=env, check=True, capture_output=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:

@@ -303,14 +303,16 @@ def _in_dir(folder: str | None) -> Any:
         os.chdir(before)
 
 
-def _local_task_manager(task_manager: Any, suite: LmEvalSuite) -> Any:
+def _local_task_manager(suite: LmEvalSuite) -> Any:
     """An index of `task_dir` alone when every name the suite runs is a task defined there, else None.
 
     lm-eval's full index reads every YAML file it ships (~14,700 tasks): about 6 CPU-s at the start of
     every evaluation. A group or a tag may gather built-in tasks by name, so only tasks qualify."""
     if not suite.task_dir:
         return None
-    local = task_manager(include_path=suite.task_dir, include_defaults=False)
+    from lm_eval.tasks import TaskManager
+
+    local = TaskManager(include_path=suite.task_dir, include_defaults=False)
     return local if set(suite.tasks) <= set(local.all_subtasks) else None
 
 
@@ -328,7 +330,7 @@ def run_lm_eval(suite: LmEvalSuite, model: Any, tokenizer: Any) -> tuple[dict[st
             "(pip install 'ftq[eval]')"
         ) from err
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=suite.batch_size, device=str(model.device))
-    manager = _local_task_manager(TaskManager, suite) or TaskManager(include_path=suite.task_dir)
+    manager = _local_task_manager(suite) or TaskManager(include_path=suite.task_dir)
     with _in_dir(suite.task_dir):
         try:
             out = lm_eval.simple_evaluate(

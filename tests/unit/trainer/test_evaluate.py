@@ -19,22 +19,16 @@ def _suite(tasks: list[str], task_dir: Path | None) -> LmEvalSuite:
 
 
 def test_a_suite_of_its_folders_tasks_indexes_that_folder_alone() -> None:
-    from lm_eval.tasks import TaskManager
-
-    local = _local_task_manager(TaskManager, _suite(["tiny_mc"], TASKS))
+    local = _local_task_manager(_suite(["tiny_mc"], TASKS))
     assert local is not None and local.all_tasks == ["tiny_mc"]
 
 
 def test_a_suite_naming_a_built_in_task_or_without_a_folder_gets_no_local_index() -> None:
-    from lm_eval.tasks import TaskManager
-
-    assert _local_task_manager(TaskManager, _suite(["tiny_mc", "hellaswag"], TASKS)) is None
-    assert _local_task_manager(TaskManager, _suite(["hellaswag"], None)) is None
+    assert _local_task_manager(_suite(["tiny_mc", "hellaswag"], TASKS)) is None
+    assert _local_task_manager(_suite(["hellaswag"], None)) is None
 
 
 def test_a_local_group_gets_the_full_index_its_built_in_members_need(tmp_path: Path) -> None:
     # Indexed alone, the folder would make lm-eval read the group's built-in member as an inline task.
-    from lm_eval.tasks import TaskManager
-
     (tmp_path / "mix.yaml").write_text("group: mix\ntask:\n  - hellaswag\n")
-    assert _local_task_manager(TaskManager, _suite(["mix"], tmp_path)) is None
+    assert _local_task_manager(_suite(["mix"], tmp_path)) is None
