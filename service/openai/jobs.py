@@ -253,6 +253,80 @@ def fine_tuned_template(repo: OpenAIRepository, settings: Settings, model: str) 
     return template
 
 
+def _template(body: JobCreate, settings: Settings, fine_tuned: dict[str, Any] | None) -> dict[str, Any]:
+    """The spec the job starts from: an `ft:` model's (fine_tuned_template), else the catalog's."""
+    if fine_tuned is not None:
+        return fine_tuned
+    if body.model.startswith("ft:"):
+        raise invalid(f"model {body.model!r} names no fine-tuned model of yours", "model", "model_not_found")
+    template = catalog(settings.openai_models).template_for(body.model)
+    if template is None:
+        raise invalid(
+            f"model {body.model!r} is not available for fine-tuning: give an alias of GET /v1/models, a hub "
+            "id (owner/name) or a local path (./path)",
+            "model",
+            "model_not_available",
+        )
+    return template
+
+
+def _batches(kind: str, hyper: dict[str, Any], examples: int, world: int) -> tuple[int, int, int]:
+    """(the batch an optimizer step takes across the ranks, the per-device batch, GRPO's generations per
+    prompt or 0) for `batch_size` and, for reinforcement, `compute_multiplier`."""
+    batch = hyper.get("batch_size", "auto")
+    batch = auto_batch_size(examples) if batch == "auto" else int(batch)
+    per_device = max(1, math.ceil(batch / world))
+    if kind != "reinforcement":
+        return per_device * world, per_device, 0
+    # batch_size counts prompts; each is completed num_generations times in the same step.
+    compute = hyper.get("compute_multiplier", "auto")
+    generations = num_generations(1.0 if compute == "auto" else float(compute))
+    per_device = grpo_batch(batch, generations, world)
+    return max(1, per_device * world // generations), per_device, generations
+
+
+def _as_reinforcement(
+    training: dict[str, Any],
+    resolved: dict[str, Any],
+    body: JobCreate,
+    hyper: dict[str, Any],
+    valid: UploadedFile | None,
+    per_device: int,
+    generations: int,
+) -> None:
+    """`training` made a GRPO run with the request's grader; its resolved hyperparameters into `resolved`."""
+    assert body.method is not None and body.method.reinforcement is not None
+    compute = hyper.get("compute_multiplier", "auto")
+    resolved["compute_multiplier"] = 1.0 if compute == "auto" else float(compute)
+    interval = hyper.get("eval_interval", "auto")
+    if interval != "auto":
+        if valid is None:
+            raise invalid(
+                "eval_interval needs a validation_file to evaluate on",
+                "method.reinforcement.hyperparameters.eval_interval",
+            )
+        training["eval_steps"] = int(interval)
+    resolved["eval_interval"] = training.get("eval_steps") or "auto"
+    resolved["eval_samples"] = generations
+    resolved["reasoning_effort"] = "default"
+    if valid is not None:
+        # GRPO's eval batch holds whole groups too.
+        training["per_device_eval_batch_size"] = per_device
+    training.pop("loss_on", None)
+    # Completions up to half the template's sequence length (at most 256), unless the operator's
+    # template says otherwise (training.grpo.max_completion_length).
+    length = min(256, max(16, int(training.get("max_seq_len", 2048)) // 2))
+    training.update(
+        method="grpo",
+        grpo={
+            "max_completion_length": length,
+            **(training.get("grpo") or {}),
+            "num_generations": generations,
+        },
+        grader=body.method.reinforcement.grader.model_dump(mode="json", exclude_none=True),
+    )
+
+
 def resolve(
     body: JobCreate,
     settings: Settings,
@@ -264,36 +338,13 @@ def resolve(
     template of an `ft:` model (fine_tuned_template)."""
     kind, hyper = _method_of(body)
     _check_hyper("legacy" if body.method is None else kind, hyper)
-    if fine_tuned is not None:
-        template: dict[str, Any] | None = fine_tuned
-    elif body.model.startswith("ft:"):
-        raise invalid(f"model {body.model!r} names no fine-tuned model of yours", "model", "model_not_found")
-    else:
-        template = catalog(settings.openai_models).template_for(body.model)
-    if template is None:
-        raise invalid(
-            f"model {body.model!r} is not available for fine-tuning: give an alias of GET /v1/models, a hub "
-            "id (owner/name) or a local path (./path)",
-            "model",
-            "model_not_available",
-        )
+    template = _template(body, settings, fine_tuned)
     examples = train.rows or 0
     resources = template.setdefault("resources", {})
     world = int(resources.get("num_nodes", 1)) * int(resources.get("processes_per_node", 1))
     epochs = hyper.get("n_epochs", "auto")
     epochs = auto_epochs(examples) if epochs == "auto" else int(epochs)
-    batch = hyper.get("batch_size", "auto")
-    batch = auto_batch_size(examples) if batch == "auto" else int(batch)
-    per_device = max(1, math.ceil(batch / world))
-    generations = 0
-    if kind == "reinforcement":
-        # batch_size counts prompts; each is completed num_generations times in the same step.
-        compute = hyper.get("compute_multiplier", "auto")
-        generations = num_generations(1.0 if compute == "auto" else float(compute))
-        per_device = grpo_batch(batch, generations, world)
-        batch = max(1, per_device * world // generations)
-    else:
-        batch = per_device * world  # what one optimizer step takes across the ranks
+    batch, per_device, generations = _batches(kind, hyper, examples, world)
     multiplier = hyper.get("learning_rate_multiplier", "auto")
     multiplier = 1.0 if multiplier == "auto" else float(multiplier)
     training = template.setdefault("training", {})
@@ -325,37 +376,7 @@ def resolve(
         # unless the operator's template chose otherwise.
         training.setdefault("loss_on", "assistant")
     if kind == "reinforcement":
-        assert body.method is not None and body.method.reinforcement is not None
-        rl = body.method.reinforcement
-        compute = hyper.get("compute_multiplier", "auto")
-        resolved["compute_multiplier"] = 1.0 if compute == "auto" else float(compute)
-        interval = hyper.get("eval_interval", "auto")
-        if interval != "auto":
-            if valid is None:
-                raise invalid(
-                    "eval_interval needs a validation_file to evaluate on",
-                    "method.reinforcement.hyperparameters.eval_interval",
-                )
-            training["eval_steps"] = int(interval)
-        resolved["eval_interval"] = training.get("eval_steps") or "auto"
-        resolved["eval_samples"] = generations
-        resolved["reasoning_effort"] = "default"
-        if valid is not None:
-            # GRPO's eval batch holds whole groups too.
-            training["per_device_eval_batch_size"] = per_device
-        training.pop("loss_on", None)
-        # Completions up to half the template's sequence length (at most 256), unless the operator's
-        # template says otherwise (training.grpo.max_completion_length).
-        length = min(256, max(16, int(training.get("max_seq_len", 2048)) // 2))
-        training.update(
-            method="grpo",
-            grpo={
-                "max_completion_length": length,
-                **(training.get("grpo") or {}),
-                "num_generations": generations,
-            },
-            grader=rl.grader.model_dump(mode="json", exclude_none=True),
-        )
+        _as_reinforcement(training, resolved, body, hyper, valid, per_device, generations)
     if kind == "dpo":
         beta = hyper.get("beta", "auto")
         beta = DEFAULT_BETA if beta == "auto" else float(beta)
