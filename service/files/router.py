@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
 from fastapi.responses import FileResponse
-from starlette.requests import ClientDisconnect
 
 from ftq.contract.schemas import FileList, FilePublic
 from ftq.runtime import files
@@ -18,12 +17,8 @@ from ftq.store.db import read_session
 from ftq.store.files_repository import FileRepository
 from service.deps import LoopOwnerDep, in_thread_session
 from service.errors import (
-    BadRequest,
     InsufficientStorage,
     NotFound,
-    PayloadTooLarge,
-    RequestTimeout,
-    TooManyRequests,
     UnsupportedMediaType,
     parse_cursor,
 )
@@ -32,9 +27,6 @@ from service.files import upload
 from service.routes import CROSS_SITE, UNAUTHORIZED, error, id_in_path, owner_errors
 
 router = APIRouter(prefix="/files", tags=["files"])
-
-# Multipart framing (boundaries, part headers) a body may carry beyond the file's own bytes.
-_MULTIPART_SLACK = 64 * 1024
 
 FileId = Annotated[str, id_in_path("File id, e.g. file_0123456789abcdef01234567")]
 
@@ -99,17 +91,7 @@ async def upload_file(
             "(curl -H 'Content-Type: application/jsonl' --data-binary @data.jsonl)"
         )
 
-    declared = request.headers.get("content-length", "")
-    body_bytes: int | None = None
-    if declared.isdigit():
-        # Refused before a byte is read when the body says it is too large.
-        body_bytes = int(declared)
-        framing = _MULTIPART_SLACK if ctype == "multipart/form-data" else 0
-        if body_bytes > settings.max_file_bytes + framing:
-            raise PayloadTooLarge(
-                f"the file is over the {settings.max_file_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)"
-            )
-
+    body_bytes = upload.declared_length(request, settings.max_file_bytes)
     file_id = files.new_file_id()
     try:
         part = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
@@ -121,22 +103,7 @@ async def upload_file(
             await anyio.to_thread.run_sync(in_thread_session(run))
 
         limits = upload.Limits(settings.max_file_bytes, reserve, declared=body_bytes)
-        # One deadline for the whole body: a client cannot hold its reservation (and a connection)
-        # as long as it likes by sending slowly.
-        with anyio.fail_after(settings.upload_deadline_seconds):
-            got = await upload.receive(request.stream(), content_type, part, limits)
-    except (PayloadTooLarge, TooManyRequests) as exc:
-        # Stop reading: the client is told at once, and the connection is not kept for the rest.
-        exc.headers = {**exc.headers, "Connection": "close"}
-        raise
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the upload took longer than the {settings.upload_deadline_seconds:g} s an upload may take "
-            "(FTQ_UPLOAD_DEADLINE_SECONDS); nothing was kept"
-        ) from None
-    except ClientDisconnect:
-        # The client went away mid-upload: its partial file is gone (upload.receive); nobody to answer.
-        raise BadRequest("the upload was cut short") from None
+        got = await upload.receive_request(request, part, limits, deadline=settings.upload_deadline_seconds)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -17,18 +17,24 @@ import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+from starlette.requests import ClientDisconnect
 
 from ftq.runtime import files
-from service.errors import BadRequest, FtqError, PayloadTooLarge, SpecError, TooManyRequests
+from service.errors import BadRequest, FtqError, PayloadTooLarge, RequestTimeout, SpecError, TooManyRequests
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 RAW_TYPES = ("application/jsonl", "application/x-ndjson", "application/jsonlines", "application/json-lines")
 # Bytes gathered before one write in a worker thread.
 _BATCH = 1024 * 1024
 # Room reserved beyond the bytes received when an upload needs more (a chunked body).
 RESERVE_STEP = 1024 * 1024
+# Multipart framing (boundaries, part headers) a body may carry beyond the file's own bytes.
+MULTIPART_SLACK = 64 * 1024
 
 
 class Limits:
@@ -149,6 +155,41 @@ async def receive(
         raise
     finally:
         sink.close()
+
+
+def declared_length(request: Request, max_bytes: int) -> int | None:
+    """The body's Content-Length, if it says one; refused before a byte is read when the file in it would
+    be over `max_bytes`."""
+    declared = request.headers.get("content-length", "")
+    if not declared.isdigit():
+        return None
+    multipart = request.headers.get("content-type", "").split(";")[0].strip().lower() == "multipart/form-data"
+    if int(declared) > max_bytes + (MULTIPART_SLACK if multipart else 0):
+        raise PayloadTooLarge(f"the file is over the {max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)")
+    return int(declared)
+
+
+async def receive_request(
+    request: Request, path: Path, limits: Limits, *, deadline: float, field: str = "file"
+) -> Received:
+    """`receive` of a request's body, under one deadline for all of it: a client cannot hold its
+    reservation (and a connection) as long as it likes by sending slowly. A refusal of its size or of the
+    owner's quota closes the connection (the client is told at once, the rest is not read); a body slower
+    than the deadline is a 408 and one cut short a 400, with nothing kept either way."""
+    try:
+        with anyio.fail_after(deadline):
+            content_type = request.headers.get("content-type", "")
+            return await receive(request.stream(), content_type, path, limits, field=field)
+    except (PayloadTooLarge, TooManyRequests) as exc:
+        exc.headers = {**exc.headers, "Connection": "close"}
+        raise
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the upload took longer than the {deadline:g} s an upload may take "
+            "(FTQ_UPLOAD_DEADLINE_SECONDS); nothing was kept"
+        ) from None
+    except ClientDisconnect:
+        raise BadRequest("the upload was cut short") from None
 
 
 async def _flush(sink: _Sink, pending: list[bytes], limits: Limits) -> None:

@@ -21,7 +21,6 @@ import anyio
 from fastapi import APIRouter, BackgroundTasks, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response
-from starlette.requests import ClientDisconnect
 
 from ftq.contract.openai import (
     FileDeleted,
@@ -41,7 +40,7 @@ from ftq.store.files_repository import FileRepository
 from ftq.store.models import UploadedFile
 from ftq.store.openai_repository import OpenAIRepository
 from service.deps import LoopOwnerDep, in_thread_session
-from service.errors import BadRequest, PayloadTooLarge, RequestTimeout, TooManyRequests
+from service.errors import TooManyRequests
 from service.files import service as file_service
 from service.files import upload
 from service.openai import ids
@@ -110,26 +109,9 @@ async def _receive(request: Request, path: Path, limits: upload.Limits, field: s
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "multipart/form-data":
         raise invalid(f"send the {field} as multipart/form-data (field `{field}`)", field)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limits.max_bytes + _MULTIPART_SLACK:
-        raise PayloadTooLarge(
-            f"the file is over the {limits.max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)"
-        )
-    if declared.isdigit():
-        limits.declared = int(declared)
+    limits.declared = upload.declared_length(request, limits.max_bytes)
     deadline = get_settings().upload_deadline_seconds
-    try:
-        with anyio.fail_after(deadline):
-            return await upload.receive(request.stream(), content_type, path, limits, field=field)
-    except (PayloadTooLarge, TooManyRequests) as exc:
-        exc.headers = {**exc.headers, "Connection": "close"}
-        raise
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the upload took longer than the {deadline:g} s an upload may take (FTQ_UPLOAD_DEADLINE_SECONDS)"
-        ) from None
-    except ClientDisconnect:
-        raise BadRequest("the upload was cut short") from None
+    return await upload.receive_request(request, path, limits, deadline=deadline, field=field)
 
 
 def _record(
