@@ -103,3 +103,23 @@ def test_a_whole_body_is_written_and_hashed(tmp_path: Path) -> None:
     got = anyio.run(receive(req, part, 1000, deadline=10))
     assert got.size == len(body) and got.sha256 == hashlib.sha256(body).hexdigest()
     assert part.read_bytes() == body
+
+
+def test_a_deadline_while_the_file_is_created_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The file is created in a worker thread, and the deadline passes while it runs. The wait for that
+    # thread is not abandoned (anyio's default), so the cancel lands where the partial file is removed.
+    import time
+
+    class SlowSink(upload._Sink):
+        def __init__(self, path: Path):
+            time.sleep(0.3)
+            super().__init__(path)
+
+    monkeypatch.setattr(upload, "_Sink", SlowSink)
+    part = tmp_path / "a.part"
+    with pytest.raises(RequestTimeout):
+        anyio.run(receive(request([b'{"text": "a"}\n']), part, 1000, deadline=0.05))
+    time.sleep(0.5)  # a thread left running would have created it by now
+    assert not part.exists()
