@@ -239,8 +239,9 @@ class Settings(BaseSettings):
     upload_deadline_seconds: float = Field(
         3600.0,
         gt=0,
-        description="Longest time `POST /files` reads one body; a slower upload is stopped (408) and its "
-        "partial file removed, and the room it reserved in the owner's quota freed.",
+        description="Longest time an upload (`POST /files`, `POST /v1/files`, a part of a `/v1/uploads` "
+        "upload) takes to send its body; a slower one is stopped (408), its partial file removed and the "
+        "room it reserved in the owner's quota freed.",
     )
     preflight_sample_rows: int = Field(
         2000,
