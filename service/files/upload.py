@@ -17,16 +17,13 @@ import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 
 from ftq.runtime import files
 from service.errors import BadRequest, FtqError, PayloadTooLarge, RequestTimeout, SpecError, TooManyRequests
-
-if TYPE_CHECKING:
-    from starlette.requests import Request
 
 RAW_TYPES = ("application/jsonl", "application/x-ndjson", "application/jsonlines", "application/json-lines")
 # Bytes gathered before one write in a worker thread.
