@@ -37,7 +37,7 @@ from tests.harness.assets import (
 )
 from tests.harness.cli import CliResult, run_ftq
 from tests.harness.deployment import QUICK_SETTINGS, Deployment
-from tests.harness.env import ARTIFACTS, FTQ, REPO, clean_env
+from tests.harness.env import ARTIFACTS, FTQ, LEAN_PRELUDE, REPO, clean_env
 from tests.harness.procs import (
     free_port,
     marked_pids,
@@ -56,6 +56,7 @@ __all__ = [
     "ARTIFACTS",
     "EXAMPLES",
     "FTQ",
+    "LEAN_PRELUDE",
     "MODEL_CONFIGS",
     "QUICK_SETTINGS",
     "REPO",

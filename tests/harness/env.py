@@ -16,6 +16,17 @@ FTQ = str(BIN / "ftq")
 ARTIFACTS = REPO / "tests" / "_artifacts"
 
 
+# The first lines of a script a test runs as a rank of its own (not through `-m trainer`): the packages
+# no such script uses marked absent, as the trainer's start-up does for a run that needs none of them
+# (trainer/lean.py), so that transformers, PEFT and TRL do not import them (~2 CPU-s a process).
+LEAN_PRELUDE = """\
+import sys as _sys
+from trainer.lean import OPTIONAL as _OPTIONAL
+for _name in _OPTIONAL:
+    _sys.modules.setdefault(_name, None)
+"""
+
+
 def load_script(relative: str) -> ModuleType:
     """A script of the checkout (`bin/unasync_sdk.py`, `docs/hooks.py`: no package) as a module, loaded by
     path the way its own tool runs it."""

@@ -12,7 +12,7 @@ import pytest
 
 from ftq.contract.spec import JobSpec
 from ftq.planning.estimate import estimate_memory
-from tests.harness import REPO
+from tests.harness import LEAN_PRELUDE, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,9 @@ CONFIG: dict[str, Any] = {
 # Forward and backward passes of a 1-layer Llama in float32 on CPU, in one process (its imports are most
 # of the time): for each (head, tokens) of argv, how far the pass raised VmHWM. Writing 5 to clear_refs
 # resets VmHWM to the current RSS, so each pass is measured from where the last one left the process.
-STEP = """
+STEP = (
+    LEAN_PRELUDE
+    + """
 import gc, sys, torch
 from pathlib import Path
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -57,6 +59,7 @@ for run in sys.argv[1:]:
     print(head, tokens, hwm() - before, flush=True)
     del out
 """
+)
 
 
 def peaks(*runs: tuple[str, int]) -> dict[tuple[str, int], int]:

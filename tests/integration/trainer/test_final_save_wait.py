@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, free_port
+from tests.harness import LEAN_PRELUDE, REPO, free_port
 from tests.integration.trainer.helpers import trainer_env
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = """\
+SCRIPT = (
+    LEAN_PRELUDE
+    + """\
 import datetime, sys, time
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,6 +64,7 @@ save_final(trainer, final, SlowFilesystem(), "ddp")
 assert (final / "tokenizer.json").is_file() and (final / "model.safetensors").is_file()
 print("rank done", flush=True)
 """
+)
 
 
 def test_other_ranks_outwait_the_collective_timeout_while_rank_0_writes(
