@@ -52,7 +52,6 @@ router = APIRouter(tags=["openai"])
 
 PURPOSE = "fine-tune"
 UPLOAD_TTL_SECONDS = 3600
-_MULTIPART_SLACK = 64 * 1024
 # The part routes stream their bodies (service.app.BodySizeLimit lets them through).
 UPLOAD_PART_PATH = re.compile(r"^/v1/uploads/upload_[0-9a-f]{24}/parts$")
 _UPLOAD_ID = re.compile(r"^upload_[0-9a-f]{24}$")
