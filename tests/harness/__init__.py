@@ -7,7 +7,8 @@
   config-only models.
 - postgres.py: throwaway databases, and stopping/starting the server for fault tests.
 - redis.py: PrivateRedis, a redis-server of the harness's own (a fault test may stop it).
-- procs.py: free_port(), /proc readers (pids of a run, process groups), stopping process groups.
+- procs.py: free_port(), /proc readers (pids of a run, process groups), stopping process groups, Paced (a
+  run kept training slowly through a fault).
 - cli.py: run_ftq(), the CLI as a user runs it.
 - inprocess.py: settings for code run inside the test process.
 - rows.py: job and export rows written straight into the store, and the controller's sweep until a row
@@ -39,6 +40,7 @@ from tests.harness.cli import CliResult, run_ftq
 from tests.harness.deployment import QUICK_SETTINGS, Deployment
 from tests.harness.env import ARTIFACTS, FTQ, LEAN_PRELUDE, REPO, clean_env
 from tests.harness.procs import (
+    Paced,
     free_port,
     marked_pids,
     pid_alive,
@@ -67,6 +69,7 @@ __all__ = [
     "Deployment",
     "Job",
     "JobsApi",
+    "Paced",
     "PrivateRedis",
     "clean_env",
     "config_only_model",

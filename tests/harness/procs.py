@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -133,6 +134,62 @@ def wait_gone(pids: Iterable[int], timeout: float = 30) -> None:
         time.sleep(0.1)
     alive = [p for p in pids if pid_alive(p)]
     assert not alive, f"still alive after {timeout:.0f}s: {alive}"
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields is not None and fields[0] not in ("Z", "X") else None
+
+
+class Paced:
+    """While in effect, one run's processes get the CPU `share` of the time: SIGSTOP, then SIGCONT after
+    `(1 - share) * period`, every `period`; all continued by `stop()` (or on leaving the `with`).
+
+    For a test that needs a single-process run still training through a fault or a restart: without it
+    the run must be given steps enough to outlast the fault at full speed on a quiet machine, and each
+    of those steps is CPU the rest of the suite waits for. Paced, the run is the same real run (its
+    steps, checkpoints and metric points as ever), only slower in wall time. Not for a run of several
+    processes: a stopped rank would hold the others in their collectives."""
+
+    def __init__(self, job_id: str, share: float = 0.1, period: float = 0.2) -> None:
+        self.job_id, self.share, self.period = job_id, share, period
+        self._done = threading.Event()
+        self._seen: dict[int, int] = {}  # pid -> start time, so that a pid the system reused is never stopped
+        self._thread = threading.Thread(target=self._pace, name=f"pace-{job_id}", daemon=True)
+        self._thread.start()
+
+    def _send(self, sig: int) -> None:
+        for pid, started in list(self._seen.items()):
+            if _start_ticks(pid) != started:
+                self._seen.pop(pid, None)
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def _pace(self) -> None:
+        refreshed = 0.0
+        while not self._done.is_set():
+            if time.monotonic() - refreshed > 1.0:  # a scan reads every process's environment
+                for pid in run_pids(self.job_id):
+                    started = _start_ticks(pid)
+                    if started is not None:
+                        self._seen.setdefault(pid, started)
+                refreshed = time.monotonic()
+            self._send(signal.SIGSTOP)
+            self._done.wait((1 - self.share) * self.period)
+            self._send(signal.SIGCONT)
+            self._done.wait(self.share * self.period)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self._send(signal.SIGCONT)
+
+    def __enter__(self) -> Paced:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from ftq.client import Client
-from tests.harness import Deployment, postgres, proc_groups, run_pids, tiny_spec, wait_gone
+from tests.harness import Deployment, Paced, postgres, proc_groups, run_pids, tiny_spec, wait_gone
 from tests.harness.api import TERMINAL_NAMES as TERMINAL
 
 # Not serial: the PostgreSQL it stops is a server of its own (conftest.py `private_postgres`).
@@ -67,10 +67,12 @@ def post_until_created(stack: Deployment, spec: dict[str, Any], key: str, timeou
     raise AssertionError("POST never accepted")
 
 
-# Long enough to still be training after three faults: they took about 600 steps (20 s) whether the
-# machine was quiet or two other processes kept both cores busy (the faults' restarts slow down as the
-# steps do). Every step is CPU time the rest of the suite waits for, so twice that and no more.
-MAIN_STEPS = 1200
+# Still training after the three faults: they take about 20 s, which unpaced took about 600 steps
+# whether the machine was quiet or busy (the restarts slow down as the steps do). Paced (a tenth of the
+# CPU time, tests.harness.Paced) from its first point until the API is back, the run takes about 100
+# steps over them on a quiet machine and fewer on a busy one, then trains the rest at full speed: the
+# steps that only kept it busy are CPU the rest of the suite no longer waits for.
+MAIN_STEPS = 300
 SIDE_STEPS = 4
 
 
@@ -85,61 +87,64 @@ def test_production_job_trains_through_pg_redis_and_api_restarts(
     stack = production_stack
     job_id = post_until_created(stack, tiny_spec(tiny_dir, max_steps=MAIN_STEPS, name="through"), "main-job")
     stack.wait_for(job_id, lambda j: (j["progress"]["step"] or 0) >= 1, 300, "first point")
-    api_pid = stack.pid("api")
+    # Paced from here until the API is back (MAIN_STEPS).
+    with Paced(job_id):
+        api_pid = stack.pid("api")
 
-    # PostgreSQL stops: every answer meanwhile is a 503 (the store is unreachable), never a 500; a POST
-    # is refused with 503 too, and the client's retry with the same key goes through once it is back.
-    still_running(stack, job_id)
-    side_spec = tiny_spec(tiny_dir, max_steps=SIDE_STEPS, name="side")
+        # PostgreSQL stops: every answer meanwhile is a 503 (the store is unreachable), never a 500; a POST
+        # is refused with 503 too, and the client's retry with the same key goes through once it is back.
+        still_running(stack, job_id)
+        side_spec = tiny_spec(tiny_dir, max_steps=SIDE_STEPS, name="side")
 
-    def get_and_post() -> str:
-        got = stack.http.get(f"/jobs/{job_id}").status_code
-        posted = stack.http.post("/jobs", json=side_spec, headers={"Idempotency-Key": "side"}).status_code
-        return f"{got},{posted}"
+        def get_and_post() -> str:
+            got = stack.http.get(f"/jobs/{job_id}").status_code
+            posted = stack.http.post("/jobs", json=side_spec, headers={"Idempotency-Key": "side"}).status_code
+            return f"{got},{posted}"
 
-    try:
-        private_postgres.stop()
-        down, back = postgres.answers_while_down(get_and_post, 4, private_postgres.is_up)
-    finally:
-        private_postgres.start()
-    # (Answers after the server was back are no evidence of the outage; never a 500.)
-    assert sum(down.values()) >= 2 and set(down) == {"503,503"}, (down, back)
-    assert all(c == "503" or not c.startswith("5") for answer in back for c in answer.split(",")), back
-    # The API comes back by itself (same process, no restart).
-    stack.wait_for(job_id, lambda j: True, 30, "API answers again")
-    assert stack.pids().get("api") == api_pid
-    side_id = post_until_created(stack, side_spec, "side")
-    assert post_until_created(stack, side_spec, "side") == side_id
+        try:
+            private_postgres.stop()
+            down, back = postgres.answers_while_down(get_and_post, 4, private_postgres.is_up)
+        finally:
+            private_postgres.start()
+        # (Answers after the server was back are no evidence of the outage; never a 500.)
+        assert sum(down.values()) >= 2 and set(down) == {"503,503"}, (down, back)
+        assert all(c == "503" or not c.startswith("5") for answer in back for c in answer.split(",")), back
+        # The API comes back by itself (same process, no restart).
+        stack.wait_for(job_id, lambda j: True, 30, "API answers again")
+        assert stack.pids().get("api") == api_pid
+        side_id = post_until_created(stack, side_spec, "side")
+        assert post_until_created(stack, side_spec, "side") == side_id
 
-    # Redis stops and comes back: the worker's consumer recovers, so ingest goes on.
-    step = still_running(stack, job_id)["progress"]["step"] or 0
-    assert stack.redis is not None
-    try:
-        stack.redis.stop()
-        time.sleep(3)
-    finally:
-        stack.redis.start()
-    stack.wait_for(
-        job_id,
-        lambda j: (j["progress"]["step"] or 0) > step or j["status"] == "succeeded",
-        120,
-        "progress after the Redis restart",
-    )
+        # Redis stops and comes back: the worker's consumer recovers, so ingest goes on.
+        step = still_running(stack, job_id)["progress"]["step"] or 0
+        assert stack.redis is not None
+        try:
+            stack.redis.stop()
+            time.sleep(3)
+        finally:
+            stack.redis.start()
+        stack.wait_for(
+            job_id,
+            lambda j: (j["progress"]["step"] or 0) > step or j["status"] == "succeeded",
+            120,
+            "progress after the Redis restart",
+        )
 
-    # The API is SIGKILLed and started again.
-    still_running(stack, job_id)
-    stack.kill9("api")
-    stack.start_server()
+        # The API is SIGKILLed and started again.
+        still_running(stack, job_id)
+        stack.kill9("api")
+        stack.start_server()
 
     assert_whole_run(stack, job_id, MAIN_STEPS)
     assert_whole_run(stack, side_id, SIDE_STEPS)
 
 
-# Still training when `ftq up` is killed, a second or two after the first point is seen: 400 steps are
-# 8 s of training on a quiet machine and 20 s in the suite (40 steps took 7 s in all, start-up included,
-# and ended first once steps got faster). Whether the run ends while `ftq up` is down or after the restart,
-# the restarted worker takes it over. It runs alongside the production test, not after it.
-UP_STEPS = 400
+# Still training when `ftq up` is killed, a second or two after the first point is seen: paced from that
+# point until the restarted server answers (about 10 steps a second on a quiet machine), then at full
+# speed. Unpaced it took 400 steps (8 s of training on a quiet machine, 20 s in the suite). Whether the run
+# ends while `ftq up` is down or after the restart, the restarted worker takes it over. It runs alongside
+# the production test, not after it.
+UP_STEPS = 100
 
 
 class Answered(httpx.HTTPTransport):
@@ -164,7 +169,7 @@ def _through_kill9_of_ftq_up(stack: Deployment, tiny_dir: Path) -> None:
     # An internal tool waits for the job and follows its log through the restart, with the SDK alone.
     seen = [Answered(), Answered()]
     waiter, follower = (Client(stack.url, stack.token or "", transport=t) for t in seen)
-    with waiter, follower, ThreadPoolExecutor(max_workers=2) as pool:
+    with Paced(job_id) as pace, waiter, follower, ThreadPoolExecutor(max_workers=2) as pool:
         waited = pool.submit(waiter.jobs.wait, job_id, timeout=600, poll=0.5)
         followed = pool.submit(lambda: list(follower.jobs.logs(job_id, follow=True, poll=0.5)))
         # Both have had an answer (a first refusal would rightly be a wrong URL to them, not a restart).
@@ -172,6 +177,7 @@ def _through_kill9_of_ftq_up(stack: Deployment, tiny_dir: Path) -> None:
         stack.kill9("up")
         wait_gone(worker_pids)  # the worker follows `ftq up` down; the run does not
         stack.start_server()
+        pace.stop()
         # Tokens still guard the restarted server, and the job is still its owner's.
         assert httpx.get(f"{stack.url}/jobs/{job_id}").status_code == 401
         assert stack.job(job_id)["owner"] == "faults"

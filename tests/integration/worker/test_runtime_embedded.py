@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Deployment, no_text_field_folder, proc_groups, run_pids, tiny_spec, wait_gone
+from tests.harness import Deployment, Paced, no_text_field_folder, proc_groups, run_pids, tiny_spec, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -147,27 +147,26 @@ def test_pause_through_a_worker_restart_then_resume_continues_from_the_checkpoin
 ) -> None:
     """One run for the whole scenario: paused mid-run (and `ftq up` killed while the pause is under way:
     the restarted worker's reconcile finishes it), then resumed from the checkpoint to its max steps."""
-    # Long enough that the run is still training when the restarted worker looks at it (about 8 s after
-    # the pause is asked for), short enough to finish soon after the resume. Six micro-batches a step: on a
-    # quiet machine the pause came at step 137, with three busy processes beside it at step 34 (the run
-    # gets less of the CPU than the restart does); with one a step, the run finished before the restarted
-    # worker looked. 300 steps: more than twice the quiet case.
-    max_steps = 300
-    spec = tiny_spec(tiny_dir, max_steps=max_steps, name="pause-resume", gradient_accumulation_steps=6)
-    job = embedded.post_job(spec)
+    # The run must still be training when the restarted worker looks at it (about 8 s after the pause is
+    # asked for), so it is paced (a tenth of the CPU time, tests.harness.Paced) from its third step until
+    # it has paused: about 10 steps a second on a quiet machine, fewer on a busy one. Unpaced it needed
+    # 300 steps of six micro-batches (the pause came at step 137 on a quiet machine) that the resumed
+    # run then trained to the end.
+    max_steps = 200
+    job = embedded.post_job(tiny_spec(tiny_dir, max_steps=max_steps, name="pause-resume"))
     job_id = job["id"]
     embedded.wait_for(job_id, lambda j: (j["progress"]["step"] or 0) >= 3, 120, "three steps")
     pgid = embedded.pgid_of(job_id)
-    r = embedded.http.post(f"/jobs/{job_id}/pause")
-    assert r.status_code == 202, r.text
-    assert r.json()["status"] in ("running", "paused")
-    up_pid = embedded.pid("up")
-    worker_pids = [p for p in proc_groups().get(up_pid, []) if p != up_pid]
-    embedded.kill9("up")
-    wait_gone(worker_pids)
-    embedded.start_server()
-
-    paused = embedded.wait_for(job_id, lambda j: j["status"] == "paused", 120, "paused")
+    with Paced(job_id):
+        r = embedded.http.post(f"/jobs/{job_id}/pause")
+        assert r.status_code == 202, r.text
+        assert r.json()["status"] in ("running", "paused")
+        up_pid = embedded.pid("up")
+        worker_pids = [p for p in proc_groups().get(up_pid, []) if p != up_pid]
+        embedded.kill9("up")
+        wait_gone(worker_pids)
+        embedded.start_server()
+        paused = embedded.wait_for(job_id, lambda j: j["status"] == "paused", 120, "paused")
     assert paused["finished_at"] is None and paused["progress"]["phase"] == "paused", paused
     # Its processes are gone (the devices are free), and it stopped with a checkpoint at its last step.
     assert pgid not in proc_groups(), proc_groups().get(pgid)
