@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+import pytest
 from tokenizers import Tokenizer
 
 from ftq.contract.spec import JobSpec
@@ -76,3 +78,50 @@ def test_openai_preference_rows_count_the_prompt_and_the_longer_answer(tmp_path:
     shorter = analyse(spec, path, source="x", known_rows=None, sample_rows=100)
     assert shorter.tokens_per_sample is not None
     assert shorter.tokens_per_sample.max < d.tokens_per_sample.max
+
+
+def test_a_file_analysed_again_is_not_tokenized_again_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ftq.planning import dataset_preflight
+
+    counted: list[str] = []
+    count = dataset_preflight._Tokenizer.count
+
+    def counting(self: Any, text: str, *, special: bool = True) -> int:
+        counted.append(text)
+        return count(self, text, special=special)
+
+    monkeypatch.setattr(dataset_preflight._Tokenizer, "count", counting)
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"text": f"row {i} " * (i + 1)}) + "\n" for i in range(20)))
+    spec = _spec(max_seq_len=16, per_device_train_batch_size=2, max_steps=5)
+    first = analyse(spec, path, source="x", known_rows=None, sample_rows=100)
+    assert len(counted) == 20
+    # A sweep on the same file (another learning rate, another batch): the counts are reused, the
+    # arithmetic on them is the new spec's.
+    again = analyse(spec, path, source="x", known_rows=None, sample_rows=100)
+    wider = _spec(max_seq_len=16, per_device_train_batch_size=4, max_steps=5)
+    other = analyse(wider, path, source="x", known_rows=None, sample_rows=100)
+    assert len(counted) == 20
+    assert again == first and other.tokens_per_sample == first.tokens_per_sample
+    assert other.steps_per_epoch == math.ceil(20 / 4) != first.steps_per_epoch
+    # The file changes: it is read and tokenized again.
+    path.write_text("".join(json.dumps({"text": "one more row " * 3}) + "\n" for _ in range(5)))
+    changed = analyse(spec, path, source="x", known_rows=None, sample_rows=100)
+    assert len(counted) == 25 and changed.rows == 5 and changed != first
+    # Another field of the same rows is another count.
+    rows = "".join(json.dumps({"text": "a b c", "body": "d e f g h i j"}) + "\n" for _ in range(3))
+    both = tmp_path / "both.jsonl"
+    both.write_text(rows)
+    analyse(spec, both, source="x", known_rows=None, sample_rows=100)
+    body = JobSpec.model_validate(
+        {
+            **spec.model_dump(mode="json"),
+            "dataset": {**spec.dataset.model_dump(mode="json"), "text_field": "body"},
+        }
+    )
+    by_body = analyse(body, both, source="x", known_rows=None, sample_rows=100).tokens_per_sample
+    by_text = analyse(spec, both, source="x", known_rows=None, sample_rows=100).tokens_per_sample
+    assert len(counted) == 31 and by_body is not None and by_text is not None
+    assert by_body.max > by_text.max
