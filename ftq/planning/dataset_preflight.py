@@ -23,6 +23,7 @@ import json
 import math
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,28 @@ from ftq.contract.spec import JobSpec, looks_local
 # never spends seconds on one row.
 _MAX_SAMPLE_CHARS = 4_000_000
 
-# Tokenizing the sample is nearly all of a submit's CPU (about 100 ms for examples/tiny's 1,000 rows,
-# against about 10 for the rest of POST /jobs), and teams submit many jobs on one file: a sweep, a
+# Tokenizing the sample is nearly all of a submit's CPU (about 100 ms for examples/tiny's 2,000 rows,
+# against about 15 for the rest of POST /jobs), and teams submit many jobs on one file: a sweep, a
 # retry, the same upload with another learning rate. What it yields depends only on the file's bytes, the
 # tokenizer's files and the fields the rows are read by, so it is kept per API process, keyed by those
 # (each file by device, inode, size and modification time: an edited or replaced file is read again).
 _SAMPLES_KEPT = 64
-_samples: OrderedDict[tuple[Any, ...], tuple[int, bool, int, int, list[int]]] = OrderedDict()
+_samples: OrderedDict[tuple[Any, ...], _Sample] = OrderedDict()
 _samples_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """A file's first rows as the preflight reads them: how many, whether the file ended within them,
+    the bytes they took and the file's size, and each row's tokens (None: not tokenized, for `why`)."""
+
+    rows: int
+    ended: bool
+    read: int
+    size: int
+    tokenizer: str
+    lengths: list[int] | None
+    why: str | None = None
 
 
 def _file_key(path: Path) -> tuple[int, int, int, int] | None:
@@ -228,6 +243,30 @@ def local_tokenizer(spec: JobSpec) -> tuple[_Tokenizer | None, str | None, str]:
         return None, f"the tokenizer in {name} did not load: {str(exc).splitlines()[0][:200]}", name
 
 
+def _sample(path: Path, spec: JobSpec, sample_rows: int) -> _Sample:
+    """The file's sample, counted with the spec's tokenizer: kept from an earlier request on the same
+    file, tokenizer and fields (see _samples), or read and counted now."""
+    key = _sample_key(path, spec, sample_rows) if looks_local(spec.model.name_or_path) else None
+    if key is not None:
+        with _samples_lock:
+            kept = _samples.get(key)
+            if kept is not None:
+                _samples.move_to_end(key)
+                return kept
+    rows, ended, read, size = read_sample(path, sample_rows)
+    tok, why, where = local_tokenizer(spec)
+    if tok is None:
+        return _Sample(len(rows), ended, read, size, where, None, why)
+    lengths = [n for n in (sample_length(r, spec, tok) for r in rows) if n is not None]
+    sample = _Sample(len(rows), ended, read, size, where, lengths)
+    if key is not None:
+        with _samples_lock:
+            _samples[key] = sample
+            while len(_samples) > _SAMPLES_KEPT:
+                _samples.popitem(last=False)
+    return sample
+
+
 def analyse(
     spec: JobSpec,
     path: Path | None,
@@ -247,38 +286,19 @@ def analyse(
     if path is None:
         out.skipped = "the preflight reads .jsonl files only (a local file or an upload)"
         return _run_tokens(out, spec, mean=None)
-    key = _sample_key(path, spec, sample_rows) if looks_local(spec.model.name_or_path) else None
-    kept = None
-    if key is not None:
-        with _samples_lock:
-            kept = _samples.get(key)
-            if kept is not None:
-                _samples.move_to_end(key)
-    if kept is not None:
-        n_rows, ended, read, size, lengths = kept
-        out.tokenizer = spec.model.name_or_path
-    else:
-        rows, ended, read, size = read_sample(path, sample_rows)
-        n_rows = len(rows)
-    out.sample_rows = n_rows
-    out.sampled = not ended
+    sample = _sample(path, spec, sample_rows)
+    out.sample_rows = sample.rows
+    out.sampled = not sample.ended
     if out.rows is None:
-        if ended:
-            out.rows, out.rows_exact = n_rows, True
-        elif read:
-            out.rows = round(n_rows * size / read)
-    if kept is None:
-        tok, why, where = local_tokenizer(spec)
-        if tok is None:
-            out.skipped = why
-            return _run_tokens(out, spec, mean=None)
-        out.tokenizer = where
-        lengths = [n for n in (sample_length(r, spec, tok) for r in rows) if n is not None]
-        if key is not None:
-            with _samples_lock:
-                _samples[key] = (n_rows, ended, read, size, lengths)
-                while len(_samples) > _SAMPLES_KEPT:
-                    _samples.popitem(last=False)
+        if sample.ended:
+            out.rows, out.rows_exact = sample.rows, True
+        elif sample.read:
+            out.rows = round(sample.rows * sample.size / sample.read)
+    if sample.lengths is None:
+        out.skipped = sample.why
+        return _run_tokens(out, spec, mean=None)
+    out.tokenizer = sample.tokenizer
+    lengths = sample.lengths
     if not lengths:
         out.skipped = "no row of the sample holds a field the job trains on"
         return _run_tokens(out, spec, mean=None)
