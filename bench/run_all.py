@@ -107,6 +107,8 @@ BENCHES = [
     ),
     # POST /jobs on a dataset file the API has seen (its preflight's token counts kept) against a new one.
     Bench("submit", ["-m", "bench.submit_bench"], ["-m", "bench.submit_bench", "--rounds", "1"], 300),
+    # An idle deployment's beat: CPU a minute with worker/beat.py's scheduler against Celery's own.
+    Bench("beat", ["-m", "bench.beat_bench"], ["-m", "bench.beat_bench", "--rounds", "1"], 300),
     # A run's start-up in CPU seconds, with and without the optional packages its spec does not use.
     Bench("startup", ["-m", "bench.startup_bench"], ["-m", "bench.startup_bench", "--rounds", "1"], 600),
     # An evaluation's CPU with lm-eval indexing the suite's own task folder alone, against all its tasks.

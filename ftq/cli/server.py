@@ -132,8 +132,9 @@ def worker_argv(
     ]
     if beat:
         # The periodic schedule lives in memory: its intervals are seconds, so there is nothing worth
-        # keeping across restarts, and no shelve file for two workers (or a SIGKILL) to corrupt.
-        argv += ["--beat", "--scheduler", "celery.beat:Scheduler"]
+        # keeping across restarts, and no shelve file for two workers (or a SIGKILL) to corrupt. Celery's
+        # in-memory scheduler, less its busy wait before each run (worker/beat.py).
+        argv += ["--beat", "--scheduler", "worker.beat:Scheduler"]
     return argv
 
 
