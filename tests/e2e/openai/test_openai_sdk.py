@@ -6,6 +6,7 @@ with a validation file, DPO) run side by side; every read test shares them."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -19,6 +20,7 @@ import openai
 import pytest
 from openai.types.fine_tuning import FineTuningJob
 
+from service.openai.models import TINY_ALIAS, catalog
 from tests.harness import QUICK_SETTINGS, Deployment, tiny_assets
 
 # Two real tiny training runs (SFT and DPO) serve the module.
@@ -26,19 +28,26 @@ pytestmark = pytest.mark.slow
 
 TOKENS = {"alice": "tok-alice-e2e", "bob": "tok-bob-e2e"}
 TERMINAL = ("succeeded", "failed", "cancelled")
-# The SFT job: 96 rows, 2 a step (one on each of the tiny model's 2 processes), 2 epochs. Small steps and
-# many of them, so that a pause after step 2 reaches a run with most of its training still to go.
+# The SFT job: 96 rows, 2 a step, 2 epochs. Small steps and many of them, so that a pause after step 2
+# reaches a run with most of its training still to go.
 SFT_ROWS, SFT_BATCH, SFT_EPOCHS = 96, 2, 2
 SFT_STEPS_PER_EPOCH = SFT_ROWS // SFT_BATCH
 SFT_STEPS = SFT_STEPS_PER_EPOCH * SFT_EPOCHS
+BUILT_IN = catalog("").templates
 
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tiny_assets()
-    with Deployment(
-        tmp_path_factory.mktemp("openai"), mode="up", tokens=TOKENS, settings=QUICK_SETTINGS
-    ) as d:
+    root = tmp_path_factory.mktemp("openai")
+    # The operator's catalog (FTQ_OPENAI_MODELS): the built-in `ftq-tiny` on one process, as sharding is
+    # not the point here (a second rank would add its start-up to each of the module's five runs).
+    template = copy.deepcopy(BUILT_IN[TINY_ALIAS])
+    template["resources"]["processes_per_node"] = 1
+    catalog_file = root / "catalog.json"
+    catalog_file.write_text(json.dumps({"default": TINY_ALIAS, "models": {TINY_ALIAS: template}}))
+    settings = {**QUICK_SETTINGS, "openai_models": str(catalog_file)}
+    with Deployment(root, mode="up", tokens=TOKENS, settings=settings) as d:
         yield d
 
 
