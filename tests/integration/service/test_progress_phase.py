@@ -14,11 +14,11 @@ from tests.harness import QUICK_SETTINGS, Deployment, run_ftq, tiny_spec
 ORDER = ["queued", "starting", "loading", "training", "saving"]
 
 
-@pytest.mark.slow  # a real two-process tiny run
+@pytest.mark.slow  # a real tiny run (one process: the plural of "starting 2 processes" is test_phase.py's)
 def test_a_job_says_what_it_does_before_its_first_step(tmp_path: Path, tiny_dir: Path) -> None:
     settings = {**QUICK_SETTINGS, "local_roots": f"{tmp_path / 'data'}:{tiny_dir}"}
     with Deployment(tmp_path, settings=settings) as dep:
-        job_id = dep.post_job(tiny_spec(tiny_dir, name="phases", processes=2, max_steps=3))["id"]
+        job_id = dep.post_job(tiny_spec(tiny_dir, name="phases", processes=1, max_steps=3))["id"]
         seen: list[tuple[str, str | None, str | None, int | None]] = []
         shown: str | None = None
         deadline = time.monotonic() + 300
@@ -38,7 +38,7 @@ def test_a_job_says_what_it_does_before_its_first_step(tmp_path: Path, tiny_dir:
     assert seen[-1][0] == "succeeded", (seen, dep.report(job_id))
     assert seen[-1][1] is None and seen[-1][2] is None  # an ended job has no phase
     # Torch alone takes seconds to import in each process: the poll sees the launch, in words.
-    assert ("starting", "starting 2 processes") in {(s[1], s[2]) for s in seen}, seen
+    assert ("starting", "starting 1 process") in {(s[1], s[2]) for s in seen}, seen
     for status, phase, message, step in seen:
         if status in ("starting", "running") and step is None:
             assert message, seen  # never an empty "what is happening" before the first step

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.jobs.phase import Phase, _last_marker
+from ftq.store.models import Job
+from service.jobs.phase import Phase, _last_marker, phase_of
 
 FETCH = (
     "fetching owner/model: 0 of 16060522496 bytes (7 files)\n"
@@ -22,3 +23,9 @@ def test_the_fetch_steps_last_line_is_the_phase_with_bytes_done(tmp_path: Path) 
     # Once the ranks run, the trainer's markers say where the run is.
     log.write_text(FETCH + "trainer INFO strategy none (DistributedType.NO), 1 process(es), device cpu\n")
     assert _last_marker(log) == Phase("loading", "loading the tokenizer, dataset and model")
+
+
+def test_a_started_job_without_a_marker_yet_says_how_many_processes_start() -> None:
+    for world, message in ((2, "starting 2 processes"), (1, "starting 1 process")):
+        job = Job(id="job_0123456789abcdef", status="starting", progress_step=None, progress_max_steps=None)
+        assert phase_of(job, world, None) == Phase("starting", message)
