@@ -20,20 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-from bench import REPO, log, note, result, scratch
-from tests.harness import QUICK_SETTINGS, clean_env
+from bench import REPO, alternated, note, result, scratch
+from tests.harness import QUICK_SETTINGS, clean_env, wait_until
 from tests.harness.env import ftq_settings
+from tests.harness.procs import cpu_seconds
 
 SCHEDULERS = {"ftq": "worker.beat:Scheduler", "celery": "celery.beat:Scheduler"}
 
 
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _sent(queue: Path) -> int:
-    return sum(1 for name in os.listdir(queue) if name.endswith(".msg"))
+    return sum(1 for name in os.listdir(queue) if name.endswith(".msg")) if queue.is_dir() else 0
 
 
 def measure(root: Path, scheduler: str, seconds: float) -> tuple[float, int]:
@@ -48,14 +44,10 @@ def measure(root: Path, scheduler: str, seconds: float) -> tuple[float, int]:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         queue = data / "broker" / "queue"  # Settings.state_path("broker") under FTQ_DATA_DIR
-        deadline = time.monotonic() + 60
-        while not (queue.is_dir() and _sent(queue)):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"the beat sent nothing in 60 s; see {root / 'beat.log'}")
-            time.sleep(0.05)
-        cpu0, sent0 = _cpu(proc.pid), _sent(queue)
+        wait_until(f"the beat's first sweep (see {root / 'beat.log'})", lambda: _sent(queue))
+        cpu0, sent0 = cpu_seconds(proc.pid), _sent(queue)
         time.sleep(seconds)
-        return _cpu(proc.pid) - cpu0, _sent(queue) - sent0
+        return cpu_seconds(proc.pid) - cpu0, _sent(queue) - sent0
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -67,16 +59,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     args = parser.parse_args()
     root = scratch("beat-")
-    cpu: dict[str, list[float]] = {name: [] for name in SCHEDULERS}
     sent: dict[str, list[int]] = {name: [] for name in SCHEDULERS}
-    for round_ in range(args.rounds):
-        for name in SCHEDULERS if round_ % 2 == 0 else reversed(SCHEDULERS):
-            c, s = measure(root, SCHEDULERS[name], args.seconds)
-            cpu[name].append(c)
-            sent[name].append(s)
-            log(f"round {round_ + 1}: {name} {c:.2f} CPU-s, {s} sweeps sent in {args.seconds:g} s")
+
+    def cpu_of(name: str, round_: int) -> float:
+        cpu, swept = measure(root, SCHEDULERS[name], args.seconds)
+        sent[name].append(swept)
+        return cpu
+
+    cpu = alternated(args.rounds, list(SCHEDULERS), cpu_of)
     shutil.rmtree(root, ignore_errors=True)
-    ours, theirs = statistics.median(cpu["ftq"]), statistics.median(cpu["celery"])
+    ours, theirs = cpu["ftq"], cpu["celery"]
     sent_ours, sent_theirs = statistics.median(sent["ftq"]), statistics.median(sent["celery"])
     if sent_ours < 0.9 * sent_theirs:
         raise SystemExit(f"ftq's scheduler sent {sent_ours} sweeps against Celery's {sent_theirs}")
