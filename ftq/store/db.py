@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import stat
 import time
 import zlib
@@ -27,22 +28,45 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# How long a SQLite statement waits for another connection's write lock before "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
+def _use_wal(cur: Any) -> None:
+    """Put the SQLite store in WAL mode, unless it is in it already (every store after its first
+    connection). SQLite refuses the switch at once, without the busy timeout's wait, while another
+    connection holds the write lock ("database is locked"): two connections opening a new store together
+    both try it, and the one that loses waits for the other's switch (or its write) to end."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return  # whatever it answers: a store that cannot be in WAL is not waited for
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         # A pool as large as PostgreSQL's: the API runs up to 16 read hops at once, and a connection
         # beyond the pool is opened (with its PRAGMAs) and closed again for each one.
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20, max_overflow=20
+            url,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
+            pool_size=20,
+            max_overflow=20,
         )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             # WAL lets the API read while the worker writes; foreign keys are off by default in SQLite.
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+            _use_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
         return engine
