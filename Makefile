@@ -141,6 +141,8 @@ test-weights: ## rewrite tests/harness/module_seconds.json from the last `make t
 # on a deadline (a grader's wall-clock limit, a silent webhook receiver), so a third pytest-xdist worker
 # fills those waits: 44.6 and 45.9 s against 52.0 and 52.9 s for two, run alternately on the 2-core machine
 # at 14:20 UTC on 2026-12-06 (one worker: 101 s). torch's import warnings are counted once per worker.
+# The trainer's unit tests share one worker (tests/harness/groups.py): 52.7 and 52.3 s against 61.3 and
+# 61.9 s with each worker importing the training stack, alternated at 05:20 UTC on 2026-12-07.
 FAST_XDIST := -n 3 --dist loadgroup
 test-fast: install ## the unit tests alone (under a minute)
 	$(BIN)/python -m pytest -q $(FAST_XDIST) tests/unit $(PYTEST_ARGS)

@@ -87,6 +87,14 @@ SECOND_TRAIN_MODULES = frozenset(
 )
 
 
+# The unit tests of the trainer import the training stack in the test process (TRL, transformers' Trainer,
+# PEFT, and with them every optional package installed: DeepSpeed, bitsandbytes, the trackers), about 14
+# CPU-s the first time in a process: test_chat_tokens.py alone 16.2 CPU-s, test_methods.py alone 17.0,
+# the two in one process 17.6. In one group, one worker pays it instead of each worker that gets one.
+UNIT_TRAINER_FOLDERS = ("tests/unit/trainer/",)
+UNIT_TRAINER_GROUP = "group:unit-trainer"
+
+
 def train_group(module: str) -> str:
     """The training group of a module under TRAIN_FOLDERS."""
     return SECOND_TRAIN_GROUP if module.rpartition("/")[2] in SECOND_TRAIN_MODULES else TRAIN_GROUP
@@ -132,6 +140,8 @@ def group_items(items: list[pytest.Item]) -> dict[str, str]:
             sets.union(module, f"group:{mark.args[0] if mark.args else mark.kwargs.get('name')}")
         if module.startswith(TRAIN_FOLDERS):
             sets.union(module, train_group(module))
+        elif module.startswith(UNIT_TRAINER_FOLDERS):
+            sets.union(module, UNIT_TRAINER_GROUP)
     measured = module_seconds()
     weights: dict[str, float] = {}
     for module in set(modules) & set(measured):
