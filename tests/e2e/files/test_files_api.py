@@ -296,15 +296,26 @@ def test_parallel_uploads_never_hold_more_than_the_quota_in_part_files(files_ser
     folder = files_server.data_dir / "files" / hashlib.sha256(b"dave").hexdigest()[:32]
     peak, stop = [0], threading.Event()
 
+    def scan() -> dict[str, int]:
+        sizes = {}
+        for p in folder.glob(".*.part") if folder.exists() else []:
+            try:
+                sizes[p.name] = p.stat().st_size
+            except FileNotFoundError:
+                continue
+        return sizes
+
     def poll() -> None:
+        # A scan stats one file after another: on a loaded machine an upload can finish (its room freed)
+        # and another reserve that room between two stats, and the sum would count both. Only a state
+        # that two scans in a row see alike is counted (a reservation is held for as long as its upload
+        # writes, many scans).
+        last = scan()
         while not stop.is_set():
-            held = 0
-            for p in folder.glob(".*.part") if folder.exists() else []:
-                try:
-                    held += p.stat().st_size
-                except FileNotFoundError:
-                    continue
-            peak[0] = max(peak[0], held)
+            now = scan()
+            if now == last:
+                peak[0] = max(peak[0], sum(now.values()))
+            last = now
             time.sleep(0.005)
 
     def slowly() -> Iterator[bytes]:
