@@ -62,8 +62,8 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             # WAL lets the API read while the worker writes; foreign keys are off by default in SQLite.
+            # (The busy timeout is the connection's own, set by sqlite3.connect's `timeout`.)
             cur = dbapi_conn.cursor()
-            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
             _use_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
