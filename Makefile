@@ -109,11 +109,11 @@ docs: install ## build the docs site into build/site (serve it: .venv/bin/mkdocs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Everything: lint, types, the OpenAPI document, the docs, then tests/unit, tests/integration and tests/e2e
-# on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,417 tests in 11
-# min 45 s at 09:20 UTC on 2026-12-06 (8329cb8; 11 min 9 s for 559ee13 at 08:00). The same suite took 20
-# min 22 s at about 06:00 the same day: the machine's speed varies by up to 1.7 times from hour to hour (the
-# tests' CPU in cpuacct cgroups: 2,096 CPU-s then, 1,193 to 1,228 now), so only runs made close together
-# compare. A test that waits for a server, a poll or a process leaves a core to another worker; beyond that
+# on three pytest-xdist workers. On a clean clone of the 2-core machine (.ci/run) they ran 1,433 tests in 581
+# and 568 s at 07:11 and 07:32 UTC on 2026-12-07 (180a136; 908 CPU-s in cpuacct cgroups at 08:15). The
+# machine's speed varies by up to 1.7 times from hour to hour (on 2026-12-06 the suite took 20 min 22 s and
+# 2,096 CPU-s at 06:00, 11 min 45 s and 1,193 to 1,228 CPU-s at 08:00-09:00), so only runs made close
+# together compare. A test that waits for a server, a poll or a process leaves a core to another worker; beyond that
 # the suite is CPU-bound: making it shorter takes less work, not more workers (four took 714 s against 651
 # to 669 s for three, in the same hour).
 # tests/harness/groups.py keeps the tests that share a server or a run on one worker (the session's `ftq up`
