@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import yaml
 
-from ftq.contract.specyaml import SpecLoader
+from ftq.contract.specyaml import DuplicateKeyError, SpecLoader
 from ftq.contract.yaml_errors import describe
 from service.errors import BadRequest, SpecError, UnsupportedMediaType
 
@@ -134,6 +134,12 @@ def parse_body(raw: bytes, kind: str) -> Any:
         try:
             scan_yaml(raw)
             value = yaml.load(raw, Loader=_Loader)  # noqa: S506 (a safe loader: CSafeLoader or SafeLoader)
+        except DuplicateKeyError as exc:
+            # Well-formed text whose meaning is ambiguous (PyYAML would keep the last value): a 422 on
+            # the key, as a spec's other mistakes are.
+            raise SpecError(
+                [{"loc": ["body", *exc.path], "msg": exc.message, "type": "duplicate_key"}]
+            ) from None
         except yaml.YAMLError as exc:
             if "nesting depth" in str(getattr(exc, "problem", "")):
                 # libyaml's own cap (1000 levels) can stop its scanner before our event walk does.

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import yaml
 
+from ftq.contract.specyaml import DuplicateKeyError
+
 
 def describe(text: str, exc: yaml.YAMLError) -> str:
     """`not valid YAML at line L, column C: <problem>` for a parse error of `text` (without the place
     when the parser gave none)."""
+    if isinstance(exc, DuplicateKeyError):
+        return f"not valid YAML: {exc.message}"
     problem = str(getattr(exc, "problem", None) or str(exc).splitlines()[0])
     mark = getattr(exc, "problem_mark", None)
     if mark is None:
