@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from ftq.contract.graders import Grader
 
@@ -117,16 +117,31 @@ class Select(_Strict):
     mode: SelectMode = Field(SelectMode.max, description="max: higher is better; min: lower is better.")
 
 
+class SuiteError(ValueError):
+    """A rule of `eval.suites`/`eval.select` broken; `loc`: the field it is about, under `eval`."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str):
+        super().__init__(message)
+        self.loc = loc
+
+
 def check_suites(suites: Sequence[Any], select: Select | None) -> None:
-    """Suite names are unique and `select.metric` is one of theirs (ValueError naming the problem)."""
-    names = [s.name for s in suites]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise ValueError(f"two suites are named {dup!r}: each suite's name prefixes its metrics")
-    if select is not None and select.metric.split("/", 1)[0] not in names:
-        raise ValueError(
-            f"select.metric {select.metric!r} names no suite of eval.suites ({', '.join(names) or 'none'}); "
-            "metrics are <suite>/score, <suite>/<task>/<metric> or <suite>/loss"
+    """Suite names are unique and `select.metric` is one of theirs (SuiteError naming the field: the
+    second suite of a name, `suites[i].name`, or `select`)."""
+    first: dict[str, int] = {}
+    for i, suite in enumerate(suites):
+        if suite.name in first:
+            raise SuiteError(
+                ("suites", i, "name"),
+                f"suites {first[suite.name]} and {i} are both named {suite.name!r}: each suite's name "
+                "prefixes its metrics, so names are unique",
+            )
+        first[suite.name] = i
+    if select is not None and select.metric.split("/", 1)[0] not in first:
+        raise SuiteError(
+            ("select",),
+            f"select.metric {select.metric!r} names no suite of eval.suites ({', '.join(first) or 'none'}); "
+            "metrics are <suite>/score, <suite>/<task>/<metric> or <suite>/loss",
         )
 
 
@@ -134,6 +149,19 @@ def check_suites(suites: Sequence[Any], select: Select | None) -> None:
 
 FINAL = "final"
 BEST = "best"
+
+
+def _not_a_bool(value: Any) -> Any:
+    # JSON's true is Python's True, which an int field would take for the step 1 (false: step 0).
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a checkpoint: give a step number or its name")
+    return value
+
+
+# A checkpoint as a request names it: a step, or one of the names beside it; never a boolean.
+NotBool = BeforeValidator(_not_a_bool)
+Step = Annotated[int, Field(ge=0)]
+CheckpointRef = Annotated[Literal["final", "best"] | Step, NotBool]
 
 
 def ref_label(step: int | None) -> str:

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ftq.contract.errors import ErrorCode
+from ftq.contract.evaluation import CheckpointRef
 from ftq.contract.metrics import Point
 from ftq.contract.plans import Plan
 from ftq.contract.spec import HUB_ID_RE, JobSpec
@@ -219,7 +220,7 @@ class EvaluationCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    checkpoint: Literal["final", "best"] | Annotated[int, Field(ge=0)] = Field(
+    checkpoint: CheckpointRef = Field(
         "final", description="`final` (the succeeded job's final/), `best` (by eval.select), or a step."
     )
     suites: list[SuiteNameRef] | None = Field(
@@ -306,7 +307,7 @@ class ExportCreate(BaseModel):
     push_to_hub: PushToHub | None = Field(
         None, description="Also push the export to this Hub repo once written (needs FTQ_HUB_TOKEN set)."
     )
-    checkpoint: Literal["final", "best"] | Annotated[int, Field(ge=0)] = Field(
+    checkpoint: CheckpointRef = Field(
         "final",
         description="What to export: `final` (final/), `best` (the best checkpoint by the spec's "
         "eval.select), or a saved checkpoint's step (one holding an adapter or whole weights).",

@@ -18,7 +18,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from ftq.contract.evaluation import MAX_SUITES, EvalOn, Select, Suite, check_suites
+from ftq.contract.evaluation import (
+    MAX_SUITES,
+    EvalOn,
+    NotBool,
+    Select,
+    Step,
+    Suite,
+    SuiteError,
+    check_suites,
+)
 from ftq.contract.graders import Grader
 
 # A hub id is `name` or `owner/name`; names are limited as the hub limits them.
@@ -821,8 +830,8 @@ class EvalSpec(_Strict):
             raise _field_error(("select",), "select needs eval.suites to score checkpoints with")
         try:
             check_suites(self.suites, self.select)
-        except ValueError as e:
-            raise _field_error(("select",) if "select" in str(e) else ("suites",), str(e)) from None
+        except SuiteError as e:
+            raise _field_error(e.loc, str(e)) from None
         return self
 
     @field_validator("sample_prompts")
@@ -881,7 +890,7 @@ class IntegrationsSpec(_Strict):
 
 class ResumeFrom(_Strict):
     job_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
-    checkpoint: Literal["latest"] | Annotated[int, Field(ge=0)] = "latest"
+    checkpoint: Annotated[Literal["latest"] | Step, NotBool] = "latest"
 
 
 class JobSpec(_Strict):
@@ -1069,13 +1078,13 @@ class JobSpec(_Strict):
 class SpecFieldError(ValueError):
     """A cross-field rule that names the field it is about (the 422 body carries this path)."""
 
-    def __init__(self, loc: tuple[str, ...], message: str):
+    def __init__(self, loc: tuple[str | int, ...], message: str):
         super().__init__(message)
         self.loc = loc
         self.message = message
 
 
-def _field_error(loc: tuple[str, ...], message: str) -> SpecFieldError:
+def _field_error(loc: tuple[str | int, ...], message: str) -> SpecFieldError:
     return SpecFieldError(loc, message)
 
 

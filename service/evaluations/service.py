@@ -53,6 +53,8 @@ def create(
     if not suites:
         raise Conflict(f"job {job_id} has no eval.suites in its spec: there is nothing to evaluate with")
     for i, name in enumerate(body.suites or []):
+        if name in (body.suites or [])[:i]:
+            raise spec_field_error(["suites", i], f"suite {name!r} is named twice; name each suite once")
         if name not in suites:
             raise spec_field_error(
                 ["suites", i], f"the job's spec has no suite {name!r} (it has {', '.join(suites)})"

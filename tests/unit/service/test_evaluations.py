@@ -68,7 +68,7 @@ def test_suites_validate_with_the_failing_field_named(
     dup = suites_spec(tiny_job)
     dup["eval"]["suites"][1]["name"] = "qa"
     r = client.post("/jobs", json=dup)
-    assert r.status_code == 422 and locs(r) == [["body", "eval", "suites"]], r.text
+    assert r.status_code == 422 and locs(r) == [["body", "eval", "suites", 1, "name"]], r.text
     outside = suites_spec(tiny_job)
     outside["eval"]["suites"][0]["dataset"] = "/etc/passwd.jsonl"
     r = client.post("/jobs", json=outside)
@@ -260,3 +260,26 @@ def test_a_webhook_for_an_evaluation_says_the_jobs_status_then() -> None:
     body = json.loads(payload(due))
     assert body["type"] == "job.evaluation" and body["data"]["job"]["status"] == "succeeded"
     assert body["data"]["metrics"] == {"qa/score": 0.5}
+
+
+def test_a_request_naming_a_suite_twice_or_a_boolean_checkpoint_is_a_422(
+    make_client: MakeClient, store_url: str, tiny_job: Any
+) -> None:
+    """Issue 48: `checkpoint: true` was read as the step 1 (an evaluation of checkpoint-1 was queued), and
+    an export's as well; a suite named twice in a request ran once but was listed twice."""
+    client = make_client(store_url)
+    r = client.post("/jobs", json=suites_spec(tiny_job))
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    checkpoint_dir(runs.run_dir(get_settings().runs_dir, job_id), 1)
+    for value in (True, False):
+        r = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": value})
+        assert r.status_code == 422 and locs(r) == [["body", "checkpoint"]], r.text
+        assert "not a checkpoint" in r.json()["detail"][0]["msg"]
+        r = client.post(f"/jobs/{job_id}/exports", json={"kind": "adapter", "checkpoint": value})
+        assert r.status_code == 422 and locs(r) == [["body", "checkpoint"]], r.text
+    r = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": 1, "suites": ["qa", "held", "qa"]})
+    assert r.status_code == 422 and locs(r) == [["body", "suites", 2]], r.text
+    assert client.get(f"/jobs/{job_id}/evaluations").json()["data"] == []
+    ok = client.post(f"/jobs/{job_id}/evaluations", json={"checkpoint": 1, "suites": ["qa"]})
+    assert ok.status_code == 202 and ok.json()["checkpoint"] == "1", ok.text

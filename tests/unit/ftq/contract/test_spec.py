@@ -233,3 +233,47 @@ def test_qlora_needs_a_strategy_that_can_hold_4_bit_weights_and_cuda_to_shard_th
         assert isinstance(cause, SpecFieldError) and cause.loc == ("lora", "quantization"), error
     with pytest.raises(ValidationError):  # only 4 bits
         JobSpec.model_validate(_minimal(lora={"quantization": {"bits": 8}}, resources=cuda))
+
+
+# Issue 48: a suite name used twice is a 422 on the second suite's name (not on the list), and a boolean is
+# never a checkpoint (JSON's true would pass for the step 1, false for the step 0).
+
+
+def _suite(name: str) -> dict[str, Any]:
+    return {"name": name, "type": "loss", "dataset": "./held.jsonl"}
+
+
+@pytest.mark.parametrize("names", [["qa", "held", "qa"], ["select", "select"]])
+def test_a_suite_name_used_twice_is_refused_on_the_second_suites_name(names: list[str]) -> None:
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.model_validate(_minimal(eval={"suites": [_suite(n) for n in names]}))
+    cause = caught.value.errors()[0]["ctx"]["error"]
+    assert isinstance(cause, SpecFieldError)
+    assert cause.loc == ("suites", len(names) - 1, "name")
+    assert f"both named {names[0]!r}" in cause.message
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_resume_from_refuses_a_boolean_checkpoint(value: bool) -> None:
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.model_validate(_minimal(resume_from={"job_id": "job_0123456789abcdef", "checkpoint": value}))
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("resume_from", "checkpoint")
+    assert "not a checkpoint" in error["msg"]
+    spec = JobSpec.model_validate(_minimal(resume_from={"job_id": "job_0123456789abcdef", "checkpoint": 1}))
+    assert spec.resume_from is not None and spec.resume_from.checkpoint == 1
+
+
+@pytest.mark.parametrize("model", ["EvaluationCreate", "ExportCreate"])
+def test_evaluation_and_export_requests_refuse_a_boolean_checkpoint(model: str) -> None:
+    from ftq.contract import schemas
+
+    cls = getattr(schemas, model)
+    extra = {"kind": "adapter"} if model == "ExportCreate" else {}
+    for value in (True, False):
+        with pytest.raises(ValidationError) as caught:
+            cls.model_validate({**extra, "checkpoint": value})
+        (error,) = caught.value.errors()
+        assert error["loc"] == ("checkpoint",) and "not a checkpoint" in error["msg"]
+    assert cls.model_validate({**extra, "checkpoint": 1}).checkpoint == 1
+    assert cls.model_validate({**extra, "checkpoint": "best"}).checkpoint == "best"
