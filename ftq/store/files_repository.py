@@ -18,11 +18,29 @@ from sqlalchemy.orm import Session
 from ftq.contract.status import ACTIVE, FileStatus
 from ftq.runtime.files import Validation
 from ftq.store.db import lock_for_transaction
-from ftq.store.models import Job, UploadedFile
+from ftq.store.models import Evaluation, Job, UploadedFile
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def file_ids_of(value: Any) -> set[str]:
+    """The values of every `file_id`/`*_file_id` key in a stored spec (or a part of one), at any depth: a
+    field the spec adds later is found without being listed here."""
+    found: set[str] = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if isinstance(key, str) and key.endswith("file_id") and isinstance(item, str):
+                    found.add(item)
+                else:
+                    stack.append(item)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
 
 
 class FileRepository:
@@ -62,17 +80,24 @@ class FileRepository:
         self.session.flush()
 
     def active_jobs_using(self, file_id: str) -> list[str]:
-        """Ids of this owner's queued, starting, running or cancelling jobs whose spec names the file.
+        """Ids of this owner's jobs that still need the file: a job not yet ended (queued, starting,
+        running, cancelling or paused) whose spec names it in any `*file_id` field (`dataset.file_id`,
+        `dataset.eval_file_id`, `eval.suites[i].file_id`, ...), and an ended job whose evaluation is
+        queued or running and whose `eval` section names it.
 
         The specs are read in Python: an owner has at most FTQ_MAX_ACTIVE_JOBS_PER_OWNER active jobs, and
         a JSON path query is written differently for each store."""
-        stmt = select(Job.id, Job.spec).where(
-            Job.owner == self.owner, Job.status.in_([s.value for s in ACTIVE])
+        active = [s.value for s in ACTIVE]
+        evaluating = select(Evaluation.job_id).where(Evaluation.status.in_(active))
+        stmt = (
+            select(Job.id, Job.status, Job.spec)
+            .where(Job.owner == self.owner, or_(Job.status.in_(active), Job.id.in_(evaluating)))
+            .order_by(Job.seq)
         )
         using = []
-        for job_id, spec in self.session.execute(stmt):
-            dataset = (spec or {}).get("dataset") or {}
-            if file_id in (dataset.get("file_id"), dataset.get("eval_file_id")):
+        for job_id, status, spec in self.session.execute(stmt):
+            named = spec if status in active else (spec or {}).get("eval")
+            if file_id in file_ids_of(named):
                 using.append(str(job_id))
         return using
 

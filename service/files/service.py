@@ -136,8 +136,9 @@ def delete(session: Session, repo: FileRepository, settings: Settings, file_id: 
     using = repo.active_jobs_using(row.id)
     if using:
         raise Conflict(
-            f"file {file_id} is used by job(s) {', '.join(using[:5])} that are queued or running; "
-            "cancel them or wait for them to end"
+            f"file {file_id} is used by job(s) {', '.join(using[:5])} that have not ended (queued, "
+            "running or paused) or whose evaluation is queued or running; cancel them or wait for them "
+            "to end"
         )
     repo.delete(row.id)
     session.commit()
