@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ftq import __version__
+from ftq import __version__, sandbox
 from ftq.contract.graders import clean_loc
 from ftq.contract.schemas import Health
 from ftq.contract.spec import JobSpec
@@ -29,7 +29,13 @@ from ftq.runtime import logs
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store.db import get_engine, open_async_read_pool
 from service.artifacts.router import router as artifacts_router
-from service.errors import FtqError, InsufficientStorage, PayloadTooLarge, ServiceUnavailable
+from service.errors import (
+    FtqError,
+    InsufficientStorage,
+    PayloadTooLarge,
+    SandboxUnavailable,
+    ServiceUnavailable,
+)
 from service.evaluations.router import router as evaluations_router
 from service.events.router import router as events_router
 from service.exports.router import router as exports_router
@@ -204,6 +210,12 @@ _NO_ROOM = InsufficientStorage(
 )
 
 
+async def _sandbox_down(request: Request, exc: Exception) -> Response:
+    # Where bubblewrap cannot start, tenant code is refused with the fix, never run weaker.
+    log.error("tenant-code sandbox unavailable: %s", exc)
+    return await _ftq_error(request, SandboxUnavailable(str(exc)))
+
+
 async def _os_error(request: Request, exc: Exception) -> Response:
     # A full disk (or file system quota) under any request is the server's state, said as a 507, never a
     # 500; any other OSError is a bug, left to the 500 handler.
@@ -225,6 +237,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DBAPIError, _store_down)
     app.add_exception_handler(OperationalError, _store_down)
     app.add_exception_handler(OSError, _os_error)
+    app.add_exception_handler(sandbox.SandboxUnavailable, _sandbox_down)
 
 
 # Routes -------------------------------------------------------------------------------------------------

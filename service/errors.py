@@ -102,6 +102,11 @@ class ServiceUnavailable(FtqError, status=503, code="unavailable"):
         super().__init__(message, retry_after=retry_after)
 
 
+class SandboxUnavailable(FtqError, status=503, code="sandbox_unavailable"):
+    """Tenant code (a python grader, an evaluation task's code) asked of a host whose sandbox cannot
+    start: refused, never run weaker; the message names the fix."""
+
+
 class SpecError(FtqError, status=422, code="invalid_spec"):
     """A 422 for one or more spec fields; `errors` follow FastAPI's validation error shape."""
 

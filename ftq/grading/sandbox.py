@@ -1,29 +1,28 @@
-"""Running a `python` grader's source: one batch per child process, never in the caller's.
+"""Running a `python` grader's source: one batch per sandboxed child process, never in the caller's.
 
-The child is `python -I` (no environment, no user site, no script folder on sys.path) started with an
-empty environment in a fresh empty working directory, in a session of its own (the deadline kills its
-whole process group). It is started by `unshare --net` where the host allows it (only a loopback that
-is down, so no socket reaches anything; elsewhere the audit hook below still refuses socket creation),
-with a run user (FTQ_RUN_AS_USER) becomes that user, who cannot read the service's data directory, and
-sets its own RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC and RLIMIT_FSIZE before anything else. In the child,
-an audit hook refuses sockets, fork/exec/subprocess, rlimit changes and ctypes before the grader's code
-is compiled.
+The boundary is the operating system's (ftq.sandbox: bubblewrap, in fresh user, pid, network, ipc and
+mount namespaces, an empty environment, a read-only interpreter, private /tmp and /dev/shm, one deadline
+for the whole process tree, output capped while it streams). Inside it the child is `python -I -S` as
+the sandbox's user, started by the run user (FTQ_RUN_AS_USER) where one is set; it sets RLIMIT_CPU,
+RLIMIT_AS, RLIMIT_NPROC and RLIMIT_FSIZE before anything else, then installs an audit hook (refusing
+sockets, fork/exec and ctypes: depth behind the boundary, not the boundary) and only then compiles the
+grader. Where bubblewrap cannot start, `run_python` raises ftq.sandbox.SandboxUnavailable: python graders
+are refused, never run weaker.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import os
+import math
 import signal
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from ftq import sandbox
 from ftq.grading.errors import GraderError
+from ftq.sandbox.boundary import interpreter_paths
 
 # How much of the grader's traceback an error message keeps.
 _TRACEBACK_LINES = 12
@@ -38,6 +37,9 @@ class Limits:
     uid: int | None = None  # the run user's; None: the caller's own user
     gid: int | None = None
     python: str = sys.executable  # the interpreter the child runs in (the standard library is enough)
+    output_bytes: int = 4 * 1024 * 1024  # stdout and stderr together; past it the child is killed
+    tmp_mb: int = 64  # the child's private /tmp and /dev/shm, each
+    bwrap: str = "bwrap"  # FTQ_SANDBOX_BWRAP
 
 
 # The child's program: read {"source", "batch"} from stdin, answer {"rewards"} or {"error", "kind"} on
@@ -48,16 +50,21 @@ for name, value in json.loads(sys.argv[1]).items():
     resource.setrlimit(getattr(resource, name), (value, value))
 out = sys.stdout
 sys.stdout = sys.stderr
-_DENIED = ("socket.", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
-           "subprocess.Popen", "pty.spawn", "ctypes.", "os.kill", "os.killpg", "os.putenv",
-           "resource.setrlimit", "resource.prlimit")
-def _hook(event, args):
-    if event.startswith(_DENIED):
-        raise PermissionError(f"the grader sandbox refuses {event}")
-    if event == "import" and args and str(args[0]).split(".")[0] in ("ctypes", "_ctypes", "_posixsubprocess"):
-        raise PermissionError(f"the grader sandbox refuses {args[0]}")
+# The hook reads only what was bound when it was defined (its defaults), never a module global or a
+# builtin the grader could rebind (`sys.modules["__main__"]._DENIED = ...`, `builtins.str = ...`).
+def _make_hook(denied=("socket.", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn",
+                       "os.system", "subprocess.Popen", "pty.spawn", "ctypes.", "os.kill", "os.killpg",
+                       "os.putenv", "resource.setrlimit", "resource.prlimit"),
+               modules=frozenset(("ctypes", "_ctypes", "_posixsubprocess")), text=str, error=PermissionError):
+    def hook(event, args):
+        if event.startswith(denied):
+            raise error("the grader sandbox refuses " + event)
+        if event == "import" and args and text.__str__(args[0]).partition(".")[0] in modules:
+            raise error("the grader sandbox refuses " + text.__str__(args[0]))
+    return hook
 request = json.loads(sys.stdin.read())
-sys.addaudithook(_hook)
+sys.addaudithook(_make_hook())
+del _make_hook
 def answer(obj):
     out.write(json.dumps(obj)); out.flush()
 def trimmed():
@@ -90,103 +97,90 @@ else:
 
 
 @functools.cache
-def net_isolated() -> bool:
-    """Whether this host lets the sandbox leave the network (`unshare --net` works: root or
-    CAP_SYS_ADMIN, and util-linux's unshare installed)."""
-    try:
-        subprocess.run(["unshare", "--net", "true"], check=True, capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return True
+def _interpreter(python: str) -> tuple[str, tuple[str, ...]]:
+    path, folders = interpreter_paths(python)
+    return path, tuple(folders)
 
 
-def _argv(limits: Limits) -> list[str]:
-    """The child's command line: python in a network namespace of its own (where the host allows one),
-    switched to the run user by `unshare` after the namespace is made (making one needs root)."""
-    memory = limits.memory_mb * 1024 * 1024
+def box(limits: Limits) -> sandbox.Box:
+    """The sandbox a batch runs in: the interpreter read-only, its rlimits set by the child itself."""
+    python, folders = _interpreter(limits.python)
     rlimits = {
         "RLIMIT_CPU": limits.cpu_seconds,
-        "RLIMIT_AS": memory,
+        "RLIMIT_AS": limits.memory_mb * 1024 * 1024,
         "RLIMIT_FSIZE": 16 * 1024 * 1024,
         "RLIMIT_NPROC": limits.processes,
     }
-    python = [limits.python, "-I", "-S", "-c", _CHILD, json.dumps(rlimits)]
-    if not net_isolated():
-        return python
-    who = []
-    if limits.uid is not None:
-        who = [
-            "--setgid",
-            str(limits.gid if limits.gid is not None else limits.uid),
-            "--setuid",
-            str(limits.uid),
-        ]
-    return ["unshare", "--net", *who, "--", *python]
+    return sandbox.Box(
+        argv=(python, "-I", "-S", "-c", _CHILD, json.dumps(rlimits)),
+        read_only=folders,
+        env={"LANG": "C.UTF-8"},
+        tmp_bytes=limits.tmp_mb * 1024 * 1024,
+        uid=limits.uid,
+        gid=limits.gid,
+        bwrap=limits.bwrap,
+    )
 
 
 def run_python(
     grader: str, source: str, batch: list[tuple[dict[str, Any], dict[str, Any]]], limits: Limits
 ) -> list[float]:
     """Each (sample, item)'s reward from the source's `grade`, in one sandboxed child process; a
-    GraderError naming the grader and the limit where it raised, hung or exceeded one."""
-    request = json.dumps({"source": source, "batch": batch})
-    with tempfile.TemporaryDirectory(prefix="ftq-grader-") as cwd:
-        if limits.uid is not None:
-            os.chown(cwd, limits.uid, limits.gid if limits.gid is not None else limits.uid)
-        # No preexec_fn: the API calls this from threads, where code between fork and exec may deadlock.
-        # The child sets its own rlimits first thing; `unshare` or Popen switches the user.
-        switch = limits.uid is not None and not net_isolated()
-        proc = subprocess.Popen(
-            _argv(limits),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            start_new_session=True,
-            close_fds=True,
-            user=limits.uid if switch else None,
-            group=(limits.gid if limits.gid is not None else limits.uid) if switch else None,
-            # Root's supplementary groups are dropped (before `unshare` switches the user, too).
-            extra_groups=[] if limits.uid is not None else None,
+    GraderError naming the grader and the limit where it raised, hung or exceeded one;
+    ftq.sandbox.SandboxUnavailable where the sandbox cannot start."""
+    request = json.dumps({"source": source, "batch": batch}).encode()
+    outcome = sandbox.run(
+        box(limits), request, timeout=limits.timeout_seconds, max_output=limits.output_bytes
+    )
+    if outcome.timed_out:
+        raise GraderError(
+            grader, f"exceeded the wall-clock limit ({limits.timeout_seconds:g} s)", limit="wall_clock"
         )
-        try:
-            out, err = proc.communicate(request.encode(), timeout=limits.timeout_seconds)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise GraderError(
-                grader, f"exceeded the wall-clock limit ({limits.timeout_seconds:g} s)", limit="wall_clock"
-            ) from None
-        finally:
-            # Whatever it left behind in its group (a fork that escaped the hook) goes with it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    return _answer(grader, proc.returncode, out, err, limits, len(batch))
+    if outcome.output_exceeded:
+        raise GraderError(
+            grader,
+            f"printed more than the output limit ({limits.output_bytes} bytes)",
+            limit="output",
+        )
+    return _answer(grader, outcome.returncode, outcome.stdout, outcome.stderr, limits, len(batch))
+
+
+def _rewards(answer: object, n: int) -> list[float] | None:
+    """The child's rewards when they are exactly n finite numbers (a grader that writes to the real
+    stdout itself gets no further than its own error)."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("rewards"), list):
+        return None
+    values = answer["rewards"]
+    if len(values) != n:
+        return None
+    if not all(type(x) in (int, float) and math.isfinite(x) for x in values):
+        return None
+    return [float(x) for x in values]
 
 
 def _answer(grader: str, status: int, out: bytes, err: bytes, limits: Limits, n: int) -> list[float]:
     try:
         answer = json.loads(out.decode(errors="replace") or "null")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         answer = None
-    if isinstance(answer, dict) and isinstance(answer.get("rewards"), list) and len(answer["rewards"]) == n:
-        return [float(x) for x in answer["rewards"]]
+    rewards = _rewards(answer, n)
+    if rewards is not None:
+        return rewards
+    details = str(answer.get("error", "")) if isinstance(answer, dict) else ""
     if isinstance(answer, dict) and answer.get("kind") == "memory":
         raise GraderError(
-            grader,
-            f"exceeded the memory limit ({limits.memory_mb} MB)",
-            limit="memory",
-            details=answer["error"],
+            grader, f"exceeded the memory limit ({limits.memory_mb} MB)", limit="memory", details=details
         )
-    if isinstance(answer, dict) and "error" in answer:
-        raise GraderError(grader, "raised an exception", details=str(answer["error"]))
-    if status in (-signal.SIGXCPU, -signal.SIGKILL) or status == 128 + signal.SIGXCPU:
+    if isinstance(answer, dict) and answer.get("kind") == "raised" and details:
+        raise GraderError(grader, "raised an exception", details=details)
+    # bwrap answers a command killed by a signal as 128 + the signal: RLIMIT_CPU's SIGXCPU, then SIGKILL.
+    if status in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU, 128 + signal.SIGKILL):
         raise GraderError(grader, f"exceeded the CPU-time limit ({limits.cpu_seconds} s)", limit="cpu")
     tail = "\n".join(err.decode(errors="replace").splitlines()[-_TRACEBACK_LINES:])
     if "MemoryError" in tail:
         raise GraderError(
             grader, f"exceeded the memory limit ({limits.memory_mb} MB)", limit="memory", details=tail
         )
+    if answer is not None:
+        raise GraderError(grader, "answered something other than its rewards", details=tail)
     raise GraderError(grader, f"ended without an answer (exit status {status})", details=tail)
