@@ -30,6 +30,7 @@ from ftq.runtime.settings import get_settings
 from ftq.store import outbox
 from ftq.store.db import read_session
 from ftq.store.evaluations import best_of_jobs
+from ftq.store.models import Job
 from ftq.store.repository import JobRepository
 from service.body import media_type, read_spec_body
 from service.deps import LoopOwnerDep, RepoDep, SessionDep, SettingsDep, current_owner
@@ -127,21 +128,33 @@ async def create_job(
         None,
         alias="Idempotency-Key",
         max_length=255,
-        description="Retries with the same key and body return the same job.",
+        description="Retries with the same key and body return the same job (201 with "
+        "`Idempotent-Replayed: true`), answered before the rate limit, planning and the active-jobs cap; "
+        "the same key with a different body is a 422 `idempotency_mismatch`.",
     ),
 ) -> Any:
     spec_body = await _read_spec_body(request)
     if dry_run:
         plan = await asyncio.to_thread(jobs.dry_run, spec_body, repo, settings)
         return Response(content=plan.model_dump_json(), media_type="application/json", status_code=200)
+    digest = jobs.request_hash(spec_body)
+    if idempotency_key is not None:
+        # A retry is answered with its job before anything that could refuse a new one.
+        first = await asyncio.to_thread(jobs.find_replay, session, repo, idempotency_key, digest)
+        if first is not None:
+            return _created(response, first, replayed=True)
     request.app.state.rate_limiter.check(repo.owner, settings.post_rate_per_minute)
     job, replayed = await asyncio.to_thread(
-        jobs.create_job, session, repo, settings, spec_body, idempotency_key
+        jobs.create_job, session, repo, settings, spec_body, idempotency_key, None, digest
     )
+    if not replayed:
+        background.add_task(outbox.send_for_job, job.id)
+    return _created(response, job, replayed=replayed)
+
+
+def _created(response: Response, job: Job, *, replayed: bool) -> JobPublic:
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    else:
-        background.add_task(outbox.send_for_job, job.id)
     response.headers["Location"] = f"/jobs/{job.id}"
     return jobs.to_public(job)
 

@@ -10,7 +10,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,8 @@ def new_job_id() -> str:
 
 
 def request_hash(body: Any) -> str:
+    """The digest an Idempotency-Key is stored with: of the request as sent (the parsed body), never of
+    what planning makes of it, so a replay is told from a different request before anything is planned."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -109,6 +111,43 @@ def dry_run(body: Any, repo: JobRepository, settings: Settings) -> PlanPublic:
     return planned.plan
 
 
+def find_replay(session: Session, repo: JobRepository, key: str, digest: str) -> Job | None:
+    """The job an earlier request with this Idempotency-Key made, for a retry to be answered with before
+    any rate limit, planning or cap (a client retrying after a lost response gets its job even at the
+    cap, or after its dataset changed); None when the key is new (or expired). A different request with
+    the key is a 422 `idempotency_mismatch`, decided from `digest` (`request_hash` of the request as
+    sent); a request still being processed with it is a 409."""
+    existing = repo.get_idempotency(key)
+    if existing is None or _expired(existing.expires_at):
+        session.rollback()  # the read's transaction ends here: creating the job starts its own
+        return None
+    return _replayed(repo, existing.request_hash, existing.job_id, digest)
+
+
+def _expired(expires_at: datetime) -> bool:
+    return expires_at.replace(tzinfo=expires_at.tzinfo or UTC) < utcnow()
+
+
+def _replayed(repo: JobRepository, stored_digest: str, job_id: str | None, digest: str) -> Job:
+    if stored_digest != digest:
+        raise SpecError(
+            [
+                {
+                    "loc": ["header", "Idempotency-Key"],
+                    "msg": "this Idempotency-Key was used with a different request body; use a new key "
+                    "for a different request",
+                    "type": "idempotency_mismatch",
+                }
+            ]
+        )
+    if job_id is None:
+        raise Conflict("a request with this Idempotency-Key is still being processed; retry shortly")
+    job = repo.get(job_id)
+    if job is None:
+        raise NotFound("the job created with this Idempotency-Key no longer exists")
+    return job
+
+
 def create_job(
     session: Session,
     repo: JobRepository,
@@ -116,9 +155,12 @@ def create_job(
     body: Any,
     idempotency_key: str | None,
     with_job: Callable[[Job], None] | None = None,
+    digest: str | None = None,
 ) -> tuple[Job, bool]:
     """Returns (job, replayed). The job row and its dispatch record commit together, with what
-    `with_job` adds for the new job (the `/v1` API's own row)."""
+    `with_job` adds for the new job (the `/v1` API's own row). `digest`: what the Idempotency-Key is
+    stored with (default: `request_hash(body)`; the `/v1` API's is of its own request). The routes look
+    for a replay first (`find_replay`); the claim here settles a race with a concurrent duplicate."""
     job_id = new_job_id()
     spec, plan = plan_for(body, repo, settings, job_id=job_id)
 
@@ -129,7 +171,7 @@ def create_job(
             retry_after=30,
         )
 
-    digest = request_hash(body)
+    digest = digest if digest is not None else request_hash(body)
     if idempotency_key is not None:
         replay = _claim_idempotency(session, repo, idempotency_key, digest, settings)
         if replay is not None:
@@ -188,30 +230,12 @@ def _claim_idempotency(
     """Reserve the key (committed at once, so a concurrent duplicate sees it) or return the first job."""
     for _ in range(2):
         existing = repo.get_idempotency(key)
-        if (
-            existing is not None
-            and existing.expires_at.replace(tzinfo=existing.expires_at.tzinfo or utcnow().tzinfo) < utcnow()
-        ):
+        if existing is not None and _expired(existing.expires_at):
             repo.drop_idempotency(key)
             session.commit()
             existing = None
         if existing is not None:
-            if existing.request_hash != digest:
-                raise SpecError(
-                    [
-                        {
-                            "loc": ["header", "Idempotency-Key"],
-                            "msg": "this Idempotency-Key was used with a different request body",
-                            "type": "idempotency_mismatch",
-                        }
-                    ]
-                )
-            if existing.job_id is None:
-                raise Conflict("a request with this Idempotency-Key is still being processed; retry shortly")
-            job = repo.get(existing.job_id)
-            if job is None:
-                raise NotFound("the job created with this Idempotency-Key no longer exists")
-            return job
+            return _replayed(repo, existing.request_hash, existing.job_id, digest)
         try:
             repo.reserve_idempotency(key, digest, timedelta(hours=settings.idempotency_ttl_hours))
             session.commit()

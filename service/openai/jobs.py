@@ -408,6 +408,27 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
             raise invalid("metadata keys are at most 64 characters and values at most 512", "metadata")
 
 
+def request_digest(body: JobCreate) -> str:
+    """What an Idempotency-Key of a `/v1` create is stored with: the request as sent (never the spec it
+    resolves to, which reads the files' rows), apart from any digest of a native `POST /jobs`."""
+    return jobs_service.request_hash({"/v1/fine_tuning/jobs": body.model_dump(mode="json")})
+
+
+def replay(
+    session: Session, owner: str, settings: Settings, idempotency_key: str, body: JobCreate
+) -> FineTuningJob | None:
+    """The job an earlier create with this Idempotency-Key made (`jobs_service.find_replay`: before the
+    rate limit, the files' checks, the resolve and the cap), None for a new key."""
+    job = jobs_service.find_replay(
+        session, JobRepository(session, owner), idempotency_key, request_digest(body)
+    )
+    if job is None:
+        return None
+    found = OpenAIRepository(session, owner).get(job.id)
+    assert found is not None
+    return to_openai(found[0], found[1], settings)
+
+
 def create(
     session: Session,
     owner: str,
@@ -439,7 +460,13 @@ def create(
         )
 
     job, _ = jobs_service.create_job(
-        session, JobRepository(session, owner), settings, spec, idempotency_key, with_openai_row
+        session,
+        JobRepository(session, owner),
+        settings,
+        spec,
+        idempotency_key,
+        with_openai_row,
+        digest=request_digest(body),
     )
     found = OpenAIRepository(session, owner).get(job.id)
     assert found is not None

@@ -71,12 +71,28 @@ FtJobId = Annotated[str, Path(min_length=1, max_length=64, description="ftjob-<h
 @router.post("/v1/fine_tuning/jobs", response_model=FineTuningJob, summary="Create a fine-tuning job")
 async def create_job(
     request: Request,
+    response: Response,
     background: BackgroundTasks,
     body: JobCreate,
     owner: LoopOwnerDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> FineTuningJob:
     settings = get_settings()
+    if idempotency_key is not None:
+        # A retry gets its job before the rate limit, the files' checks and the active-jobs cap.
+        key = idempotency_key
+
+        def find() -> FineTuningJob | None:
+            session = new_session()
+            try:
+                return v1_jobs.replay(session, owner, settings, key, body)
+            finally:
+                session.close()
+
+        first = await anyio.to_thread.run_sync(find)
+        if first is not None:
+            response.headers["Idempotent-Replayed"] = "true"
+            return first
     request.app.state.rate_limiter.check(owner, settings.post_rate_per_minute)
 
     def run() -> FineTuningJob:
