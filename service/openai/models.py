@@ -21,7 +21,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ftq.contract import specyaml
@@ -82,6 +82,23 @@ def catalog(setting: str) -> Catalog:
     return _load(str(path), path.stat().st_mtime)
 
 
+def base_name(model: str) -> str:
+    """The `<base>` of the `ft:` name of a model trained from `model`: a catalog alias or a hub id as it
+    is; an `ft:` model's own base (a model trained further keeps its first base, as OpenAI names it); a
+    local path's last component, so that a name never shows where the server keeps a model (a native
+    job's spec holds the resolved, absolute path)."""
+    if model.startswith("ft:"):
+        parts = model[len("ft:") :].rsplit(":", 3)  # base, owner, suffix, job hex
+        return base_name(parts[0]) if len(parts) == 4 else _LOCAL_NAME
+    if looks_local(model) or "\\" in model:
+        name = re.sub(r"[^A-Za-z0-9._\-]+", "-", PurePosixPath(model.replace("\\", "/")).name).strip(".-")
+        return name or _LOCAL_NAME
+    return model
+
+
+_LOCAL_NAME = "model"
+
+
 def fine_tuned_name(base: str, owner: str, suffix: str | None, job_hex: str) -> str:
-    """OpenAI's `ft:<base>:<owner>:<suffix>:<id>` for the model a job made."""
-    return f"ft:{base}:{owner}:{suffix or ''}:{job_hex}"
+    """OpenAI's `ft:<base>:<owner>:<suffix>:<id>` for the model a job made (`base`: see base_name)."""
+    return f"ft:{base_name(base)}:{owner}:{suffix or ''}:{job_hex}"
