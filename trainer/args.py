@@ -285,7 +285,7 @@ def _load_spec(parser: argparse.ArgumentParser, path: Path) -> JobSpec:
 
 def _first_error(err: ValidationError | SpecFieldError) -> str:
     if isinstance(err, SpecFieldError):
-        return f"{'.'.join(err.loc)}: {err.message}"
+        return f"{'.'.join(str(p) for p in err.loc)}: {err.message}"
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     return f"{loc}: {first['msg']}" if loc else first["msg"]
