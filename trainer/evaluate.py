@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from ftq.contract.errors import ErrorCode
 from ftq.contract.evaluation import EVALUATION_REQUEST, RESULTS, GradersSuite, LmEvalSuite, LossSuite
 from ftq.contract.spec import JobSpec
 
-from . import side_run
+from . import side_run, task_sandbox
 from .errors import DatasetError, FtqError, ModelError
 
 log = logging.getLogger("trainer.evaluate")
@@ -87,11 +88,20 @@ def evaluate(args: EvaluationArgs) -> dict[str, Any]:
     folder = args.checkpoint_dir
     if not folder.is_dir():
         raise ModelError(f"{folder.relative_to(args.run_dir)} is not there (rotated away, or never saved)")
-    model, tokenizer = load_checkpoint(spec, folder)
+    loaded: tuple[Any, Any] | None = None
     metrics: dict[str, float] = {}
     details: dict[str, Any] = {}
     for suite in suites:
         log.info("suite %s (%s) on %s", suite.name, suite.type, folder.name)
+        if isinstance(suite, LmEvalSuite) and suite.task_dir:
+            # The owner's task folder is tenant code: it runs in the sandbox, never in this process.
+            found, detail = task_sandbox.run_lm_eval(suite, spec, folder, args.out_dir)
+            metrics.update(found)
+            details[suite.name] = detail
+            continue
+        if loaded is None:  # loaded once, and only for the suites that run in this process
+            loaded = load_checkpoint(spec, folder)
+        model, tokenizer = loaded
         if isinstance(suite, GradersSuite):
             found, detail = run_graders(suite, model, tokenizer)
         elif isinstance(suite, LmEvalSuite):
@@ -249,17 +259,18 @@ def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
 
 
 def run_graders(suite: GradersSuite, model: Any, tokenizer: Any) -> tuple[dict[str, float], dict[str, Any]]:
-    """Greedy completions of the prompts, each scored by the grader (python graders sandboxed)."""
+    """Greedy completions of the prompts, scored by the grader in one batch (a python grader in one
+    sandboxed child, under the operator's FTQ_GRADER_* limits, as GRPO's rewards are)."""
     import torch
 
     from ftq.grading.errors import GraderError
-    from ftq.grading.sandbox import Limits
-    from ftq.grading.score import sample_dict, score
+    from ftq.grading.score import sample_dict, score_batch
+    from ftq.sandbox import SandboxUnavailable
+
+    from .rewards import limits_from_env
 
     rows = _rows(suite.dataset, suite.limit)
-    rewards: list[float] = []
-    subs: dict[str, list[float]] = {}
-    examples = []
+    completions: list[str] = []
     for n, row in enumerate(rows):
         prompt = row.get(suite.prompt_field)
         if not isinstance(prompt, str):
@@ -273,16 +284,22 @@ def run_graders(suite: GradersSuite, model: Any, tokenizer: Any) -> tuple[dict[s
                 do_sample=False,
                 pad_token_id=tokenizer.pad_token_id,
             )
-        completion = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-        try:
-            result = score(suite.grader, sample_dict(completion), row, Limits())
-        except GraderError as err:
-            raise SuiteGraderError(f"suite {suite.name}: {err}") from err
-        rewards.append(float(result.reward))
+        completions.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+    try:
+        results = score_batch(suite.grader, [sample_dict(c) for c in completions], rows, limits_from_env())
+    except GraderError as err:
+        raise SuiteGraderError(f"suite {suite.name}: {err.message}") from err
+    except SandboxUnavailable as err:
+        raise SuiteGraderError(f"suite {suite.name}: {err}") from err
+    rewards = [float(r.reward) for r in results]
+    subs: dict[str, list[float]] = {}
+    for result in results:
         for name, value in (result.sub_rewards or {}).items():
             subs.setdefault(name, []).append(float(value))
-        if n < 8:
-            examples.append({"prompt": prompt, "completion": completion, "reward": result.reward})
+    examples = [
+        {"prompt": row[suite.prompt_field], "completion": completion, "reward": reward}
+        for row, completion, reward in list(zip(rows, completions, rewards, strict=True))[:8]
+    ]
     metrics = {f"{suite.name}/score": sum(rewards) / len(rewards)}
     for name, values in subs.items():
         metrics[f"{suite.name}/{name}"] = sum(values) / len(values)
@@ -353,6 +370,25 @@ def run_lm_eval(suite: LmEvalSuite, model: Any, tokenizer: Any) -> tuple[dict[st
             if math.isfinite(float(value)):
                 metrics[f"{suite.name}/{task}/{label}"] = float(value)
     return metrics, {"tasks": list(suite.tasks), "versions": (out or {}).get("versions", {})}
+
+
+def lm_eval_child() -> None:
+    """The sandbox's side of trainer.task_sandbox: load the checkpoint, run the suite, answer on the
+    stdout this process was started with (the libraries' own prints go to stderr)."""
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    request = json.loads(sys.stdin.read())
+    spec = JobSpec.model_validate(request["spec"])
+    suite = LmEvalSuite.model_validate(request["suite"])
+    try:
+        model, tokenizer = load_checkpoint(spec, Path(request["folder"]))
+        metrics, detail = run_lm_eval(suite, model, tokenizer)
+        answer: dict[str, Any] = {"metrics": metrics, "detail": detail}
+    except FtqError as err:
+        answer = {"code": err.code.value, "message": err.message}
+    with os.fdopen(answer_fd, "w") as out:
+        out.write(json.dumps(answer, default=str))
 
 
 def run_loss(suite: LossSuite, model: Any, tokenizer: Any) -> tuple[dict[str, float], dict[str, Any]]:

@@ -2,10 +2,12 @@
 
 TRL calls the function on every rank with that rank's completions (num_generations per prompt) and the
 dataset columns of their rows. It scores them with ftq.grading, the code `POST /graders/run` uses: a
-python grader runs once per batch in a sandboxed child process (ftq.grading.sandbox: its own session, no
-network where the host allows, CPU-time, memory, process and wall-clock limits from the operator's
-FTQ_GRADER_* settings, which the worker passes to the run), as the user the run runs as. A grader that
-raises, hangs or exceeds a limit ends the run with `grader_error` naming the grader and the limit.
+python grader runs once per batch in a sandboxed child process (ftq.grading.sandbox under bubblewrap: no
+network, no environment, none of the run's files, CPU-time, memory, process, output and wall-clock limits
+from the operator's FTQ_GRADER_* settings, which the worker passes to the run), started as the user the
+run runs as. Where the sandbox cannot start on the node, the run ends with `grader_error` naming the fix.
+A grader that raises, hangs or exceeds a limit ends the run with `grader_error` naming the grader and the
+limit.
 
 TRL logs the returned rewards as `rewards/<grader name>/mean` and `/std` (and `reward`, `reward_std`);
 a multi grader's own graders are logged beside them as `rewards/<name>/<sub>/mean` and `/std`. On the
@@ -33,6 +35,7 @@ from ftq.grading import model as score_model
 from ftq.grading.errors import GraderError
 from ftq.grading.sandbox import Limits
 from ftq.grading.score import score_batch
+from ftq.sandbox import SandboxUnavailable
 
 from .data import ITEM_COLUMN
 from .errors import FtqError
@@ -48,6 +51,7 @@ LIMIT_ENV = {
     "timeout_seconds": ("FTQ_GRADER_TIMEOUT_SECONDS", float),
     "processes": ("FTQ_GRADER_PROCESSES", int),
     "python": ("FTQ_GRADER_PYTHON", str),
+    "bwrap": ("FTQ_SANDBOX_BWRAP", str),
 }
 
 
@@ -116,6 +120,9 @@ class GraderReward:
         except GraderError as e:
             limit = f" (limit: {e.limit})" if e.limit else ""
             raise GraderFailed(f"{e.message}{limit}; try it with POST /graders/run before training") from None
+        except SandboxUnavailable as e:
+            # Refused, never scored outside the sandbox: the message names the fix for this host.
+            raise GraderFailed(str(e)) from None
         rewards = [r.reward for r in results]
         if isinstance(self.grader, MultiGrader) and log_metric is not None:
             for name in self.grader.graders:

@@ -162,6 +162,14 @@ class Settings(BaseSettings):
         "the worker's own user. Needs a worker running as root.",
     )
 
+    # The sandbox every piece of tenant code runs in (python graders, an evaluation task's own code).
+    sandbox_bwrap: str = Field(
+        "bwrap",
+        description="The bubblewrap binary tenant code runs under (python graders, lm_eval task folders): "
+        "a name on PATH or an absolute path. Where it cannot start, such code is refused, never run "
+        "without it.",
+    )
+
     # Graders (POST /graders/run, training.grader): the python grader's sandbox, and the score models.
     grader_cpu_seconds: int = Field(
         10, ge=1, le=3600, description="CPU seconds a python grader's batch may use (RLIMIT_CPU)."

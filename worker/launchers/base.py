@@ -163,11 +163,13 @@ def tracker_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
 
 
 def grader_environment(settings: Settings, spec: JobSpec) -> dict[str, str]:
-    """The python grader sandbox's limits for a GRPO run (the operator's FTQ_GRADER_* settings, which
-    trainer.rewards reads back); nothing for the other methods."""
-    if spec.training.grader is None:
+    """The tenant-code sandbox's settings for a run that scores graders or runs evaluation suites (GRPO's
+    reward, an evaluation's graders and lm_eval task folders): the operator's FTQ_GRADER_* limits and
+    FTQ_SANDBOX_BWRAP, which trainer.rewards reads back; nothing for the other runs."""
+    if spec.training.grader is None and not spec.eval.suites:
         return {}
     env = {
+        "FTQ_SANDBOX_BWRAP": settings.sandbox_bwrap,
         "FTQ_GRADER_CPU_SECONDS": str(settings.grader_cpu_seconds),
         "FTQ_GRADER_MEMORY_MB": str(settings.grader_memory_mb),
         "FTQ_GRADER_TIMEOUT_SECONDS": f"{settings.grader_timeout_seconds:g}",
