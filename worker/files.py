@@ -15,7 +15,7 @@ from ftq.contract import runs
 from ftq.contract.status import FileStatus
 from ftq.runtime import files
 from ftq.runtime.settings import get_settings
-from ftq.store import files_repository
+from ftq.store import files_repository, uploads_repository
 from ftq.store.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,22 @@ SWEEP_EVERY_SECONDS = 3600.0
 
 
 def sweep_partials() -> int:
-    """Now and then (at most hourly per worker), the partial uploads a killed API process left."""
+    """Now and then (at most hourly per worker), the partial uploads a killed API process left, and the
+    parts of every owner's `/v1` uploads that expired (or were left by one that ended)."""
     global _last_sweep
     now = time.monotonic()
     if _last_sweep and now - _last_sweep < SWEEP_EVERY_SECONDS:
         return 0
     _last_sweep = now
-    removed = files.remove_stale_parts(get_settings().data_path)
+    data_dir = get_settings().data_path
+    removed = files.remove_stale_parts(data_dir)
     if removed:
         log.info("removed %d partial upload(s) left by an API process that stopped mid-upload", removed)
-    return removed
+    with session_scope() as session:
+        ended = uploads_repository.sweep(session, data_dir)
+    if ended:
+        log.info("removed the parts of %d /v1 upload(s) that expired or ended", ended)
+    return removed + ended
 
 
 class FileUnavailable(Exception):

@@ -61,6 +61,41 @@ def file_path(data_dir: Path, owner: str, file_id: str) -> Path:
     return owner_dir(data_dir, owner) / f"{file_id}{SUFFIX}"
 
 
+# The parts of an unfinished `/v1` upload (ftq.store.uploads_repository holds its state):
+# `<owner folder>/uploads/<upload id>/<part id>`, the folder removed when the upload ends.
+UPLOADS_DIR = "uploads"
+_UPLOAD_ID = re.compile(r"^upload_[0-9a-f]{24}$")
+
+
+def is_upload_id(value: str) -> bool:
+    return bool(_UPLOAD_ID.match(value))
+
+
+def upload_dir(data_dir: Path, owner: str, upload_id: str) -> Path:
+    """Where an upload's parts are. The id is checked, so no value makes a path elsewhere."""
+    if not is_upload_id(upload_id):
+        raise ValueError(f"{upload_id!r} is not an upload id")
+    return owner_dir(data_dir, owner) / UPLOADS_DIR / upload_id
+
+
+def upload_dirs(data_dir: Path, owner: str | None = None) -> dict[str, Path]:
+    """The upload folders on disk, by upload id: the owner's, or every owner's."""
+    owners = [owner_dir(data_dir, owner)] if owner is not None else _subdirs(files_dir(data_dir))
+    found: dict[str, Path] = {}
+    for folder in owners:
+        for sub in _subdirs(folder / UPLOADS_DIR):
+            if is_upload_id(sub.name):
+                found[sub.name] = sub
+    return found
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def display_name(name: str | None) -> str:
     """The user's filename as shown: its last path part, printable characters only, at most 255."""
     base = re.split(r"[\\/]", name or "")[-1]

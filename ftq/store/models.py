@@ -409,3 +409,46 @@ class OpenAIJob(Base):
     # OpenAI's metadata: up to 16 string keys and values.
     job_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     integrations: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+
+
+class OpenAIUpload(Base):
+    """An OpenAI-compatible Upload (`/v1/uploads`): a file sent in parts, joined by `complete`. `status`
+    is pending, completing (one `complete` has claimed it and is joining the parts; never shown: it
+    reads as pending), completed, cancelled or expired; `file_id` is the file `complete` made."""
+
+    __tablename__ = "uploads"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    filename: Mapped[str] = mapped_column(String(255), nullable=False)
+    purpose: Mapped[str] = mapped_column(String(64), nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)  # declared at create
+    mime_type: Mapped[str] = mapped_column(String(255), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    file_id: Mapped[str | None] = mapped_column(String(40))
+
+    __table_args__ = (
+        Index("ix_uploads_owner_status", "owner", "status"),
+        Index("ix_uploads_status_expires", "status", "expires_at"),
+    )
+
+
+class OpenAIUploadPart(Base):
+    """A received part of an upload: its bytes are at `path` (the server's choice, relative to the
+    owner's files folder), counted in the owner's file quota while the upload is unfinished."""
+
+    __tablename__ = "upload_parts"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
+    upload_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("uploads.id", ondelete="CASCADE"), nullable=False
+    )
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    path: Mapped[str] = mapped_column(String(255), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+    __table_args__ = (Index("ix_upload_parts_upload_seq", "upload_id", "seq"),)

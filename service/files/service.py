@@ -17,6 +17,7 @@ from ftq.runtime import files
 from ftq.runtime.settings import Settings
 from ftq.store.files_repository import FileRepository, utcnow
 from ftq.store.models import UploadedFile
+from ftq.store.uploads_repository import UploadRepository
 from service.errors import Conflict, NotFound, SpecError, TooManyRequests
 
 
@@ -56,21 +57,24 @@ def new_upload_path(settings: Settings, owner: str, file_id: str) -> Path:
 RESERVE_STEP = 1024 * 1024
 
 
-def reserve(
-    session: Session, repo: FileRepository, settings: Settings, part: Path, want: int, *, also_held: int = 0
-) -> None:
+def held_by_uploads(session: Session, owner: str) -> int:
+    """What the received parts of the owner's unfinished `/v1` uploads hold: they count in the quota as
+    its files do."""
+    return UploadRepository(session, owner).bytes_held()
+
+
+def reserve(session: Session, repo: FileRepository, settings: Settings, part: Path, want: int) -> None:
     """Reserve room for `want` bytes of the upload whose bytes arrive in `part`, against the owner's
     quota, under the owner's quota lock: what the owner's files hold, plus what its other uploads in
-    flight have reserved, plus this one's must fit. The reservation is the `.part` file's length (a
-    sparse file: the room is counted, not taken), which every API process sees; TooManyRequests when it
-    does not fit (the upload stops there). `also_held`: bytes held elsewhere that count too (the parts of
-    the owner's unfinished `/v1` uploads)."""
+    flight have reserved and the parts of its unfinished `/v1` uploads, plus this one's must fit. The
+    reservation is the `.part` file's length (a sparse file: the room is counted, not taken), which
+    every API process sees; TooManyRequests when it does not fit (the upload stops there)."""
     repo.hold_quota()
     used = repo.bytes_used()
     flight = files.bytes_in_flight(
         settings.data_path, repo.owner, younger_than=settings.upload_deadline_seconds, besides=part
     )
-    flight += also_held
+    flight += held_by_uploads(session, repo.owner)
     if used + flight + want > settings.file_quota_bytes:
         raise TooManyRequests(
             f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
@@ -81,6 +85,26 @@ def reserve(
     if part.stat().st_size < want:
         os.truncate(part, want)
     session.commit()
+
+
+def check_quota(session: Session, repo: FileRepository, settings: Settings, part: Path, size: int) -> None:
+    """Take the owner's quota lock (until the transaction ends) and check that the `size` bytes received
+    in `part` fit beside the owner's files, its other uploads in flight and the parts of its unfinished
+    `/v1` uploads; TooManyRequests when they do not, with `part` removed."""
+    repo.hold_quota()
+    used = repo.bytes_used()
+    flight = files.bytes_in_flight(
+        settings.data_path, repo.owner, younger_than=settings.upload_deadline_seconds, besides=part
+    )
+    flight += held_by_uploads(session, repo.owner)
+    if used + flight + size > settings.file_quota_bytes:
+        part.unlink(missing_ok=True)
+        raise TooManyRequests(
+            f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
+            f"(FTQ_FILE_QUOTA_BYTES; {used} in use, {flight} held by your uploads in progress); delete "
+            "files you no longer need",
+            retry_after=60,
+        )
 
 
 def record(
@@ -95,19 +119,10 @@ def record(
     sha256: str,
 ) -> UploadedFile:
     """The received bytes become the file `file_id` (status validating), within the owner's quota as it
-    is now (another upload may have finished meanwhile), checked and taken under the owner's quota lock."""
-    repo.hold_quota()
-    used = repo.bytes_used()
-    flight = files.bytes_in_flight(
-        settings.data_path, repo.owner, younger_than=settings.upload_deadline_seconds, besides=part
-    )
-    if used + flight + size > settings.file_quota_bytes:
-        part.unlink(missing_ok=True)
-        raise TooManyRequests(
-            f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
-            f"(FTQ_FILE_QUOTA_BYTES; {used} in use); delete files you no longer need",
-            retry_after=60,
-        )
+    is now (another upload may have finished meanwhile), checked and taken under the owner's quota lock.
+    The row is committed with whatever the caller's transaction holds (a `/v1` upload's end, whose
+    parts then no longer count)."""
+    check_quota(session, repo, settings, part, size)
     final = files.file_path(settings.data_path, repo.owner, file_id)
     row = UploadedFile(
         id=file_id,

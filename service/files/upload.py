@@ -39,17 +39,25 @@ class Limits:
     them (`room_for`, through `reserve(bytes)`, which raises TooManyRequests when it does not fit)."""
 
     def __init__(
-        self, max_bytes: int, reserve: Callable[[int], Awaitable[None]], *, declared: int | None = None
+        self,
+        max_bytes: int,
+        reserve: Callable[[int], Awaitable[None]],
+        *,
+        declared: int | None = None,
+        too_large: str | None = None,
     ):
         self.max_bytes = max_bytes
         self._reserve = reserve
         self.declared = declared
         self.reserved = 0
+        # What a 413 says when `max_bytes` is another cap than FTQ_MAX_FILE_BYTES (an upload part's room).
+        self.too_large = too_large
 
     def check(self, total: int) -> None:
         if total > self.max_bytes:
             raise PayloadTooLarge(
-                f"the file is over the {self.max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES); "
+                self.too_large
+                or f"the file is over the {self.max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES); "
                 "split it, or ask the operator"
             )
 
@@ -154,15 +162,17 @@ async def receive(
         sink.close()
 
 
-def declared_length(request: Request, max_bytes: int) -> int | None:
+def declared_length(request: Request, max_bytes: int, too_large: str | None = None) -> int | None:
     """The body's Content-Length, if it says one; refused before a byte is read when the file in it would
-    be over `max_bytes`."""
+    be over `max_bytes` (with `too_large` as the message, where the cap is not FTQ_MAX_FILE_BYTES)."""
     declared = request.headers.get("content-length", "")
     if not declared.isdigit():
         return None
     multipart = request.headers.get("content-type", "").split(";")[0].strip().lower() == "multipart/form-data"
     if int(declared) > max_bytes + (MULTIPART_SLACK if multipart else 0):
-        raise PayloadTooLarge(f"the file is over the {max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)")
+        raise PayloadTooLarge(
+            too_large or f"the file is over the {max_bytes} bytes a file may have (FTQ_MAX_FILE_BYTES)"
+        )
     return int(declared)
 
 

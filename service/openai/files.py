@@ -2,18 +2,23 @@
 streamed receive, size cap, owner quota, validation task and owner filter; a file `file_<hex>` is
 `file-<hex>` here. A job's result file (`file-result-<hex>`) is made from its metrics when read.
 
-An Upload (a file larger than one request, sent in parts) keeps its state in the owner's files folder,
-`uploads/<upload id>/` (upload.json and one file per part), until `complete` joins the parts into an
-ordinary file and removes the folder."""
+An Upload (a file larger than one request, sent in parts) is a row in the store with a row per part
+(ftq.store.uploads_repository); a part's bytes are in the owner's files folder, `uploads/<upload id>/`,
+and count in the owner's quota until the upload ends. `complete` claims the upload by a compare-and-set
+(pending -> completing), so of racing `complete`s one joins the parts into an ordinary file and the
+others are 409s that leave nothing behind; a part, a `cancel` or a `complete` of an upload that is not
+pending is a 409 too."""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import re
 import secrets
 import shutil
 import time
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,9 +26,11 @@ import anyio
 from fastapi import APIRouter, BackgroundTasks, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from ftq.contract.openai import (
     FileDeleted,
+    OpenAIErrorBody,
     OpenAIFile,
     OpenAIList,
     Upload,
@@ -34,28 +41,26 @@ from ftq.contract.openai import (
 from ftq.contract.status import FileStatus
 from ftq.runtime import files
 from ftq.runtime.settings import Settings, get_settings
-from ftq.store import outbox
+from ftq.store import outbox, uploads_repository
 from ftq.store.db import new_session, read_session
 from ftq.store.files_repository import FileRepository
-from ftq.store.models import UploadedFile
+from ftq.store.models import OpenAIUpload, OpenAIUploadPart, UploadedFile
 from ftq.store.openai_repository import OpenAIRepository
+from ftq.store.uploads_repository import UploadRepository
 from service.deps import LoopOwnerDep, in_thread_session
-from service.errors import TooManyRequests
+from service.errors import PayloadTooLarge, TooManyRequests
 from service.files import service as file_service
 from service.files import upload
 from service.openai import ids
 from service.openai import jobs as v1_jobs
-from service.openai.errors import invalid, not_found
+from service.openai.errors import OpenAIError, invalid, not_found
 from service.openai.pagination import AFTER, listing
 
 router = APIRouter(tags=["openai"])
 
 PURPOSE = "fine-tune"
 UPLOAD_TTL_SECONDS = 3600
-# The part routes stream their bodies (service.app.BodySizeLimit lets them through).
-UPLOAD_PART_PATH = re.compile(r"^/v1/uploads/upload_[0-9a-f]{24}/parts$")
-_UPLOAD_ID = re.compile(r"^upload_[0-9a-f]{24}$")
-_PART_ID = re.compile(r"^part_[0-9a-f]{24}$")
+_MD5 = re.compile(r"^[0-9a-f]{32}$")
 
 V1Id = Annotated[str, PathParam(min_length=1, max_length=64)]
 
@@ -86,50 +91,52 @@ def _check_purpose(purpose: str | None) -> None:
 
 
 def _limits(
-    owner: str, settings: Settings, part: Path, *, max_bytes: int | None = None, declared: int | None = None
+    owner: str, settings: Settings, part: Path, *, max_bytes: int | None = None, too_large: str | None = None
 ) -> upload.Limits:
-    """The size cap and the owner's quota as the native upload reserves it (its files, its uploads in
-    flight, and here also the parts of its unfinished `/v1` uploads)."""
+    """The size cap (or `max_bytes`, refused with `too_large`) and the owner's quota as the native upload
+    reserves it (its files, its uploads in flight, the parts of its unfinished `/v1` uploads)."""
 
     async def reserve(want: int) -> None:
         def run(session: Any) -> None:
-            pending = _pending_bytes(settings, owner, besides=part)
-            file_service.reserve(
-                session, FileRepository(session, owner), settings, part, want, also_held=pending
-            )
+            file_service.reserve(session, FileRepository(session, owner), settings, part, want)
 
         await anyio.to_thread.run_sync(in_thread_session(run))
 
     cap = settings.max_file_bytes if max_bytes is None else max_bytes
-    return upload.Limits(cap, reserve, declared=declared)
+    return upload.Limits(cap, reserve, too_large=too_large)
 
 
 async def _receive(request: Request, path: Path, limits: upload.Limits, field: str) -> upload.Received:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "multipart/form-data":
         raise invalid(f"send the {field} as multipart/form-data (field `{field}`)", field)
-    limits.declared = upload.declared_length(request, limits.max_bytes)
+    limits.declared = upload.declared_length(request, limits.max_bytes, limits.too_large)
     deadline = get_settings().upload_deadline_seconds
     return await upload.receive_request(request, path, limits, deadline=deadline, field=field)
 
 
+def _store_file(
+    session: Session, owner: str, settings: Settings, file_id: str, part: Path, name: str, size: int, sha: str
+) -> OpenAIFile:
+    row = file_service.record(
+        session,
+        FileRepository(session, owner),
+        settings,
+        file_id=file_id,
+        part=part,
+        filename=name,
+        size=size,
+        sha256=sha,
+    )
+    return to_openai(row)
+
+
 def _record(
     owner: str, settings: Settings, file_id: str, part: Path, name: str, got_size: int, sha: str
-) -> Any:
-    def store(session: Any) -> OpenAIFile:
-        row = file_service.record(
-            session,
-            FileRepository(session, owner),
-            settings,
-            file_id=file_id,
-            part=part,
-            filename=name,
-            size=got_size,
-            sha256=sha,
-        )
-        return to_openai(row)
-
-    return in_thread_session(store)
+) -> Callable[[], OpenAIFile]:
+    return in_thread_session(
+        lambda session: _store_file(session, owner, settings, file_id, part, name, got_size, sha)
+    )
 
 
 # Files ----------------------------------------------------------------------------------------------------
@@ -239,61 +246,71 @@ def delete_file(file_id: V1Id, owner: LoopOwnerDep) -> FileDeleted:
 
 # Uploads --------------------------------------------------------------------------------------------------
 
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {
+        "model": OpenAIErrorBody,
+        "description": "The upload is not pending: another `complete` has claimed it, or it is completed, "
+        "cancelled or expired",
+    }
+}
+_PART_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_CONFLICT,
+    413: {
+        "model": OpenAIErrorBody,
+        "description": "The part would take the upload past its declared `bytes`",
+    },
+}
 
-def _upload_dir(settings: Settings, owner: str, upload_id: str) -> Path:
-    if not _UPLOAD_ID.match(upload_id):
+
+def _check_upload_id(upload_id: str) -> None:
+    if not files.is_upload_id(upload_id):
         raise not_found(f"No such Upload object: {upload_id}", "upload_id")
-    return files.owner_dir(settings.data_path, owner) / "uploads" / upload_id
 
 
-def _pending_bytes(settings: Settings, owner: str, besides: Path | None = None) -> int:
-    """What the owner's unfinished uploads hold (but `besides`, a part being written), which counts in
-    the quota as files do; uploads that expired or were cancelled are removed on the way."""
-    root = files.owner_dir(settings.data_path, owner) / "uploads"
-    if not root.is_dir():
-        return 0
-    total, now = 0, time.time()
-    for folder in root.iterdir():
-        if not _UPLOAD_ID.match(folder.name) or folder.is_symlink() or not folder.is_dir():
-            continue
-        try:
-            state = json.loads((folder / "upload.json").read_text())
-        except (OSError, ValueError):
-            state = {"status": "broken", "expires_at": 0}
-        if state.get("status") != "pending" or state.get("expires_at", 0) < now:
-            shutil.rmtree(folder, ignore_errors=True)
-            continue
-        total += sum(p.stat().st_size for p in folder.glob("part_*") if p != besides)
-    return total
+def _shown_status(row: OpenAIUpload) -> str:
+    """The status as OpenAI's Upload has it: a pending upload past its expiry is `expired` (until the
+    sweep makes it so), one being completed reads as pending."""
+    if row.status in uploads_repository.LIVE:
+        return "expired" if row.expires_at <= uploads_repository.utcnow() else "pending"
+    return row.status
 
 
-def _read_state(folder: Path, upload_id: str) -> dict[str, Any]:
-    try:
-        state: dict[str, Any] = json.loads((folder / "upload.json").read_text())
-    except (FileNotFoundError, ValueError):
-        raise not_found(f"No such Upload object: {upload_id}", "upload_id") from None
-    if state["status"] == "pending" and state["expires_at"] < time.time():
-        state["status"] = "expired"
-    return state
+def _not_pending(row: OpenAIUpload | None, upload_id: str, doing: str) -> Exception:
+    """The refusal of `doing` on an upload that is not pending: a 409 saying what it is."""
+    if row is None:
+        return not_found(f"No such Upload object: {upload_id}", "upload_id")
+    if row.status == uploads_repository.COMPLETING:
+        why = "is already being completed by another request"
+    elif row.status == uploads_repository.COMPLETED:
+        why = "is already completed"
+        if row.file_id:
+            why += f" (file {ids.file_out(row.file_id)})"
+    elif row.status == uploads_repository.PENDING:
+        why = "has expired"
+    else:
+        why = f"is {row.status}"
+    return OpenAIError(
+        f"upload {upload_id} {why}; {doing} a pending upload only", param="upload_id", status=409
+    )
 
 
-def _write_state(folder: Path, state: dict[str, Any]) -> None:
-    tmp = folder / "upload.json.tmp"
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, folder / "upload.json")
-
-
-def _upload_out(state: dict[str, Any], file: OpenAIFile | None = None) -> Upload:
+def _upload_out(row: OpenAIUpload, file: OpenAIFile | None = None) -> Upload:
     return Upload(
-        id=state["id"],
-        bytes=state["bytes"],
-        created_at=state["created_at"],
-        expires_at=state["expires_at"],
-        filename=state["filename"],
-        purpose=state["purpose"],
-        status=state["status"],
+        id=row.id,
+        bytes=row.bytes,
+        created_at=int(row.created_at.timestamp()),
+        expires_at=int(row.expires_at.timestamp()),
+        filename=row.filename,
+        purpose=row.purpose,
+        status=_shown_status(row),  # type: ignore[arg-type]
         file=file,
     )
+
+
+def _sweep(session: Session, settings: Settings, owner: str) -> None:
+    """The owner's uploads that expired are ended and their parts removed (the worker sweeps every owner's
+    hourly too)."""
+    uploads_repository.sweep(session, settings.data_path, owner=owner)
 
 
 @router.post(
@@ -308,115 +325,250 @@ def create_upload(body: UploadCreate, owner: LoopOwnerDep) -> Upload:
         )
     session = new_session()
     try:
-        used = FileRepository(session, owner).bytes_used() + _pending_bytes(settings, owner)
+        _sweep(session, settings, owner)
+        used = FileRepository(session, owner).bytes_used() + file_service.held_by_uploads(session, owner)
+        if used + body.bytes > settings.file_quota_bytes:
+            raise TooManyRequests(
+                f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
+                f"(FTQ_FILE_QUOTA_BYTES; {used} in use)",
+                retry_after=60,
+            )
+        now = uploads_repository.utcnow().replace(microsecond=0)
+        row = OpenAIUpload(
+            id="upload_" + secrets.token_hex(12),
+            owner=owner,
+            filename=files.display_name(body.filename),
+            purpose=body.purpose,
+            bytes=body.bytes,
+            mime_type=body.mime_type,
+            status=uploads_repository.PENDING,
+            created_at=now,
+            expires_at=now + timedelta(seconds=UPLOAD_TTL_SECONDS),
+        )
+        UploadRepository(session, owner).add(row)
+        session.commit()
     finally:
         session.close()
-    if used + body.bytes > settings.file_quota_bytes:
-        raise TooManyRequests(
-            f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
-            f"(FTQ_FILE_QUOTA_BYTES; {used} in use)",
-            retry_after=60,
-        )
-    upload_id = "upload_" + secrets.token_hex(12)
-    folder = _upload_dir(settings, owner, upload_id)
-    folder.mkdir(mode=0o700, parents=True)
-    now = int(time.time())
-    state = {
-        "id": upload_id,
-        "bytes": body.bytes,
-        "filename": files.display_name(body.filename),
-        "purpose": body.purpose,
-        "created_at": now,
-        "expires_at": now + UPLOAD_TTL_SECONDS,
-        "status": "pending",
-        "parts": [],
-    }
-    _write_state(folder, state)
-    return _upload_out(state)
+    return _upload_out(row)
+
+
+def _too_large(upload_id: str, declared: int, received: int) -> str:
+    return (
+        f"the part would take upload {upload_id} past the {declared} bytes it was created for (its "
+        f"`bytes`; {received} received in its parts so far); send at most {max(0, declared - received)} "
+        "more bytes, or create an upload of the right size"
+    )
 
 
 @router.post(
     "/v1/uploads/{upload_id}/parts",
     response_model=UploadPart,
+    responses=_PART_ERRORS,
     summary="Add a part (OpenAI: uploads.parts.create)",
 )
 async def add_part(upload_id: V1Id, request: Request, owner: LoopOwnerDep) -> UploadPart:
     settings = get_settings()
-    folder = _upload_dir(settings, owner, upload_id)
-    state = await anyio.to_thread.run_sync(_read_state, folder, upload_id)
-    if state["status"] != "pending":
-        raise invalid(f"upload {upload_id} is {state['status']}; parts go to a pending upload", "upload_id")
-    held = sum(p.stat().st_size for p in folder.glob("part_*"))
-    # A part may hold what is left of the upload's declared bytes, within the owner's quota (which the
-    # parts of every unfinished upload count in).
+    _check_upload_id(upload_id)
+
+    def look(session: Session) -> tuple[int, int]:
+        _sweep(session, settings, owner)
+        uploads = UploadRepository(session, owner)
+        row = uploads.get(upload_id)
+        if row is None or _shown_status(row) != "pending" or row.status != uploads_repository.PENDING:
+            raise _not_pending(row, upload_id, "parts go to")
+        return row.bytes, uploads.received(upload_id)
+
+    declared, received = await anyio.to_thread.run_sync(in_thread_session(look))
+    # The part arrives as an upload in flight does (`.file_<hex>.part`, its room reserved in the owner's
+    # quota as it streams), at most what is left of the upload's declared bytes.
+    temp = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, files.new_file_id())
+    limits = _limits(
+        owner,
+        settings,
+        temp,
+        max_bytes=max(0, declared - received),
+        too_large=_too_large(upload_id, declared, received),
+    )
+    got = await _receive(request, temp, limits, "data")
     part_id = "part_" + secrets.token_hex(12)
-    part = folder / part_id
-    limits = _limits(owner, settings, part, max_bytes=max(0, state["bytes"] - held))
-    await _receive(request, part, limits, "data")
+    folder = files.upload_dir(settings.data_path, owner, upload_id)
+    final = folder / part_id
+
+    def record(session: Session) -> None:
+        # The quota lock, then the upload's row (held while pending): a `complete` or `cancel` waits for
+        # this part, or this part sees the upload ended. The upload's room and the owner's quota are
+        # checked again with every part received meanwhile.
+        file_repo = FileRepository(session, owner)
+        file_repo.hold_quota()
+        uploads = UploadRepository(session, owner)
+        now = uploads_repository.utcnow()
+        if not uploads.hold_pending(upload_id, now=now):
+            raise _not_pending(uploads.get(upload_id), upload_id, "parts go to")
+        have = uploads.received(upload_id)
+        if have + got.size > declared:
+            raise PayloadTooLarge(_too_large(upload_id, declared, have))
+        file_service.check_quota(session, file_repo, settings, temp, got.size)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.replace(temp, final)
+        try:
+            uploads.add_part(
+                OpenAIUploadPart(
+                    id=part_id,
+                    upload_id=upload_id,
+                    bytes=got.size,
+                    path=str(final.relative_to(files.owner_dir(settings.data_path, owner))),
+                    created_at=now,
+                )
+            )
+            session.commit()
+        except BaseException:
+            session.rollback()
+            final.unlink(missing_ok=True)
+            raise
+
+    try:
+        await anyio.to_thread.run_sync(in_thread_session(record))
+    finally:
+        temp.unlink(missing_ok=True)
     return UploadPart(id=part_id, created_at=int(time.time()), upload_id=upload_id)
+
+
+_JOINED = ".joined"  # the file `complete` writes in the upload's folder, renamed into the owner's files
 
 
 @router.post(
     "/v1/uploads/{upload_id}/complete",
     response_model=Upload,
+    responses=_CONFLICT,
     summary="Join the parts into a file (OpenAI: uploads.complete)",
 )
 async def complete_upload(
     upload_id: V1Id, body: UploadComplete, background: BackgroundTasks, owner: LoopOwnerDep
 ) -> Upload:
     settings = get_settings()
-    folder = _upload_dir(settings, owner, upload_id)
-    state = await anyio.to_thread.run_sync(_read_state, folder, upload_id)
-    if state["status"] != "pending":
-        raise invalid(f"upload {upload_id} is {state['status']}, not pending", "upload_id")
-    for part_id in body.part_ids:
-        if not _PART_ID.match(part_id) or not (folder / part_id).is_file():
-            raise invalid(f"upload {upload_id} has no part {part_id}", "part_ids")
+    _check_upload_id(upload_id)
     if len(set(body.part_ids)) != len(body.part_ids):
         raise invalid("part_ids names a part twice", "part_ids")
+    want_md5 = (body.md5 or "").strip().lower() or None
+    if want_md5 is not None and not _MD5.match(want_md5):
+        raise invalid("md5 must be the 32 hexadecimal digits of the file's MD5 digest", "md5")
+
+    def claim(session: Session) -> tuple[OpenAIUpload, list[Path]]:
+        """The upload's row and its parts' paths in the order of part_ids, once this request has claimed
+        it (pending -> completing); a 409 when another has, or it is not pending."""
+        uploads = UploadRepository(session, owner)
+        row = uploads.get(upload_id)
+        if row is None or row.status != uploads_repository.PENDING or _shown_status(row) != "pending":
+            raise _not_pending(row, upload_id, "complete")
+        parts = {p.id: p for p in uploads.parts(upload_id)}
+        for part_id in body.part_ids:
+            if part_id not in parts:
+                raise invalid(f"upload {upload_id} has no part {part_id}", "part_ids")
+        size = sum(parts[p].bytes for p in body.part_ids)
+        if size != row.bytes:
+            raise invalid(
+                f"the parts hold {size} bytes and the upload was created for {row.bytes}", "part_ids"
+            )
+        if not uploads.claim(upload_id, now=uploads_repository.utcnow()):
+            session.rollback()
+            raise _not_pending(uploads.get(upload_id), upload_id, "complete")
+        session.commit()
+        home = files.owner_dir(settings.data_path, owner)
+        return row, [home / parts[p].path for p in body.part_ids]
+
+    row, sources = await anyio.to_thread.run_sync(in_thread_session(claim))
+    # This request alone holds the upload now: whatever happens, it ends completed or pending again, and
+    # leaves no file of its own behind.
+    target = files.upload_dir(settings.data_path, owner, upload_id) / _JOINED
     file_id = files.new_file_id()
-    target = await anyio.to_thread.run_sync(file_service.new_upload_path, settings, owner, file_id)
+    done = False
+    try:
 
-    def join() -> tuple[int, str]:
-        import hashlib
+        def join() -> tuple[int, str, str]:
+            sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # none yet: an upload of no parts
+            with open(target, "wb") as out:
+                for source in sources:
+                    with open(source, "rb") as src:
+                        while chunk := src.read(1 << 20):
+                            sha.update(chunk)
+                            md5.update(chunk)
+                            size += len(chunk)
+                            out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            return size, sha.hexdigest(), md5.hexdigest()
 
-        digest, size = hashlib.sha256(), 0
-        with open(target, "xb") as out:
-            for part_id in body.part_ids:
-                with open(folder / part_id, "rb") as src:
-                    while chunk := src.read(1 << 20):
-                        digest.update(chunk)
-                        size += len(chunk)
-                        out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        return size, digest.hexdigest()
+        size, sha, md5 = await anyio.to_thread.run_sync(join)
+        if size != row.bytes:
+            raise invalid(
+                f"the parts hold {size} bytes and the upload was created for {row.bytes}", "part_ids"
+            )
+        if want_md5 is not None and md5 != want_md5:
+            raise invalid(
+                f"md5 is {want_md5} but the parts joined in the order of part_ids have md5 {md5}; no file "
+                "was made (the upload is still pending: complete it again with the right parts in the right "
+                "order, or cancel it)",
+                "md5",
+            )
 
-    size, sha = await anyio.to_thread.run_sync(join)
-    if size != state["bytes"]:
-        target.unlink(missing_ok=True)
-        raise invalid(
-            f"the parts hold {size} bytes and the upload was created for {state['bytes']}", "part_ids"
-        )
-    file: OpenAIFile = await anyio.to_thread.run_sync(
-        _record(owner, settings, file_id, target, state["filename"], size, sha)
-    )
+        def store(session: Session) -> OpenAIFile:
+            # The quota lock first (as a part's record takes it), then the upload's end and the file's
+            # row in one transaction: the parts stop counting in the quota as the file starts to.
+            repo = FileRepository(session, owner)
+            repo.hold_quota()
+            uploads = UploadRepository(session, owner)
+            if not uploads.finish(upload_id, file_id):
+                raise _not_pending(uploads.get(upload_id), upload_id, "complete")
+            return _store_file(session, owner, settings, file_id, target, row.filename, size, sha)
+
+        file: OpenAIFile = await anyio.to_thread.run_sync(in_thread_session(store))
+        done = True
+    finally:
+        if not done:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_give_back, target, upload_id, owner)
     background.add_task(outbox.send_file_validation, file_id)
-    state["status"] = "completed"
-    await anyio.to_thread.run_sync(shutil.rmtree, folder, True)
-    return _upload_out(state, file)
+    await anyio.to_thread.run_sync(
+        shutil.rmtree, files.upload_dir(settings.data_path, owner, upload_id), True
+    )
+    row.status, row.file_id = uploads_repository.COMPLETED, file_id
+    return _upload_out(row, file)
+
+
+def _give_back(target: Path, upload_id: str, owner: str) -> None:
+    """A claimed upload that made no file: the joined bytes removed, the upload pending again."""
+    target.unlink(missing_ok=True)
+
+    def release(session: Session) -> None:
+        UploadRepository(session, owner).release(upload_id)
+        session.commit()
+
+    in_thread_session(release)()
 
 
 @router.post(
     "/v1/uploads/{upload_id}/cancel",
     response_model=Upload,
+    responses=_CONFLICT,
     summary="Cancel an upload (OpenAI: uploads.cancel)",
 )
 def cancel_upload(upload_id: V1Id, owner: LoopOwnerDep) -> Upload:
     settings = get_settings()
-    folder = _upload_dir(settings, owner, upload_id)
-    state = _read_state(folder, upload_id)
-    if state["status"] == "pending":
-        state["status"] = "cancelled"
-        shutil.rmtree(folder, ignore_errors=True)
-    return _upload_out(state)
+    _check_upload_id(upload_id)
+    session = new_session()
+    try:
+        _sweep(session, settings, owner)
+        uploads = UploadRepository(session, owner)
+        cancelled = uploads.cancel(upload_id, now=uploads_repository.utcnow())
+        session.commit()
+        row = uploads.get(upload_id)
+        if row is None:
+            raise not_found(f"No such Upload object: {upload_id}", "upload_id")
+        if row.status == uploads_repository.COMPLETING:
+            raise _not_pending(row, upload_id, "cancel")
+    finally:
+        session.close()
+    if cancelled:
+        shutil.rmtree(files.upload_dir(settings.data_path, owner, upload_id), ignore_errors=True)
+    return _upload_out(row)
