@@ -271,8 +271,9 @@ def check(bwrap: str = "bwrap", uid: int | None = None, gid: int | None = None) 
 
 
 def interpreter_paths(python: str) -> tuple[str, list[str]]:
-    """The real executable of `python` and the folders it needs read-only (its prefix and base prefix,
-    outside /usr): asked of the interpreter itself, outside any sandbox (no tenant code runs here)."""
+    """`python` as an absolute path, and what it needs read-only: its prefix and base prefix (outside
+    /usr), and the file itself where it lies outside them. Asked of the interpreter itself, outside any
+    sandbox (no tenant code runs here)."""
     try:
         answer = subprocess.run(
             [python, "-I", "-c", "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix]))"],
@@ -284,9 +285,12 @@ def interpreter_paths(python: str) -> tuple[str, list[str]]:
         prefixes = json.loads(answer.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         raise SandboxUnavailable(f"the interpreter {python!r} does not run: {e}") from None
-    keep = []
+    keep: list[str] = []
     for p in prefixes:
         p = os.path.realpath(p)
         if not (p == "/usr" or p.startswith("/usr/")) and p not in keep:
             keep.append(p)
-    return os.path.abspath(python), keep
+    path = os.path.abspath(python)
+    if not any(path == d or path.startswith(d.rstrip("/") + "/") for d in ("/usr", *keep)):
+        keep.append(path)  # a wrapper script outside the prefixes (an operator's FTQ_PYTHON), itself
+    return path, keep
