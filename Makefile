@@ -15,7 +15,7 @@ HOST ?=
 PORT ?=
 LOG_LEVEL ?=
 
-.PHONY: help install up test test-fast test-weights lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench gpu-wheels gpu-import-check clean lock
+.PHONY: help install sandbox up test test-fast test-weights lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench gpu-wheels gpu-import-check clean lock
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -25,7 +25,21 @@ help: ## list the targets
 
 # Idempotent and quick when nothing changed: the stamp is newer than pyproject.toml and the constraints.
 # Every dependency but torch is pinned by constraints.txt (`make lock` refreshes it).
-install: $(STAMP) examples/tiny/model/config.json ## create .venv and install ftq (quick when nothing changed)
+install: $(STAMP) examples/tiny/model/config.json sandbox ## create .venv and install ftq (quick when nothing changed)
+
+# Tenant code (python graders, lm_eval task folders) runs only under bubblewrap (docs/operating/security.md):
+# installed from the system's packages where this is root on Debian/Ubuntu; elsewhere the command is
+# printed, and the server refuses such code with the same fix until it is there.
+sandbox: ## install bubblewrap, the sandbox tenant code runs in (root: apt-get; otherwise it prints how)
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing bubblewrap (the tenant-code sandbox)"; \
+		(apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1 || \
+		 (apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null)); \
+	else \
+		echo "note: bubblewrap is not installed; python graders and lm_eval task folders are refused until it is" \
+		     "(sudo apt-get install bubblewrap, or dnf install bubblewrap)"; \
+	fi
 
 # A real MLflow tracking server for the tracker tests (so `make test` builds it, not `make install`:
 # someone running `make up` needs no server of their own), in a venv of its own: the full `mlflow` package
