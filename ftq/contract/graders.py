@@ -5,6 +5,7 @@ naming its field (`grader.graders.b.operation`). Scoring is in ftq.grading."""
 from __future__ import annotations
 
 import ast
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -15,6 +16,18 @@ TEMPLATE_ROOTS = ("sample", "item")
 MAX_SOURCE_CHARS = 100_000
 MAX_TEMPLATE_CHARS = 20_000
 MAX_FORMULA_CHARS = 2_000
+# A multi grader's tree: multi graders nest at most MAX_MULTI_DEPTH deep (a multi of multis of other
+# graders), with at most MAX_SUB_GRADERS graders under the top one in all (a nested multi counts, and so
+# does each of its graders), so one request holds a grading slot for a bounded number of graders.
+MAX_MULTI_DEPTH = 2
+MAX_SUB_GRADERS = 16
+# What one `POST /graders/run` scores: the sample (its JSON, output_text and output_json together) and the
+# item (its JSON), in characters; and a template once rendered (ftq.grading.templates), which a
+# placeholder repeated over a long field would otherwise multiply. fuzzy_match of two texts this long
+# takes about 1.6 s (rapidfuzz; docs/graders.md).
+MAX_SAMPLE_CHARS = 262_144
+MAX_ITEM_CHARS = 262_144
+MAX_RENDERED_CHARS = 262_144
 
 StringOperation = Literal["eq", "ne", "like", "ilike"]
 # A number as the schema says: an int or a float, never a bool or a numeric string (strict).
@@ -102,7 +115,7 @@ class MultiGrader(_Grader):
     """Named graders combined by `calculate_output`, a formula over their names (see ftq.grading.formula)."""
 
     type: Literal["multi"]
-    graders: dict[str, Grader] = Field(..., min_length=1, max_length=32)
+    graders: dict[str, Grader] = Field(..., min_length=1, max_length=MAX_SUB_GRADERS)
     calculate_output: str = Field(..., min_length=1, max_length=MAX_FORMULA_CHARS)
 
     @field_validator("graders")
@@ -111,6 +124,25 @@ class MultiGrader(_Grader):
         for name in v:
             if not name.isidentifier():
                 raise ValueError(f"grader name {name!r} is not an identifier (the formula names it)")
+        # The sub-graders were validated first (each nested multi within its own bounds): this multi's.
+        depth = 1 + max((multi_depth(g) for g in v.values()), default=0)
+        if depth > MAX_MULTI_DEPTH:
+            path, here = [], v
+            while here:  # the deepest chain of multis, by name
+                name = max(here, key=lambda n: multi_depth(here[n]))
+                if multi_depth(here[name]) == 0:
+                    break
+                path.append(name)
+                here = here[name].graders
+            raise ValueError(
+                f"multi graders nest {depth} deep here (through {'.'.join(path)}); at most "
+                f"{MAX_MULTI_DEPTH} (a multi of multis)"
+            )
+        count = sum(1 + sub_grader_count(g) for g in v.values())
+        if count > MAX_SUB_GRADERS:
+            raise ValueError(
+                f"{count} graders under this multi grader, nested ones counted; at most {MAX_SUB_GRADERS}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -129,6 +161,30 @@ Grader = Annotated[
     Field(discriminator="type"),
 ]
 MultiGrader.model_rebuild()
+
+
+def multi_depth(grader: Any) -> int:
+    """How deep multi graders nest in `grader`: 0 for any other type, 1 for a multi of other types."""
+    if isinstance(grader, MultiGrader):
+        return 1 + max((multi_depth(g) for g in grader.graders.values()), default=0)
+    return 0
+
+
+def sub_grader_count(grader: Any) -> int:
+    """The graders under `grader`, at every level (0 for a grader that is not a multi)."""
+    if isinstance(grader, MultiGrader):
+        return sum(1 + sub_grader_count(g) for g in grader.graders.values())
+    return 0
+
+
+def needs_process(grader: Any) -> bool:
+    """Whether scoring `grader` starts a python grader's process or runs a score model (the costly
+    types); string_check and text_similarity graders are scored in the caller's thread."""
+    if isinstance(grader, PythonGrader | ScoreModelGrader):
+        return True
+    if isinstance(grader, MultiGrader):
+        return any(needs_process(g) for g in grader.graders.values())
+    return False
 
 
 GRADER_TYPES = frozenset({"string_check", "text_similarity", "python", "score_model", "multi"})
@@ -162,8 +218,16 @@ class ModelSample(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
+    # A bound on what is parsed at all; the request's own check (MAX_SAMPLE_CHARS) names the field.
     output_text: str = Field("", max_length=1_000_000)
     output_json: dict[str, Any] | None = None
+
+
+def _json_chars(value: Any) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError, RecursionError):
+        raise ValueError("is not JSON this server can read back") from None
 
 
 class GraderRunRequest(BaseModel):
@@ -171,9 +235,30 @@ class GraderRunRequest(BaseModel):
 
     grader: Grader
     model_sample: str | ModelSample = Field(
-        ..., description="The sample: its text, or {output_text, output_json}"
+        ...,
+        description=f"The sample: its text, or {{output_text, output_json}}; at most {MAX_SAMPLE_CHARS:,} "
+        "characters (as JSON)",
     )
-    item: dict[str, Any] = Field(default_factory=dict, description="The dataset row (`item.*` in templates)")
+    item: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"The dataset row (`item.*` in templates); at most {MAX_ITEM_CHARS:,} characters as JSON",
+    )
+
+    @field_validator("model_sample")
+    @classmethod
+    def _sample_size(cls, v: str | ModelSample) -> str | ModelSample:
+        size = len(v) if isinstance(v, str) else _json_chars(v.model_dump())
+        if size > MAX_SAMPLE_CHARS:
+            raise ValueError(f"the sample has {size:,} characters; at most {MAX_SAMPLE_CHARS:,}")
+        return v
+
+    @field_validator("item")
+    @classmethod
+    def _item_size(cls, v: dict[str, Any]) -> dict[str, Any]:
+        size = _json_chars(v)
+        if size > MAX_ITEM_CHARS:
+            raise ValueError(f"the item has {size:,} characters as JSON; at most {MAX_ITEM_CHARS:,}")
+        return v
 
 
 class GraderValidateRequest(BaseModel):

@@ -1,12 +1,14 @@
 """One grader's reward for a sample and its item, as OpenAI documents them: string_check 1.0 or 0.0,
 text_similarity the metric's value, python `grade()`'s value, multi its formula over the named graders'
-rewards, score_model the number the model answers (ftq.grading.model)."""
+rewards, score_model the number the model answers (ftq.grading.model). `score` may be given a deadline
+for the whole grader (a multi's python graders share it), as `POST /graders/run` does."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ftq.contract.formula import FormulaError, evaluate
@@ -74,14 +76,27 @@ def parse_score(grader: ScoreModelGrader, text: str) -> float:
     return value
 
 
+def _left(grader: str, limits: Limits, deadline: float | None) -> Limits:
+    """The limits, their wall clock cut to what is left before the deadline (a GraderError, limit
+    wall_clock, when nothing is)."""
+    if deadline is None:
+        return limits
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise GraderError(grader, "the request's wall-clock limit was spent", limit="wall_clock")
+    return replace(limits, timeout_seconds=min(limits.timeout_seconds, left))
+
+
 def score(
     grader: Grader,
     sample: dict[str, Any],
     item: dict[str, Any],
     limits: Limits,
     score_model: ScoreModelFn | None = None,
+    deadline: float | None = None,
 ) -> Result:
-    """The grader's reward (GraderError where it cannot be scored)."""
+    """The grader's reward (GraderError where it cannot be scored). `deadline` (time.monotonic()): where
+    given, python graders get only the wall clock left before it, and none starts after it."""
     if isinstance(grader, StringCheckGrader):
         return Result(string_check(grader, sample, item))
     if isinstance(grader, TextSimilarityGrader):
@@ -89,10 +104,24 @@ def score(
         reference = render(grader.reference, sample, item, grader.name)
         return Result(similarity(grader.evaluation_metric, value, reference))
     if isinstance(grader, PythonGrader):
-        return Result(run_python(grader.name, grader.source, [(sample, item)], limits)[0])
+        try:
+            left = _left(grader.name, limits, deadline)
+            return Result(run_python(grader.name, grader.source, [(sample, item)], left)[0])
+        except GraderError as e:
+            if deadline is None or e.limit != "wall_clock":
+                raise
+            # Its own limit was what was left of the request's: name the request's.
+            raise GraderError(
+                grader.name,
+                f"exceeded the wall-clock limit ({limits.timeout_seconds:g} s), which a request's python "
+                "graders share",
+                limit="wall_clock",
+                details=e.details,
+            ) from None
     if isinstance(grader, ScoreModelGrader):
         if score_model is None:
             raise GraderError(grader.name, "score_model graders are not scored on this server")
+        _left(grader.name, limits, deadline)
         messages = [
             {"role": m.role, "content": render(m.content, sample, item, grader.name)} for m in grader.input
         ]
@@ -106,7 +135,10 @@ def score(
             ) from None
         return Result(parse_score(grader, answer))
     assert isinstance(grader, MultiGrader)
-    sub = {name: score(g, sample, item, limits, score_model).reward for name, g in grader.graders.items()}
+    sub = {
+        name: score(g, sample, item, limits, score_model, deadline).reward
+        for name, g in grader.graders.items()
+    }
     try:
         return Result(evaluate(grader.calculate_output, sub), sub)
     except FormulaError as e:
