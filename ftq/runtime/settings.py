@@ -199,6 +199,29 @@ class Settings(BaseSettings):
         description="Comma-separated models a score_model grader may name (local paths or names the "
         "server has). Empty: score_model graders are refused.",
     )
+    # How POST /graders/run shares one API process among owners (service.graders.service): two lanes,
+    # one for graders that start a python process or run a score model, one for the rest.
+    grader_slots: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Graders one API process scores at once in each lane (python and score_model graders; "
+        "string_check and text_similarity ones).",
+    )
+    grader_slots_per_owner: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Of those, how many one owner's requests may hold (even while others are free): the "
+        "rest wait in the owner's own queue, and a freed slot goes to the waiting owner holding the fewest.",
+    )
+    grader_queue_per_owner: int = Field(
+        8,
+        ge=0,
+        le=1024,
+        description="Requests of one owner that may wait for a slot in each lane; one more is a 429 with "
+        "Retry-After.",
+    )
 
     # Limits
     max_body_bytes: int = Field(1_048_576, ge=1024)
