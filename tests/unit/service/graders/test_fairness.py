@@ -161,6 +161,7 @@ def test_a_freed_slot_goes_to_the_next_owner_in_turn(make_client: MakeClient, sa
                     tg.start_soon(grade, "bob", i)
                 await _until(lambda: service.PROCESS_LANE.counts("bob") == (2, 3))
                 tg.start_soon(grade, "alice", 0)
+                await _until(lambda: service.PROCESS_LANE.counts("alice") == (0, 1))
                 tg.start_soon(grade, "carol", 0)
                 await _until(lambda: service.PROCESS_LANE.counts("carol") == (0, 1))
                 # One at a time: each freed slot is given before the next is freed.
