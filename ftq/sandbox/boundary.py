@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
@@ -81,8 +82,15 @@ def _root_entries(root: Path = Path("/")) -> list[str]:
     return args
 
 
-def argv(box: Box, *, root_entries: list[str] | None = None) -> list[str]:
-    """The bwrap command line for the box (pure: the host's /bin, /lib... layout is passed in, or read)."""
+def argv(box: Box, *, timeout: float | None = None, root_entries: list[str] | None = None) -> list[str]:
+    """The bwrap command line for the box (pure: the host's /bin, /lib... layout is passed in, or read).
+
+    bwrap dies with its starter (--die-with-parent: a killed API or trainer takes its sandboxes with it
+    at once). With `timeout`, the command also runs under coreutils' `timeout` inside the sandbox, which
+    kills it a second after the deadline whatever happens outside; its end ends the pid namespace."""
+    inside = list(box.argv)
+    if timeout is not None:
+        inside = ["/usr/bin/timeout", "--signal=KILL", f"{timeout + 1:g}", *inside]
     args = [
         box.bwrap,
         "--unshare-user",
@@ -133,7 +141,7 @@ def argv(box: Box, *, root_entries: list[str] | None = None) -> list[str]:
     args += ["--chdir", box.cwd, "--clearenv"]
     for name, value in sorted(box.env.items()):
         args += ["--setenv", name, value]
-    return [*args, "--", *box.argv]
+    return [*args, "--", *inside]
 
 
 def _user(box: Box) -> dict[str, object]:
@@ -177,10 +185,12 @@ def run(
     stderr together pass `max_output` bytes; stderr keeps its last `stderr_tail` bytes.
 
     SandboxUnavailable when bwrap is missing or fails before the command starts."""
+    if shutil.which(box.bwrap, path=_BWRAP_ENV["PATH"]) is None:
+        raise SandboxUnavailable(f"{box.bwrap!r} is not installed")
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
-            argv(box),
+            argv(box, timeout=timeout),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -54,6 +54,11 @@ def test_the_command_line_unshares_every_namespace_and_binds_only_what_it_is_giv
     assert args[args.index("--") + 1 :] == ["/x/python", "-c", "pass"]
 
 
+def test_the_deadline_holds_inside_too() -> None:
+    args = argv(sandbox.Box(argv=("/x/python",)), timeout=30, root_entries=[])
+    assert args[args.index("--") :] == ["--", "/usr/bin/timeout", "--signal=KILL", "31", "/x/python"]
+
+
 def test_no_secret_of_the_caller_is_readable(
     who: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -86,8 +91,9 @@ print('\\n'.join(seen))
     assert secret not in text
     assert "FTQ_" not in text and "MLFLOW" not in text
     first = text.splitlines()[0].split(maxsplit=2)
-    # Its own pid namespace: bwrap's first process (1) and the command (2), nothing of the host's.
-    assert first[1] == str(SANDBOX_ID) and first[2] == "['1', '2']", first
+    # Its own pid namespace: bwrap's first process (1), the deadline's `timeout` (2) and the command (3),
+    # nothing of the host's.
+    assert first[1] == str(SANDBOX_ID) and first[2] == "['1', '2', '3']", first
 
 
 def test_no_network_reaches_a_port_listening_on_the_host(who: dict[str, Any]) -> None:
