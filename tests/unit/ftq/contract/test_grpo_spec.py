@@ -45,7 +45,7 @@ def loc_of(spec: dict[str, Any]) -> tuple[tuple[str, ...], str]:
     cause = (err.get("ctx") or {}).get("error")
     loc = [str(p) for p in err["loc"]]
     if isinstance(cause, SpecFieldError):
-        loc += list(cause.loc)
+        loc += [str(p) for p in cause.loc]
     return tuple(clean_loc(loc)), str(err["msg"])
 
 
