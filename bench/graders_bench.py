@@ -1,6 +1,6 @@
 """The python grader sandbox's overhead per scored sample: the same `grade` function called in this
-process, against scoring batches of samples through ftq.grading.sandbox (a child process per batch, with
-its limits, its network namespace and its audit hook), as a ratio. Batches of 1 are what
+process, against scoring batches of samples through ftq.grading.sandbox (a child process per batch under
+bubblewrap: its own namespaces, rlimits and audit hook), as a ratio. Batches of 1 are what
 `POST /graders/run` does; larger batches are what a trainer's reward call does.
 
     python -m bench.graders_bench [--samples 64] [--batches 1,16,64]
@@ -61,7 +61,7 @@ def main() -> None:
         )
     note(
         "graders: per scored sample, a python grader in the sandbox (one child process per batch: "
-        "unshare --net, python -I -S, rlimits, the audit hook) against the same grade() called "
+        "bubblewrap's namespaces, python -I -S, rlimits, the audit hook) against the same grade() called "
         "in process; the ratio is almost all process start-up, paid once per batch."
     )
 
