@@ -158,3 +158,23 @@ def test_the_operators_hub_token_reaches_runs_from_the_environment_and_the_cache
     assert "HF_TOKEN" not in hub_environment(Settings(hub_token=""), hub)
     passed = launch_environment(Settings(pass_env="FTQ_HF_TOKEN"), {"FTQ_HF_TOKEN": "x", "PATH": "/bin"})
     assert passed == {"PATH": "/bin"}
+
+
+def test_runs_that_score_graders_or_evaluate_get_the_operators_sandbox_settings() -> None:
+    """Issue 48, finding 3: evaluation suites scored under the sandbox's defaults, not the operator's
+    FTQ_GRADER_* limits; GRPO runs and evaluations get them now, with FTQ_SANDBOX_BWRAP."""
+    from ftq.contract.spec import JobSpec
+    from worker.launchers.base import grader_environment
+
+    base = {
+        "model": {"name_or_path": "./tiny/model"},
+        "dataset": {"name_or_path": "./tiny/data"},
+        "training": {"max_steps": 1},
+    }
+    settings = Settings(grader_cpu_seconds=3, grader_timeout_seconds=7.5, sandbox_bwrap="/opt/bwrap")
+    assert grader_environment(settings, JobSpec.model_validate(base)) == {}
+    suite = {"name": "bench", "type": "lm_eval", "tasks": ["tiny_mc"], "task_dir": "./evaluation/tasks"}
+    evaluated = JobSpec.model_validate({**base, "eval": {"suites": [suite]}})
+    env = grader_environment(settings, evaluated)
+    assert env["FTQ_GRADER_CPU_SECONDS"] == "3" and env["FTQ_GRADER_TIMEOUT_SECONDS"] == "7.5"
+    assert env["FTQ_SANDBOX_BWRAP"] == "/opt/bwrap"
