@@ -255,13 +255,15 @@ def trl_rows(
     *,
     loss_on: str = "all",
     model_name: str = "the model",
+    tokenize: bool = False,
 ) -> Dataset:
     """The rows as TRL takes them: only the format's columns, under TRL's names (`text` or `messages` for
     SFT; prompt/completion; prompt/chosen/rejected; prompt/completion/label), without empty rows.
 
-    OpenAI's chat rows (a `weight` on assistant turns, `tool_calls`, `tools`) are tokenized here, with the
-    loss mask TRL builds its labels from: weight-0 assistant turns are masked as well as what `loss_on`
-    masks. OpenAI's preference rows become conversational prompt/chosen/rejected."""
+    OpenAI's chat rows (a `weight` on assistant turns, `tool_calls`, `tools`) are tokenized here, with
+    their labels (-100 where no loss): weight-0 assistant turns carry none, nor what `loss_on` leaves out.
+    `tokenize` does the same for any chat rows (an eval split labelled as its train split was). OpenAI's
+    preference rows become conversational prompt/chosen/rejected."""
     if fmt in ("prompt_only", "openai_reinforcement"):
         return grpo_rows(ds, spec, fmt, tokenizer)
     if fmt in ("messages", "openai_preference") and not getattr(tokenizer, "chat_template", None):
@@ -273,7 +275,7 @@ def trl_rows(
         ds = ds.map(_openai_preference_row, remove_columns=ds.column_names)
         fmt = "preference"
     if fmt == "messages":
-        if _openai_chat(ds, spec.messages_field):
+        if tokenize or _openai_chat(ds, spec.messages_field):
             return openai_chat_rows(ds, spec, tokenizer, loss_on=loss_on, model_name=model_name)
         # Other columns stay behind: TRL would read `prompt`/`completion` or `tools` as instructions.
         out = _only_column(ds, spec.messages_field, MESSAGES_COLUMN)
@@ -321,8 +323,12 @@ def _only_column(ds: Dataset, field: str, name: str) -> Dataset:
 
 # OpenAI's formats ---------------------------------------------------------------------------------------
 
-# What the loss mask of a tokenized row is built from (TRL turns it into -100 labels).
+# The chat template's mark of the assistant's tokens (apply_chat_template's return_assistant_tokens_mask).
 MASK_COLUMN = "assistant_masks"
+# A tokenized row's labels: the token where it carries loss, IGNORE_INDEX where not. TRL takes them as they
+# are, and its trainer is told so (trainer.train.build_trainer: no assistant_only_loss on tokenized rows).
+LABELS_COLUMN = "labels"
+IGNORE_INDEX = -100
 
 
 def _openai_chat(ds: Dataset, field: str) -> bool:
@@ -398,10 +404,11 @@ def _mask_runs(mask: list[int]) -> list[tuple[int, int]]:
 def openai_chat_rows(
     ds: Dataset, spec: DatasetSpec, tokenizer: Any, *, loss_on: str, model_name: str
 ) -> Dataset:
-    """Tokenize OpenAI chat rows with their loss mask (`assistant_masks`, which TRL turns into labels):
-    with loss_on assistant the assistant turns, else every token; either way less the assistant turns
-    with `weight: 0`. A row with tool calls the model's chat template does not render is an error naming
-    its line; a row left with nothing to learn is dropped."""
+    """Tokenize OpenAI chat rows with their labels (`input_ids`, `labels`: IGNORE_INDEX on the tokens that
+    carry no loss): with loss_on assistant the assistant turns are learned, else every token; either way
+    less the assistant turns with `weight: 0`, which stay in the row as context (OpenAI's semantics). A
+    row with tool calls the model's chat template does not render is an error naming its line; a row left
+    with nothing to learn (loss_on assistant, every answer weight 0) is dropped."""
     from trl.chat_template_utils import has_generation_markers
 
     template: str | None = tokenizer.chat_template
@@ -443,7 +450,7 @@ def openai_chat_rows(
                     f"{where(index)}: a weight of 0 (or loss_on assistant) needs a chat template that marks "
                     f"the assistant turns ({{% generation %}}), and the one of {model_name} does not"
                 )
-            return {"input_ids": ids, MASK_COLUMN: [1] * len(ids)}
+            return {"input_ids": ids, LABELS_COLUMN: ids}
         marked = list(out[MASK_COLUMN])
         runs = _mask_runs(marked)
         if len(runs) != len(weights):
@@ -455,11 +462,17 @@ def openai_chat_rows(
         for (start, end), weight in zip(runs, weights, strict=True):
             if weight == 0:
                 mask[start:end] = [0] * (end - start)
-        return {"input_ids": ids, MASK_COLUMN: mask}
+        labels = [token if bit else IGNORE_INDEX for token, bit in zip(ids, mask, strict=True)]
+        return {"input_ids": ids, LABELS_COLUMN: labels}
 
     out = ds.map(tokenize, with_indices=True, remove_columns=ds.column_names)
-    kept = out.filter(lambda row: 1 in row[MASK_COLUMN])
-    zero = sum(1 for row in ds[field] for m in row or [] if isinstance(m, dict) and m.get("weight") == 0)
+    kept = out.filter(lambda row: any(t != IGNORE_INDEX for t in row[LABELS_COLUMN]))
+    zero = sum(
+        1
+        for row in ds[field]
+        for m in row or []
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("weight") == 0
+    )
     log.info(
         "OpenAI chat rows: %d assistant turn(s) with weight 0 left out of the loss; %d row(s) with nothing "
         "to learn dropped",

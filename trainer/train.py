@@ -38,7 +38,7 @@ from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec,
 from . import trackers
 from .args import TrainerArgs
 from .callbacks import metrics_callback
-from .data import TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
+from .data import LABELS_COLUMN, TEXT_COLUMN, Splits, load_splits, training_chat_template, trl_rows
 from .errors import FtqError, ModelError, SpecError, report_and_exit
 from .lean import skip_inference_comm_op, start_up
 from .memory import peak_rss, return_freed_blocks_to_os
@@ -188,10 +188,25 @@ def prepare_data(spec: JobSpec, splits: Splits, launch: Launch) -> Data:
     if spec.training.loss_on == "assistant":
         check_assistant_template(tokenizer, spec.model.name_or_path)
     with launch.config.main_process_first(desc="prepare dataset"):
-        how = {"loss_on": str(spec.training.loss_on), "model_name": spec.model.name_or_path}
-        train_ds = trl_rows(splits.train, spec.dataset, splits.format, tokenizer, **how)
+        loss_on, name = str(spec.training.loss_on), spec.model.name_or_path
+        train_ds = trl_rows(
+            splits.train, spec.dataset, splits.format, tokenizer, loss_on=loss_on, model_name=name
+        )
+        # Chat rows ftq tokenized with their labels (OpenAI's weights): the eval split's are labelled the
+        # same way, whether or not its own rows carry weights.
+        tokenize = LABELS_COLUMN in (train_ds.column_names or [])
         eval_ds = (
-            trl_rows(splits.eval, spec.dataset, splits.format, tokenizer, **how) if splits.eval else None
+            trl_rows(
+                splits.eval,
+                spec.dataset,
+                splits.format,
+                tokenizer,
+                loss_on=loss_on,
+                model_name=name,
+                tokenize=tokenize,
+            )
+            if splits.eval
+            else None
         )
     return Data(splits, tokenizer, train_ds, eval_ds)
 
@@ -681,6 +696,11 @@ def build_trainer(
     # client and generation helpers).
     module, _, name = METHOD_TRAINERS[str(spec.training.method)].rpartition(".")
     cls = getattr(importlib.import_module(module), name)
+    if getattr(config, "assistant_only_loss", False) and LABELS_COLUMN in (train_ds.column_names or []):
+        # Rows ftq tokenized with their labels (OpenAI chat rows: trainer.data.openai_chat_rows), the
+        # assistant-only loss and the weights already in them: TRL uses such labels as they are, and its
+        # assistant_only_loss, which is for conversations it tokenizes itself, refuses these rows.
+        config.assistant_only_loss = False
     if name == "GRPOTrainer":
         return cls(
             model=model,

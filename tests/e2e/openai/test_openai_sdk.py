@@ -1,8 +1,9 @@
 """An OpenAI fine-tuning workflow, written for OpenAI and run with the real `openai` SDK against one live
 `ftq up` (issue 26), changing only `base_url`, `api_key` and `model`: upload (the job is created right
 after, while the files are still being validated), create, wait, events, checkpoints, the result file,
-the fine-tuned model in `models.list`, a DPO job, a cancel, and owners apart. Two tiny trainings (SFT
-with a validation file, DPO) run side by side; every read test shares them."""
+the fine-tuned model in `models.list`, a DPO job, a cancel, and owners apart. Three tiny trainings (SFT
+with a validation file, DPO, and a short SFT on chat rows with `weight: 0` turns) run side by side;
+every read test shares them."""
 
 from __future__ import annotations
 
@@ -75,6 +76,21 @@ class Trained:
     sft: FineTuningJob
     dpo: FineTuningJob
     paused: FineTuningJob  # the SFT job as it was while paused
+    weighted: FineTuningJob  # SFT on WEIGHTED_ROWS chat rows with `weight: 0` turns (issue 49)
+
+
+# The weighted job: 8 chat rows, 2 a step, 1 epoch. Every assistant turn but a row's last has weight 0 (its
+# last weight 1); every 4th row's answers all have weight 0 (nothing to learn: the trainer drops it).
+WEIGHTED_ROWS, WEIGHTED_BATCH = 8, 2
+
+
+def _weighted_chat(path: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()[:WEIGHTED_ROWS]]
+    for i, row in enumerate(rows):
+        answers = [m for m in row["messages"] if m["role"] == "assistant"]
+        for m in answers:
+            m["weight"] = 1 if m is answers[-1] and i % 4 != 3 else 0
+    return rows
 
 
 def _openai_preference(path: Path, n: int) -> io.BytesIO:
@@ -142,8 +158,22 @@ def trained(dep: Deployment, tiny_dir: Path) -> Trained:
         training_file=prefs.id,
         method={"type": "dpo", "dpo": {"hyperparameters": {"n_epochs": 1, "batch_size": 8, "beta": 0.2}}},
     )
+    chat = b"".join(json.dumps(r).encode() + b"\n" for r in _weighted_chat(tiny_dir / "chat" / "train.jsonl"))
+    weighted = client.fine_tuning.jobs.create(
+        model="ftq-tiny",
+        training_file=client.files.create(file=("weighted.jsonl", chat), purpose="fine-tune").id,
+        method={
+            "type": "supervised",
+            "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": WEIGHTED_BATCH}},
+        },
+    )
     paused = _pause_and_resume(client, sft.id, dep)
-    return Trained(sft=_wait(client, sft.id, dep), dpo=_wait(client, dpo.id, dep), paused=paused)
+    return Trained(
+        sft=_wait(client, sft.id, dep),
+        dpo=_wait(client, dpo.id, dep),
+        paused=paused,
+        weighted=_wait(client, weighted.id, dep),
+    )
 
 
 def test_the_sft_job_succeeds_with_openai_fields(dep: Deployment, trained: Trained) -> None:
@@ -161,6 +191,36 @@ def test_the_sft_job_succeeds_with_openai_fields(dep: Deployment, trained: Train
     assert native["status"] == "succeeded" and native["spec"]["training"]["num_train_epochs"] == SFT_EPOCHS
     # Like OpenAI's, the loss of a chat file covers the assistant turns only (less those with weight 0).
     assert native["spec"]["training"]["loss_on"] == "assistant"
+
+
+def test_a_chat_file_with_weight_0_turns_trains_on_the_other_turns(
+    dep: Deployment, trained: Trained, tiny_dir: Path
+) -> None:
+    """Issue 49: OpenAI's per-message `weight` (0: context, not learned). The job failed with `unknown`
+    (TRL refused ftq's tokenized rows under loss_on assistant); it succeeds, the weight-0 turns left out
+    of the loss and the rows with nothing to learn dropped, as train.log counts them."""
+    job = trained.weighted
+    native = "job_" + job.id.removeprefix("ftjob-")
+    assert job.status == "succeeded", dep.report(native)
+    rows = _weighted_chat(tiny_dir / "chat" / "train.jsonl")
+    zero = sum(m.get("weight") == 0 for r in rows for m in r["messages"])
+    dropped = sum(
+        all(m.get("weight", 1) == 0 for m in r["messages"] if m["role"] == "assistant") for r in rows
+    )
+    assert (zero, dropped) == (11, 2)
+    log = dep.train_log(native)
+    assert (
+        f"OpenAI chat rows: {zero} assistant turn(s) with weight 0 left out of the loss; "
+        f"{dropped} row(s) with nothing to learn dropped" in log
+    ), log[-3000:]
+    assert dep.http.get(f"/jobs/{native}").json()["spec"]["training"]["loss_on"] == "assistant"
+    steps = [
+        cast(dict[str, Any], e.data)["step"]
+        for e in sdk(dep).fine_tuning.jobs.list_events(job.id)
+        if e.type == "metrics"
+    ]
+    # The 6 rows left, 2 a step.
+    assert max(steps) == (WEIGHTED_ROWS - dropped) // WEIGHTED_BATCH and job.trained_tokens
 
 
 def test_events_walk_every_page_newest_first_with_metrics(dep: Deployment, trained: Trained) -> None:
@@ -246,7 +306,7 @@ def test_cancel_and_owners_apart(dep: Deployment, trained: Trained, tiny_dir: Pa
     assert _wait(alice, job.id, dep, timeout=120).status == "cancelled"
     listed = [j.id for j in alice.fine_tuning.jobs.list(limit=1)]
     assert (
-        listed[:2] == [job.id, trained.dpo.id]
+        listed[:3] == [job.id, trained.weighted.id, trained.dpo.id]
         and trained.sft.id in listed
         and len(set(listed)) == len(listed)
     )
