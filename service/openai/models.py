@@ -12,7 +12,9 @@ The catalog is the operator's YAML or JSON file (FTQ_OPENAI_MODELS):
         resources: {launcher: local, device: cpu, processes_per_node: 2}
         training: {learning_rate: 1.0e-3, max_seq_len: 128, mixed_precision: "no"}
 
-Without the setting, the catalog holds the tiny example model as `ftq-tiny`."""
+Without the setting, the catalog holds the tiny example model as `ftq-tiny`, and as `ftq-tiny-serve` the
+tiny model the generation engine can serve (examples/tiny/model-serve: head_dim 64, which vLLM's CPU
+attention needs; ftq-tiny's is 16), on the same template."""
 
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ _DEFAULT_TEMPLATE: dict[str, Any] = {
         "gradient_checkpointing": True,
     },
 }
+TINY_SERVE_ALIAS = "ftq-tiny-serve"
+_SERVE_TEMPLATE: dict[str, Any] = {**_DEFAULT_TEMPLATE, "model": {"name_or_path": "./tiny/model-serve"}}
 # A hub id `owner/name` (the spec's own check runs later, at planning).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -77,7 +81,7 @@ def _load(path: str, mtime: float) -> Catalog:
 
 def catalog(setting: str) -> Catalog:
     if not setting:
-        return Catalog({TINY_ALIAS: _DEFAULT_TEMPLATE}, TINY_ALIAS, 0)
+        return Catalog({TINY_ALIAS: _DEFAULT_TEMPLATE, TINY_SERVE_ALIAS: _SERVE_TEMPLATE}, TINY_ALIAS, 0)
     path = Path(setting)
     return _load(str(path), path.stat().st_mtime)
 

@@ -37,6 +37,7 @@ _TINY_FILES = (
     "unpaired/train.jsonl",
     "prompt_completion/train.jsonl",
     "model-plain-template/config.json",
+    "model-serve/config.json",
 )
 
 
