@@ -49,6 +49,8 @@ from ftq.cli.output import (
     POLL_SECONDS,
     TERMINAL,
     TRANSIENT,
+    EventCount,
+    LogLines,
     Patience,
     api,
     err,
@@ -56,9 +58,9 @@ from ftq.cli.output import (
     fmt_age,
     fmt_bytes,
     fmt_duration,
-    fmt_event,
     fmt_fixed,
     fmt_loss,
+    fmt_number,
     fmt_progress,
     fmt_sci,
     fmt_status,
@@ -134,7 +136,7 @@ def submit(
         out.print(f"submitted {job.id} ({escape(job.name)}): {fmt_status(job.status)}")
         if follow:
             try:
-                code = follow_job(client, job.id)
+                code = follow_job(client, job.id, shown=job.status)
             except KeyboardInterrupt:
                 # Following is only watching: the job goes on, and the user should know how to stop it.
                 fail(f"stopped following {job.id}; it keeps running (`ftq cancel {job.id}` stops it)", 130)
@@ -212,20 +214,18 @@ def _print_time_estimate(plan: PlanPublic) -> None:
         out.print(f"  {escape(line)}", soft_wrap=True)
 
 
-def follow_job(client: Client, job_id: str) -> int:
-    """Progress bar, streamed log and final status of a job; returns the exit code."""
+def follow_job(client: Client, job_id: str, shown: str | None = None) -> int:
+    """Progress bar, streamed log and final status of a job; returns the exit code. `shown`: the status
+    already printed (by `submit`), not printed again."""
     columns = [
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
-        TextColumn("step {task.completed:.0f}/{task.fields[max_steps]}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("lr {task.fields[lr]}"),
-        TextColumn("eta {task.fields[eta]}"),
+        TextColumn("{task.fields[detail]}"),
     ]
     with Progress(*columns, console=out, transient=False, refresh_per_second=4) as bar:
-        task = bar.add_task(job_id, total=None, max_steps="?", loss="-", lr="-", eta="-")
-        shown = JobFeed(client, job_id, bar.console)
+        task = bar.add_task(job_id, total=None, detail="")
+        feed = JobFeed(client, job_id, bar.console, status=shown)
         patience = Patience()
         while True:
             try:
@@ -238,38 +238,50 @@ def follow_job(client: Client, job_id: str) -> int:
             ended = job.status in TERMINAL
             complete = False
             try:
-                complete = shown.catch_up(job.status, ended)
+                complete = feed.catch_up(job.status, ended)
             except TRANSIENT as exc:
                 patience.failed(exc)  # what was read is kept (events, log offset); the rest next time
-            latest = job.latest_metrics or Point(step=0)
             bar.update(
-                task,
-                completed=job.progress.step or 0,
-                total=job.progress.max_steps,
-                max_steps=job.progress.max_steps or "?",
-                loss=fmt_loss(latest.loss),
-                lr=fmt_sci(latest.learning_rate),
-                eta=fmt_duration(job.progress.eta_seconds) if job.status == "running" else "-",
+                task, completed=job.progress.step or 0, total=job.progress.max_steps, detail=bar_detail(job)
             )
             if ended and complete:
                 break
             time.sleep(POLL_SECONDS)
-        shown.end(job.status)
-    return report_end(job)
+        feed.end(job.status)
+    code = report_end(job)
+    evaluations_hint(client, job)
+    return code
+
+
+def bar_detail(job: JobPublic) -> str:
+    """What the follow's bar says after its percentage: the step, loss, learning rate and eta while the
+    job trains; before its first step and after its last, what it is doing (`progress.message`, e.g.
+    `loading the tokenizer, dataset and model`, else its phase: `queued (#2)`)."""
+    progress, step = job.progress, job.progress.step or 0
+    of = progress.max_steps or "?"
+    if progress.message:
+        return escape((f"step {step}/{of} " if step else "") + progress.message)
+    if not step and progress.phase and job.status not in TERMINAL:
+        position = job.queue.position if job.queue is not None else None
+        return escape(progress.phase + (f" (#{position})" if position is not None else ""))
+    latest = job.latest_metrics or Point(step=0)
+    eta = fmt_duration(progress.eta_seconds) if job.status == "running" else "-"
+    return f"step {step}/{of} loss {fmt_loss(latest.loss)} lr {fmt_sci(latest.learning_rate)} eta {eta}"
 
 
 class JobFeed:
     """What `submit --follow` prints above its bar, in the order it happened: each status the job
-    enters, its events and its log, in whole lines. The job's end comes last: once the job has ended,
-    the rest of the log is printed first (the trainer wrote it before the job ended), then the last
-    events, then the status it ended in."""
+    enters, its events (numbered within the job) and its log, in whole lines, each log line with a short
+    prefix (`LogLines`). The job's end comes last: once the job has ended, the rest of the log is printed
+    first (the trainer wrote it before the job ended), then the last events, then the status it ended in."""
 
-    def __init__(self, client: Client, job_id: str, console: Console) -> None:
+    def __init__(self, client: Client, job_id: str, console: Console, status: str | None = None) -> None:
         self.client, self.job_id, self.console = client, job_id, console
-        self.after = 0  # the last event printed
+        self.events_seen = EventCount()
+        self.log_lines = LogLines()
         self.offset = 0  # of the log read so far
         self.partial = ""  # a line of the log not yet ended
-        self.status: str | None = None
+        self.status = status  # the last status printed
 
     def catch_up(self, status: str, ended: bool) -> bool:
         """Prints what is new since the last look; True once the job's whole log was read."""
@@ -285,13 +297,12 @@ class JobFeed:
 
     def end(self, status: str) -> None:
         if self.partial:
-            self.line(self.partial)
+            self.line(self.log_lines.short(self.partial))
         self.console.print(f"{self.job_id}: {fmt_status(status)}")
 
     def events(self) -> None:
-        for event in self.client.jobs.iter_events(self.job_id, after=self.after):
-            self.line(fmt_event(event))
-            self.after = event.id
+        for event in self.client.jobs.iter_events(self.job_id, after=self.events_seen.after):
+            self.line(self.events_seen.line(event))
 
     def log(self) -> bool:
         complete = False
@@ -301,7 +312,7 @@ class JobFeed:
             lines = (self.partial + chunk.text).split("\n")
             self.partial = lines.pop()
             for line in lines:
-                self.line(line)
+                self.line(self.log_lines.short(line))
         return complete
 
     def line(self, text: str) -> None:
@@ -320,6 +331,25 @@ def report_end(job: JobPublic) -> int:
     detail = f" (exit code {exit_code})" if exit_code is not None else ""
     err.print(f"ftq: {job.id} {job.status}: {escape(code)}: {escape(message)}{detail}", soft_wrap=True)
     return EXIT_REFUSED
+
+
+def evaluations_hint(client: Client, job: JobPublic) -> None:
+    """After a followed job's end: its evaluations that are still to run (queued, running, or final/'s,
+    which the worker queues a few seconds after the job succeeded), and the command that waits for them."""
+    if not job.spec.eval.suites:
+        return
+    try:
+        found = client.jobs.evaluations(job.id)
+    except FtqClientError:
+        return  # the job's end is what was followed; `ftq evals` says the rest
+    pending = sum(ev.status not in TERMINAL for ev in found)
+    final = final_evaluation_due(job, found)
+    if not (pending or final):
+        return
+    what = [f"{pending} queued or running"] if pending else []
+    what += ["final/'s to be queued"] if final else []
+    out.print(f"evaluations still to come: {', '.join(what)}")
+    out.print(f"  wait for their results: ftq evals {job.id} --follow")
 
 
 @_command("ls")
@@ -344,14 +374,15 @@ def ls(
 
 
 # `ftq ls` fits the terminal without cutting what a user copies or reads: the id, status, progress, loss and
-# age are whole, with their headers; the name gives way first (down to LS_NAME_MIN), then the error.
-# Where less than LS_ERROR_MIN would be left for the error, each failed job's error is a line under the
-# table instead (the whole message is in `ftq status`); a terminal narrower still loses the age, the loss
-# and the progress before the name is cut below LS_NAME_MIN.
-LS_NAME_MIN, LS_NAME_MAX = 12, 28
+# age are whole, with their headers, and the name takes the room that is left, whole where it fits (cut
+# with an ellipsis only where it must). A failed job's error gets a column where there is room for the
+# whole name and at least LS_ERROR_MIN of it; else each failed job's error is a line under the table (the
+# whole message is in `ftq status`). A terminal too narrow for LS_NAME_MIN of the name loses the age, the
+# loss and the progress first.
+LS_NAME_MIN = 12
 LS_ERROR_MIN, LS_ERROR_MAX = 24, 60
 LS_GAP = 2  # between two columns
-LS_DROPPED_FIRST = ("CREATED", "LOSS", "PROGRESS")
+LS_DROPPED_FIRST = ("AGE", "LOSS", "PROGRESS")
 
 
 def jobs_table(jobs: list[JobPublic], width: int) -> tuple[Table, list[str]]:
@@ -361,7 +392,7 @@ def jobs_table(jobs: list[JobPublic], width: int) -> tuple[Table, list[str]]:
         "STATUS": [fmt_status(j.status) for j in jobs],
         "PROGRESS": [fmt_progress(j) for j in jobs],
         "LOSS": [fmt_loss(j.latest_metrics.loss if j.latest_metrics else None) for j in jobs],
-        "CREATED": [fmt_age(j.created_at) for j in jobs],
+        "AGE": [fmt_duration(_age_seconds(j.created_at)) for j in jobs],
     }
     names = [escape(j.name) for j in jobs]
     errors = [
@@ -373,11 +404,10 @@ def jobs_table(jobs: list[JobPublic], width: int) -> tuple[Table, list[str]]:
             break
         del fixed[dropped], widths[dropped]
     room = _room(width, widths)  # what is left for the name (and the error)
-    name_width = min(_cells_width("NAME", names), LS_NAME_MAX)
+    name_width = _cells_width("NAME", names)
     error_width = min(_cells_width("ERROR", errors), LS_ERROR_MAX)
-    with_error = room - LS_GAP - min(name_width, LS_NAME_MIN) >= LS_ERROR_MIN
+    with_error = any(errors) and room - LS_GAP - name_width >= LS_ERROR_MIN
     if with_error:
-        name_width = max(min(name_width, LS_NAME_MIN), min(name_width, room - LS_GAP - error_width))
         error_width = min(error_width, room - LS_GAP - name_width)
     else:
         name_width = max(len("NAME"), min(name_width, room))
@@ -394,6 +424,11 @@ def jobs_table(jobs: list[JobPublic], width: int) -> tuple[Table, list[str]]:
         table.add_row(*row, *([error] if with_error else []))
     beneath = [] if with_error else [f"{j.id}: {e}" for j, e in zip(jobs, errors, strict=True) if e]
     return table, beneath
+
+
+def _age_seconds(when: datetime) -> float:
+    """Seconds since `when` (the store's times are UTC)."""
+    return (datetime.now(UTC) - (when if when.tzinfo else when.replace(tzinfo=UTC))).total_seconds()
 
 
 def _room(width: int, widths: dict[str, int]) -> int:
@@ -458,16 +493,38 @@ def status(
                 f"{fmt_duration(e.estimated_seconds)} estimated, {fmt_duration(e.actual_seconds)} taken",
             )
         )
+    if job.best_checkpoint is not None:
+        rows.append(("best checkpoint", fmt_best(job)))
     error = job.error
     if error:
         exit_code = f" (exit code {error.exit_code})" if error.exit_code is not None else ""
         rows.append(("error", f"[red]{escape(str(error.code))}[/]: {escape(error.message)}{exit_code}"))
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
+    print_fields(rows)
+
+
+def fmt_best(job: JobPublic) -> str:
+    """The job's best checkpoint by its spec's eval.select: `step 20: qa/score 0.5 (the highest)`."""
+    best, select = job.best_checkpoint, job.spec.eval.select
+    if best is None:
+        return "-"
+    which = "" if select is None else f" (the {'highest' if select.mode == 'max' else 'lowest'})"
+    return f"step {best.step}: {escape(best.metric)} {fmt_number(best.value)}{which}"
+
+
+def print_fields(rows: list[tuple[str, str]]) -> None:
+    """`key  value` rows: in a terminal, a long value folds under its column; elsewhere (a pipe, a file)
+    each row is one line with no padding after its value."""
+    if out.is_terminal:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        for key, value in rows:
+            table.add_row(key, value)
+        out.print(table)
+        return
+    width = max(len(key) for key, _ in rows)
     for key, value in rows:
-        table.add_row(key, value)
-    out.print(table)
+        out.print(f"{key:<{width}}  {value}", soft_wrap=True)
 
 
 class EventPrinter:
@@ -476,7 +533,7 @@ class EventPrinter:
 
     def __init__(self, client: Client, job_id: str) -> None:
         self.client, self.job_id = client, job_id
-        self.after = 0
+        self.seen = EventCount()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -490,9 +547,8 @@ class EventPrinter:
 
     def print_new(self) -> None:
         try:
-            for event in self.client.jobs.iter_events(self.job_id, after=self.after):
-                err.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
-                self.after = event.id
+            for event in self.client.jobs.iter_events(self.job_id, after=self.seen.after):
+                err.print(escape(self.seen.line(event)), soft_wrap=True, highlight=False)
         except FtqClientError:
             return  # the log is what was asked for: a missed poll is shown at the next
 
@@ -607,14 +663,16 @@ def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
 ) -> None:
-    """Print the job's events (queued, started, checkpoint, eval, warning, the end), oldest first."""
+    """Print the job's events (queued, started, checkpoint, eval, warning, the end), oldest first, numbered
+    within the job (--json: the server's ids, the cursor of GET /jobs/{id}/events?after=)."""
+    seen = EventCount()
     with api() as client:
         for event in client.jobs.iter_events(job_id, follow=follow, poll=POLL_SECONDS):
             if as_json:
                 sys.stdout.write(event.model_dump_json() + "\n")
                 sys.stdout.flush()
             else:
-                out.print(escape(fmt_event(event)), soft_wrap=True, highlight=False)
+                out.print(escape(seen.line(event)), soft_wrap=True, highlight=False)
 
 
 @_command("metrics")
@@ -740,8 +798,13 @@ def _side_run_line(row: ExportPublic | EvaluationPublic, what: str) -> str:
 
 
 def _evaluation_line(ev: EvaluationPublic) -> str:
-    scores = " ".join(f"{escape(k)}={v:.4g}" for k, v in sorted((ev.results or {}).items()))
-    return _side_run_line(ev, f"checkpoint {ev.checkpoint}" + (f" {scores}" if scores else ""))
+    """An evaluation's line, then one line per metric (`  qa/score  0.5`): short enough for 80 columns."""
+    what = "final/" if ev.checkpoint == "final" else f"checkpoint {ev.checkpoint}"
+    lines = [_side_run_line(ev, what)]
+    results = sorted((ev.results or {}).items())
+    width = max((len(k) for k, _ in results), default=0)
+    lines += [f"  {escape(k.ljust(width))}  {fmt_number(v)}" for k, v in results]
+    return "\n".join(lines)
 
 
 @_command("eval")
@@ -770,15 +833,76 @@ def evaluate(
 
 
 @_command("evals")
-def evals(job_id: JobIdArg) -> None:
-    """List a job's evaluations, newest first, with their metrics."""
+def evals(
+    job_id: JobIdArg,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Wait until the job and every evaluation of it ended, printing each change.",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the list as JSON.")] = False,
+) -> None:
+    """List a job's evaluations, newest first, with their metrics. With --follow, exit 1 when one failed."""
+    if follow and as_json:
+        fail("--follow prints lines as they change; --json prints the list once: choose one", EXIT_INPUT)
     with api() as client:
+        if follow:
+            found = follow_evaluations(client, job_id)
+            if any(ev.status != "succeeded" for ev in found):
+                raise typer.Exit(EXIT_REFUSED)
+            return
         found = client.jobs.evaluations(job_id)
+    if as_json:
+        out.print_json(data=[ev.model_dump(mode="json") for ev in found])
+        return
     if not found:
         out.print(f"no evaluations of {job_id}")
         return
     for ev in found:
-        out.print(_evaluation_line(ev))
+        out.print(_evaluation_line(ev), soft_wrap=True)
+
+
+# A succeeded job's final/ is evaluated once the worker's next sweep queues it (seconds): `evals --follow`
+# waits this long after the job's end for it to appear.
+FINAL_EVALUATION_WAIT_SECONDS = 300.0
+
+
+def final_evaluation_due(job: JobPublic, found: list[EvaluationPublic]) -> bool:
+    """Whether the evaluation of final/ that a succeeded job with suites gets is not queued yet."""
+    if job.status != "succeeded" or not job.spec.eval.suites or job.finished_at is None:
+        return False
+    if any(ev.trigger == "final" for ev in found):
+        return False
+    return _age_seconds(job.finished_at) < FINAL_EVALUATION_WAIT_SECONDS
+
+
+def follow_evaluations(client: Client, job_id: str) -> list[EvaluationPublic]:
+    """Print a job's evaluations, oldest first, and each one again when its status changes, until the job
+    ended and every evaluation of it did (with final/'s, for a succeeded job); returns the last list."""
+    printed: dict[str, str] = {}
+    patience = Patience()
+    while True:
+        try:
+            job = client.jobs.get(job_id)
+            found = client.jobs.evaluations(job_id)
+        except TRANSIENT as exc:
+            patience.failed(exc)
+            time.sleep(POLL_SECONDS)
+            continue
+        patience.answered()
+        for ev in reversed(found):
+            if printed.get(ev.id) != ev.status:
+                out.print(_evaluation_line(ev), soft_wrap=True)
+                printed[ev.id] = ev.status
+        ended = job.status in TERMINAL and all(ev.status in TERMINAL for ev in found)
+        if ended and not final_evaluation_due(job, found):
+            if not found:
+                out.print(f"no evaluations of {job_id}")
+            return found
+        time.sleep(POLL_SECONDS)
 
 
 # Exports -----------------------------------------------------------------------------------------------
@@ -881,9 +1005,19 @@ def exports(job_id: JobIdArg) -> None:
     out.print(table)
 
 
+# The hash `ftq artifacts` shows: as many hex digits as `git log --oneline` shows of a commit.
+SHORT_HASH = 12
+
+
 @_command("artifacts")
 def artifacts(
     job_id: JobIdArg,
+    full_hash: Annotated[
+        bool,
+        typer.Option(
+            "--full-hash", help="Each file's whole sha256 and its path, one a line, as sha256sum prints them."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the list as JSON.")] = False,
 ) -> None:
     """List the files of a job's run you can download (final/, checkpoints, exports, logs)."""
@@ -895,16 +1029,32 @@ def artifacts(
     if not listed:
         out.print(f"{job_id} has no artifacts yet")
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    # A path is what `ftq download ID PATH` takes: whole, on one line; the hash prefix gives way first.
-    table.add_column("PATH", no_wrap=True, min_width=min(72, max(len(a.path) for a in listed)))
-    table.add_column("KIND", no_wrap=True, min_width=max(len(a.kind) for a in listed))
-    table.add_column("SIZE", no_wrap=True, justify="right", min_width=10)
-    table.add_column("SHA256", no_wrap=True, overflow="ellipsis")
+    if full_hash:
+        for a in listed:
+            out.print(f"{a.sha256 or '(hashing)'}  {escape(a.path)}", soft_wrap=True)
+        return
+    paths = max(cell_len(a.path) for a in listed)
+    kinds = max(len("KIND"), *(len(a.kind) for a in listed))
+    sizes = max(len("SIZE"), *(len(fmt_bytes(a.size)) for a in listed))
+    hashes = max(len("SHA256"), *(len(_short_hash(a.sha256)) for a in listed))
+    # A path is what `ftq download ID PATH` takes: whole, on one line. The kind gives way where the
+    # terminal is too narrow for all four columns (its folder says most of it; --json has it).
+    with_kind = paths + kinds + sizes + hashes + 3 * LS_GAP <= out.width
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, LS_GAP // 2))
+    table.add_column("PATH", no_wrap=True, min_width=paths)
+    if with_kind:
+        table.add_column("KIND", no_wrap=True)
+    table.add_column("SIZE", no_wrap=True, justify="right")
+    table.add_column("SHA256", no_wrap=True)
     for a in listed:
-        table.add_row(escape(a.path), a.kind, fmt_bytes(a.size), a.sha256[:16] if a.sha256 else "(hashing)")
+        kind = [a.kind] if with_kind else []
+        table.add_row(escape(a.path), *kind, fmt_bytes(a.size), _short_hash(a.sha256))
     out.print(table)
-    out.print(f"download: ftq download {job_id} final  |  ftq download {job_id} PATH --out DIR")
+    out.print(f"download: ftq download {job_id} final\n      or: ftq download {job_id} PATH --out DIR")
+
+
+def _short_hash(sha256: str | None) -> str:
+    return sha256[:SHORT_HASH] if sha256 else "(hashing)"
 
 
 @_command("download")

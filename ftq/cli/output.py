@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import NoReturn, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from pydantic import TypeAdapter
@@ -241,26 +242,141 @@ def fmt_age(value: datetime | None) -> str:
     return fmt_duration((datetime.now(UTC) - when).total_seconds()) + " ago"
 
 
-def fmt_event(event: Event) -> str:
-    """One event as a line: `event 12 job.checkpoint step 20 path=checkpoints/checkpoint-20`."""
-    data = dict(event.data)
-    parts = [f"event {event.id}", event.type]
-    step = data.pop("step", None)
-    if step is not None:
-        parts.append(f"step {step}")
-    error = data.pop("error", None)
-    if isinstance(error, dict):
-        parts.append(f"{error.get('code')}: {error.get('message')}")
-    message = data.pop("message", None)
-    kind = data.pop("kind", None)
-    if kind:
-        parts.append(str(kind))
-    if message:
-        parts.append(str(message))
-    for key, value in data.items():
-        if value is not None and key not in ("prompt", "completion"):
-            parts.append(f"{key}={value}")
-    return "  ".join(parts)
+def fmt_number(value: Any) -> str:
+    """A metric in a sentence, to 4 significant digits (`--json` has every digit)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def fmt_metrics(metrics: Any) -> str:
+    """`{'eval_loss': 6.0463, 'qa/score': 0.08}` as `eval_loss 6.046, qa/score 0.08`."""
+    if not isinstance(metrics, dict):
+        return str(metrics)
+    return ", ".join(f"{k} {fmt_number(v)}" for k, v in sorted(metrics.items()))
+
+
+def _at(data: dict[str, Any]) -> str:
+    step = data.get("step")
+    return f"at step {step}" if step is not None else ""
+
+
+def _phrase_of(kind: str, data: dict[str, Any]) -> str:
+    """What an event of `kind` (its type without `job.`) says, in words; "" when its type says it all."""
+    d = data
+    if kind == "created":
+        return f"as {d['name']}" if d.get("name") else ""
+    if kind == "queued":
+        return f"position {d['position']} in the queue" if d.get("position") is not None else ""
+    if kind == "started":
+        where = str(d.get("launcher") or "") + (f" on {d['host']}" if d.get("host") else "")
+        slurm = d.get("slurm_job_id") or d.get("external_id")
+        parts = [where.strip()]
+        if d.get("num_nodes") is not None and d.get("processes_per_node") is not None:
+            parts.append(f"{d['num_nodes']} node(s) x {d['processes_per_node']} process(es)")
+        if slurm:
+            parts.append(f"SLURM job {slurm}")
+        elif d.get("pid"):
+            parts.append(f"pid {d['pid']}")
+        if d.get("attempt"):
+            parts.append(f"retry {d['attempt']}")
+        return ", ".join(p for p in parts if p)
+    if kind == "checkpoint":
+        return f"{_at(d)}: saved {d.get('path')}".strip(": ")
+    if kind == "eval":
+        return f"{_at(d)}: {fmt_metrics(d.get('metrics') or {})}".strip(": ")
+    if kind == "sample":
+        return f"{_at(d)} (ftq samples shows it)".strip()
+    if kind == "evaluation":
+        what = "final/" if d.get("checkpoint") == "final" else f"checkpoint {d.get('checkpoint')}"
+        line = f"{what} {d.get('status')}"
+        if d.get("metrics"):
+            line += f": {fmt_metrics(d['metrics'])}"
+        best = d.get("best_checkpoint")
+        if isinstance(best, dict):  # its score is in the line of the evaluation that scored it
+            line += " (the best)" if best.get("step") == d.get("step") else f"; best: step {best.get('step')}"
+        return line
+    if kind == "warning":
+        head = " ".join(str(p) for p in (d.get("kind") or "warning", _at(d)) if p)
+        return f"{head}: {d['message']}" if d.get("message") else head
+    if kind == "retried":
+        return f"retry {d.get('attempt')}" + (f": {d['reason']}" if d.get("reason") else "")
+    if kind == "paused":
+        parts = [_at(d)]
+        if "checkpoint" in d:
+            c = d["checkpoint"]
+            parts.append(
+                f"resumes from step {c}" if c is not None else "no checkpoint: resumes from the start"
+            )
+        return "; ".join(p for p in parts if p)
+    if kind == "resumed":
+        c = d.get("checkpoint")
+        return f"from step {c}" if c is not None else "from the start"
+    if kind in ("failed", "cancelled"):
+        error = d.get("error")
+        if isinstance(error, dict):
+            code = f" (exit code {error['exit_code']})" if error.get("exit_code") is not None else ""
+            return f"{error.get('code')}: {error.get('message')}{code}"
+        return ""
+    return ", ".join(
+        f"{k} {fmt_metrics(v) if isinstance(v, dict) else v}" for k, v in d.items() if v is not None
+    )
+
+
+def fmt_event(event: Event, number: int) -> str:
+    """One event as a sentence, `number` its place in its job's events (1: the first), not the server's
+    id (which runs across every job): `event 5  job.checkpoint  at step 20: saved checkpoints/...`."""
+    phrase = _phrase_of(event.type.removeprefix("job."), dict(event.data))
+    return f"event {number}  {event.type}" + (f"  {phrase}" if phrase else "")
+
+
+class EventCount:
+    """Numbers a job's events as they are printed (1, 2, ...), and keeps the cursor of the next read."""
+
+    def __init__(self) -> None:
+        self.after = 0  # the server's id of the last event printed
+        self.count = 0
+
+    def line(self, event: Event) -> str:
+        self.count += 1
+        self.after = event.id
+        return fmt_event(event, self.count)
+
+
+# The trainer's log lines (trainer/train.py: `%(asctime)s %(name)s %(levelname)s %(message)s`; an
+# evaluation's, trainer/evaluate.py: `%(asctime)s %(levelname)s %(name)s: %(message)s`).
+_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+_TRAIN_LINE = re.compile(rf"^(\d{{4}}-\d\d-\d\d) (\d\d:\d\d:\d\d),\d+ (\S+) ({_LEVELS}) (.*)$", re.S)
+_SIDE_LINE = re.compile(rf"^(\d{{4}}-\d\d-\d\d) (\d\d:\d\d:\d\d),\d+ ({_LEVELS}) (\S+): (.*)$", re.S)
+# A step line ends with the eta then, which the follow's bar shows as it is now.
+_STEP_ETA = re.compile(r"^(step \d+/\d+ .*?)\s+eta \d+:\d\d:\d\d$")
+ROOT_LOGGER = "trainer"
+
+
+class LogLines:
+    """The log's lines as `submit --follow` prints them, each short enough for 80 columns: the time
+    (HH:MM:SS) for the trainer's date, time and milliseconds; the level only when it is not INFO; the
+    logger only when it is not the trainer's own; and a step line without its eta (the bar shows it).
+    The date is printed on the first line of each day after the first (a run past midnight). Lines
+    not in the logging format (a traceback, a library's own output) are printed as they are."""
+
+    def __init__(self) -> None:
+        self.day: str | None = None
+
+    def short(self, line: str) -> str:
+        found = _TRAIN_LINE.match(line)
+        if found:
+            day, clock, name, level, message = found.groups()
+        elif found := _SIDE_LINE.match(line):
+            day, clock, level, name, message = found.groups()
+        else:
+            return line
+        if (eta := _STEP_ETA.match(message)) is not None:
+            message = eta.group(1)
+        when = clock if self.day in (None, day) else f"{day} {clock}"
+        self.day = day
+        parts = [when, level if level != "INFO" else "", name if name != ROOT_LOGGER else "", message]
+        return " ".join(p for p in parts if p)
 
 
 def fmt_status(status: str) -> str:
