@@ -11,7 +11,7 @@ from tests.harness import REPO
 from trainer import evaluate
 
 MODEL = REPO / "examples" / "tiny" / "model"
-PROMPTS = ["a b c d e", "four five six seven", "the black dog chases the", "one", "alice has twelve fishs and"]
+PROMPTS = ["a b c d e", "four five six seven", "the black dog chases the", "one", "alice has twelve"]
 
 
 def _one_at_a_time(model: Any, tokenizer: Any, prompts: list[list[int]], new: int) -> list[str]:
