@@ -6,12 +6,14 @@ already. Each time writes one line per prompt, `{"step", "index", "prompt", "com
 the main process, flushed at once so that the worker's ingest can tail the file.
 
 Who generates: where the weights are sharded (FSDP 1 or 2, DeepSpeed ZeRO-3) no rank holds the model,
-so every rank runs the same greedy loop on the same prompt, one forward of the prepared (wrapped) model
-per new token: the very forward `trainer.evaluate()` runs, so each rank gathers and frees its shards
-exactly as evaluation does, and the ranks stay in step because each runs the same number of forwards
-(no rank stops early at EOS on its own; the completion is cut at EOS afterwards). Elsewhere (one process,
-DDP, ZeRO-1/2) the main process alone calls `generate` on the unwrapped model, with its KV cache; the
-other ranks wait for it at their next collective.
+so every rank runs the same greedy loop on the same prompts, all of them in one left-padded batch with the
+KV cache: one forward of the prepared (wrapped) model for the prompts, then one per new token, each the
+very forward `trainer.evaluate()` runs, so each rank gathers and frees its shards exactly as evaluation
+does. The ranks stay in step because each runs the same number of forwards (no rank stops early at EOS
+on its own; each completion is cut at EOS afterwards): 8 prompts of 64 tokens are 64 gathers of the
+weights, where a forward of the whole sequence per prompt and token was 512. Elsewhere (one process, DDP,
+ZeRO-1/2) the main process alone runs the same batched loop on the unwrapped model; the other ranks wait
+for it at their next collective.
 
 A chat model trained on `messages` sees each prompt as one user turn through its chat template (with the
 generation prompt), as at inference; a text model sees the prompt as training encoded text (with BOS).
@@ -111,7 +113,7 @@ class SampleWriter:
         model.eval()
         try:
             with torch.no_grad():
-                completions = [self._complete(model, prompt, sharded, acc.device) for prompt in self.prompts]
+                completions = self._complete(model, acc.device)
         finally:
             model.train(was_training)
         if acc.is_main_process:
@@ -141,42 +143,50 @@ class SampleWriter:
             return list(tok(text, add_special_tokens=False)["input_ids"])
         return list(tok(prompt)["input_ids"])
 
-    def _complete(self, model: Any, prompt: str, sharded: bool, device: Any) -> str:
-        import torch
-
-        ids = torch.tensor([self.prompt_ids(prompt)], device=device)
+    def _complete(self, model: Any, device: Any) -> list[str]:
         eos = self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-        if sharded:
-            new = greedy_in_step(model, ids, self.max_new_tokens)
-        else:
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=self.max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-            )
-            new = out[0, ids.shape[1] :].tolist()
-        return decode_until_eos(self.tokenizer, new, eos)
+        prompts = [self.prompt_ids(prompt) for prompt in self.prompts]
+        new = greedy_in_step(model, prompts, self.max_new_tokens, pad=pad, device=device)
+        return [decode_until_eos(self.tokenizer, tokens, eos) for tokens in new]
 
 
-def greedy_in_step(model: Any, ids: Any, max_new_tokens: int) -> list[int]:
-    """`max_new_tokens` greedy tokens after `ids`, one forward of the whole sequence per token.
+def greedy_in_step(
+    model: Any, prompts: list[list[int]], max_new_tokens: int, *, pad: int, device: Any
+) -> list[list[int]]:
+    """`max_new_tokens` greedy tokens after each prompt, the prompts in one left-padded batch with the KV
+    cache: one forward for the prompts, then one per new token (`max_new_tokens` forwards in all).
 
-    Every rank of a sharded model calls this with the same ids: each forward is a collective (the shards
-    are gathered layer by layer), so every rank runs exactly `max_new_tokens` of them, EOS or not.
-    No KV cache: the forward is the one evaluation runs, which every strategy supports.
-    """
+    Every rank of a sharded model calls this with the same prompts: each forward is a collective (the
+    shards are gathered layer by layer), so every rank runs exactly as many, EOS or not. The positions
+    count from each prompt's first real token, as in a batch of one, so padding changes no prompt's
+    answer."""
     import torch
 
-    new: list[int] = []
-    for _ in range(max_new_tokens):
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-        token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-        ids = torch.cat([ids, token.to(ids.device)], dim=1)
-        new.append(int(token[0, 0]))
-    return new
+    if not prompts or max_new_tokens < 1:
+        return [[] for _ in prompts]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    new: list[Any] = []
+    for step in range(max_new_tokens):
+        token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True).to(device)
+        new.append(token)
+        if step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        positions = positions[:, -1:] + 1
+        out = model(
+            input_ids=token,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
+    tokens = torch.cat(new, dim=1).tolist()
+    return [list(map(int, row)) for row in tokens]
 
 
 def decode_until_eos(tokenizer: Any, new: list[int], eos: int | None) -> str:

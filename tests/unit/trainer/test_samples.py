@@ -62,3 +62,38 @@ def test_steps_are_sampled_once_on_the_cadence(tokenizer: Any) -> None:
         w.on_step_end(None, _State(step), None)
         w.on_evaluate(None, _State(step), None)  # evaluations do not sample on a step cadence
     assert sampled == [3, 6]
+
+
+def test_the_prompts_are_one_batch_in_lockstep_and_answer_as_generate_does(
+    tiny_dir: Path, tokenizer: Any
+) -> None:
+    """Issue 49: samples on sharded weights took one forward of the whole sequence per prompt and token
+    (8 prompts x 64 tokens: 512 gathers of the weights). Now the prompts are one left-padded batch with
+    the KV cache: `max_new_tokens` forwards in all, each prompt's tokens those of its own greedy generate."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.samples import greedy_in_step
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model", dtype=torch.float32).eval()
+    prompts = [
+        tokenizer(p)["input_ids"] for p in ("a b c d e", "one", "the black dog chases the", "four five")
+    ]
+    assert len({len(p) for p in prompts}) >= 3  # the batch pads
+    forwards = [0]
+    model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    with torch.no_grad():
+        batched = greedy_in_step(model, prompts, 6, pad=tokenizer.eos_token_id, device="cpu")
+    assert forwards[0] == 6
+    for prompt, tokens in zip(prompts, batched, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            alone = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=6,
+                min_new_tokens=6,
+                do_sample=False,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        assert tokens == alone[0, len(prompt) :].tolist()
