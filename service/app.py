@@ -49,6 +49,10 @@ from service.observability import router as metrics_router
 from service.openai import errors as openai_errors
 from service.openai.router import STREAMED_V1_UPLOADS
 from service.openai.router import router as openai_router
+from service.serving.engines import EngineManager
+from service.serving.proxy import Transport
+from service.serving.router import router as deployments_router
+from service.serving.router import v1_router as serving_v1_router
 from service.ui.router import router as ui_router
 from service.usage.router import router as usage_router
 from service.webhooks.router import add_webhook_docs
@@ -122,6 +126,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if app.state.read_pool is not None:
             await app.state.read_pool.close()
         app.state.read_pool = None
+        # The serving engines this process started (service.serving.engines) go with it.
+        app.state.engines.close()
 
 
 def create_app() -> FastAPI:
@@ -138,6 +144,8 @@ def create_app() -> FastAPI:
         separate_input_output_schemas=False,
     )
     app.state.rate_limiter = RateLimiter()
+    app.state.engines = EngineManager(settings)
+    app.state.engine_transport = Transport()
     _add_error_handlers(app)
     _add_routes(app)
     app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
@@ -262,7 +270,7 @@ def _add_routes(app: FastAPI) -> None:
     for router in (jobs_router, exports_router, evaluations_router, events_router, webhooks_router):
         app.include_router(router)
     add_webhook_docs(app)
-    for router in (usage_router, artifacts_router, files_router, graders_router):
+    for router in (usage_router, artifacts_router, files_router, graders_router, deployments_router):
         app.include_router(router)
     app.add_api_route("/healthz", healthz, response_model=Health, tags=["health"], summary="Liveness")
     app.add_api_route(
@@ -274,6 +282,7 @@ def _add_routes(app: FastAPI) -> None:
         responses={503: {"model": Health, "description": "Not ready"}},
     )
     app.include_router(openai_router)
+    app.include_router(serving_v1_router)
     app.include_router(ui_router)
     app.include_router(metrics_router)
 

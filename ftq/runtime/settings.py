@@ -30,7 +30,7 @@ _USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 # (service/paths.py) knows every one of them, today's and any added later. Anything else there is the
 # operator's (models, datasets placed beside ftq's state).
 DATA_DIR_STATE = frozenset(
-    {"runs", "files", "artifact-hashes", "locks", "broker", "ftq.db", "celerybeat-schedule", "hub"}
+    {"runs", "files", "artifact-hashes", "locks", "broker", "ftq.db", "celerybeat-schedule", "hub", "engines"}
 )
 
 
@@ -325,6 +325,51 @@ class Settings(BaseSettings):
         le=3600,
         description="How long `POST /v1/fine_tuning/jobs` waits for its files to finish validating (OpenAI "
         "clients create the job right after the upload); longer is a 400 naming the file.",
+    )
+    # Serving (service.serving): the generation engines the API process starts for /v1/chat/completions
+    # and /v1/completions, one per owner and base model.
+    serve_idle_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="An engine no request has used for this long is stopped (scale to zero); the next call "
+        "starts it again.",
+    )
+    serve_device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where the API process runs its engines: `cpu`, or `cuda` (the host's GPUs)."
+    )
+    serve_max_engines: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Engines one API process runs at once; a new one stops the least recently used idle "
+        "engine, and with none idle the call is a 503 with Retry-After.",
+    )
+    serve_engines_per_owner: int = Field(
+        2,
+        ge=1,
+        le=256,
+        description="Of those, how many one owner's calls may hold (one per base model); one more stops the "
+        "owner's least recently used idle engine, or is a 429 with Retry-After.",
+    )
+    serve_start_seconds: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="How long a call waits for a cold engine to start before it is a 503 (the openai SDK's "
+        "default client waits 600 s).",
+    )
+    serve_max_lora_rank: int = Field(
+        64,
+        ge=1,
+        le=512,
+        description="The highest LoRA rank an engine holds (vLLM's --max-lora-rank); a model with a higher "
+        "rank is a 400 naming it.",
+    )
+    serve_max_model_len: int = Field(
+        2048,
+        ge=16,
+        description="The longest prompt + completion an engine takes, in tokens (at most the base's own "
+        "max_position_embeddings).",
     )
 
     # Operator policy on what a job may do and who may reach the API

@@ -22,7 +22,6 @@ from ftq.contract.openai import (
     FineTuningJobCheckpoint,
     FineTuningJobEvent,
     JobCreate,
-    Model,
     OpenAIErrorBody,
     OpenAIList,
 )
@@ -36,9 +35,8 @@ from service.jobs.poll import json_response
 from service.jobs.reads import in_thread
 from service.openai import ids
 from service.openai import jobs as v1_jobs
-from service.openai.errors import invalid, not_found
+from service.openai.errors import not_found
 from service.openai.files import router as files_router
-from service.openai.models import catalog
 from service.openai.pagination import AFTER, LIMIT, listing, page_of
 
 # The routes whose bodies are streamed to disk under caps of their own (service.app.BodySizeLimit).
@@ -212,38 +210,7 @@ def list_checkpoints(
         return page_of(v1_jobs.checkpoints(repo, job, extra, settings), after, limit, lambda c: c.id)
 
 
-# Models ---------------------------------------------------------------------------------------------------
-
-
-def _models(owner: str) -> list[Model]:
-    settings = get_settings()
-    cat = catalog(settings.openai_models)
-    models = [Model(id=alias, created=cat.created, owned_by="ftq") for alias in cat.templates]
-    with read_session() as session:
-        for job, extra in OpenAIRepository(session, owner).succeeded():
-            name = v1_jobs.fine_tuned_model(job, extra)
-            if name is not None:
-                created = int((job.finished_at or job.created_at).timestamp())
-                models.append(Model(id=name, created=created, owned_by=owner))
-    return models
-
-
-@router.get(
-    "/v1/models", response_model=OpenAIList[Model], summary="Models to fine-tune, and your fine-tuned ones"
-)
-def list_models(owner: LoopOwnerDep) -> OpenAIList[Model]:
-    models = _models(owner)
-    return listing(models, False, lambda m: m.id)
-
-
-@router.get("/v1/models/{model:path}", response_model=Model, summary="Retrieve a model")
-def retrieve_model(model: str, owner: LoopOwnerDep) -> Model:
-    if len(model) > 512:
-        raise invalid("model is too long", "model")
-    for m in _models(owner):
-        if m.id == model:
-            return m
-    raise not_found(f"The model '{model}' does not exist", "model")
+# Models (GET /v1/models) are served by service.serving.router: what a caller may fine-tune and call.
 
 
 @router.post(

@@ -1,0 +1,132 @@
+"""Serving (issue 49): the bodies of OpenAI's `POST /v1/chat/completions` and `POST /v1/completions` as
+ftq takes them, and the native view of the engines that answer them (`GET /deployments`).
+
+A request body names only what the generation engine does here: the sampling parameters below, each
+bounded. Any other field is refused (a 400 naming it, as OpenAI refuses an unknown argument), so that
+nothing the server does not check reaches the engine: no tools, no response_format, no images."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Completions one request may ask for (`n`), prompts one /v1/completions request may hold, and messages one
+# chat request may hold.
+MAX_CHOICES = 8
+MAX_PROMPTS = 64
+MAX_MESSAGES = 1024
+MAX_STOP = 4
+MAX_TEXT = 1_000_000  # characters of one message or prompt (the body cap, FTQ_MAX_BODY_BYTES, comes first)
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+TokenIds = Annotated[list[int], Field(max_length=MAX_TEXT)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    """A message's content as parts: text only (the models served here read no images or audio)."""
+
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_TEXT)
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)]
+    name: str | None = Field(None, max_length=256)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """What both requests share: the model, streaming, and the sampling parameters the engine takes."""
+
+    model: str = Field(min_length=1, max_length=512)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: Annotated[str, Field(max_length=256)] | Annotated[list[str], Field(max_length=MAX_STOP)] | None = (
+        None
+    )
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(None, max_length=300)
+    user: str | None = Field(None, max_length=256)  # taken, not passed on: the caller is the token's owner
+
+
+class ChatCompletionCreate(_Sampling):
+    """`POST /v1/chat/completions`: the conversation is rendered with the model's own chat template (for a
+    fine-tuned model, the one its job trained with: the template of the tokenizer it saved)."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class CompletionCreate(_Sampling):
+    """`POST /v1/completions`: raw text (or token ids) continued, without a chat template."""
+
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+
+
+class DeploymentAdapter(BaseModel):
+    model: str = Field(description="The name it is called by: an `ft:` model or a checkpoint's model.")
+    loaded_at: float = Field(description="When it was loaded into the engine (Unix seconds).")
+
+
+class Deployment(BaseModel):
+    """One engine of the caller's: a base model served with the caller's adapters on it."""
+
+    id: str
+    base: str = Field(
+        description="The base model it serves: a catalog alias, or the `ft:` model of a full "
+        "fine-tune (an engine of its own)"
+    )
+    status: Literal["starting", "ready", "failed", "stopping"]
+    device: Literal["cpu", "cuda"]
+    adapters: list[DeploymentAdapter] = Field(description="The adapters loaded into it, oldest first.")
+    started_at: float = Field(description="When its start began (Unix seconds).")
+    ready_at: float | None = Field(None, description="When it first answered (Unix seconds).")
+    last_used: float = Field(
+        description="When a request last used it (Unix seconds); it is stopped "
+        "FTQ_SERVE_IDLE_SECONDS after that."
+    )
+    device_seconds: float = Field(description="Its devices x the time it has been running.")
+    requests: int = Field(description="Requests it answered.")
+    prompt_tokens: int = Field(description="Tokens in: the prompts of the requests it answered.")
+    completion_tokens: int = Field(description="Tokens out: what it generated.")
+
+
+class ServingUsage(BaseModel):
+    """The caller's calls answered by this API process's engines since it started (engines that have
+    stopped included)."""
+
+    since: float = Field(description="When the API process started counting (Unix seconds).")
+    requests: int
+    prompt_tokens: int = Field(description="Tokens in, from the engines' `usage`.")
+    completion_tokens: int = Field(description="Tokens out, from the engines' `usage`.")
+
+
+class DeploymentList(BaseModel):
+    data: list[Deployment]
+    usage: ServingUsage

@@ -1,0 +1,271 @@
+"""Serving from outside (issue 49), with the official `openai` SDK's default client (its 600 s timeout and 2
+retries) against one live `ftq up`: fine-tune the catalog's `ftq-tiny-serve` through /v1 (a few steps),
+then call `job.fine_tuned_model` and a checkpoint's model, streamed and not, cold then warm. The greedy
+answers equal transformers + PEFT's on the adapters downloaded from the job (float32, the tokenizer and
+chat template saved with them); another owner can neither call nor list them; /deployments shows one
+engine holding both adapters. One engine (vLLM from .venv-vllm, on the CPU) serves every call.
+
+Cold start (the first call, engine start included), warm latency and the warm stream's first token are
+printed and recorded as JUnit properties (`make test`'s build/test-results.xml)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from ftq.client import Client
+from service.openai.models import TINY_SERVE_ALIAS, catalog
+from tests.harness import EXAMPLES, QUICK_SETTINGS, Deployment, tiny_assets
+from tests.harness.procs import live_pids
+
+pytestmark = pytest.mark.slow
+
+TOKENS = {"alice": "tok-alice-serve", "bob": "tok-bob-serve"}
+PROMPTS = ["what does carol have?", "count from three.", "describe an animal."]
+MAX_TOKENS = 16
+# 32 chat rows, 4 a step, 2 epochs: 16 steps, a checkpoint at the end of each epoch (steps 8 and 16).
+ROWS, BATCH, EPOCHS = 32, 4, 2
+SERVE_MODEL = (EXAMPLES / "tiny" / "model-serve").resolve()
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tiny_assets()
+    root = tmp_path_factory.mktemp("serving")
+    # The built-in ftq-tiny-serve on one process, at a learning rate that moves a few steps' adapter far
+    # enough from the base for its greedy answers to differ.
+    template = copy.deepcopy(catalog("").templates[TINY_SERVE_ALIAS])
+    template["resources"]["processes_per_node"] = 1
+    template["training"]["learning_rate"] = 2.0e-3
+    catalog_file = root / "catalog.json"
+    catalog_file.write_text(json.dumps({"default": TINY_SERVE_ALIAS, "models": {TINY_SERVE_ALIAS: template}}))
+    settings = {**QUICK_SETTINGS, "openai_models": str(catalog_file)}
+    d = Deployment(root, mode="up", tokens=TOKENS, settings=settings)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.close(cancel_active=True)
+        # The API's shutdown stopped its engines (sessions of their own, so not the group's SIGTERM).
+        deadline = time.monotonic() + 30
+        while _engines_of(d) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _engines_of(d), "the API left engines behind"
+
+
+def _engines_of(dep: Deployment) -> list[int]:
+    """Live vLLM servers started by this deployment's API (their environment holds its data dir)."""
+    marker = f"FTQ_DATA_DIR={dep.data_dir}".encode()
+    found = []
+    for pid in live_pids():
+        try:
+            if b"vllm" in Path(f"/proc/{pid}/cmdline").read_bytes() and marker in Path(
+                f"/proc/{pid}/environ"
+            ).read_bytes().split(b"\0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def sdk(dep: Deployment, owner: str = "alice") -> openai.OpenAI:
+    # The official SDK's default client: only base_url and api_key change.
+    return openai.OpenAI(base_url=f"{dep.url}/v1", api_key=TOKENS[owner])
+
+
+@dataclass(frozen=True)
+class Trained:
+    model: str  # job.fine_tuned_model
+    checkpoint: str  # the first checkpoint's model
+    final: Path  # final/ as downloaded
+    ckpt: Path  # that checkpoint's folder as downloaded
+
+
+@pytest.fixture(scope="module")
+def trained(dep: Deployment, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    client = sdk(dep)
+    lines = (tiny_dir / "chat" / "train.jsonl").read_bytes().splitlines()[:ROWS]
+    train = client.files.create(
+        file=("train.jsonl", io.BytesIO(b"\n".join(lines) + b"\n")), purpose="fine-tune"
+    )
+    job = client.fine_tuning.jobs.create(
+        model=TINY_SERVE_ALIAS,
+        training_file=train.id,
+        method={
+            "type": "supervised",
+            "supervised": {"hyperparameters": {"n_epochs": EPOCHS, "batch_size": BATCH}},
+        },
+        suffix="served",
+    )
+    deadline = time.monotonic() + 900
+    native = "job_" + job.id.removeprefix("ftjob-")
+    while (job := client.fine_tuning.jobs.retrieve(job.id)).status not in (
+        "succeeded",
+        "failed",
+        "cancelled",
+    ):
+        assert time.monotonic() < deadline, dep.report(native)
+        time.sleep(2)
+    assert job.status == "succeeded" and job.fine_tuned_model, dep.report(native)
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
+    first = min(checkpoints, key=lambda c: c.step_number)
+    # The adapters as a user takes them out of ftq (docs/artifacts.md).
+    out = tmp_path_factory.mktemp("downloaded")
+    with Client(dep.url, TOKENS["alice"]) as ftq:
+        ftq.jobs.download(native, "final", out)
+        ftq.jobs.download(native, f"checkpoints/checkpoint-{first.step_number}", out)
+    return Trained(
+        job.fine_tuned_model,
+        first.fine_tuned_model_checkpoint,
+        out / "final",
+        out / f"checkpoint-{first.step_number}",
+    )
+
+
+def _whole(text: str | None) -> str:
+    """The text without a last character cut off mid-way (U+FFFD): vLLM's incremental detokenizer holds
+    back the bytes of a character the last token left incomplete, where a whole decode shows U+FFFD."""
+    return (text or "").rstrip("\ufffd")
+
+
+def _reference(adapter: Path | None, tokenizer_dir: Path) -> dict[str, str]:
+    """transformers (+ PEFT on `adapter`) greedy, float32, `tokenizer_dir`'s chat template: per prompt."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok: Any = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(SERVE_MODEL, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    out = {}
+    for prompt in PROMPTS:
+        enc = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+        with torch.no_grad():
+            ids = model.generate(**enc, max_new_tokens=MAX_TOKENS, do_sample=False)
+        completion = ids[0, enc["input_ids"].shape[1] :].tolist()
+        if tok.eos_token_id in completion:
+            completion = completion[: completion.index(tok.eos_token_id)]
+        out[prompt] = _whole(tok.decode(completion, skip_special_tokens=True))
+    return out
+
+
+def _chat(client: openai.OpenAI, model: str, prompt: str) -> str:
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert r.model == model
+    return _whole(r.choices[0].message.content)
+
+
+def _stream(client: openai.OpenAI, model: str, prompt: str) -> tuple[str, float | None]:
+    """(the streamed text, seconds to its first token: None for an empty answer)."""
+    start = time.monotonic()
+    first = None
+    parts = []
+    for chunk in client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+    ):
+        assert chunk.model == model
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first if first is not None else time.monotonic() - start
+            parts.append(chunk.choices[0].delta.content)
+    return _whole("".join(parts)), first
+
+
+def test_the_fine_tuned_model_and_its_checkpoint_answer_as_transformers_and_peft(
+    dep: Deployment, trained: Trained, record_property: Any
+) -> None:
+    alice = sdk(dep)
+    # Cold: no engine yet; the first call starts it and waits for it, within the SDK's default timeout.
+    assert (
+        dep.http.get("/deployments", headers={"Authorization": f"Bearer {TOKENS['alice']}"}).json()["data"]
+        == []
+    )
+    start = time.monotonic()
+    cold = _chat(alice, trained.model, PROMPTS[0])
+    cold_s = time.monotonic() - start
+
+    final_ref = _reference(trained.final, trained.final)
+    ckpt_ref = _reference(trained.ckpt, trained.final)
+    base_ref = _reference(None, trained.final)
+    print(f"\nanswers: final {final_ref}, checkpoint {ckpt_ref}, base {base_ref}")
+    assert cold == final_ref[PROMPTS[0]]
+    for prompt in PROMPTS:
+        assert _chat(alice, trained.model, prompt) == final_ref[prompt], prompt
+        assert _stream(alice, trained.model, prompt)[0] == final_ref[prompt], prompt
+        assert _chat(alice, trained.checkpoint, prompt) == ckpt_ref[prompt], prompt
+        assert _stream(alice, trained.checkpoint, prompt)[0] == ckpt_ref[prompt], prompt
+        assert _chat(alice, TINY_SERVE_ALIAS, prompt) == base_ref[prompt], prompt
+    # The adapter is what makes the answers.
+    assert [final_ref[p] for p in PROMPTS] != [base_ref[p] for p in PROMPTS]
+
+    # Warm.
+    times = []
+    for _ in range(5):
+        t = time.monotonic()
+        _chat(alice, trained.model, PROMPTS[1])
+        times.append(time.monotonic() - t)
+    answered = [p for p in PROMPTS if final_ref[p]]
+    assert answered, final_ref
+    first_token = _stream(alice, trained.model, answered[0])[1]
+    assert first_token is not None
+    completion = alice.completions.create(
+        model=trained.model, prompt="alice has", max_tokens=8, temperature=0
+    )
+    assert completion.model == trained.model and completion.usage and completion.usage.completion_tokens > 0
+
+    view = dep.http.get("/deployments", headers={"Authorization": f"Bearer {TOKENS['alice']}"}).json()
+    assert [(d["base"], d["status"]) for d in view["data"]] == [(TINY_SERVE_ALIAS, "ready")], view
+    assert {a["model"] for a in view["data"][0]["adapters"]} == {trained.model, trained.checkpoint}
+    assert view["usage"]["completion_tokens"] > 0 and view["usage"]["prompt_tokens"] > 0
+    figures = {
+        "serve_cold_first_call_s": round(cold_s, 2),
+        f"serve_warm_{MAX_TOKENS}_tokens_median_s": round(statistics.median(times), 3),
+        "serve_warm_first_token_s": round(first_token, 3),
+        "serve_engine_ready_after_s": round(view["data"][0]["ready_at"] - view["data"][0]["started_at"], 2),
+    }
+    for name, value in figures.items():
+        record_property(name, value)
+    print(f"\nserving figures: {figures}")
+
+
+def test_another_owner_can_neither_call_nor_list_them(dep: Deployment, trained: Trained) -> None:
+    bob = sdk(dep, "bob")
+    for model in (trained.model, trained.checkpoint):
+        with pytest.raises(openai.NotFoundError) as err:
+            _chat(bob, model, PROMPTS[0])
+        assert isinstance(err.value.body, dict) and err.value.body["param"] == "model"
+        with pytest.raises(openai.NotFoundError):
+            list(
+                bob.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "x"}], stream=True
+                )
+            )
+    listed = [m.id for m in bob.models.list()]
+    assert trained.model not in listed and trained.checkpoint not in listed
+    assert {trained.model, trained.checkpoint} <= {m.id for m in sdk(dep).models.list()}
+    assert (
+        dep.http.get("/deployments", headers={"Authorization": f"Bearer {TOKENS['bob']}"}).json()["data"]
+        == []
+    )
