@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "bench" / "out"
+# Where the benches leave their scratch folders and output: bench/out, or FTQ_BENCH_OUT (the suite's smoke
+# runs point it at a test's own temporary folder, bench/run_all.py's run_bench).
+OUT = Path(os.environ.get("FTQ_BENCH_OUT") or REPO / "bench" / "out")
 
 
 def scratch(prefix: str) -> Path:

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import REPO
+from bench import OUT, REPO
 from bench.seed import tiny_deployment
 from tests.harness import Deployment, tiny_assets, tiny_spec
 
@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="tiny runs each way (by hand, through ftq)")
     ap.add_argument("--skip-redis", action="store_true")
     ap.add_argument("--skip-embedded", action="store_true")
-    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "dispatch_bench.json"))
+    ap.add_argument("--out", default=str(OUT / "dispatch_bench.json"))
     args = ap.parse_args()
     tiny = tiny_assets()
     results: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()[0]}

@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from bench import REPO, log, note, result, scratch
+from bench import OUT, log, note, result, scratch
 from tests.harness import Deployment, pid_alive, tiny_assets, tiny_spec
 from tests.harness.webhooks import Receiver
 
@@ -410,7 +410,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--disk-mb", type=int, default=256, help="size of the tmpfs data dir")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "fault_campaign.json")
+    ap.add_argument("--out", type=Path, default=OUT / "fault_campaign.json")
     args = ap.parse_args()
     r = run(args.rounds, args.disk_mb)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import log, note, result
+from bench import OUT, log, note, result
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH, GENERATIONS, COMPLETION, LR = 16, 4, 32, 1e-3
@@ -170,7 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "grpo")
+    parser.add_argument("--out", type=Path, default=OUT / "grpo")
     parser.add_argument("--baseline", action="store_true", help="internal: run the plain TRL script")
     parser.add_argument(
         "--tiny", type=Path, help="the model and data (default: the small tiny model under OUT)"

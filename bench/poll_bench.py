@@ -1,6 +1,7 @@
 """Metrics polling: ftq against /healthz on the same server, against MLflow, and as history grows.
 
-    python -m bench.poll_bench [--seconds 10] [--jobs 1000] [--points 2000] [--no-mlflow]
+    python -m bench.poll_bench [--seconds 10] [--jobs 1000] [--points 2000] [--no-mlflow] [--rounds 3]
+        [--only poll|mlflow|history|status|workers|up|openai ...]
 
 A fresh PostgreSQL database gets `--jobs` jobs with `--points` points each (COPY), a real `ftq api`
 process serves it, and wrk (64 connections, one client thread so the load generator leaves the server
@@ -533,16 +534,21 @@ def bench_openai(seconds: float = 3.0, rounds: int = 3) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run")
+    ap.add_argument(
+        "--seconds", type=float, help="length of each load run (default: wrk's 10, `up`'s 4, `openai`'s 3)"
+    )
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--points", type=int, default=2000)
     ap.add_argument("--no-mlflow", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the `up` and `openai` figures")
     ap.add_argument(
         "--only",
         choices=["poll", "mlflow", "history", "status", "workers", "up", "openai"],
         action="append",
     )
     args = ap.parse_args(argv)
+    threads = {"rounds": args.rounds} | ({"seconds": args.seconds} if args.seconds else {})
+    args.seconds = args.seconds or 10.0
     # `ftq up`'s figure and /v1's are benches of their own in run_all (keys `up`, `openai`).
     only = set(args.only or ["poll", "mlflow", "history", "status", "workers"])
     if only - {"up", "openai"} and not have_wrk():  # the `ftq up` figure's clients are Python threads
@@ -561,9 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     if "mlflow" in only and not args.no_mlflow:
         bench_mlflow(args.seconds, args.jobs, args.points, poll)
     if "up" in only:
-        bench_up()
+        bench_up(**threads)
     if "openai" in only:
-        bench_openai()
+        bench_openai(**threads)
     return 0
 
 

@@ -1,8 +1,17 @@
 """`make bench`: run every benchmark, print one table of ratios, write bench/RESULTS.md.
 
-    python -m bench.run_all [--only poll,ingest,...] [--quick]
+    python -m bench.run_all [--only poll,ingest,...] [--quick | --smoke]
 
 With --only, the figures and notes of the benches not run are kept from the RESULTS.md there was.
+
+A bench fails when it exits non-zero, does not finish within its timeout, or reports no figure. A failed
+bench is still written up (a note gives its exit status and the last lines of its stderr), and then the
+command exits 1, with a `FAILED <bench>: <why>` line on stderr for each: `make bench` fails with it.
+
+--smoke runs each bench once with its smallest argv (`smoke_argv`; its quick argv where it has none), to
+show that it still runs to its figures; the figures are not timings, and no RESULTS.md is written. The
+suite runs the same for every bench but those that train or take minutes (`suite_skip` says why each is
+left out): tests/integration/bench/test_smoke_*.py.
 
 Protocol (how a bench reports to this runner). A bench is a program run as a subprocess; on stdout it
 prints, among anything else:
@@ -38,9 +47,9 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench import OUT, REPO
+
 RESULTS_MD = REPO / "bench" / "RESULTS.md"
-OUT = REPO / "bench" / "out"
 KEPT_HEADING = "## History of fixes"
 
 
@@ -51,46 +60,84 @@ class Bench:
     quick_argv: list[str]
     timeout: int
     json_adapter: str | None = None
+    # The smallest run that still prints every RESULT line (None: quick_argv is), and why the suite's smoke
+    # tests leave it out, where they do.
+    smoke_argv: list[str] | None = None
+    suite_skip: str = ""
+    # Programs the bench needs on PATH (its smoke test is skipped without them; run_all runs it and fails).
+    needs: tuple[str, ...] = ()
 
 
+SMOKE_TIMEOUT = 300
+
+
+def _argv(line: str) -> list[str]:
+    return line.split()
+
+
+# The smoke runs' wall seconds: from one run of tests/integration/bench/test_smoke_*.py on the 2-core machine
+# (load average 2 to 6); those the suite leaves out, timed alone with /usr/bin/time (load average 8 to 12).
 BENCHES = [
     Bench(
         "poll",
         ["-m", "bench.poll_bench"],
         ["-m", "bench.poll_bench", "--seconds", "6", "--jobs", "200"],
         1800,
+        # 22 s: the metrics poll against /healthz; mlflow, history, status and workers are not run.
+        smoke_argv=_argv("-m bench.poll_bench --only poll --seconds 1 --jobs 20 --points 50 --no-mlflow"),
+        needs=("wrk",),
     ),
     Bench(
         "up",
         ["-m", "bench.poll_bench", "--only", "up"],
         ["-m", "bench.poll_bench", "--only", "up"],
         600,
+        smoke_argv=_argv("-m bench.poll_bench --only up --rounds 1 --seconds 1"),  # 14 s
     ),
     Bench(
         "openai",
         ["-m", "bench.poll_bench", "--only", "openai"],
         ["-m", "bench.poll_bench", "--only", "openai"],
         600,
+        smoke_argv=_argv("-m bench.poll_bench --only openai --rounds 1 --seconds 1"),  # 20 s
     ),
-    Bench("ingest", ["-m", "bench.ingest_bench"], ["-m", "bench.ingest_bench", "--lines", "20000"], 900),
+    Bench(
+        "ingest",
+        ["-m", "bench.ingest_bench"],
+        ["-m", "bench.ingest_bench", "--lines", "20000"],
+        900,
+        smoke_argv=_argv("-m bench.ingest_bench --lines 2000 --lag-seconds 3"),  # 27 s
+    ),
     Bench(
         "artifacts",
         ["-m", "bench.artifacts_tar"],
         ["-m", "bench.artifacts_tar", "--gb", "0.5"],
         600,
+        smoke_argv=_argv("-m bench.artifacts_tar --gb 0.05 --files 2"),  # 5 s
     ),
-    Bench("load", ["-m", "bench.load_bench"], ["-m", "bench.load_bench", "--seconds", "15"], 900),
+    Bench(
+        "load",
+        ["-m", "bench.load_bench"],
+        ["-m", "bench.load_bench", "--seconds", "15"],
+        900,
+        smoke_argv=_argv("-m bench.load_bench --seconds 2 --paced-seconds 2 --pollers 16 --jobs 4"),  # 23 s
+        needs=("wrk",),
+    ),
     Bench(
         "dispatch",
         ["-m", "bench.dispatch_bench"],
         ["-m", "bench.dispatch_bench", "--samples", "3", "--repeats", "1"],
         1800,
+        smoke_argv=_argv("-m bench.dispatch_bench --samples 2 --repeats 1 --steps 4"),
+        suite_skip="it trains the tiny job by hand and through two deployments: 31 CPU-s, 181 s",
     ),
     Bench(
         "scheduler",
         ["-m", "bench.scheduler_scale"],
         ["-m", "bench.scheduler_scale", "--queued", "2000", "--running", "200", "--dispatch", "40"],
         3600,
+        # Every mode (tick, decide, dispatch with one worker): 32 s, 15 of them the worker's start.
+        smoke_argv=_argv("-m bench.scheduler_scale --queued 200 --running 20 --dispatch 10 --workers 1"),
     ),
     Bench(
         "trainer",
@@ -98,23 +145,66 @@ BENCHES = [
         ["-m", "bench.trainer_bench", "--steps", "8", "--rounds", "1"],
         1800,
         json_adapter="trainer",
+        smoke_argv=_argv("-m bench.trainer_bench --steps 4 --rounds 1"),
+        suite_skip="three tiny training runs: 72 CPU-s, 239 s",
     ),
     # Issue 29: the python grader sandbox's overhead per scored sample against an in-process call.
-    Bench("graders", ["-m", "bench.graders_bench"], ["-m", "bench.graders_bench", "--samples", "16"], 600),
+    Bench(
+        "graders",
+        ["-m", "bench.graders_bench"],
+        ["-m", "bench.graders_bench", "--samples", "16"],
+        600,
+        smoke_argv=_argv("-m bench.graders_bench --samples 4 --batches 1,4"),  # under 1 s
+    ),
     # Issue 29: a GRPO job's tokens/s through ftq's trainer against a plain TRL GRPOTrainer script.
     Bench(
-        "grpo", ["-m", "bench.grpo_bench"], ["-m", "bench.grpo_bench", "--steps", "6", "--rounds", "1"], 1200
+        "grpo",
+        ["-m", "bench.grpo_bench"],
+        ["-m", "bench.grpo_bench", "--steps", "6", "--rounds", "1"],
+        1200,
+        smoke_argv=_argv("-m bench.grpo_bench --steps 3 --rounds 1"),
+        suite_skip="two tiny GRPO training runs: 87 CPU-s, 267 s",
     ),
     # POST /jobs on a dataset file the API has seen (its preflight's token counts kept) against a new one.
-    Bench("submit", ["-m", "bench.submit_bench"], ["-m", "bench.submit_bench", "--rounds", "1"], 300),
+    Bench(
+        "submit",
+        ["-m", "bench.submit_bench"],
+        ["-m", "bench.submit_bench", "--rounds", "1"],
+        300,
+        smoke_argv=_argv("-m bench.submit_bench --rounds 1"),  # 8 s
+    ),
     # An idle deployment's beat: CPU a minute with worker/beat.py's scheduler against Celery's own.
-    Bench("beat", ["-m", "bench.beat_bench"], ["-m", "bench.beat_bench", "--rounds", "1"], 300),
+    Bench(
+        "beat",
+        ["-m", "bench.beat_bench"],
+        ["-m", "bench.beat_bench", "--rounds", "1"],
+        300,
+        smoke_argv=_argv("-m bench.beat_bench --rounds 1 --seconds 3"),  # 14 s
+    ),
     # A run's start-up in CPU seconds, with and without the optional packages its spec does not use.
-    Bench("startup", ["-m", "bench.startup_bench"], ["-m", "bench.startup_bench", "--rounds", "1"], 600),
+    Bench(
+        "startup",
+        ["-m", "bench.startup_bench"],
+        ["-m", "bench.startup_bench", "--rounds", "1"],
+        600,
+        suite_skip="three whole tiny runs (the first fills the start-up cache): about 35 CPU-s, 48 s",
+    ),
     # An evaluation's CPU with lm-eval indexing the suite's own task folder alone, against all its tasks.
-    Bench("evaluate", ["-m", "bench.evaluate_bench"], ["-m", "bench.evaluate_bench", "--rounds", "1"], 600),
+    Bench(
+        "evaluate",
+        ["-m", "bench.evaluate_bench"],
+        ["-m", "bench.evaluate_bench", "--rounds", "1"],
+        600,
+        suite_skip="a tiny training run and two lm-eval evaluations: about 35 CPU-s, 49 s",
+    ),
     # Issue 28: kills during uploads, exports and webhook deliveries, a full disk, a deleted run dir.
-    Bench("fault_campaign", ["-m", "bench.fault_campaign"], ["-m", "bench.fault_campaign"], 1800),
+    Bench(
+        "fault_campaign",
+        ["-m", "bench.fault_campaign"],
+        ["-m", "bench.fault_campaign"],
+        1800,
+        suite_skip="five phases that kill and restart `ftq up` and train jobs (no smaller run): 292 s",
+    ),
 ]
 
 
@@ -206,30 +296,50 @@ def trainer_adapter() -> tuple[list[Row], list[str]]:
     return rows, ["trainer: tokens/s against a plain TRL SFTTrainer script, same settings, same run"]
 
 
-def run_bench(b: Bench, quick: bool) -> tuple[list[Row], list[str], float]:
-    argv = b.quick_argv if quick else b.argv
-    script = REPO / argv[0] if not argv[0].startswith("-") else None
-    if script is not None and not script.exists():
-        return [], [f"{b.key}: {argv[0]} is not in the tree yet; skipped"], 0.0
+@dataclass
+class Ran:
+    """One bench's run: its figures and notes, its wall time, and why it failed (None when it did not)."""
+
+    rows: list[Row]
+    notes: list[str]
+    took: float
+    failure: str | None = None
+
+
+def run_bench(b: Bench, mode: str = "full", smoke_out: Path | None = None) -> Ran:
+    """Run `b` with its argv for `mode` ("full", "quick" or "smoke") and read its figures. A smoke run's
+    scratch folders and output go to `smoke_out` (default bench/out/smoke), not where a real run's are."""
+    argv = {"full": b.argv, "quick": b.quick_argv, "smoke": b.smoke_argv or b.quick_argv}[mode]
+    timeout, out, env = b.timeout, OUT, dict(os.environ)
+    if mode == "smoke":
+        timeout, out = SMOKE_TIMEOUT, smoke_out or OUT / "smoke"
+        env["FTQ_BENCH_OUT"] = str(out)
     t = time.perf_counter()
     print(f"== {b.key}: python {' '.join(argv)}", flush=True)
     try:
         proc = subprocess.run(
-            [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=b.timeout
+            [sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
-        return [], [f"{b.key}: did not finish within {b.timeout} s"], time.perf_counter() - t
+        why = f"did not finish within {timeout} s"
+        return Ran([], [f"{b.key}: {why}"], time.perf_counter() - t, why)
     took = time.perf_counter() - t
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{b.key}.stdout").write_text(proc.stdout)
-    (OUT / f"{b.key}.stderr").write_text(proc.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{b.key}.stdout").write_text(proc.stdout)
+    (out / f"{b.key}.stderr").write_text(proc.stderr)
     rows, notes = parse(b.key, proc.stdout)
     if not rows and b.json_adapter == "trainer":
         rows, notes = trainer_adapter()
+    failure = None
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        notes.append(f"{b.key}: exited with {proc.returncode}: {tail[:400]}")
-    return rows, [f"{b.key}: {n}" if not n.startswith(f"{b.key}:") else n for n in notes], took
+        failure = f"exited with {proc.returncode}: {tail[:400]}"
+    elif not rows:
+        failure = f"exited 0 but reported no figure (no RESULT line on stdout; see {out / b.key}.stdout)"
+    if failure:
+        notes.append(f"{b.key}: {failure}")
+    notes = [f"{b.key}: {n}" if not n.startswith(f"{b.key}:") else n for n in notes]
+    return Ran(rows, notes, took, failure)
 
 
 def machine() -> dict[str, str]:
@@ -334,26 +444,41 @@ def _in_bench_order(lines: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated: " + ",".join(b.key for b in BENCHES))
-    ap.add_argument("--quick", action="store_true", help="shorter runs (smoke test of the benches)")
+    runs = ap.add_mutually_exclusive_group()
+    runs.add_argument("--quick", action="store_true", help="shorter runs")
+    runs.add_argument(
+        "--smoke", action="store_true", help="each bench's smallest run, once: that it runs (no RESULTS.md)"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS_MD)
     args = ap.parse_args(argv)
     keys = set(args.only.split(",")) if args.only else {b.key for b in BENCHES}
+    unknown = keys - {b.key for b in BENCHES}
+    if unknown:
+        ap.error(f"no bench {', '.join(sorted(unknown))} (the benches: {', '.join(b.key for b in BENCHES)})")
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     info = machine()
     rows: list[Row] = []
     notes: list[str] = []
     timings: list[str] = []
+    failed: list[tuple[str, str]] = []
     started = datetime.now(UTC)
     for b in BENCHES:
         if b.key not in keys:
             continue
-        r, n, took = run_bench(b, args.quick)
-        rows += r
-        notes += n
-        timings.append(f"{b.key} {took:.0f} s")
-        for line in table(r)[2:]:
+        ran = run_bench(b, mode)
+        rows += ran.rows
+        notes += ran.notes
+        timings.append(f"{b.key} {ran.took:.0f} s")
+        if ran.failure:
+            failed.append((b.key, ran.failure))
+        for line in table(ran.rows)[2:]:
             print(line, flush=True)
     lines = table(rows)
     print("\n".join(lines))
+    if args.smoke:
+        print("\n".join(notes))
+        print(f"smoke runs (not timings; no RESULTS.md written): {', '.join(timings)}")
+        return report_failures(failed)
     kept_from = ""
     if args.only and args.out.exists():
         earlier = args.out.read_text()
@@ -396,7 +521,20 @@ def main(argv: list[str] | None = None) -> int:
         kept = args.out.read_text()[args.out.read_text().index(KEPT_HEADING) :]
     args.out.write_text("\n".join(md) + ("\n" + kept if kept else ""))
     print(f"wrote {args.out}")
-    return 0
+    return report_failures(failed)
+
+
+def report_failures(failed: list[tuple[str, str]]) -> int:
+    """1 and a line on stderr for each failed bench, or 0 when none failed."""
+    for key, why in failed:
+        print(f"FAILED {key}: {why}", file=sys.stderr, flush=True)
+    if failed:
+        print(
+            f"{len(failed)} bench(es) failed: {', '.join(k for k, _ in failed)} (bench/out/<bench>.stderr)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

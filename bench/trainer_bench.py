@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import OUT
+
 REPO = Path(__file__).resolve().parent.parent
 SEQ_LEN = 256
 BATCH = 4
@@ -161,7 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=3, help="each contender this many times, in turn")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "trainer")
+    parser.add_argument("--out", type=Path, default=OUT / "trainer")
     parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tiny", type=Path, help=argparse.SUPPRESS)
     ns = parser.parse_args()
