@@ -156,6 +156,18 @@ BENCHES = [
         600,
         smoke_argv=_argv("-m bench.graders_bench --samples 4 --batches 1,4"),  # under 1 s
     ),
+    # Issue 49: samples on 2 processes of FSDP2, batched with the KV cache against a whole-sequence forward
+    # per prompt and token.
+    Bench(
+        "samples",
+        ["-m", "bench.samples_bench"],
+        ["-m", "bench.samples_bench", "--prompts", "4", "--tokens", "16", "--rounds", "1"],
+        900,
+        smoke_argv=_argv("-m bench.samples_bench --prompts 2 --tokens 2 --rounds 1 --hidden 64 --layers 1"),
+        suite_skip="two processes that import torch and transformers (about 20 CPU-s); the batched loop is "
+        "tested in tests/unit/trainer/test_samples.py and under FSDP and ZeRO-3 in "
+        "tests/integration/trainer/test_samples.py",
+    ),
     # Issue 29: a GRPO job's tokens/s through ftq's trainer against a plain TRL GRPOTrainer script.
     Bench(
         "grpo",
