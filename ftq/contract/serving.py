@@ -15,13 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field
 # chat request may hold.
 MAX_CHOICES = 8
 MAX_PROMPTS = 64
-MAX_MESSAGES = 1024
+MAX_MESSAGES = 512
+MAX_PARTS = 32  # text parts of one message's content
 MAX_STOP = 4
-MAX_TEXT = 1_000_000  # characters of one message or prompt (the body cap, FTQ_MAX_BODY_BYTES, comes first)
+MAX_TEXT = 262_144  # characters of a message, a part or a prompt (the body cap, FTQ_MAX_BODY_BYTES, first)
+MAX_TOKEN_IDS = 32_768  # token ids of one prompt
 
 
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
-TokenIds = Annotated[list[int], Field(max_length=MAX_TEXT)]
+TokenIds = Annotated[list[int], Field(max_length=MAX_TOKEN_IDS)]
 
 
 class _Strict(BaseModel):
@@ -37,7 +39,7 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)]
+    content: Text | Annotated[list[TextPart], Field(max_length=MAX_PARTS)]
     name: str | None = Field(None, max_length=256)
 
 
