@@ -85,6 +85,12 @@ class Engine(Protocol):
     @property
     def model(self) -> str: ...
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to `base_url` carries: the engine's own bearer key (it answers nothing
+        under /v1 without it, so no other process on the host can call or load adapters into it)."""
+        ...
+
     def start(self) -> None:
         """Start it (returns at once: `wait_ready` waits for it to answer)."""
         ...

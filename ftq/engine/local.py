@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -44,6 +46,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+# What an engine gets of its starter's environment (environment()); the rest, ftq's settings and tokens
+# first, stays behind.
+_PASSED = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR", "USER", "LOGNAME", "LD_LIBRARY_PATH"})
+_PASSED_PREFIXES = (
+    *("LC_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "VLLM_", "TORCH_", "HF_"),
+)
+_CREDENTIAL = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|AUTH|CREDENTIAL", re.IGNORECASE)
+
+
+def _passes(name: str) -> bool:
+    if _CREDENTIAL.search(name) or name.startswith("FTQ_"):
+        return False
+    return name in _PASSED or name.startswith(_PASSED_PREFIXES)
+
+
 class LocalEngine:
     """One vLLM server on this machine for `config`'s base model (see the module's docstring)."""
 
@@ -68,13 +85,20 @@ class LocalEngine:
         self._log_path = log_path
         self._log: IO[bytes] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0))
+        # The engine's own key: vLLM refuses every /v1 request without it (VLLM_API_KEY, in its environment
+        # rather than on its command line, which /proc shows to everyone).
+        self._key = secrets.token_urlsafe(32)
+        self._http = httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0), headers=self.headers)
 
     # The Engine protocol ---------------------------------------------------------------------------
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}"}
 
     @property
     def model(self) -> str:
@@ -213,10 +237,14 @@ class LocalEngine:
         return args
 
     def environment(self) -> dict[str, str]:
-        """This process's environment without what would make the venv's interpreter load ftq's
-        packages, plus dynamic LoRA on, no usage reports, and no hub (every model is a local folder)."""
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        """An allowlist of this process's environment (what a server needs to run: paths, locale, the
+        accelerator's and the thread pools' settings, the operator's VLLM_ ones), never ftq's settings or
+        anything named like a credential: the engine reads files the tenants' runs wrote (adapters, a full
+        fine-tune's folder), so it holds no secret of the service's. Plus its own key, dynamic LoRA on, no
+        usage reports, and no hub (every model is a local folder)."""
+        env = {k: v for k, v in os.environ.items() if _passes(k)}
         env.update(
+            VLLM_API_KEY=self._key,
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="1",
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",

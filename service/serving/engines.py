@@ -84,6 +84,11 @@ class Lease:
         return self._entry.engine.base_url
 
     @property
+    def headers(self) -> dict[str, str]:
+        """The engine's own key, sent with every request to it."""
+        return self._entry.engine.headers
+
+    @property
     def engine_model(self) -> str:
         """The `model` the engine serves this target as: the adapter's name, or the engine's base name."""
         return self.target.name if self.target.adapter is not None else self._entry.engine.model

@@ -78,7 +78,7 @@ async def complete(
     try:
         payload = _payload(body, lease.engine_model)
         client = transport.client()
-        request = client.build_request("POST", lease.base_url + path, json=payload)
+        request = client.build_request("POST", lease.base_url + path, json=payload, headers=lease.headers)
         try:
             upstream = await client.send(request, stream=body.stream)
         except httpx.TransportError as exc:

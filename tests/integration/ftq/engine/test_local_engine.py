@@ -76,7 +76,8 @@ def started(serve_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         engine.wait_ready(timeout=600)
         ready = time.monotonic() - spawn
-        sdk = OpenAI(base_url=engine.base_url, api_key="unused", max_retries=0)
+        key = engine.headers["Authorization"].removeprefix("Bearer ")
+        sdk = OpenAI(base_url=engine.base_url, api_key=key, max_retries=0)
         stream = sdk.chat.completions.create(
             model=engine.model,
             messages=[{"role": "user", "content": PROMPTS[0]}],
@@ -191,6 +192,19 @@ def test_the_engine_serves_the_adapters_greedy_output(
     for name, value in figures.items():
         record_property(name, value)
     print(f"\nengine figures: {figures}")
+
+
+def test_no_one_without_the_engines_key_calls_it_or_loads_adapters(started: Started, adapter: Path) -> None:
+    """Any process on the host reaches 127.0.0.1: without the engine's own key, vLLM answers 401 to a
+    completion and to loading an adapter (which would put another owner's adapter in reach)."""
+    import httpx
+
+    engine = started.engine
+    body = {"model": engine.model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    assert httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=30).status_code == 401
+    load = {"lora_name": "intruder", "lora_path": str(adapter)}
+    assert httpx.post(f"{engine.base_url}/load_lora_adapter", json=load, timeout=30).status_code == 401
+    assert "intruder" not in engine.adapters()
 
 
 def test_an_unloaded_adapter_is_no_longer_served(started: Started, adapter: Path) -> None:

@@ -69,6 +69,36 @@ def test_the_server_runs_from_its_venv_with_dynamic_lora_in_float32_on_the_cpu(t
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1"
     assert "PYTHONPATH" not in env
+    # Its own key, the one its callers send; vLLM then answers nothing under /v1 without it.
+    assert env["VLLM_API_KEY"] and engine.headers == {"Authorization": f"Bearer {env['VLLM_API_KEY']}"}
+    assert "--api-key" not in args  # not on the command line, which /proc shows to every user
+
+
+def test_the_engine_gets_none_of_the_services_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine reads files the tenants' runs wrote (adapters, a full fine-tune's folder): it gets an
+    allowlist of the API's environment, never ftq's settings or a credential."""
+    for name, value in {
+        "FTQ_API_TOKENS": "tok:alice",
+        "FTQ_DATABASE_URL": "postgresql://u:pw@db/ftq",
+        "HF_TOKEN": "hf_x",
+        "MLFLOW_TRACKING_PASSWORD": "pw",
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "MY_SETTING": "x",
+        "OMP_NUM_THREADS": "2",
+        "HF_HOME": "/srv/hf",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    env = LocalEngine(EngineConfig(model=tmp_path)).environment()
+    for gone in ("FTQ_API_TOKENS", "FTQ_DATABASE_URL", "HF_TOKEN", "MLFLOW_TRACKING_PASSWORD",
+                 "AWS_SECRET_ACCESS_KEY", "MY_SETTING"):  # fmt: skip
+        assert gone not in env
+    assert (
+        env["OMP_NUM_THREADS"] == "2" and env["HF_HOME"] == "/srv/hf" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    )
+    assert env["PATH"]
 
 
 def test_a_gpu_engine_takes_vllms_dtype_and_its_tensor_parallel_size(tmp_path: Path) -> None:

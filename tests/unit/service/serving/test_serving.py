@@ -58,6 +58,10 @@ class FakeEngine:
         return f"http://engine-{self.number}.fake/v1"
 
     @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer key-of-engine-{self.number}"}
+
+    @property
     def model(self) -> str:
         return self.config.name
 
@@ -149,6 +153,8 @@ class Engines:
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         number = int(request.url.host.split("-")[1].split(".")[0])
+        # Every call carries the engine's own key (a real engine refuses /v1 without it).
+        assert request.headers.get("authorization") == f"Bearer key-of-engine-{number}", request.headers
         return self.made[number].answer(request)
 
 
