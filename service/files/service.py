@@ -63,34 +63,12 @@ def held_by_uploads(session: Session, owner: str) -> int:
     return UploadRepository(session, owner).bytes_held()
 
 
-def reserve(session: Session, repo: FileRepository, settings: Settings, part: Path, want: int) -> None:
-    """Reserve room for `want` bytes of the upload whose bytes arrive in `part`, against the owner's
-    quota, under the owner's quota lock: what the owner's files hold, plus what its other uploads in
-    flight have reserved and the parts of its unfinished `/v1` uploads, plus this one's must fit. The
-    reservation is the `.part` file's length (a sparse file: the room is counted, not taken), which
-    every API process sees; TooManyRequests when it does not fit (the upload stops there)."""
-    repo.hold_quota()
-    used = repo.bytes_used()
-    flight = files.bytes_in_flight(
-        settings.data_path, repo.owner, younger_than=settings.upload_deadline_seconds, besides=part
-    )
-    flight += held_by_uploads(session, repo.owner)
-    if used + flight + want > settings.file_quota_bytes:
-        raise TooManyRequests(
-            f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
-            f"(FTQ_FILE_QUOTA_BYTES; {used} in use, {flight} held by your uploads in progress); delete "
-            "files you no longer need (DELETE /files/{id}) or wait for your other uploads",
-            retry_after=60,
-        )
-    if part.stat().st_size < want:
-        os.truncate(part, want)
-    session.commit()
-
-
-def check_quota(session: Session, repo: FileRepository, settings: Settings, part: Path, size: int) -> None:
-    """Take the owner's quota lock (until the transaction ends) and check that the `size` bytes received
-    in `part` fit beside the owner's files, its other uploads in flight and the parts of its unfinished
-    `/v1` uploads; TooManyRequests when they do not, with `part` removed."""
+def _fit(
+    session: Session, repo: FileRepository, settings: Settings, part: Path, size: int, advice: str
+) -> None:
+    """Take the owner's quota lock (until the transaction ends) and check that `size` bytes for `part` fit
+    beside what the owner's files hold, what its other uploads in flight have reserved and the parts of its
+    unfinished `/v1` uploads; TooManyRequests (ending with `advice`) when they do not."""
     repo.hold_quota()
     used = repo.bytes_used()
     flight = files.bytes_in_flight(
@@ -98,13 +76,33 @@ def check_quota(session: Session, repo: FileRepository, settings: Settings, part
     )
     flight += held_by_uploads(session, repo.owner)
     if used + flight + size > settings.file_quota_bytes:
-        part.unlink(missing_ok=True)
         raise TooManyRequests(
             f"this upload would take your files past the {settings.file_quota_bytes} bytes you may keep "
-            f"(FTQ_FILE_QUOTA_BYTES; {used} in use, {flight} held by your uploads in progress); delete "
-            "files you no longer need",
+            f"(FTQ_FILE_QUOTA_BYTES; {used} in use, {flight} held by your uploads in progress); {advice}",
             retry_after=60,
         )
+
+
+def reserve(session: Session, repo: FileRepository, settings: Settings, part: Path, want: int) -> None:
+    """Reserve room for `want` bytes of the upload whose bytes arrive in `part`, against the owner's
+    quota, under the owner's quota lock (`_fit`). The reservation is the `.part` file's length (a sparse
+    file: the room is counted, not taken), which every API process sees; TooManyRequests when it does not
+    fit (the upload stops there)."""
+    _fit(session, repo, settings, part, want, "delete files you no longer need (DELETE /files/{id}) or wait "
+         "for your other uploads")  # fmt: skip
+    if part.stat().st_size < want:
+        os.truncate(part, want)
+    session.commit()
+
+
+def check_quota(session: Session, repo: FileRepository, settings: Settings, part: Path, size: int) -> None:
+    """The `size` bytes received in `part` checked under the owner's quota lock (`_fit`), which stays
+    taken until the transaction ends; TooManyRequests when they do not fit, with `part` removed."""
+    try:
+        _fit(session, repo, settings, part, size, "delete files you no longer need")
+    except TooManyRequests:
+        part.unlink(missing_ok=True)
+        raise
 
 
 def record(
