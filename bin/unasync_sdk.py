@@ -39,6 +39,7 @@ REPLACEMENTS = {
     "AsyncJobs": "Jobs",
     "AsyncFiles": "Files",
     "AsyncGraders": "Graders",
+    "AsyncDeployments": "Deployments",
     "AsyncExitStack": "ExitStack",
     "AsyncBaseTransport": "BaseTransport",
     "enter_async_context": "enter_context",

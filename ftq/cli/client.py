@@ -1,5 +1,5 @@
 """Client commands of `ftq`: submit, ls, status, logs, events, metrics, samples, cancel, pause, resume,
-artifacts, download, eval, evals, export, exports.
+artifacts, download, eval, evals, export, exports, deployments.
 
 They talk to the API through the Python SDK (`ftq.client.Client`), at `FTQ_URL` (default
 http://127.0.0.1:$FTQ_PORT, the port `ftq up` listens on; 8000 unless set), sending `FTQ_TOKEN` as a
@@ -57,6 +57,7 @@ from ftq.cli.output import (
     fail,
     fmt_age,
     fmt_bytes,
+    fmt_count,
     fmt_duration,
     fmt_fixed,
     fmt_loss,
@@ -71,6 +72,8 @@ from ftq.cli.output import (
 )
 from ftq.client import (
     Client,
+    Deployment,
+    DeploymentList,
     EvaluationPublic,
     ExportPublic,
     FtqClientError,
@@ -586,6 +589,80 @@ def usage(
             f"{row.gpu_hours:.3f}",
         )
     out.print(table)
+
+
+@_command("deployments")
+def deployments(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the server's answer as JSON.")] = False,
+) -> None:
+    """Your serving engines (GET /deployments): base, status, devices, adapters, requests, tokens in/out,
+    device time."""
+    with api() as client:
+        listing = client.deployments.list()
+    if as_json:
+        out.print_json(data=listing.model_dump(mode="json"))
+        return
+    if not listing.data:
+        out.print("no deployments: a call to a model through /v1 starts its engine")
+    else:
+        table, beneath = deployments_table(listing.data, out.width)
+        out.print(table)
+        for line in beneath:
+            out.print(line, soft_wrap=True)
+    usage = serving_usage_line(listing)
+    if usage:
+        out.print(usage)
+
+
+# `ftq deployments` fits 80 columns: the id, status, devices, adapters, requests, tokens and device time
+# are whole, one space apart (two would leave the base too little room at 80), and the base takes the
+# room that is left, cut with an ellipsis only where it must. Why a deployment waits (queued) or failed
+# is a line under the table, whole (the terminal wraps it).
+DEPLOY_BASE_MIN = 8
+
+
+def deployments_table(found: list[Deployment], width: int) -> tuple[Table, list[str]]:
+    """The table of `found` for a terminal `width` columns wide, and the lines to print under it."""
+    fixed = {
+        "ID": [d.id for d in found],
+        "STATUS": [fmt_status(d.status) for d in found],
+        "DEVICES": [f"{d.device} x{d.devices}" for d in found],
+        "ADPT": [str(len(d.adapters)) for d in found],
+        "REQS": [fmt_count(d.requests) for d in found],
+        "IN/OUT": [f"{fmt_count(d.prompt_tokens)}/{fmt_count(d.completion_tokens)}" for d in found],
+        "DEV-TIME": [fmt_duration(d.device_seconds) for d in found],
+    }
+    bases = [escape(d.base) for d in found]
+    widths = {header: _cells_width(header, cells) for header, cells in fixed.items()}
+    room = width - sum(widths.values()) - len(widths)  # one space between columns
+    base_width = max(len("BASE"), DEPLOY_BASE_MIN, min(_cells_width("BASE", bases), room))
+    table = Table(box=None, header_style="bold", pad_edge=False, collapse_padding=True)
+    columns = {"ID": fixed["ID"], "BASE": bases, **{k: v for k, v in fixed.items() if k != "ID"}}
+    for header in columns:
+        justify: JustifyMethod = "right" if header in ("ADPT", "REQS", "IN/OUT", "DEV-TIME") else "left"
+        size = base_width if header == "BASE" else widths[header]
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=size, justify=justify)
+    for row in zip(*columns.values(), strict=True):
+        table.add_row(*row)
+    beneath = []
+    for d in found:
+        if d.status == "queued" and d.queue_reason:
+            beneath.append(f"{d.id}: queued: {escape(d.queue_reason)}")
+        elif d.status == "failed" and d.error:
+            beneath.append(f"{d.id}: [red]failed[/]: {escape(d.error)}")
+    return table, beneath
+
+
+def serving_usage_line(listing: DeploymentList) -> str:
+    """What every engine of the caller's answered since the API process started, or "" when nothing."""
+    u = listing.usage
+    if not u.requests:
+        return ""
+    since = datetime.fromtimestamp(u.since, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"since {since}: {u.requests} requests, {fmt_count(u.prompt_tokens)} tokens in, "
+        f"{fmt_count(u.completion_tokens)} out"
+    )
 
 
 @_command("grade")

@@ -45,6 +45,10 @@ STATUS_STYLE = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "yellow",
+    # A deployment's (GET /deployments) besides those above.
+    "ready": "green",
+    "stopping": "yellow",
+    "stopped": "dim",
 }
 SPARK = "▁▂▃▄▅▆▇█"
 POLL_SECONDS = 1.0
@@ -214,6 +218,22 @@ def fmt_sci(value: float | None) -> str:
 
 def fmt_loss(value: float | None) -> str:
     return fmt_fixed(value, 4)
+
+
+def fmt_count(n: int | None) -> str:
+    """A count short enough for a narrow column: 999, 1.2k, 12k, 1.2M (`--json` has every digit)."""
+    if n is None:
+        return "-"
+    if abs(n) < 1000:
+        return str(n)
+    value = float(n)
+    for unit in ("k", "M", "G", "T"):
+        value /= 1000
+        if abs(value) < 9.95:
+            return f"{value:.1f}{unit}"
+        if abs(value) < 999.5:
+            return f"{value:.0f}{unit}"
+    return f"{value:.0f}T"
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -9,14 +9,15 @@
         print(ftq.jobs.wait(job.id).status, [p.loss for p in ftq.jobs.iter_metrics(job.id)])
 
 Responses are the API's own models (`ftq.contract.schemas`), failures typed exceptions (`ftq.client.errors`).
+`client.deployments.list()` shows the engines that answer your `/v1` calls (`ftq.contract.serving`).
 `AsyncClient` has the same surface for async code.
 """
 
 from __future__ import annotations
 
-from ftq.client._async import AsyncClient, AsyncFiles, AsyncGraders, AsyncJobs
+from ftq.client._async import AsyncClient, AsyncDeployments, AsyncFiles, AsyncGraders, AsyncJobs
 from ftq.client._core import DEFAULT_URL, OUTAGE_ERRORS, OUTAGE_PATIENCE_SECONDS, Downloaded, SpecInput
-from ftq.client._sync import Client, Files, Graders, Jobs
+from ftq.client._sync import Client, Deployments, Files, Graders, Jobs
 from ftq.client.errors import (
     ApiError,
     BadRequest,
@@ -59,6 +60,7 @@ from ftq.contract.schemas import (
     SamplePublic,
     SamplesPage,
 )
+from ftq.contract.serving import Deployment, DeploymentAdapter, DeploymentList, ServingUsage
 from ftq.contract.spec import JobSpec
 from ftq.contract.status import TERMINAL, JobStatus
 
@@ -71,6 +73,7 @@ __all__ = [
     "Artifact",
     "ArtifactList",
     "AsyncClient",
+    "AsyncDeployments",
     "AsyncFiles",
     "AsyncGraders",
     "AsyncJobs",
@@ -81,6 +84,10 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "ConnectionLost",
+    "Deployment",
+    "DeploymentAdapter",
+    "DeploymentList",
+    "Deployments",
     "Downloaded",
     "EvaluationPublic",
     "Event",
@@ -111,6 +118,7 @@ __all__ = [
     "SamplesPage",
     "ServerError",
     "ServerTimeout",
+    "ServingUsage",
     "SpecFileError",
     "SpecInput",
     "Unauthorized",

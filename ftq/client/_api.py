@@ -32,7 +32,7 @@ from ftq.client._plan import (
     sleep,
 )
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
-from ftq.contract import graders, schemas
+from ftq.contract import graders, schemas, serving
 
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)
@@ -93,6 +93,10 @@ def validate_grader(grader: Mapping[str, Any]) -> Call[graders.GraderValidateRes
         pydantic_core.to_json(body),
         _JSON,
     )
+
+
+def deployments() -> Call[serving.DeploymentList]:
+    return get("/deployments", serving.DeploymentList)
 
 
 # Jobs --------------------------------------------------------------------------------------------------

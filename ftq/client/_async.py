@@ -18,7 +18,7 @@ import httpx
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._plan import A, Progress, R, T
-from ftq.contract import graders, schemas
+from ftq.contract import graders, schemas, serving
 from ftq.contract.schemas import FileList, FilePublic
 
 
@@ -49,6 +49,7 @@ class AsyncClient:
         self.jobs = AsyncJobs(self)
         self.files = AsyncFiles(self)
         self.graders = AsyncGraders(self)
+        self.deployments = AsyncDeployments(self)
 
     async def events(self, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
@@ -442,3 +443,16 @@ class AsyncFiles:
     async def wait(self, file_id: str, *, timeout: float | None = None, poll: float = 0.5) -> FilePublic:
         """The file once validated (`ready` or `invalid`); WaitTimeout after `timeout` seconds."""
         return await self._client._run(_api.wait_file(file_id, timeout, poll))
+
+
+class AsyncDeployments:
+    """The /deployments route (the engines that answer your /v1 calls); reached as `client.deployments`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self) -> serving.DeploymentList:
+        """GET /deployments: your engines (`data`: base, status and why it is queued or failed, devices,
+        adapters loaded, requests, tokens in and out, device-seconds), and `usage`, your calls' sums since
+        the API process started."""
+        return await self._client._call(_api.deployments())

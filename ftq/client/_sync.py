@@ -20,7 +20,7 @@ import httpx
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._plan import A, Progress, R, T
-from ftq.contract import graders, schemas
+from ftq.contract import graders, schemas, serving
 from ftq.contract.schemas import FileList, FilePublic
 
 
@@ -51,6 +51,7 @@ class Client:
         self.jobs = Jobs(self)
         self.files = Files(self)
         self.graders = Graders(self)
+        self.deployments = Deployments(self)
 
     def events(self, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
@@ -436,3 +437,16 @@ class Files:
     def wait(self, file_id: str, *, timeout: float | None = None, poll: float = 0.5) -> FilePublic:
         """The file once validated (`ready` or `invalid`); WaitTimeout after `timeout` seconds."""
         return self._client._run(_api.wait_file(file_id, timeout, poll))
+
+
+class Deployments:
+    """The /deployments route (the engines that answer your /v1 calls); reached as `client.deployments`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self) -> serving.DeploymentList:
+        """GET /deployments: your engines (`data`: base, status and why it is queued or failed, devices,
+        adapters loaded, requests, tokens in and out, device-seconds), and `usage`, your calls' sums since
+        the API process started."""
+        return self._client._call(_api.deployments())

@@ -1,5 +1,6 @@
-"""Dashboard routes: `/` (jobs at a glance, runs compared on one loss chart) and `/ui/jobs/{id}` (loss, LR,
-grad-norm and tokens/s charts, log tail, plan, checkpoints, cancel).
+"""Dashboard routes: `/` (jobs at a glance, runs compared on one loss chart), `/ui/jobs/{id}` (loss, LR,
+grad-norm and tokens/s charts, log tail, plan, checkpoints, cancel) and `/ui/deployments` (the engines that
+answer the owner's /v1 calls: status, devices, adapters, requests, tokens, device time).
 
 The pages are static HTML; their JS calls the public JSON API, so the pages need no token of their
 own and the API's owner rules apply unchanged. When auth is on, the JS takes the token from `?token=`
@@ -63,6 +64,11 @@ def jobs_page() -> HTMLResponse:
 def job_page(job_id: str) -> HTMLResponse:
     # The job id is read by the page's JS from the URL; the HTML is the same for every job.
     return HTMLResponse(_page("job.html", "job", "job.js"), headers=SECURITY_HEADERS)
+
+
+@router.api_route("/ui/deployments", methods=["GET", "HEAD"], response_class=HTMLResponse)
+def deployments_page() -> HTMLResponse:
+    return HTMLResponse(_page("deployments.html", "deployments", "deployments.js"), headers=SECURITY_HEADERS)
 
 
 @router.get("/ui/static/{name}")

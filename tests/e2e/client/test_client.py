@@ -23,6 +23,7 @@ from ftq.client import (
     AsyncClient,
     Client,
     ConnectionFailed,
+    DeploymentList,
     FtqAPIError,
     InvalidURL,
     JobPublic,
@@ -43,6 +44,7 @@ from tests.harness import (
     example_spec,
     free_port,
     one_process_example,
+    run_ftq,
     sdk_client,
 )
 
@@ -293,3 +295,30 @@ def test_rate_limited_carries_retry_after(api_only: Deployment) -> None:
         assert limited.value.status_code == 429 and limited.value.code == "rate_limited"
         assert limited.value.retry_after is not None and limited.value.retry_after > 0
         assert isinstance(limited.value, FtqAPIError)
+
+
+def test_deployments_through_the_sdk_and_the_cli(api_only: Deployment) -> None:
+    """GET /deployments of an owner whose calls started no engine (this server serves none: an engine needs
+    vLLM), through Client, AsyncClient and `ftq deployments`; tests/unit/ftq/cli/test_deployments_cli.py
+    reads a listing with engines in it."""
+    with Client(api_only.url, ERIN_TOKEN) as erin:
+        listing = erin.deployments.list()
+    assert isinstance(listing, DeploymentList)
+    assert listing.data == [] and listing.usage.requests == 0 and listing.usage.since <= time.time()
+
+    async def read() -> DeploymentList:
+        async with AsyncClient(api_only.url, ERIN_TOKEN) as client:
+            return await client.deployments.list()
+
+    assert asyncio.run(read()).data == []
+    with pytest.raises(Unauthorized):
+        Client(api_only.url, "").deployments.list()
+
+    shown = run_ftq("deployments", url=api_only.url, token=ERIN_TOKEN)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["no deployments: a call to a model through /v1 starts its engine"]
+    as_json = run_ftq("deployments", "--json", url=api_only.url, token=ERIN_TOKEN)
+    assert as_json.returncode == 0, as_json.stderr
+    assert DeploymentList.model_validate_json(as_json.stdout).data == []
+    refused = run_ftq("deployments", url=api_only.url)
+    assert refused.returncode == 1 and refused.stderr.startswith("ftq: unauthorized (401)"), refused.stderr

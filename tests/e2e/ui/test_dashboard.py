@@ -1,5 +1,5 @@
 """The dashboard in real headless Chromium against a real `ftq up`: list, charts, smoothing and log scale,
-runs compared, log, plan, checkpoints, cancel, auth.
+runs compared, log, plan, checkpoints, cancel, auth, the deployments page.
 
 Screenshots go to tests/_artifacts/ (gitignored) for a human to look at.
 """
@@ -17,6 +17,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.session import AUTH_TOKEN, FinishedJob, Walkthrough
 from tests.harness import ARTIFACTS, Deployment, one_process_example
+from tests.unit.ftq.cli.test_deployments_cli import REASON, _listing
 
 pytestmark = pytest.mark.browser
 
@@ -215,6 +216,44 @@ def test_token_from_the_url_is_kept_for_the_tab_and_401_is_explained(
     page.locator("#token-input").fill(AUTH_TOKEN)
     page.locator("#token-form button").click()
     expect(page.locator("#jobs")).to_have_attribute("data-count", "0")
+
+
+def test_deployments_page_is_linked_from_the_jobs_page_and_lists_the_engines(
+    auth_server: Deployment, page: Any
+) -> None:
+    page.goto(f"{auth_server.url}/?token={AUTH_TOKEN}")
+    expect(page.locator("#jobs")).to_have_attribute("data-count", "0")
+    page.locator('nav a[data-nav="deployments"]').click()
+    expect(page).to_have_url(f"{auth_server.url}/ui/deployments")
+    expect(page.locator('nav a[aria-current="page"]')).to_have_text("deployments")
+    table = page.locator("#deployments")
+    # The server's own answer: no engine started.
+    expect(table).to_have_attribute("data-count", "0", timeout=15_000)
+    expect(page.locator("#empty")).to_be_visible()
+
+    # An engine needs vLLM: the list's shape with engines in it is the unit tests' listing, answered in
+    # the browser in place of the server's (the page polls GET /deployments).
+    listing = _listing().model_dump(mode="json")
+    page.route(lambda url: urlparse(url).path == "/deployments", lambda route: route.fulfill(json=listing))
+    expect(table).to_have_attribute("data-count", "3", timeout=15_000)
+    expect(page.locator("#empty")).to_be_hidden()
+    ready = page.locator('tr[data-deployment-id="dep_00000000000000a1"]')
+    expect(ready.locator(".badge")).to_have_text("ready")
+    times = "\N{MULTIPLICATION SIGN}"
+    expect(ready.locator('td[data-field="devices"]')).to_have_text(f"cpu {times} 1")  # nothing under it
+    expect(ready.locator('td[data-field="adapters"]')).to_have_text("2")
+    expect(ready.locator('td[data-field="requests"]')).to_have_text("14")
+    expect(ready.locator('td[data-field="tokens"]')).to_have_text("1.2k / 340")
+    expect(ready.locator('td[data-field="device-time"]')).to_have_text("3m12s")
+    queued = page.locator('tr[data-deployment-id="dep_00000000000000a2"]')
+    expect(queued.locator(".why")).to_have_text(REASON)
+    expect(queued.locator('td[data-field="devices"] .devices')).to_have_text(f"cuda {times} 4")
+    expect(queued.locator('td[data-field="devices"] .muted')).to_have_text("tensor parallel 4 · slurm")
+    failed = page.locator('tr[data-deployment-id="dep_00000000000000a3"]')
+    expect(failed.locator(".why.bad")).to_contain_text("exited with code 1")
+    expect(page.locator("#summary .count")).to_have_count(3)
+    expect(page.locator("#usage")).to_contain_text("123470 requests, 99M tokens in, 1.2M out")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-deployments.png"), full_page=True)
 
 
 def test_pages_are_not_in_the_openapi_document_and_send_a_csp(server: Deployment) -> None:
