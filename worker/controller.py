@@ -37,8 +37,8 @@ from ftq.runtime import limits, logs
 from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.db import session_scope
-from ftq.store.models import EvaluationQueue, ExportQueue, Job, JobQueue
-from worker import evaluations, exports, failures, ingest, lifecycle, locks, recovery, scheduling
+from ftq.store.models import DeploymentQueue, EvaluationQueue, ExportQueue, Job, JobQueue
+from worker import deployments, evaluations, exports, failures, ingest, lifecycle, locks, recovery, scheduling
 from worker.files import FileUnavailable, PathChanged, check_local_paths, spec_for_run
 from worker.launchers import make_launcher
 from worker.launchers.base import Launcher, LaunchRequest, RunPhase, RunState
@@ -120,6 +120,7 @@ def schedule() -> list[Claim]:
             repository.save_queue(session, {})
             repository.save_queue(session, {}, table=ExportQueue)
             repository.save_queue(session, {}, table=EvaluationQueue)
+            repository.save_queue(session, {}, table=DeploymentQueue)
             session.commit()
             return claimed
         running = [r for kind in KINDS.values() for r in kind.holding(session)]
@@ -139,6 +140,7 @@ def schedule() -> list[Claim]:
             (scheduling.JOB, JobQueue),
             (scheduling.EXPORT, ExportQueue),
             (scheduling.EVALUATION, EvaluationQueue),
+            (scheduling.DEPLOYMENT, DeploymentQueue),
         )
         for kind, table in queues:
             repository.save_queue(
@@ -274,6 +276,13 @@ def evaluations_changed(job_id: str) -> None:
     start_claimed(schedule())
 
 
+def deployments_changed(deployment_id: str) -> None:
+    """The `ftq.deployments` task (a deployment was asked for or stopped): stop the `cancelling` ones,
+    then schedule and launch what fits."""
+    deployments.DEPLOYMENTS_KIND.cancel_requested(get_launcher)
+    start_claimed(schedule())
+
+
 def exports_changed(job_id: str) -> None:
     """The `ftq.exports` task (an export of this job was requested or cancelled): cancel its `cancelling`
     exports, then schedule and launch what fits."""
@@ -312,6 +321,10 @@ def reconcile() -> bool:
             evaluations.sweep(get_launcher)
         except Exception:
             log.exception("the evaluation sweep failed; trying again next sweep")
+        try:
+            deployments.DEPLOYMENTS_KIND.sweep(get_launcher)
+        except Exception:
+            log.exception("the deployment sweep failed; trying again next sweep")
         start_claimed(schedule())
     return True
 
@@ -520,4 +533,5 @@ KINDS: dict[str, lifecycle.Kind[Any, Any]] = {
     JOBS.name: JOBS,
     exports.EXPORTS.name: exports.EXPORTS,
     evaluations.EVALUATIONS_KIND.name: evaluations.EVALUATIONS_KIND,
+    deployments.DEPLOYMENTS_KIND.name: deployments.DEPLOYMENTS_KIND,
 }

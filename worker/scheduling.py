@@ -58,6 +58,7 @@ CPU_SLOTS = "cpu_slots"
 JOB = "job"
 EXPORT = "export"
 EVALUATION = "evaluation"
+DEPLOYMENT = "deployment"
 
 # Why a queued run waits (its `queue.reason`).
 NO_FREE_DEVICES = "no_free_devices"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ftq.runtime.queue import (
     TASK_CANCEL,
+    TASK_DEPLOYMENTS,
     TASK_EVALUATIONS,
     TASK_EXPORTS,
     TASK_INGEST,
@@ -41,6 +42,11 @@ def export(job_id: str) -> None:
 @celery_app.task(name=TASK_EVALUATIONS)
 def evaluation(job_id: str) -> None:
     controller.evaluations_changed(job_id)
+
+
+@celery_app.task(name=TASK_DEPLOYMENTS)
+def deployment(deployment_id: str) -> None:
+    controller.deployments_changed(deployment_id)
 
 
 @celery_app.task(name=TASK_RECONCILE)

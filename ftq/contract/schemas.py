@@ -140,7 +140,8 @@ class UsageRow(BaseModel):
     owner: str
     day: str | None = Field(description="UTC day (YYYY-MM-DD) the runs ended; null with group_by=owner.")
     device_seconds: float = Field(
-        description="Sum of the runs' devices x wall time: jobs' and exports' (one device each)."
+        description="Sum of the runs' devices x wall time: jobs', exports' and evaluations' (one device "
+        "each), and serving engines'."
     )
     gpu_hours: float = Field(description="The cuda runs' device_seconds / 3600.")
     jobs: int = Field(description="Jobs that ended in the range (jobs that never started are not counted).")
@@ -150,6 +151,13 @@ class UsageRow(BaseModel):
     evaluations: int = Field(
         0, description="Evaluations that ran and ended in the range (counted in device_seconds)."
     )
+    deployments: int = Field(
+        0,
+        description="Serving engines that ran and ended (stopped) in the range: their devices x the time "
+        "they held them are in device_seconds.",
+    )
+    prompt_tokens: int = Field(0, description="Tokens in: the prompts those engines answered.")
+    completion_tokens: int = Field(0, description="Tokens out: what those engines generated.")
 
 
 class UsagePage(BaseModel):

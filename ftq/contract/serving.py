@@ -97,33 +97,46 @@ class DeploymentAdapter(BaseModel):
 
 
 class Deployment(BaseModel):
-    """One engine of the caller's: a base model served with the caller's adapters on it."""
+    """One engine of the caller's: a base model served with the caller's adapters on it. It is a run the
+    scheduler places like a job's (devices, quotas, fair share); its device time counts in `/usage`."""
 
     id: str
     base: str = Field(
         description="The base model it serves: a catalog alias, or the `ft:` model of a full "
         "fine-tune (an engine of its own)"
     )
-    status: Literal["starting", "ready", "failed", "stopping"]
+    status: Literal["queued", "starting", "ready", "failed", "stopping", "stopped"] = Field(
+        description="queued (waiting for devices: `queue_reason` says why), starting (launched, loading "
+        "the base), ready (answering), stopping, stopped (idle past FTQ_SERVE_IDLE_SECONDS, or freed), "
+        "failed (`error` says why)"
+    )
     device: Literal["cpu", "cuda"]
+    launcher: Literal["local", "slurm"] = Field("local", description="Where it runs.")
+    devices: int = Field(1, description="GPUs (cuda) or CPU slots (cpu) it holds.")
+    tensor_parallel_size: int = Field(
+        1, description="GPUs the base is split over (from the estimate: 1 where one GPU holds it)."
+    )
+    queue_reason: str | None = Field(
+        None, description="While queued: why it waits (as a job's queue reason)."
+    )
+    error: str | None = Field(None, description="Why it failed.")
     adapters: list[DeploymentAdapter] = Field(description="The adapters loaded into it, oldest first.")
-    started_at: float = Field(description="When its start began (Unix seconds).")
+    started_at: float = Field(description="When it was asked for (Unix seconds).")
     ready_at: float | None = Field(None, description="When it first answered (Unix seconds).")
     last_used: float = Field(
         description="When a request last used it (Unix seconds); it is stopped "
         "FTQ_SERVE_IDLE_SECONDS after that."
     )
-    device_seconds: float = Field(description="Its devices x the time it has been running.")
+    device_seconds: float = Field(description="Its devices x the time it has held them.")
     requests: int = Field(description="Requests it answered.")
     prompt_tokens: int = Field(description="Tokens in: the prompts of the requests it answered.")
     completion_tokens: int = Field(description="Tokens out: what it generated.")
 
 
 class ServingUsage(BaseModel):
-    """The caller's calls answered by this API process's engines since it started (engines that have
-    stopped included)."""
+    """The caller's calls answered by all their engines (those stopped included)."""
 
-    since: float = Field(description="When the API process started counting (Unix seconds).")
+    since: float = Field(description="When the caller's first engine was asked for (Unix seconds).")
     requests: int
     prompt_tokens: int = Field(description="Tokens in, from the engines' `usage`.")
     completion_tokens: int = Field(description="Tokens out, from the engines' `usage`.")

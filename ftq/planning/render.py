@@ -699,3 +699,50 @@ def render_export_plan(
         trainer_args={"request": str(export_dir / request)},
         launch_script=launch_script(export_dir, [*EXPORT_LAUNCHER, *argv], cuda_env_line(spec, settings)),
     )
+
+
+# A deployment (a serving engine, worker.deployments) ------------------------------------------------------
+
+ENGINE_MODULE = "ftq.engine.serve"
+
+
+def render_engine_plan(
+    deployment_id: str, *, folder: Path, settings: Settings, launcher: str, device: str, devices: int
+) -> Plan:
+    """The launch of one serving engine, as a Plan the launchers take: one process (`python -m
+    ftq.engine.serve <folder>`, which becomes vLLM's server) on `devices` GPUs of one node (tensor
+    parallel) or one CPU slot; on SLURM, one task on one node with those GPUs, under the operator's
+    partition and account."""
+    argv = [settings.python, "-m", ENGINE_MODULE, str(folder)]
+    sbatch = None
+    if launcher == "slurm":
+        args = [f"--job-name={_sbatch_value('ftq-' + deployment_id)}", "--nodes=1", "--ntasks=1"]
+        if device == "cuda":
+            args.append(f"--gres=gpu:{devices}")
+        cpus = settings.slurm_cpus_per_task or (
+            settings.slurm_cpus_per_gpu * devices if device == "cuda" else 1
+        )
+        args.append(f"--cpus-per-task={cpus}")
+        if settings.slurm_mem:
+            args.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
+        if settings.slurm_partition:
+            args.append(f"--partition={_sbatch_value(settings.slurm_partition)}")
+        if settings.slurm_account:
+            args.append(f"--account={_sbatch_value(settings.slurm_account)}")
+        args += _output_args(folder) + _extra_sbatch_args(settings.slurm_extra_args)
+        sbatch = _fill(
+            "export.sbatch",
+            sbatch_header=_sbatch_header(args),
+            run_dir=shlex.quote(str(folder)),
+            exit_status=runs.EXIT_STATUS,
+            site_setup=_site_setup(settings),
+            command=_argv_lines(argv, 3),
+        )
+    return Plan(
+        accelerate_config={},
+        accelerate_config_yaml="",
+        command=argv,
+        sbatch_script=sbatch,
+        trainer_args={"engine": str(folder)},
+        launch_script=launch_script(folder, [*EXPORT_LAUNCHER, *argv]),
+    )

@@ -28,6 +28,9 @@ TASK_RELAY = "ftq.relay"
 TASK_EXPORTS = "ftq.exports"
 # Start or cancel a job's evaluations now (its argument is the job id).
 TASK_EVALUATIONS = "ftq.evaluations"
+# Start or stop deployments (serving engines) now: its argument is the deployment's id (the outbox's
+# dispatches are about jobs; a lost one is done by the next reconcile sweep).
+TASK_DEPLOYMENTS = "ftq.deployments"
 TASK_WEBHOOKS = "ftq.webhooks"
 # The queues: every task on Celery's default one but the webhook sender's, which has its own so that
 # its own worker process (`ftq up` starts one; `ftq worker --queues`) sends webhooks: a slow receiver

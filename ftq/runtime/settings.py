@@ -326,8 +326,8 @@ class Settings(BaseSettings):
         description="How long `POST /v1/fine_tuning/jobs` waits for its files to finish validating (OpenAI "
         "clients create the job right after the upload); longer is a 400 naming the file.",
     )
-    # Serving (service.serving): the generation engines the API process starts for /v1/chat/completions
-    # and /v1/completions, one per owner and base model.
+    # Serving (service.serving, worker.deployments): the generation engines for /v1/chat/completions and
+    # /v1/completions, one per owner and base model, each a run the scheduler places.
     serve_idle_seconds: float = Field(
         600.0,
         gt=0,
@@ -335,7 +335,21 @@ class Settings(BaseSettings):
         "starts it again.",
     )
     serve_device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="Where the API process runs its engines: `cpu`, or `cuda` (the host's GPUs)."
+        "cpu",
+        description="What engines run on: `cpu` (one CPU slot each), or `cuda` (GPUs, tensor parallel "
+        "over as many of one node's as the base needs).",
+    )
+    serve_launcher: Literal["local", "slurm"] = Field(
+        "local",
+        description="Where engines run: `local` (this host's FTQ_GPU_POOL or CPU slots, placed by ftq's "
+        "scheduler with the jobs) or `slurm` (a batch job each, on a node SLURM picks).",
+    )
+    serve_gpus_per_node: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="The GPUs of one node an engine may span with tensor parallel (SLURM nodes; locally, at "
+        "most FTQ_GPU_POOL's).",
     )
     serve_max_engines: int = Field(
         4,

@@ -150,6 +150,54 @@ class ExportQueue(QueuePlace, Base):
     )
 
 
+class Deployment(RunState, Base):
+    """One serving engine (issue 49): a base model served for one owner with that owner's adapters on it,
+    a run the one scheduler places like a job's (`devices` GPUs or CPU slots of `launcher`'s pool) and the
+    worker launches through the launchers. Statuses and transitions are a job's (`ftq.contract.status`):
+    running is launched; `ready_at` says it has answered. It ends cancelled when it is stopped (idle, or
+    on request). `key`: which engine this is within its owner's (its base folder); `config`: what the
+    engine runs (`ftq.engine.EngineConfig`'s fields, the server's paths); `api_key`: the engine's own key,
+    which the API sends with each call to it."""
+
+    __tablename__ = "deployments"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    key: Mapped[str] = mapped_column(Text, nullable=False)
+    label: Mapped[str] = mapped_column(String(512), nullable=False)
+    launcher: Mapped[str] = mapped_column(String(16), nullable=False)
+    device: Mapped[str] = mapped_column(String(8), nullable=False)
+    devices: Mapped[int] = mapped_column(Integer, nullable=False)
+    tensor_parallel_size: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    priority: Mapped[str] = mapped_column(String(8), nullable=False, default="normal")
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    api_key: Mapped[str] = mapped_column(String(128), nullable=False)
+    endpoint: Mapped[str | None] = mapped_column(String(256))
+    ready_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    adapters: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # name -> loaded at (Unix seconds)
+    requests: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+    __table_args__ = (
+        Index("ix_deployments_owner_key", "owner", "key"),
+        Index("ix_deployments_status", "status"),
+    )
+
+
+class DeploymentQueue(QueuePlace, Base):
+    """Why each queued deployment waits, written by the scheduler on every tick (it waits in the one queue
+    with jobs, exports and evaluations); the API only reads it."""
+
+    __tablename__ = "deployment_queue"
+
+    deployment_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("deployments.id", ondelete="CASCADE"), primary_key=True
+    )
+
+
 class OwnerUsage(Base):
     """Each owner's usage, kept as runs end: decayed device-seconds (fair share), GPU-seconds of the
     current quota period, and running totals (the /metrics counters). O(owners) rows to read per tick."""

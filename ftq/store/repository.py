@@ -40,6 +40,7 @@ from ftq.contract.status import ACTIVE, LAUNCHED, TERMINAL, JobStatus
 from ftq.store import events
 from ftq.store.db import AsyncReadPool
 from ftq.store.models import (
+    DeploymentQueue,
     Dispatch,
     EvaluationQueue,
     ExportQueue,
@@ -640,7 +641,7 @@ def save_queue(
     rows: dict[str, tuple[int | None, str, datetime | None]],
     *,
     local: bool = True,
-    table: type[JobQueue] | type[ExportQueue] | type[EvaluationQueue] = JobQueue,
+    table: type[JobQueue] | type[ExportQueue] | type[EvaluationQueue] | type[DeploymentQueue] = JobQueue,
 ) -> int:
     """Replace the scheduler's queue rows of `table` (jobs', or exports') with `rows` (id -> position,
     reason, estimated start), writing only what changed. `local`: rows with a position (local runs, every

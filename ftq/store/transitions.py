@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
 from ftq.runtime.redact import redact
-from ftq.store.models import Dispatch, Evaluation, Export, Job
+from ftq.store.models import Deployment, Dispatch, Evaluation, Export, Job
 
 # The tables whose rows go through ftq.contract.status's states.
-Tracked = type[Job] | type[Export] | type[Evaluation]
+Tracked = type[Job] | type[Export] | type[Evaluation] | type[Deployment]
 # What a row claimed but never launched gives back: its claim and any launch handle.
 UNCLAIMED: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
 
@@ -83,7 +83,8 @@ class RunTable:
     worker to cancel one of its rows; `queue_dispatch`, the scheduler for one resumed."""
 
     table: Tracked
-    cancel_dispatch: str
+    cancel_dispatch: str | None  # None: a table whose rows have no job to dispatch about (the caller wakes
+    # the worker itself)
     queue_dispatch: str = "submit"  # the dispatch that wakes the scheduler for a row queued again
     on_moved: OnMoved | None = None
     on_ended: OnEnded | None = None
@@ -225,6 +226,8 @@ class RunTable:
             return JobStatus.cancelled
         to_cancel = [JobStatus.starting, JobStatus.running]
         if self.move(session, row_id, to_cancel, JobStatus.cancelling, cancel_requested_at=now):
+            if self.cancel_dispatch is None:
+                return JobStatus.cancelling
             dispatch = Dispatch(
                 job_id=job_id or row_id, kind=self.cancel_dispatch, created_at=now, attempts=0
             )

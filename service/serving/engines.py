@@ -1,45 +1,50 @@
-"""The engines the API process runs: one per (owner, base model), never shared between owners, with the
-owner's adapters on that base loaded into it on first use; started on the first call (which waits for
-it), stopped after FTQ_SERVE_IDLE_SECONDS without a request by a background sweep.
+"""The API process's hold on its engines: one per (owner, base model), never shared between owners, with
+the owner's adapters on that base loaded into it on first use; asked for on the first call (which waits
+for it), stopped after FTQ_SERVE_IDLE_SECONDS without a request by a background sweep.
 
-This is the slice of issue 49 that runs engines inside the API process (docs/openai.md says so): they are
-not runs the scheduler places, their devices are not in /usage, and with `ftq api --workers N` each API
-process keeps engines of its own.
+Each engine is a deployment (service.serving.deployed): a run the one scheduler places with the jobs
+(devices, quotas, fair share, /usage) and the worker launches on local devices or on SLURM. This module
+keeps what one API process knows of them: calls in flight (an engine is never stopped under one), the
+adapters it loaded, and the caps on how many engines it holds. What every process shares (status, use,
+tokens in and out) is in the store; `GET /deployments` reads it there.
 
-Engines are spawned from one thread that lives as long as the manager (`_starter`), so that a LocalEngine
-started with die_with_parent goes when the API process dies, however it dies."""
+Engines are asked for from one thread that lives as long as the manager (`_starter`)."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
-from ftq.contract.serving import Deployment, DeploymentAdapter, ServingUsage
 from ftq.engine import INSTALL_COMMAND, Engine, EngineConfig, EngineError, EngineNotInstalled, LocalEngine
+from ftq.planning.serving import TooLarge, engine_size
 from ftq.runtime.settings import Settings
 from service.errors import ServiceUnavailable, TooManyRequests
 from service.openai.errors import OpenAIError
-from service.serving.service import Target
+from service.serving.deployed import EngineRun, ScheduledEngine, record_use
+from service.serving.service import Target, not_servable
 
 log = logging.getLogger(__name__)
 
-# Makes an engine for a config, logging to a file: LocalEngine here, a fake in tests.
-EngineFactory = Callable[[EngineConfig, Path], Engine]
+# Makes the engine a manager asks for: a deployment (ScheduledEngine) here; an engine of the API's own
+# (LocalEngine) or a fake in tests.
+EngineFactory = Callable[[EngineRun], Engine]
 _POLL_SECONDS = 0.2  # how often a waiting call looks at a starting engine
 
 
-def local_engine(config: EngineConfig, log_path: Path) -> Engine:
-    return LocalEngine(config, log_path=log_path, die_with_parent=True)
+def local_engine(run: EngineRun) -> Engine:
+    """An engine the API process runs itself (tests of the manager alone)."""
+    return LocalEngine(run.config, log_path=run.log_path, die_with_parent=True)
 
 
 @dataclass(eq=False)
@@ -111,18 +116,27 @@ class Lease:
             self._released = True
             self._manager._release(self._entry)
 
+    async def finish(self) -> None:
+        """Release it, and wait until its use is in the store (so that a client that got its answer sees
+        it counted in /deployments)."""
+        self.release()
+        pending = self._manager._pending
+        if pending is not None:
+            await anyio.to_thread.run_sync(pending.result)
+
 
 class EngineManager:
     """The API process's engines (see the module's docstring)."""
 
-    def __init__(self, settings: Settings, factory: EngineFactory = local_engine):
+    def __init__(self, settings: Settings, factory: EngineFactory | None = None):
         self.settings = settings
-        self._factory = factory
+        self._factory: EngineFactory = factory or (lambda run: ScheduledEngine(run, settings))
+        # The store's counts of each engine's use, written in order off the event loop.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftq-engine-use")
+        self._pending: Future[None] | None = None
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._stopping: dict[str, _Entry] = {}
-        self._usage: dict[str, list[int]] = {}  # owner -> [requests, prompt tokens, completion tokens]
-        self._since = time.time()
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftq-engine-start")
         self._sweeper: threading.Thread | None = None
         self._closed = threading.Event()
@@ -202,10 +216,11 @@ class EngineManager:
             device=self.settings.serve_device,
             max_lora_rank=self.settings.serve_max_lora_rank,
             max_model_len=target.max_model_len,
+            tensor_parallel=self._tensor_parallel(target),
         )
         engine_id = "dep_" + secrets.token_hex(8)
         log_path = self.settings.state_path("engines") / f"{engine_id}.log"
-        engine = self._factory(config, log_path)
+        engine = self._factory(EngineRun(engine_id, owner, target.key, target.label, config, log_path))
         return _Entry(
             id=engine_id,
             owner=owner,
@@ -220,11 +235,34 @@ class EngineManager:
             in_flight=1,
         )
 
+    def _tensor_parallel(self, target: Target) -> int:
+        """The GPUs the base needs (ftq.planning.serving, from the estimate's count of its weights); a
+        base no node can hold is a 400 saying what it would take."""
+        if self.settings.serve_device != "cuda":
+            return 1
+        try:
+            model_config = json.loads((target.base / "config.json").read_text())
+        except (OSError, ValueError):
+            return 1
+        pool = len(self.settings.gpu_indices) if self.settings.serve_launcher == "local" else 0
+        per_node = min(self.settings.serve_gpus_per_node, pool) if pool else self.settings.serve_gpus_per_node
+        try:
+            size = engine_size(
+                model_config,
+                device="cuda",
+                gpu_memory_bytes=self.settings.gpu_memory_bytes_for(None),
+                gpus_per_node=per_node,
+            )
+        except TooLarge as exc:
+            raise not_servable(f"{target.label} cannot be served here: {exc}") from None
+        return size.tensor_parallel
+
     def _start(self, entry: _Entry, target: Target) -> None:
-        """In the starter thread: spawn the engine (quick), then wait for it in a thread of its own."""
+        """In the starter thread: ask for the engine (quick), then wait for it in a thread of its own."""
         try:
             entry.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             entry.engine.start()
+            entry.id = getattr(entry.engine, "id", entry.id)  # an adopted deployment keeps its own
         except Exception as exc:
             entry.not_installed = isinstance(exc, EngineNotInstalled)
             self._fail(entry, exc)
@@ -268,19 +306,27 @@ class EngineManager:
     # Accounting and release ---------------------------------------------------------------------------
 
     def _record(self, entry: _Entry, prompt_tokens: int, completion_tokens: int) -> None:
+        self._store_use(entry, prompt_tokens, completion_tokens)
         with self._lock:
             entry.requests += 1
             entry.prompt_tokens += prompt_tokens
             entry.completion_tokens += completion_tokens
-            totals = self._usage.setdefault(entry.owner, [0, 0, 0])
-            totals[0] += 1
-            totals[1] += prompt_tokens
-            totals[2] += completion_tokens
 
     def _release(self, entry: _Entry) -> None:
         with self._lock:
             entry.in_flight = max(0, entry.in_flight - 1)
             entry.last_used, entry.last_used_at = time.monotonic(), time.time()
+        if entry.status == "ready":
+            self._store_use(entry, 0, 0)
+
+    def _store_use(self, entry: _Entry, prompt_tokens: int, completion_tokens: int) -> None:
+        """The deployment's use in the store (its last use, which the worker's backstop reads; its tokens),
+        written in order by one thread; `_pending` is the newest write."""
+        if isinstance(entry.engine, ScheduledEngine) and not self._closed.is_set():
+            with contextlib.suppress(RuntimeError):  # the writer is shut down: the process is ending
+                self._pending = self._writer.submit(
+                    _stored, entry.owner, entry.id, prompt_tokens, completion_tokens
+                )
 
     def _fail(self, entry: _Entry, why: Exception | str) -> None:
         """The engine failed to start or stopped answering: forgotten, so that the next call starts
@@ -312,6 +358,15 @@ class EngineManager:
         for e in stale:
             self._stop_later(e, f"idle for {idle:.0f} s")
         return [e.id for e in stale]
+
+    def forget(self, owner: str, deployment_id: str) -> None:
+        """The deployment was stopped from outside (DELETE /deployments/{id}): calls no longer reach it;
+        the next one asks for another."""
+        with self._lock:
+            for key, entry in list(self._entries.items()):
+                if entry.owner == owner and entry.id == deployment_id:
+                    del self._entries[key]
+                    entry.status = "stopping"
 
     def _drop(self, entry: _Entry) -> _Entry:
         """Under the lock: no longer found by calls; shown as stopping until its stop is done."""
@@ -366,43 +421,14 @@ class EngineManager:
         for t in threads:
             t.join(timeout + 10)
         self._starter.shutdown(wait=False, cancel_futures=True)
+        self._writer.shutdown(wait=True)
 
-    # The native view ---------------------------------------------------------------------------------------
 
-    def deployments(self, owner: str) -> list[Deployment]:
-        """The owner's engines, oldest first: never another owner's, never an engine's address."""
-        now = time.time()
-        with self._lock:
-            entries = [e for e in [*self._entries.values(), *self._stopping.values()] if e.owner == owner]
-            out = [
-                Deployment(
-                    id=e.id,
-                    base=e.label,
-                    status=e.status,  # type: ignore[arg-type]
-                    device=e.device,  # type: ignore[arg-type]
-                    adapters=[
-                        DeploymentAdapter(model=name, loaded_at=round(at, 3))
-                        for name, (_, at) in sorted(e.adapters.items(), key=lambda kv: kv[1][1])
-                    ],
-                    started_at=round(e.started_at, 3),
-                    ready_at=round(e.ready_at, 3) if e.ready_at is not None else None,
-                    last_used=round(e.last_used_at, 3),
-                    device_seconds=round(max(0.0, now - e.started_at), 3),
-                    requests=e.requests,
-                    prompt_tokens=e.prompt_tokens,
-                    completion_tokens=e.completion_tokens,
-                )
-                for e in entries
-            ]
-        out.sort(key=lambda d: d.started_at)
-        return out
-
-    def usage(self, owner: str) -> ServingUsage:
-        with self._lock:
-            requests, prompt, completion = self._usage.get(owner, [0, 0, 0])
-        return ServingUsage(
-            since=round(self._since, 3), requests=requests, prompt_tokens=prompt, completion_tokens=completion
-        )
+def _stored(owner: str, deployment_id: str, prompt_tokens: int, completion_tokens: int) -> None:
+    try:
+        record_use(owner, deployment_id, prompt_tokens, completion_tokens)
+    except Exception:  # the count is not worth a failed call; the log says it was lost
+        log.exception("deployment %s: its use was not stored", deployment_id)
 
 
 def _idlest(entries: list[_Entry]) -> _Entry | None:

@@ -99,7 +99,7 @@ async def complete(
         return Response(_answer(content, lease, body.model), media_type="application/json")
     finally:
         if lease is not None:
-            lease.release()
+            await lease.finish()
 
 
 def _payload(body: BaseModel, engine_model: str) -> dict[str, Any]:
@@ -225,4 +225,4 @@ class _Relay(StreamingResponse):
             try:
                 await self._upstream.aclose()
             finally:
-                self._lease.release()
+                await self._lease.finish()

@@ -10,14 +10,15 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from ftq.contract.openai import Model, OpenAIErrorBody, OpenAIList
-from ftq.contract.serving import ChatCompletionCreate, CompletionCreate, DeploymentList
+from ftq.contract.serving import ChatCompletionCreate, CompletionCreate, Deployment, DeploymentList
 from ftq.runtime.settings import get_settings
 from service.deps import LoopOwnerDep, in_thread_session
+from service.errors import NotFound
 from service.jobs.reads import in_thread
 from service.openai.errors import invalid
 from service.openai.pagination import listing
-from service.routes import UNAUTHORIZED
-from service.serving import proxy, service
+from service.routes import UNAUTHORIZED, owner_errors
+from service.serving import deployed, proxy, service
 from service.serving.engines import EngineManager
 
 _V1_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -115,10 +116,31 @@ async def retrieve_model(model: str, owner: LoopOwnerDep) -> Model:
     responses={401: UNAUTHORIZED},
     summary="Your engines: base, status, adapters loaded, use",
 )
-async def list_deployments(request: Request, owner: LoopOwnerDep) -> DeploymentList:
-    """The engines this API process runs for the caller's calls (one per base model), with the adapters
-    loaded into each, when it started and was last used, its device time so far and the tokens in and out
-    it answered; `usage` sums every engine of the caller's since the process started. An engine's address
-    is never shown: calls go through `/v1`."""
-    manager = _manager(request)
-    return DeploymentList(data=manager.deployments(owner), usage=manager.usage(owner))
+async def list_deployments(owner: LoopOwnerDep) -> DeploymentList:
+    """The caller's engines (one per base model; those running, and the last few that ended), each a run
+    the scheduler places: its status (queued with the reason it waits, starting, ready, stopping,
+    stopped, failed with why), where it runs and on how many devices, the adapters loaded into it, when it
+    was asked for, first answered and last used, its device time and the tokens in and out it answered;
+    `usage` sums them all. An engine's address is never shown: calls go through `/v1`."""
+    return await in_thread(in_thread_session(lambda s: deployed.listing(s, owner)))
+
+
+@router.delete(
+    "/{deployment_id}",
+    response_model=Deployment,
+    status_code=202,
+    responses=owner_errors("No such deployment of yours"),
+    summary="Stop one of your engines now",
+)
+async def stop_deployment(request: Request, deployment_id: str, owner: LoopOwnerDep) -> Deployment:
+    """Stop the engine (a queued one is withdrawn at once; a running one is ended by the worker, its
+    devices freed and its time counted in /usage): 202 with the deployment as it is now (`stopping`, or
+    `stopped`). Stopping one that is over changes nothing. The next call to one of its models asks for a
+    new engine. Another owner's deployment is a 404, as one that does not exist."""
+    if len(deployment_id) > 64:
+        raise NotFound("no such deployment")
+    found = await in_thread(in_thread_session(lambda s: deployed.stop(s, owner, deployment_id)))
+    if found is None:
+        raise NotFound("no such deployment")
+    _manager(request).forget(owner, deployment_id)
+    return found

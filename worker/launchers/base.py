@@ -23,11 +23,16 @@ log = logging.getLogger(__name__)
 class LaunchRequest:
     job_id: str
     run_dir: Path
-    spec: JobSpec  # validated, local paths already resolved
+    spec: JobSpec | None  # validated, local paths already resolved; None for a run of no job's (an engine)
     plan: Plan  # rendered for this attempt (see ftq.planning.render)
     resources: dict[str, Any] = field(default_factory=dict)  # e.g. {"gpus": [0, 1]} or {"cpu_slots": 2}
     env: dict[str, str] = field(default_factory=dict)  # secrets and site env, never stored
     owner: str | None = None  # whose job: picks the user a local run starts as (FTQ_RUN_AS_USER)
+    device: str | None = None  # cpu | cuda, where there is no spec to say it
+
+    @property
+    def on_cpu(self) -> bool:
+        return (self.spec.resources.device if self.spec is not None else self.device) == "cpu"
 
 
 @dataclass(frozen=True)
@@ -187,9 +192,10 @@ def add_run_environment(env: dict[str, str], settings: Settings, req: LaunchRequ
     for name in settings.pass_env_names:
         if os.environ.get(name) and name not in SERVICE_SETTINGS:
             env[name] = os.environ[name]
-    env.update(hub_environment(settings, req.spec))
-    env.update(tracker_environment(settings, req.spec))
-    env.update(grader_environment(settings, req.spec))
+    if req.spec is not None:
+        env.update(hub_environment(settings, req.spec))
+        env.update(tracker_environment(settings, req.spec))
+        env.update(grader_environment(settings, req.spec))
     env.update(req.env)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")

@@ -285,7 +285,7 @@ class SlurmLauncher:
         # SLURM hands out GPUs (--gres) and sets CUDA_VISIBLE_DEVICES per node; the worker's own
         # value is for this host only.
         env.pop("CUDA_VISIBLE_DEVICES", None)
-        if req.spec.resources.device == "cpu":
+        if req.on_cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
         add_run_environment(env, self.settings, req)
         if self.settings.slurm_bin_dir:

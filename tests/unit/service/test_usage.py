@@ -83,6 +83,9 @@ def test_queue_usage_and_estimate_vs_actual(
             "jobs": 1,
             "exports": 0,
             "evaluations": 0,
+            "deployments": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
         }
     ]
     usage = client.get("/usage", params={"group_by": "day"}, headers=_auth(BOB)).json()["data"]

@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,12 @@ import pytest
 
 from ftq.contract import runs
 from ftq.contract.status import JobStatus
-from ftq.engine import EngineConfig, EngineNotInstalled
+from ftq.engine import EngineNotInstalled
 from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.db import session_scope
+from ftq.store.deployments import DEPLOYMENTS, DeploymentRepository
+from service.serving.deployed import EngineRun, ScheduledEngine
 from service.serving.engines import EngineManager
 from service.serving.proxy import Transport
 from tests.harness import EXAMPLES
@@ -39,53 +41,62 @@ BOB = {"Authorization": "Bearer tok-bob"}
 SERVE_MODEL = (EXAMPLES / "tiny" / "model-serve").resolve()
 
 
-@dataclass
-class FakeEngine:
-    """An engine that answers from memory: its text names the model called, the adapter folder behind it
-    and the last message, so a test sees which folder a name reached."""
+class FakeEngine(ScheduledEngine):
+    """A deployment whose worker is the test (its row moved as the worker's launch and end move it) and
+    whose engine answers from memory: its text names the model called, the adapter folder behind it and
+    the last message, so a test sees which folder a name reached."""
 
-    config: EngineConfig
-    number: int
-    gate: threading.Event
-    fail_start: Exception | None = None
-    started: bool = False
-    stopped: bool = False
-    loaded: dict[str, Path] = field(default_factory=dict)
-    requests: list[dict[str, Any]] = field(default_factory=list)
+    def __init__(self, run: EngineRun, number: int, gate: threading.Event, fail_start: Exception | None):
+        super().__init__(run, get_settings())
+        self.config = run.config
+        self.number = number
+        self.gate = gate
+        self.fail_start = fail_start
+        self.started = False
+        self.stopped = False
+        self.loaded: dict[str, Path] = {}
+        self.requests: list[dict[str, Any]] = []
+        self._key = f"key-of-engine-{number}"
 
     @property
     def base_url(self) -> str:
         return f"http://engine-{self.number}.fake/v1"
 
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer key-of-engine-{self.number}"}
-
-    @property
-    def model(self) -> str:
-        return self.config.name
-
     def start(self) -> None:
         if self.fail_start is not None:
             raise self.fail_start
+        self._ask()
+        with session_scope() as session:  # the worker's claim and launch
+            assert DEPLOYMENTS.mark_starting(session, self.id, resources={"cpu_slots": 1})
+            assert DEPLOYMENTS.mark_running(session, self.id, external_id=None, pid=1, pid_start_ticks=1)
+            session.commit()
         self.started = True
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         assert self.gate.wait(timeout)
+        with session_scope() as session:
+            DeploymentRepository(session, self.run.owner).mark_ready(self.id, self.base_url)
+            session.commit()
 
     def healthy(self) -> bool:
         return self.started and not self.stopped
 
     def load_adapter(self, name: str, path: Path) -> None:
         self.loaded[name] = path
+        self._remember(name)
 
     def unload_adapter(self, name: str) -> None:
         self.loaded.pop(name, None)
+        self._forget(name)
 
     def adapters(self) -> list[str]:
         return list(self.loaded)
 
     def stop(self, timeout: float = 30.0) -> None:
+        super().stop(timeout)
+        with session_scope() as session:  # the worker's end of the run it cancelled
+            DEPLOYMENTS.mark_finished(session, self.id, JobStatus.cancelled)
+            session.commit()
         self.stopped = True
 
     def answer(self, request: httpx.Request) -> httpx.Response:
@@ -146,8 +157,8 @@ class Engines:
         self.gate.set()
         self.fail_start: Exception | None = None
 
-    def factory(self, config: EngineConfig, log_path: Path) -> FakeEngine:
-        engine = FakeEngine(config, len(self.made), self.gate, self.fail_start)
+    def factory(self, run: EngineRun) -> FakeEngine:
+        engine = FakeEngine(run, len(self.made), self.gate, self.fail_start)
         self.made.append(engine)
         return engine
 
@@ -497,12 +508,21 @@ def test_an_idle_engine_is_stopped_and_started_again_on_the_next_call(served: Se
     assert served.manager.sweep(time.monotonic() + 599) == []
     assert served.manager.sweep(time.monotonic() + 601) != []
     deadline = time.monotonic() + 5
-    while not first.stopped or client.get("/deployments", headers=ALICE).json()["data"]:
+    while not first.stopped or _live(client):
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    # Still shown, stopped, with its use and its device time.
+    (stopped,) = client.get("/deployments", headers=ALICE).json()["data"]
+    assert stopped["status"] == "stopped" and stopped["requests"] == 1 and stopped["device_seconds"] > 0
     # Cold again: a new engine, the adapter loaded into it again.
     assert _chat(client, name).status_code == 200
     assert len(served.engines.made) == 2 and name in served.engines.made[1].loaded
+
+
+def _live(client: Any) -> list[dict[str, Any]]:
+    """The caller's deployments that are not over."""
+    data = client.get("/deployments", headers=ALICE).json()["data"]
+    return [d for d in data if d["status"] not in ("stopped", "failed")]
 
 
 def test_the_engine_caps_stop_the_idlest_or_refuse(
