@@ -44,20 +44,19 @@ def fake_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 def add_deployment(dep_id: str, owner: str = rows.OWNER, **values: object) -> None:
     config = {"model": "/nonexistent/base", "name": "base", "device": "cpu", "max_model_len": 64}
+    fields: dict[str, object] = {
+        "key": "/nonexistent/base",
+        "label": "ftq-tiny-serve",
+        "launcher": "local",
+        "device": "cpu",
+        "devices": 1,
+        "tensor_parallel_size": 1,
+        "priority": "normal",
+        "config": config,
+        "api_key": "k-" + dep_id,
+    }
     with session_scope() as s:
-        DeploymentRepository(s, owner).add(
-            deployment_id=dep_id,
-            key="/nonexistent/base",
-            label="ftq-tiny-serve",
-            launcher="local",
-            device="cpu",
-            devices=1,
-            tensor_parallel_size=1,
-            priority="normal",
-            config=config,
-            api_key="k-" + dep_id,
-            **values,
-        )
+        DeploymentRepository(s, owner).add(deployment_id=dep_id, **{**fields, **values})
         s.commit()
 
 
