@@ -14,6 +14,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session
@@ -165,7 +166,10 @@ class ScheduledEngine:
                 f"adapter {name!r} has LoRA rank {rank}, above this engine's max_lora_rank "
                 f"{self.run.config.lora_rank}: start an engine with max_lora_rank >= {rank}"
             )
-        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path.resolve())})
+        # In place: an engine adopted from an earlier API process may hold it already (a plain load of a
+        # name it holds is vLLM's 400), and a name whose folder has new weights is loaded again.
+        body = {"lora_name": name, "lora_path": str(path.resolve()), "load_inplace": True}
+        self._post("/load_lora_adapter", body)
         self._remember(name)
 
     def _remember(self, name: str) -> None:
@@ -210,7 +214,7 @@ class ScheduledEngine:
         except httpx.HTTPError:
             return False
 
-    def _request(self, method: str, path: str, body: dict[str, str] | None = None) -> httpx.Response:
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         try:
             r = self._http.request(method, self.base_url + path, json=body, headers=self.headers)
         except httpx.HTTPError as exc:
@@ -219,7 +223,7 @@ class ScheduledEngine:
             raise EngineError(f"{method} {path}: {r.status_code} {r.text[:2000]}")
         return r
 
-    def _post(self, path: str, body: dict[str, str]) -> None:
+    def _post(self, path: str, body: dict[str, Any]) -> None:
         self._request("POST", path, body)
 
 

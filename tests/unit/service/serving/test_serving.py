@@ -60,15 +60,16 @@ class FakeEngine(ScheduledEngine):
 
     @property
     def base_url(self) -> str:
-        return f"http://engine-{self.number}.fake/v1"
+        # An adopted engine is the one that first started, with its key: the answers are that fake's.
+        return f"http://engine-{self._key.rsplit('-', 1)[1]}.fake/v1"
 
     def start(self) -> None:
         if self.fail_start is not None:
             raise self.fail_start
         self._ask()
-        with session_scope() as session:  # the worker's claim and launch
-            assert DEPLOYMENTS.mark_starting(session, self.id, resources={"cpu_slots": 1})
-            assert DEPLOYMENTS.mark_running(session, self.id, external_id=None, pid=1, pid_start_ticks=1)
+        with session_scope() as session:  # the worker's claim and launch (none for an adopted engine)
+            if DEPLOYMENTS.mark_starting(session, self.id, resources={"cpu_slots": 1}):
+                assert DEPLOYMENTS.mark_running(session, self.id, external_id=None, pid=1, pid_start_ticks=1)
             session.commit()
         self.started = True
 
@@ -571,3 +572,26 @@ def test_without_the_engine_installed_the_call_names_the_command(served: Served)
     assert "/srv" not in r.text
     served.engines.fail_start = None
     assert _chat(served.client, "ftq-tiny-serve").status_code == 200  # a failed start is not kept
+
+
+def test_a_second_api_process_adopts_the_running_engine(served: Served) -> None:
+    """An engine is a run of the store's, not of the API process that asked for it: another API process
+    (or this one restarted) calling the same base uses it, with its key, rather than asking for another."""
+    assert _chat(served.client, "ftq-tiny-serve").status_code == 200
+    first = served.engines.made[0]
+    other = EngineManager(get_settings(), factory=served.engines.factory)
+    served.client.app.state.engines = other
+    try:
+        assert _chat(served.client, "ftq-tiny-serve").status_code == 200
+        second = served.engines.made[1]
+        assert second.id == first.id and second.headers == first.headers
+        (dep,) = served.client.get("/deployments", headers=ALICE).json()["data"]
+        assert dep["id"] == first.id and dep["status"] == "ready" and dep["requests"] == 2
+        # Stopped from outside (DELETE): the call after asks for a new engine.
+        r = served.client.delete(f"/deployments/{first.id}", headers=ALICE)
+        assert r.status_code == 202 and r.json()["status"] in ("stopping", "stopped"), r.text
+        assert served.client.delete(f"/deployments/{first.id}", headers=BOB).status_code == 404
+        assert _chat(served.client, "ftq-tiny-serve").status_code == 200
+        assert served.engines.made[2].id != first.id
+    finally:
+        other.close()
