@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ftq.contract import runs
+from ftq.contract.datasets import SuitePrompt, suite_prompt
 from ftq.contract.errors import ErrorCode
 from ftq.contract.evaluation import EVALUATION_REQUEST, RESULTS, GradersSuite, LmEvalSuite, LossSuite
 from ftq.contract.spec import JobSpec
@@ -247,15 +248,27 @@ def _rows(path: str | None, limit: int | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer(prompt)["input_ids"])
+def _prompt_ids(tokenizer: Any, prompt: SuitePrompt) -> list[int]:
+    """A text prompt goes through the chat template as one user turn where the tokenizer has one; a
+    conversation (a prompt_only row's, or OpenAI's reinforcement `messages`) always does, with the
+    generation prompt, as GRPO renders it."""
+    if isinstance(prompt, list):
+        from .data import hf_message
+
+        if not getattr(tokenizer, "chat_template", None):
+            raise DatasetError(
+                "the suite's prompts are conversations but the tokenizer has no chat template; use a chat "
+                "model's tokenizer or text prompts"
+            )
+        conversation = [hf_message(m) for m in prompt]
+    elif getattr(tokenizer, "chat_template", None):
+        conversation = [{"role": "user", "content": prompt}]
+    else:
+        return list(tokenizer(prompt)["input_ids"])
+    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
 
 
 # Prompts generated together: one forward per new token for the batch, with the KV cache, instead of one
@@ -300,10 +313,13 @@ def run_graders(suite: GradersSuite, model: Any, tokenizer: Any) -> tuple[dict[s
 
     rows = _rows(suite.dataset, suite.limit)
     prompts: list[list[int]] = []
+    texts: list[SuitePrompt] = []
     for n, row in enumerate(rows):
-        prompt = row.get(suite.prompt_field)
-        if not isinstance(prompt, str):
-            raise DatasetError(f"{suite.dataset} row {n + 1} has no text field {suite.prompt_field!r}")
+        # The row formats GRPO trains on: a text or conversation prompt, or OpenAI's reinforcement rows.
+        prompt, why = suite_prompt(row, suite.prompt_field)
+        if prompt is None:
+            raise DatasetError(f"suite {suite.name}: {suite.dataset} row {n + 1} {why}")
+        texts.append(prompt)
         prompts.append(_prompt_ids(tokenizer, prompt))
     completions = generate_greedy(model, tokenizer, prompts, suite.max_new_tokens)
     try:
@@ -318,8 +334,8 @@ def run_graders(suite: GradersSuite, model: Any, tokenizer: Any) -> tuple[dict[s
         for name, value in (result.sub_rewards or {}).items():
             subs.setdefault(name, []).append(float(value))
     examples = [
-        {"prompt": row[suite.prompt_field], "completion": completion, "reward": reward}
-        for row, completion, reward in list(zip(rows, completions, rewards, strict=True))[:8]
+        {"prompt": prompt, "completion": completion, "reward": reward}
+        for prompt, completion, reward in list(zip(texts, completions, rewards, strict=True))[:8]
     ]
     metrics = {f"{suite.name}/score": sum(rewards) / len(rewards)}
     for name, values in subs.items():

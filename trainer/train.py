@@ -349,13 +349,35 @@ def sample_writer(spec: JobSpec, out: Path, data: Data) -> Any | None:
     )
 
 
+def last_step_logger() -> Any:
+    """A TrainerCallback that logs the run's last step, whatever `logging_steps` says. transformers logs
+    only every `logging_steps` steps, so a run shorter than that (a GRPO try of `max_steps: 2` under the
+    default 10) logged no point at all: its follow ended at `step 0/2` and `ftq metrics` had nothing
+    (issue 50); and a longer one's last steps (12 under 10) were never shown. The point logged averages
+    the loss over the steps since the previous one, as every logged point does."""
+    from transformers import TrainerCallback
+
+    class LogLastStep(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if state.max_steps > 0 and state.global_step >= state.max_steps:
+                control.should_log = True
+            return control
+
+    return LogLastStep()
+
+
 def run_callbacks(
     spec: JobSpec, out: Path, watch: Watch, sampler: Any | None, stop: StopOnSignal, trackers_on: bool
 ) -> list[Any]:
     """ftq's TrainerCallbacks, in the order they must run at each step."""
     metrics_writer = metrics_callback(out / runs.METRICS)
     # The watch after the metrics writer: it reads the throughput of the point just written.
-    callbacks = [metrics_writer, watch_callback(watch, out, metrics_writer), stop_callback(stop)]
+    callbacks = [
+        last_step_logger(),
+        metrics_writer,
+        watch_callback(watch, out, metrics_writer),
+        stop_callback(stop),
+    ]
     if sampler is not None:
         callbacks.append(sampler)
     if trackers_on:

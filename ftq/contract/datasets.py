@@ -23,7 +23,16 @@ from ftq.contract.spec import (
     format_columns,
 )
 
-__all__ = ["FORMATS", "detect_formats", "format_problem", "is_messages", "methods_for", "openai_problem"]
+__all__ = [
+    "FORMATS",
+    "SuitePrompt",
+    "detect_formats",
+    "format_problem",
+    "is_messages",
+    "methods_for",
+    "openai_problem",
+    "suite_prompt",
+]
 
 # Every data format, in the order listings show them.
 FORMATS: tuple[str, ...] = tuple(FORMAT_COLUMNS)
@@ -51,6 +60,42 @@ def _is_openai_preference(row: dict[str, Any]) -> bool:
 
 def _text_or_messages(value: Any) -> bool:
     return (isinstance(value, str) and value != "") or is_messages(value)
+
+
+# A graders suite's prompt: text, or a conversation ({role, content} dicts) for the chat template.
+SuitePrompt = str | list[dict[str, Any]]
+
+
+def suite_prompt(row: Any, prompt_field: str = "prompt") -> tuple[SuitePrompt | None, str]:
+    """(the prompt, "") that a graders suite's row gives the model, or (None, why not).
+
+    The row formats GRPO trains on (detect_formats): `prompt_field` holding text or a conversation
+    (prompt_only), or, when the row has no such field, OpenAI's reinforcement rows, whose `messages`
+    conversation is the prompt. A conversation must end before the assistant's turn: the
+    model's completion is the answer graded. The submit-time check (service/jobs/preflight.py) and the
+    evaluation (trainer/evaluate.py) ask this alike, so a suite the evaluation cannot read is a 422."""
+    if not isinstance(row, dict):
+        return None, "is not a JSON object"
+    source = prompt_field if prompt_field in row else "messages" if "messages" in row else None
+    if source is None:
+        return None, (
+            f"has no prompt: a text or conversation field {prompt_field!r} (the suite's prompt_field), or "
+            "OpenAI's reinforcement rows' 'messages' conversation"
+        )
+    value = row[source]
+    if isinstance(value, str) and value.strip():
+        return value, ""
+    if is_messages(value):
+        if value[-1].get("role") == "assistant":
+            return None, (
+                f"has a conversation in {source!r} that ends with the assistant's turn: it must end "
+                "before it (the model's completion is what the grader scores)"
+            )
+        return list(value), ""
+    return (
+        None,
+        f"has no prompt in {source!r}: it must be non-empty text or a conversation of {{role, content}}",
+    )
 
 
 def detect_formats(row: dict[str, Any]) -> set[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ftq.contract.datasets import detect_formats, format_problem
+from ftq.contract.datasets import detect_formats, format_problem, suite_prompt
 from ftq.contract.plans import DatasetPreflight, DiskEstimate, Estimate
 from ftq.contract.spec import DatasetSpec, JobSpec, TrainingSpec, looks_local
 from ftq.planning import dataset_preflight as dataset_preflight_mod
@@ -172,6 +172,7 @@ def _look_at_files(spec: JobSpec, settings: Settings) -> _Files:
         out.refusals.append({"loc": ["body", *loc], "msg": msg, "type": "dataset_error"})
     if problem := chat_template_problem(spec):
         out.refusals.append({"loc": ["body", "training", "loss_on"], "msg": problem, "type": "model_error"})
+    out.refusals += suite_dataset_problems(spec)
     if problem := tool_calls_problem(spec):
         out.refusals.append(
             {"loc": ["body", "dataset", "name_or_path"], "msg": problem, "type": "dataset_error"}
@@ -239,21 +240,34 @@ def missing_dataset_field(
     training = training or TrainingSpec(max_steps=1)
     if dataset.name_or_path is None or not looks_local(dataset.name_or_path):
         return None
-    path = Path(dataset.name_or_path)
-    if path.suffix.lower() != ".jsonl":
+    columns: dict[str, None] = {}
+    formats: set[str] | None = None  # the formats every row read can be
+    rows = _first_rows(Path(dataset.name_or_path))
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+        found = detect_formats(row)
+        formats = found if formats is None else formats & found
+    if not rows:
         return None
+    where = f"the first {len(rows)} row(s) of {dataset.name_or_path}"
+    return format_problem(dataset, training, list(columns), formats or set(), where)
+
+
+def _first_rows(path: Path) -> list[dict[str, Any]]:
+    """The first rows (objects) of a local .jsonl file, up to the first that is not one; none for another
+    suffix or a file that cannot be read (local_dataset_problem says why)."""
+    if path.suffix.lower() != ".jsonl":
+        return []
     try:
         head, _, size = userfiles.read_ends(path, _SNIFF_BYTES)
     except userfiles.NotReadable:
-        return None  # local_dataset_problem says why
+        return []
     lines = head.removeprefix(b"\xef\xbb\xbf").split(b"\n")
     if size > len(head):
         lines = lines[:-1]  # the last line read may be cut short
-    columns: dict[str, None] = {}
-    formats: set[str] | None = None  # the formats every row read can be
-    rows = 0
+    rows: list[dict[str, Any]] = []
     for line in lines:
-        if rows >= _SNIFF_ROWS:
+        if len(rows) >= _SNIFF_ROWS:
             break
         if not line.strip():
             continue
@@ -263,14 +277,27 @@ def missing_dataset_field(
             break  # the trainer's reader reports a malformed row with its line; this only looks at fields
         if not isinstance(row, dict):
             break
-        rows += 1
-        columns.update(dict.fromkeys(row))
-        found = detect_formats(row)
-        formats = found if formats is None else formats & found
-    if not rows:
-        return None
-    where = f"the first {rows} row(s) of {dataset.name_or_path}"
-    return format_problem(dataset, training, list(columns), formats or set(), where)
+        rows.append(row)
+    return rows
+
+
+def suite_dataset_problems(spec: JobSpec) -> list[dict[str, Any]]:
+    """Refusals for graders suites whose local .jsonl dataset has, in its first rows, a row the evaluation
+    could not prompt the model with (ftq.contract.datasets.suite_prompt): without this, the job trained
+    and then every evaluation failed on that row (issue 50)."""
+    refusals: list[dict[str, Any]] = []
+    for i, suite in enumerate(spec.eval.suites):
+        if suite.type != "graders" or suite.dataset is None or not looks_local(suite.dataset):
+            continue
+        for n, row in enumerate(_first_rows(Path(suite.dataset)), 1):
+            _, why = suite_prompt(row, suite.prompt_field)
+            if why:
+                msg = f"{suite.dataset} row {n} {why}"
+                refusals.append(
+                    {"loc": ["body", "eval", "suites", i, "dataset"], "msg": msg, "type": "dataset_error"}
+                )
+                break
+    return refusals
 
 
 def chat_template_problem(spec: JobSpec) -> str | None:
