@@ -34,6 +34,12 @@ class TimeEstimate(BaseModel):
         "ZeRO-3's per-step all-gathers and reduce-scatters (DDP's all-reduce) over the interconnect "
         "(FTQ_INTRA_NODE_GBPS, FTQ_INTER_NODE_GBPS, FTQ_COMM_OVERLAP); null where not estimated.",
     )
+    generation_seconds: float | None = Field(
+        None,
+        description="Of `seconds`, GRPO's generation: token steps, each reading the weights and the KV "
+        "cache over the device's memory bandwidth (FTQ_GPU_MEMORY_GBPS), plus FSDP's per-step gathers; "
+        "null for the other methods.",
+    )
 
 
 class TokenStats(BaseModel):
@@ -98,6 +104,21 @@ class DiskEstimate(BaseModel):
     reason: str | None = None
 
 
+class Parallelism(BaseModel):
+    """How a sharded job's GPUs divide the work (accelerate's ParallelismConfig and DeepSpeed's ZeRO++)."""
+
+    dp_shard_size: int = Field(description="GPUs each weight is sharded over (FSDP), or the world (ZeRO-3).")
+    dp_replicate_size: int = Field(1, description="Replicas of the shards (HSDP: the nodes).")
+    cp_size: int = Field(1, description="GPUs each sequence is split over (context parallelism).")
+    zero_hpz_partition_size: int | None = Field(
+        None, description="ZeRO++ hpZ: the secondary 16-bit weight partition's group (a node's GPUs)."
+    )
+    sync_each_batch: bool | None = Field(
+        None, description="FSDP: gradients reduce-scattered at every micro-batch of gradient accumulation."
+    )
+    why: str = ""
+
+
 class Estimate(BaseModel):
     """Preflight: memory per device, host RAM per node and the disk the run needs; None when skipped."""
 
@@ -139,6 +160,18 @@ class Estimate(BaseModel):
     world_size: int | None = None
     note: str | None = None
     disk: DiskEstimate | None = None
+    parallelism: Parallelism | None = Field(
+        None, description="How the job's GPUs divide the work, as the estimate decided it (sharded jobs)."
+    )
+    kv_cache_bytes_per_token: int | None = Field(
+        None, description="Keys and values of one token over all layers, in the compute dtype."
+    )
+    attention_width: int | None = Field(
+        None, description="layers x heads x head_dim: what attention's FLOPs per token grow with."
+    )
+    quantized_parameters: int | None = Field(
+        None, description="The 4-bit weights QLoRA dequantises at every pass (the decoder's Linear layers)."
+    )
 
 
 class Plan(BaseModel):

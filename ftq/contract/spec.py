@@ -515,6 +515,11 @@ class GrpoSpec(_Strict):
     vllm_gpu_memory_utilization: float = Field(
         0.3, gt=0, le=1, description="The share of each GPU's memory vLLM may take (use_vllm)."
     )
+    use_transformers_continuous_batching: bool | None = Field(
+        None,
+        description="Generate with transformers' continuous batching (paged KV cache, the batch refilled as "
+        "completions end) instead of padded generate(). Unset: on for a cuda job without use_vllm.",
+    )
     rollouts_per_log: int = Field(
         4,
         ge=0,
@@ -710,6 +715,14 @@ class DeepSpeedSpec(_Strict):
     offload_params: Offload = Offload.none
     zero3_init: bool = True
     save_16bit_model: bool = True
+    hpz_partition_size: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="ZeRO++ hierarchical partitioning (zero_hpz_partition_size): a second copy of the 16-bit "
+        "weights sharded over this many GPUs (a node's), so the weight all-gathers stay inside the node. "
+        "Unset: the estimate decides (a node's GPUs on several nodes where the copy fits); 1: off.",
+    )
 
     @model_validator(mode="after")
     def _offload_needs_stage(self) -> DeepSpeedSpec:
@@ -727,6 +740,33 @@ class FsdpSpec(_Strict):
     state_dict_type: Literal["sharded", "full"] = "sharded"
     offload_params: bool = False
     activation_checkpointing: bool = False
+    hybrid_shard: bool | None = Field(
+        None,
+        description="HSDP on several nodes: shard within each node and replicate across nodes, so the "
+        "weight all-gathers of every micro-batch stay on NVLink and only gradients cross the network. "
+        "Unset: the estimate decides (on where one node's shard fits in memory); false: shard over all GPUs.",
+    )
+    context_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Context parallelism (FSDP2, accelerate's ParallelismConfig cp_size): each sequence "
+        "split over this many GPUs of a node, for long sequences (32k-128k tokens) whose activations do "
+        "not fit one GPU. Divides processes_per_node; the sequences trained per step are divided by it.",
+    )
+    sync_each_batch: bool | None = Field(
+        None,
+        description="Reduce-scatter the gradients at every micro-batch of gradient accumulation "
+        "(accelerate's GradientAccumulationPlugin sync_each_batch) instead of keeping full-size gradients "
+        "on every GPU until the last one. Unset: on for full fine-tuning with "
+        "gradient_accumulation_steps > 1.",
+    )
+
+    @model_validator(mode="after")
+    def _context_parallel_needs_fsdp2(self) -> FsdpSpec:
+        if self.context_parallel_size > 1 and self.version != 2:
+            raise _field_error(("context_parallel_size",), "context_parallel_size > 1 needs FSDP version 2")
+        return self
 
 
 class DistributedSpec(_Strict):
@@ -1037,6 +1077,28 @@ class JobSpec(_Strict):
                 "FSDP activation_checkpointing and training.gradient_checkpointing cannot both be on "
                 "(transformers refuses the pair); keep one",
             )
+        if tr.method == Method.grpo:
+            grpo = tr.grpo or GrpoSpec()
+            if grpo.use_transformers_continuous_batching is None:
+                # Unset: transformers' continuous batching (paged KV cache, the batch refilled as
+                # completions end) on a GPU without vLLM, instead of padded generate(); TRL 1.x's
+                # GRPOConfig reads the field by this name. Resolved here so the stored spec says it.
+                grpo.use_transformers_continuous_batching = res.device == Device.cuda and not grpo.use_vllm
+                tr.grpo = grpo
+        cp = dist.fsdp.context_parallel_size
+        if cp > 1 and dist.strategy == Strategy.fsdp:
+            if res.processes_per_node % cp:
+                raise _field_error(
+                    ("distributed", "fsdp", "context_parallel_size"),
+                    f"context_parallel_size {cp} must divide processes_per_node {res.processes_per_node} "
+                    "(a sequence is split over the GPUs of one node)",
+                )
+            if tr.method == "grpo":
+                raise _field_error(
+                    ("distributed", "fsdp", "context_parallel_size"),
+                    "GRPO builds its inputs after generation and TRL cannot split them: "
+                    "context_parallel_size 1",
+                )
         method, fmt = str(tr.method), str(self.dataset.format)
         if fmt != "auto" and fmt not in METHOD_FORMATS[method]:
             raise _field_error(

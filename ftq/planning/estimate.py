@@ -22,6 +22,7 @@ the final gather of a full state dict on rank 0, and ZeRO / FSDP CPU offload.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ftq.contract import runs
-from ftq.contract.plans import DiskEstimate, Estimate
+from ftq.contract.plans import DiskEstimate, Estimate, Parallelism
 from ftq.contract.spec import JobSpec, LoraSpec, Offload, Strategy, looks_local, resolved_save_dtype
 from ftq.runtime import userfiles
 
@@ -254,12 +255,13 @@ def _compute_bytes(spec: JobSpec) -> int:
     return 2 if spec.training.mixed_precision in ("bf16", "fp16") else 4
 
 
-def _activation_bytes(spec: JobSpec, arch: Arch) -> dict[str, int]:
+def _activation_bytes(spec: JobSpec, arch: Arch, cp: int = 1) -> dict[str, int]:
     """Bytes of activations kept for the backward pass, per device. DPO and reward models run each
-    pair's chosen and rejected sequences in one batch: twice the sequences of the batch size."""
+    pair's chosen and rejected sequences in one batch: twice the sequences of the batch size. Context
+    parallelism gives each GPU 1/cp of every sequence's tokens."""
     tr = spec.training
     pairs = 2 if tr.method in ("dpo", "reward") else 1
-    tokens = tr.max_seq_len * tr.per_device_train_batch_size * pairs
+    tokens = math.ceil(tr.max_seq_len / cp) * tr.per_device_train_batch_size * pairs
     scale = _compute_bytes(spec) / 2  # the per-token figures below are for 16-bit activations
     h, q_dim, kv_dim = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
     # Attention: qkv input, q, k, v, attention output (the o_proj input).
@@ -330,12 +332,10 @@ def estimate_memory(
             f"model type {kind!r} is not one the estimate can count" if model_config else "no model config"
         )
         return Estimate(device_memory_bytes=device_memory_bytes, reason=f"{reason}; estimate skipped")
-    job = _Job.of(spec, arch)
-    states, host_offload = _placed(job, _model_states(job))
-    breakdown = _device_breakdown(job, states)
-    per_device = sum(breakdown.values())
     usable = int(device_memory_bytes * USABLE_DEVICE_FRACTION)
-    host = _host_breakdown(spec, arch, per_device, job.trainable, host_offload)
+    job = _decide(_Job.of(spec, arch), usable, device_memory_bytes)
+    breakdown, host = _breakdowns(job, device_memory_bytes)
+    per_device = sum(breakdown.values())
     host_bytes = host["runtime"] + max(host["loading"], host["offload"] + host["final_gather"])
     host_fits = None if not host_memory_bytes else host_bytes <= host_memory_bytes
     return Estimate(
@@ -353,7 +353,95 @@ def estimate_memory(
         trainable_parameters=job.trainable,
         world_size=job.world,
         note=arch.note or None,
+        parallelism=_parallelism(job),
+        kv_cache_bytes_per_token=2 * arch.layers * arch.kv_heads * arch.head_dim * job.cb,
+        attention_width=arch.layers * arch.heads * arch.head_dim,
+        quantized_parameters=_quantized_params(job) or None,
     )
+
+
+def _breakdowns(job: _Job, device_memory_bytes: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The device breakdown (its sum is per_device_bytes) and the host breakdown of one decided job."""
+    states, host_offload = _placed(job, _model_states(job))
+    breakdown = _device_breakdown(job, states, device_memory_bytes)
+    host = _host_breakdown(job.spec, job.arch, sum(breakdown.values()), job.trainable, host_offload)
+    return breakdown, host
+
+
+def _decide(job: _Job, usable: int, device_memory_bytes: int) -> _Job:
+    """The estimate decides how a multi-node sharded job uses its nodes. Sharding over every GPU makes
+    each micro-batch all-gather the whole model through the nodes' network (Llama 3.1 70B LoRA on 2 x 8:
+    about 5.5 s of gathers per GPU against 2.5 s of compute); when one node's GPUs can hold the model
+    states, shard within the node and replicate across nodes (HSDP, or ZeRO++ hpZ's secondary copy
+    under ZeRO-3): the gathers stay on NVLink and only gradients cross the network. When they cannot
+    (a 70B full fine-tune: about 1.1 TB of state), shard over every GPU. An explicit spec wins."""
+    spec = job.spec
+    res, dist = spec.resources, spec.distributed
+    if res.num_nodes <= 1 or res.device != "cuda":
+        return job
+    ppn = res.processes_per_node
+    if job.strategy == "fsdp" and ppn > 1 and not dist.fsdp.offload_params:
+        wanted = dist.fsdp.hybrid_shard
+        if wanted is False:
+            return job
+        hybrid = dataclasses.replace(job, shard=ppn // job.cp, hybrid_reason="")
+        if wanted is True or sum(_breakdowns(hybrid, device_memory_bytes)[0].values()) <= usable:
+            why = "set in the spec" if wanted else "one node's shard fits"
+            return dataclasses.replace(hybrid, hybrid_reason=why)
+        return dataclasses.replace(job, hybrid_reason="one node's shard would not fit: sharded over all GPUs")
+    if job.zero3 and ppn > 1 and dist.deepspeed.offload_params == "none":
+        wanted_hpz = dist.deepspeed.hpz_partition_size
+        if wanted_hpz is not None:
+            return dataclasses.replace(
+                job, hpz=wanted_hpz if wanted_hpz > 1 else 0, hybrid_reason="set in the spec"
+            )
+        hpz = dataclasses.replace(job, hpz=ppn)
+        if sum(_breakdowns(hpz, device_memory_bytes)[0].values()) <= usable:
+            return dataclasses.replace(hpz, hybrid_reason="the node's secondary copy fits")
+        return dataclasses.replace(job, hybrid_reason="the node's secondary copy would not fit: no hpZ")
+    return job
+
+
+def _parallelism(job: _Job) -> Parallelism | None:
+    """What the decided job tells the render: None for a job that is not sharded."""
+    spec = job.spec
+    if job.strategy == "fsdp":
+        replicate = job.world // (job.shard * job.cp)
+        if replicate > 1:
+            why = f"HSDP: sharded over the {job.shard} GPUs of each node, replicated over {replicate} nodes"
+        else:
+            why = f"sharded over all {job.shard} GPUs"
+        if job.hybrid_reason:
+            why += f" ({job.hybrid_reason})"
+        if job.cp > 1:
+            why += f"; each sequence split over {job.cp} GPUs (context parallelism)"
+        return Parallelism(
+            dp_shard_size=job.shard,
+            dp_replicate_size=replicate,
+            cp_size=job.cp,
+            sync_each_batch=fsdp_sync_each_batch(spec),
+            why=why,
+        )
+    if job.zero3:
+        why = f"ZeRO-3 over all {job.world} GPUs"
+        if job.hpz:
+            why += f", ZeRO++ hpZ: a 16-bit copy sharded over each node's {job.hpz} GPUs for the gathers"
+        if job.hybrid_reason:
+            why += f" ({job.hybrid_reason})"
+        return Parallelism(dp_shard_size=job.world, zero_hpz_partition_size=job.hpz or None, why=why)
+    return None
+
+
+def fsdp_sync_each_batch(spec: JobSpec) -> bool:
+    """Whether an FSDP job reduce-scatters its gradients at every micro-batch: the spec's choice, else on
+    for full fine-tuning with gradient accumulation. Without it transformers runs the accumulation's
+    micro-batches under `no_sync`, and FSDP2 then keeps full-size gradients on every GPU until the last
+    one (14 GiB more per GPU for a 7B model in bf16; a 70B one runs out of memory). LoRA's gradients are
+    small: skipping the syncs costs little memory and saves the collectives."""
+    explicit = spec.distributed.fsdp.sync_each_batch
+    if explicit is not None:
+        return explicit
+    return spec.lora is None and spec.training.gradient_accumulation_steps > 1
 
 
 @dataclass(frozen=True)
@@ -369,12 +457,22 @@ class _Job:
     trainable: int
     strategy: str
     zero3: bool
+    # FSDP: the GPUs each weight is sharded over (the world, or a node's under HSDP) and the context
+    # parallel group; ZeRO-3: the hpZ secondary partition's size (0: none). Decided by `_decide`.
+    shard: int = 1
+    cp: int = 1
+    hpz: int = 0
+    hybrid_reason: str = ""
 
     @classmethod
     def of(cls, spec: JobSpec, arch: Arch) -> _Job:
         res, dist = spec.resources, spec.distributed
         strategy = str(dist.strategy)
+        world = res.num_nodes * res.processes_per_node
+        cp = dist.fsdp.context_parallel_size if strategy == "fsdp" else 1
         return cls(
+            shard=max(1, world // cp),
+            cp=cp,
             spec=spec,
             arch=arch,
             world=res.num_nodes * res.processes_per_node,
@@ -460,7 +558,13 @@ def _placed(job: _Job, states: _States) -> tuple[_States, int]:
         if dist.deepspeed.offload_optimizer != "none":
             optimizer = 0
     elif job.strategy == "fsdp":
-        params, grads, optimizer = params // job.world, grads // job.world, optimizer // job.world
+        # Sharded over the shard group: every GPU (FSDP), a node's (HSDP); a context-parallel group
+        # holds the same shard on each of its GPUs.
+        params, grads, optimizer = params // job.shard, grads // job.shard, optimizer // job.shard
+        if job.spec.training.gradient_accumulation_steps > 1 and not fsdp_sync_each_batch(job.spec):
+            # Under no_sync FSDP2 keeps each parameter's full-size gradient, in the compute dtype, on every
+            # GPU until the accumulation's last micro-batch reduce-scatters it.
+            grads += job.trainable * job.cb
         if dist.fsdp.offload_params:
             # FSDP CPU offload keeps parameter shards and gradients on the host; the optimizer steps there.
             host_offload = (params + grads + optimizer) * job.spec.resources.processes_per_node
@@ -492,39 +596,61 @@ def _comm_bytes(job: _Job) -> int:
     return 0
 
 
-def _device_breakdown(job: _Job, states: _States) -> dict[str, int]:
+def _device_breakdown(job: _Job, states: _States, device_memory_bytes: int = 0) -> dict[str, int]:
     """Bytes per device by what holds them; their sum is the estimate's per_device_bytes."""
     spec = job.spec
-    ref = _reference_bytes(spec, job.total, job.cb, job.world)
-    return {
+    ref = _reference_bytes(spec, job.total, job.cb, job.shard if job.strategy == "fsdp" else job.world)
+    hpz = 0
+    if job.hpz:
+        # ZeRO++ hpZ keeps a second copy of the 16-bit weights, sharded over the node's GPUs only.
+        hpz = int((_frozen_base_bytes(job, job.cb) + job.cb * _adapters(spec, job.arch)) / job.hpz)
+    out = {
         "params": int(states.params),
         **({"reference_model": ref} if ref else {}),
+        **({"hpz_secondary_params": hpz} if hpz else {}),
         "grads": int(states.grads),
         "optimizer": int(states.optimizer),
         # DeepSpeed's term for the largest layer: its 16-bit weight and gradient, gathered whole.
         **({"largest_layer": 4 * job.arch.largest_module_params} if job.zero3 else {}),
-        **_activation_bytes(spec, job.arch),
-        **_generation_bytes(spec, job.arch, job.cb),
+        **_activation_bytes(spec, job.arch, job.cp),
+        **_generation_bytes(spec, job.arch, job.cb, device_memory_bytes),
         "comm_buffers": int(_comm_bytes(job)),
         "cuda_context": CUDA_CONTEXT_BYTES if spec.resources.device == "cuda" else 0,
     }
+    if job.zero3 and spec.lora is not None and spec.lora.quantization is not None:
+        # bitsandbytes quantizes while from_pretrained loads, before ZeRO-3 can partition anything: every
+        # GPU holds the whole 4-bit model (Llama 2 70B: about 38 GiB) at the start. The peak is the larger
+        # of that and training's; what loading needs beyond training is counted here.
+        at_load = int(_frozen_base_bytes(job, job.cb)) + out["cuda_context"]
+        extra = at_load - sum(out.values())
+        if extra > 0:
+            out["quantized_load_peak"] = extra
+    return out
 
 
-def _generation_bytes(spec: JobSpec, arch: Arch, cb: int) -> dict[str, int]:
+def _quantized_params(job: _Job) -> int:
+    """The weights QLoRA holds in 4 bits: the decoder layers' Linear weights; 0 without quantization."""
+    if job.spec.lora is None or job.spec.lora.quantization is None:
+        return 0
+    return job.arch.layers * sum(lin.d_in * lin.d_out for lin in job.arch.linears)
+
+
+def _generation_bytes(spec: JobSpec, arch: Arch, cb: int, device_memory_bytes: int = 0) -> dict[str, int]:
     """GRPO's generation, per device: the KV cache of the completions this process samples at once.
 
     Each process generates its share of a generation batch, per_device_train_batch_size x
     steps_per_generation sequences (each of its prompts num_generations times: TRL spreads a prompt's
     group over the batch), each up to max_seq_len tokens (the prompt and its completion; at least
-    max_completion_length): keys and values of every layer, in the compute dtype. With vLLM the cache
-    is vLLM's reservation, vllm_gpu_memory_utilization of the device, counted apart by the operator.
+    max_completion_length): keys and values of every layer, in the compute dtype. With vLLM (TRL's
+    colocate mode) vLLM reserves vllm_gpu_memory_utilization of each device for its own copy of the
+    weights and its KV cache, whatever the training needs: that share is counted (`vllm_reserved`).
     Empty for the other methods."""
     tr = spec.training
     if tr.method != "grpo":
         return {}
     grpo: Any = tr.method_parameters()
     if grpo.use_vllm:
-        return {}
+        return {"vllm_reserved": int(grpo.vllm_gpu_memory_utilization * device_memory_bytes)}
     sequences = tr.per_device_train_batch_size * grpo.steps_per_generation_or(tr.gradient_accumulation_steps)
     seq = max(tr.max_seq_len, grpo.max_completion_length)
     kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * seq * sequences * cb
@@ -593,7 +719,14 @@ def _host_breakdown(
     elif strategy == "fsdp" and dist.fsdp.cpu_ram_efficient_loading:
         # Local rank 0 reads the weights; the others build on `meta` and receive them when FSDP wraps.
         loading = total * load
+    elif load == 2:
+        # 16-bit weights loaded as they are stored: from_pretrained maps the safetensors files and the
+        # tensors share the kernel's page cache, one copy per node however many ranks read it (DDP and
+        # ZeRO-1/2 with LoRA or in bf16: Llama 2 70B is 138 GB per node, not 8 x 138 on a 1 TB node);
+        # each rank holds one module of its own in flight.
+        loading = total * load + arch.largest_module_params * load * procs
     else:
+        # fp32 from a 16-bit checkpoint: every rank converts into memory of its own.
         loading = total * load * procs
     if not zero3 and _reference_bytes(spec, total, 4, 1):
         # Full fine-tuning DPO/KTO: TRL reads the reference's weights on every rank before the launch

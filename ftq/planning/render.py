@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from ftq.contract import runs
-from ftq.contract.plans import DatasetPreflight, Estimate, Plan
+from ftq.contract.plans import DatasetPreflight, Estimate, Parallelism, Plan
 from ftq.contract.spec import METHOD_TRAINERS, JobSpec, needs_fetch
 from ftq.planning.timecost import time_estimate
 from ftq.runtime.settings import Settings, slurm_env_lines
@@ -90,8 +90,11 @@ def cuda_env_line(spec: JobSpec, settings: Settings) -> str:
 # Accelerate config ----------------------------------------------------------------------------------------
 
 
-def accelerate_config(spec: JobSpec, job_id: str = "job") -> dict[str, Any]:
-    """The accelerate config file a careful `accelerate config` session would write for this spec.
+def accelerate_config(
+    spec: JobSpec, job_id: str = "job", parallelism: Parallelism | None = None
+) -> dict[str, Any]:
+    """The accelerate config file a careful `accelerate config` session would write for this spec, with
+    the parallelism the estimate decided (HSDP, context parallelism).
 
     Every key is one `ClusterConfig.from_yaml_file` accepts (it refuses unknown keys).
     """
@@ -118,7 +121,18 @@ def accelerate_config(spec: JobSpec, job_id: str = "job") -> dict[str, Any]:
     strategy = str(dist.strategy)
     if strategy == "fsdp":
         cfg["distributed_type"] = "FSDP"
-        cfg["fsdp_config"] = _fsdp_config(spec)
+        replicate = parallelism.dp_replicate_size if parallelism is not None else 1
+        cp = parallelism.cp_size if parallelism is not None else 1
+        cfg["fsdp_config"] = _fsdp_config(spec, hybrid=replicate > 1)
+        if dist.fsdp.version == 2 and parallelism is not None and (replicate > 1 or cp > 1):
+            # accelerate's ParallelismConfig (FSDP2 only), as `accelerate config` writes it: the launch
+            # passes it to every rank's Accelerator, which builds the (replicate, shard, cp) device mesh.
+            cfg["parallelism_config"] = {
+                "parallelism_config_cp_size": cp,
+                "parallelism_config_dp_replicate_size": replicate,
+                "parallelism_config_dp_shard_size": parallelism.dp_shard_size,
+                "parallelism_config_tp_size": 1,
+            }
     elif strategy == "deepspeed":
         cfg["distributed_type"] = "DEEPSPEED"
         cfg["deepspeed_config"] = _deepspeed_config(spec, f"{NVME_OFFLOAD_ROOT}/{job_id}")
@@ -133,7 +147,7 @@ def accelerate_config(spec: JobSpec, job_id: str = "job") -> dict[str, Any]:
     return cfg
 
 
-def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
+def _fsdp_config(spec: JobSpec, hybrid: bool = False) -> dict[str, Any]:
     fsdp = spec.distributed.fsdp
     state_dict = "SHARDED_STATE_DICT" if fsdp.state_dict_type == "sharded" else "FULL_STATE_DICT"
     common = {
@@ -158,8 +172,13 @@ def _fsdp_config(spec: JobSpec) -> dict[str, Any]:
         **common,
         "fsdp_backward_prefetch": "BACKWARD_PRE",
         "fsdp_forward_prefetch": False,
-        # FSDP1 spells "reshard after forward" as a sharding strategy.
-        "fsdp_sharding_strategy": "FULL_SHARD" if fsdp.reshard_after_forward else "SHARD_GRAD_OP",
+        # FSDP1 spells "reshard after forward" as a sharding strategy; HSDP (shard within each node,
+        # replicate across nodes, where the estimate found a node's shard fits) as its hybrid forms.
+        "fsdp_sharding_strategy": (
+            ("HYBRID_SHARD" if fsdp.reshard_after_forward else "_HYBRID_SHARD_ZERO2")
+            if hybrid
+            else ("FULL_SHARD" if fsdp.reshard_after_forward else "SHARD_GRAD_OP")
+        ),
         # Rank 0's weights are broadcast to the others; needed with cpu_ram_efficient_loading.
         "fsdp_sync_module_states": spec.resources.device == "cuda" or fsdp.cpu_ram_efficient_loading,
         # PEFT (frozen and trainable params in one FSDP unit) needs the original parameters.
@@ -345,13 +364,129 @@ def sbatch_fetch_lines(spec: JobSpec, python: str, run_dir: Path) -> str:
     )
 
 
-def launch_script(run_dir: Path, argv: list[str], cuda_env: str = "", fetch: str = "") -> str:
+def plan_env_lines(spec: JobSpec, parallelism: Parallelism | None, *, slurm_python: str | None = None) -> str:
+    """`export` lines for what the plan decided and only the trainer can apply (no accelerate config key
+    carries them): FTQ_SYNC_EACH_BATCH=1 (FSDP full fine-tuning with gradient accumulation: accelerate's
+    GradientAccumulationPlugin sync_each_batch, so FSDP2 does not keep full-size gradients between
+    micro-batches) and FTQ_ZERO_HPZ_PARTITION_SIZE (ZeRO++ hpZ, the DeepSpeed config's
+    zero_hpz_partition_size). On SLURM (whole nodes), ACCELERATE_CPU_AFFINITY binds each rank to the CPUs
+    of its GPU's NUMA node where nvidia-ml-py is there to say which those are. Empty when none apply."""
+    lines = []
+    if parallelism is not None and parallelism.sync_each_batch:
+        lines += [
+            "# Gradients reduce-scattered at every micro-batch (accelerate's sync_each_batch): under no_sync",
+            "# FSDP2 would keep full-size gradients on every GPU until the last one",
+            "export FTQ_SYNC_EACH_BATCH=1",
+        ]
+    if parallelism is not None and parallelism.zero_hpz_partition_size:
+        lines += [
+            "# ZeRO++ hpZ: a 16-bit copy of the weights sharded within each node (gathers stay on NVLink)",
+            f"export FTQ_ZERO_HPZ_PARTITION_SIZE={parallelism.zero_hpz_partition_size}",
+        ]
+    if slurm_python is not None and spec.resources.device == "cuda":
+        py = shlex.quote(slurm_python)
+        lines += [
+            "# Each rank on the CPUs of its GPU's NUMA node (accelerate asks nvidia-ml-py which)",
+            f"if {py} -c 'import pynvml' > /dev/null 2>&1; then",
+            "  export ACCELERATE_CPU_AFFINITY=1",
+            "else",
+            '  echo "ftq: nvidia-ml-py is not installed: ranks are not bound to their GPU\'s CPUs" >&2',
+            "fi",
+        ]
+    return "\n".join(lines)
+
+
+VLLM_CHECK = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+NCCL_CHECK_MODULE = "ftq.planning.nccl_check"
+# A fabric measured below this share of FTQ_INTER_NODE_GBPS is reported (a job.warning): NCCL fell
+# back to sockets, or the job got the wrong NICs.
+NCCL_WARN_FRACTION = 0.25
+
+
+def _uses_vllm(spec: JobSpec) -> bool:
+    grpo = spec.training.grpo
+    return spec.training.method == "grpo" and grpo is not None and grpo.use_vllm
+
+
+def local_check_lines(spec: JobSpec, python: str) -> str:
+    """launch.sh's checks on the host that runs the job: vllm importable where training.grpo.use_vllm
+    asks for it (it is the node's Python that must have it, not the API's), failing with a clear error
+    as the run's exit status. Empty when none apply."""
+    if not _uses_vllm(spec):
+        return ""
+    status = runs.EXIT_STATUS
+    message = f"ftq: training.grpo.use_vllm needs vllm in {python} on this host, and it is not installed"
+    return "\n".join(
+        [
+            f"if ! {_q([python, '-c', VLLM_CHECK])}; then",
+            f"  echo {shlex.quote(message)} >> {runs.TRAIN_LOG}",
+            f"  printf '%s\\n' 3 > .{status}.tmp && mv -f -- .{status}.tmp {status}",
+            "  exit 3",
+            "fi",
+        ]
+    )
+
+
+def node_check_lines(spec: JobSpec, settings: Settings, run_dir: Path, cpus_per_task: int) -> str:
+    """job.sbatch's checks on every node before the launch: vllm importable where the job uses it (the
+    nodes' Python, not the API's: a clear error, and the job's exit status), and for a multi-node cuda
+    job a short NCCL all-reduce across all its GPUs (ftq.planning.nccl_check) that logs the measured bus
+    bandwidth and reports a job.warning when it is under NCCL_WARN_FRACTION of FTQ_INTER_NODE_GBPS (a
+    socket fallback makes a job 10-50x slower and says nothing). Empty when none apply."""
+    res = spec.resources
+    py = shlex.quote(settings.python)
+    srun = f"srun --nodes={res.num_nodes} --ntasks-per-node=1 --cpus-per-task={cpus_per_task}"
+    lines: list[str] = []
+    if _uses_vllm(spec):
+        message = (
+            f"ftq: training.grpo.use_vllm needs vllm in {settings.python} on every node; a node lacks it"
+        )
+        lines += [
+            "# vllm on every node (training.grpo.use_vllm): the nodes' Python, not the API's",
+            f"if ! {srun} {py} -c {shlex.quote(VLLM_CHECK)}; then",
+            f"  echo {shlex.quote(message)} >&2",
+            "  exit 3",
+            "fi",
+        ]
+    if res.device == "cuda" and res.num_nodes > 1:
+        expect = settings.inter_node_gbps
+        warnings = shlex.quote(str(run_dir / runs.WARNINGS))
+        lines += [
+            "# NCCL's bus bandwidth across the nodes, measured before hours of collectives depend on it;",
+            f"# under {NCCL_WARN_FRACTION:g} x {expect:g} GB/s (FTQ_INTER_NODE_GBPS): a job.warning only.",
+            f"{srun} timeout 300 bash -c \\",
+            '  \'exec "$0" -m torch.distributed.run --nnodes "$SLURM_NNODES" \\',
+            f'  --node-rank "$SLURM_NODEID" --nproc-per-node {res.processes_per_node} \\',
+            '  --master-addr "$MASTER_ADDR" \\',
+            f'  --master-port "$((MASTER_PORT + 1))" -m {NCCL_CHECK_MODULE} "$@"\' \\',
+            f"  {py} --expect-gbps {expect:g} --warn-below {NCCL_WARN_FRACTION * expect:g} \\",
+            f"  --warnings {warnings} \\",
+            '  || echo "ftq: the NCCL bandwidth check did not complete" >&2',
+        ]
+    return "\n".join(lines)
+
+
+def _block(text: str) -> str:
+    """A block of script lines followed by a blank line; empty stays empty (its line is left out)."""
+    return text + "\n" if text else ""
+
+
+def launch_script(
+    run_dir: Path,
+    argv: list[str],
+    cuda_env: str = "",
+    fetch: str = "",
+    plan_env: str = "",
+    checks: str = "",
+) -> str:
     """`launch.sh` (templates/launch.sh): run the launch, log to train.log, then record its exit status."""
     return _fill(
         "launch.sh",
         run_dir=shlex.quote(str(run_dir)),
         fetch=fetch,
         cuda_env=cuda_env,
+        plan_env=plan_env,
+        checks=checks,
         exit_status=runs.EXIT_STATUS,
         train_log=runs.TRAIN_LOG,
         command=_argv_lines(argv, 1 + len(ACCELERATE_LAUNCH)),
@@ -432,8 +567,11 @@ def sbatch_script(
         )
     )
     lead = signal_lead_seconds(settings, estimate)
+    parallelism = estimate.parallelism if estimate is not None else None
     return _fill(
         "job.sbatch",
+        plan_env=_block(plan_env_lines(spec, parallelism, slurm_python=settings.python)),
+        node_checks=_block(node_check_lines(spec, settings, run_dir, cpus_per_task)),
         sbatch_header=_sbatch_header(_job_sbatch_args(spec, job_id, run_dir, settings, cpus_per_task, lead)),
         run_dir=shlex.quote(str(run_dir)),
         exit_status=runs.EXIT_STATUS,
@@ -468,7 +606,9 @@ def _job_sbatch_args(
     args.append(f"--cpus-per-task={cpus_per_task}")
     if settings.slurm_mem:
         args.append(f"--mem={_sbatch_value(settings.slurm_mem)}")
-    if settings.slurm_exclusive:
+    if settings.slurm_exclusive or (res.device == "cuda" and res.num_nodes > 1):
+        # Whole nodes for a multi-node GPU job: its ranks need every NIC, the NUMA-local CPUs of their
+        # GPUs and no neighbour's traffic on the fabric (FTQ_SLURM_EXCLUSIVE for every job).
         args.append("--exclusive")
     args += _placement_args(spec, settings)
     args += _priority_args(spec, settings)
@@ -570,7 +710,7 @@ def render_plan(
     """The whole plan for one job. Dry runs and real runs call this with the same inputs."""
     run_dir = Path(run_dir)
     port = main_process_port if main_process_port is not None else default_port(job_id)
-    cfg = accelerate_config(spec, job_id)
+    cfg = accelerate_config(spec, job_id, estimate.parallelism if estimate is not None else None)
     argv = launch_argv(
         spec,
         run_dir=run_dir,
@@ -606,6 +746,7 @@ def render_plan(
         parameters=estimate.num_parameters if estimate is not None else None,
         run_tokens=dataset.run_tokens if dataset is not None else None,
         trainable=estimate.trainable_parameters if estimate is not None else None,
+        estimate=estimate,
     )
     return Plan(
         accelerate_config=cfg,
@@ -622,7 +763,14 @@ def render_plan(
         time_estimate=te,
         # The dataset section repeats the one estimate next to the token counts it rests on.
         dataset=dataset.model_copy(update={"time_estimate": te}) if dataset is not None else None,
-        launch_script=launch_script(run_dir, argv, cuda_env_line(spec, settings), fetch_lines(spec, argv[0])),
+        launch_script=launch_script(
+            run_dir,
+            argv,
+            cuda_env_line(spec, settings),
+            fetch_lines(spec, argv[0]),
+            plan_env=plan_env_lines(spec, estimate.parallelism if estimate is not None else None),
+            checks=local_check_lines(spec, argv[0]),
+        ),
     )
 
 

@@ -463,10 +463,21 @@ class Settings(BaseSettings):
     )
 
     # Time and cost estimate of every plan (ftq/planning/timecost.py)
-    gpu_type: str = Field("A100", description="What the GPUs are: a key of FTQ_GPU_PEAK_TFLOPS.")
+    # H100 SXM nodes are what fine-tuning clusters are built from now (the articles' A100s are the
+    # previous generation): FTQ_GPU_TYPE=A100 gives their figures back.
+    gpu_type: str = Field(
+        "H100", description="What the GPUs are: a key of FTQ_GPU_PEAK_TFLOPS and FTQ_GPU_MEMORY_GBPS."
+    )
     gpu_peak_tflops: str = Field(
         "H200:989,H100:989,A100:312,L40S:362,A10G:125,L4:121,V100:125,T4:65",
         description="Dense bf16/fp16 peak TFLOP/s per GPU by type (`name:tflops,...`).",
+    )
+    # HBM bandwidth from NVIDIA's data sheets (H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB SXM 2.04 TB/s,
+    # L40S 864 GB/s, A10G 600, L4 300, V100 900, T4 320): generation reads every weight once per token step.
+    gpu_memory_gbps: str = Field(
+        "H200:4800,H100:3350,A100:2039,L40S:864,A10G:600,L4:300,V100:900,T4:320",
+        description="GB/s of device memory bandwidth per GPU by type (`name:gbps,...`): the floor of GRPO's "
+        "generation, which reads the weights and the KV cache once per token step.",
     )
     cpu_peak_gflops: float = Field(
         50.0, gt=0, description="Peak GFLOP/s of one CPU training process (one CPU slot)."
@@ -478,17 +489,29 @@ class Settings(BaseSettings):
         description="The share of peak FLOP/s a training run achieves (model FLOPs utilisation) that the "
         "time estimate assumes; calibrate it from the jobs' estimate_vs_actual.",
     )
+    # H100 SXM: NVLink 4 gives each GPU 900 GB/s (both directions) through the NVSwitches; nccl-tests'
+    # all_gather_perf and reduce_scatter_perf reach about 360 GB/s of bus bandwidth on 8 of them at the
+    # message sizes of a decoder layer (A100's NVLink 3: about 150, the previous default).
     intra_node_gbps: float = Field(
-        150.0,
+        360.0,
         gt=0,
         description="GB/s of a collective's bus bandwidth between the GPUs of one node (NVLink); the "
-        "time estimate's communication term for FSDP and ZeRO-3 on one node.",
+        "time estimate's communication term for FSDP and ZeRO-3 within a node.",
     )
+    # Rail-optimised H100 nodes (NVIDIA's DGX H100 / HGX reference design) give every GPU its own
+    # 400 Gb/s NDR InfiniBand NIC (ConnectX-7): 50 GB/s of line rate, of which NCCL's ring reaches about
+    # 90 %. (The articles' A100 nodes on AWS had 400 Gb/s of EFA for the whole node.)
     inter_node_gbps: float = Field(
-        50.0,
+        45.0,
         gt=0,
-        description="GB/s of a node's network to the others (400 Gb/s EFA or InfiniBand: 50); the "
-        "communication term of jobs over several nodes.",
+        description="GB/s each GPU moves to the other nodes (its 400 Gb/s NIC: 45 after NCCL's overheads); "
+        "the communication term of jobs over several nodes, and what job.sbatch's NCCL check expects.",
+    )
+    hub_download_gbps: float = Field(
+        0.25,
+        gt=0,
+        description="GB/s of the fetch step's download from the Hugging Face Hub (inside the job's "
+        "allocation, while its GPUs wait); counted in the time estimate of a job that names a hub model.",
     )
     comm_overlap: float = Field(
         0.5,
@@ -586,7 +609,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"FTQ_MAX_PRIORITY: {name}:{level}: the level is low, normal or high")
         return v
 
-    @field_validator("quota_gpus", "quota_cpu_slots", "quota_gpu_hours", "gpu_peak_tflops")
+    @field_validator("quota_gpus", "quota_cpu_slots", "quota_gpu_hours", "gpu_peak_tflops", "gpu_memory_gbps")
     @classmethod
     def _numbers(cls, v: str) -> str:
         for name, value in owner_map(v).items():
@@ -719,6 +742,10 @@ class Settings(BaseSettings):
     @property
     def peak_tflops_by_gpu(self) -> dict[str, float]:
         return {k.upper(): float(v) for k, v in owner_map(self.gpu_peak_tflops).items()}
+
+    @property
+    def memory_gbps_by_gpu(self) -> dict[str, float]:
+        return {k.upper(): float(v) for k, v in owner_map(self.gpu_memory_gbps).items()}
 
     def remote_code_allowed(self, owner: str) -> bool:
         """Whether this owner's jobs may set `model.trust_remote_code` (FTQ_ALLOW_REMOTE_CODE)."""

@@ -16,7 +16,6 @@ a dry run shows them as the plan's warnings.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,8 +130,7 @@ def check_policy(spec: JobSpec, settings: Settings, owner: str) -> None:
 
 
 def check_grpo_policy(spec: JobSpec, settings: Settings) -> None:
-    """A GRPO job's score models must be ones the operator allows (FTQ_GRADER_SCORE_MODELS), and vLLM must
-    be installed where it is asked for (the worker's launch runs this server's Python environment)."""
+    """A GRPO job's score models must be ones the operator allows (FTQ_GRADER_SCORE_MODELS)."""
     grader = spec.training.grader
     if grader is None:
         return
@@ -149,13 +147,8 @@ def check_grpo_policy(spec: JobSpec, settings: Settings) -> None:
     ]
     if errors:
         raise SpecError(errors)
-    grpo = spec.training.grpo
-    if grpo is not None and grpo.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise spec_field_error(
-            ["training", "grpo", "use_vllm"],
-            "vllm is not installed on this server; leave use_vllm off (generation then runs in transformers)",
-            "not_available",
-        )
+    # Whether vllm is installed (training.grpo.use_vllm) is checked where the job runs, not here: the
+    # API's environment says nothing of the nodes' (launch.sh and job.sbatch fail with a clear error).
 
 
 def _wandb_usable(settings: Settings) -> bool:

@@ -16,6 +16,10 @@ trap 'echo "ftq: SIGTERM received, waiting for the launch to stop" >&2' TERM INT
 {{fetch}}
 ## PYTORCH_CUDA_ALLOC_CONF for cuda jobs (render.cuda_env_line): two lines, left out on CPU.
 {{cuda_env}}
+## The plan's decisions the trainer reads from its environment and the checks made on this host before the
+## launch (render.plan_env_lines, render.local_check_lines); empty when none apply.
+{{plan_env}}
+{{checks}}
 {{command}} \
   >> {{train_log}} 2>&1
 status=$?

@@ -18,6 +18,8 @@ fi
 export HF_HUB_OFFLINE=1
 # Fewer fragmentation OOMs hours in (FTQ_CUDA_ALLOC_CONF); a value in the run's environment wins
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
+# ZeRO++ hpZ: a 16-bit copy of the weights sharded within each node (gathers stay on NVLink)
+export FTQ_ZERO_HPZ_PARTITION_SIZE=8
 /opt/ftq/.venv/bin/python -m accelerate.commands.launch \
   --config_file /shared/ftq/runs/job_0123456789abcdef/accelerate_config.yaml \
   --num_processes 16 \

@@ -89,9 +89,22 @@ def test_falcon_180b_lora_zero3_over_16_gpus_fits_80gb() -> None:
     assert est.fits is True
     assert est.per_device_bytes is not None and est.num_parameters is not None
     assert est.trainable_parameters is not None
-    assert est.per_device_bytes < 80 * GB
+    # Two nodes: the estimate adds ZeRO++ hpZ's secondary copy (the 16-bit base over each node's 8 GPUs,
+    # so the gathers stay on NVLink) because it still fits.
+    assert est.parallelism is not None and est.parallelism.zero_hpz_partition_size == 8
+    assert est.breakdown["hpz_secondary_params"] == pytest.approx(
+        (est.num_parameters + est.trainable_parameters) * 2 / 8, rel=1e-6
+    )
+    assert est.per_device_bytes <= est.usable_device_bytes  # type: ignore[operator]
+    without = estimate_memory(
+        example("falcon-180b-lora-zero3", distributed__deepspeed__hpz_partition_size=1),
+        config(FALCON),
+        device_memory_bytes=A100,
+    )
+    assert without.parallelism is not None and without.parallelism.zero_hpz_partition_size is None
+    assert without.per_device_bytes is not None and without.per_device_bytes < 80 * GB
     # The frozen base in bf16 is sharded 16 ways; it dominates the LoRA job's memory.
-    assert est.breakdown["params"] == pytest.approx(
+    assert without.breakdown["params"] == est.breakdown["params"] == pytest.approx(
         (est.num_parameters + est.trainable_parameters) * 2 / 16, rel=1e-6
     )
     assert est.trainable_parameters < 0.002 * est.num_parameters

@@ -242,7 +242,8 @@ def test_llama_fsdp2_config_has_the_fsdp2_keys_and_none_of_the_obsolete_ones() -
 def test_a_slurm_plans_command_is_what_its_sbatch_script_runs_on_each_node(name: str) -> None:
     plan = golden_plan(name)
     script = plan.sbatch_script or ""
-    srun = script[script.index("\nsrun ") + 1 :].split("\nLAUNCH_PID=")[0].replace(" \\\n  ", " ")
+    # The launch is the last srun (the NCCL check before it is one too).
+    srun = script[script.rindex("\nsrun ") + 1 :].split("\nLAUNCH_PID=")[0].replace(" \\\n  ", " ")
     words = shlex.split(srun)
     after_c = words[words.index("-c") + 1 :]
     per_node, python, args = after_c[0], after_c[1], after_c[2:]
@@ -564,6 +565,7 @@ def test_sbatch_lines_are_the_expected_options() -> None:
         "--gres",
         "--cpus-per-task",
         "--mem",
+        "--exclusive",
         "--time",
         "--partition",
         "--chdir",
@@ -579,7 +581,20 @@ def test_gpu_nodes_get_cpus_and_memory_derived_from_their_gpus() -> None:
     # 8 GPUs per node x 10 CPUs per GPU; srun asks for the same (it does not inherit it from sbatch).
     assert "#SBATCH --cpus-per-task=80\n" in sb and "--kill-on-bad-exit=1 --cpus-per-task=80 " in sb
     assert "#SBATCH --mem=0\n" in sb  # all of each node's memory: loading and the final gather use it
-    assert "--exclusive" not in sb
+    # A multi-node GPU job takes whole nodes (their NICs, its GPUs' NUMA-local CPUs) without being told;
+    # a one-node job only with FTQ_SLURM_EXCLUSIVE.
+    assert "#SBATCH --exclusive\n" in sb
+    one_node = render_plan(
+        example("falcon-180b-lora-zero3").model_copy(
+            update={
+                "resources": example("falcon-180b-lora-zero3").resources.model_copy(update={"num_nodes": 1})
+            }
+        ),
+        job_id=GOLDEN_JOB,
+        run_dir=GOLDEN_RUN_DIR,
+        settings=settings(),
+    )
+    assert "--exclusive" not in (one_node.sbatch_script or "")
     plan = render_plan(
         example("falcon-180b-lora-zero3"),
         job_id=GOLDEN_JOB,
