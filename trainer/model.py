@@ -5,6 +5,10 @@ Load dtype rule (why each case):
 - FSDP: float32. FSDP's mixed-precision policy computes in bf16/fp16 anyway, FSDP1 flattens parameters
   into buffers of one dtype (LoRA adapters are kept in float32 by PEFT), and the full state dict gathered
   for `final/` stays in the precision training kept.
+- FSDP2 with LoRA: the half dtype. The base is frozen, so float32 would only double its shards, rank 0's
+  host RAM at load and the broadcast (70B on 8 GPUs: 33 GiB a GPU instead of 16.5, 263 GiB of rank 0's
+  RAM instead of 131). accelerate's FSDP2 prepare upcasts only the trainable parameters (the adapter) to
+  float32, and FSDP2 needs one dtype among the trainable parameters of a unit only, not the frozen ones.
 - DeepSpeed, and LoRA elsewhere: the half dtype of `mixed_precision`. DeepSpeed keeps float32 master
   weights in its optimizer itself; under LoRA the base is frozen, so half precision only saves memory.
 - Full fine-tuning under DDP or one process: float32 master weights, autocast computes in half.
@@ -12,8 +16,10 @@ Load dtype rule (why each case):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,36 +53,98 @@ def check_model_path(spec: ModelSpec) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class AttnChoice:
+    """The attention the model is loaded with, and why `auto` could not take a flash kernel (None: it
+    did, or nothing faster could run here: the CPU, or float32, which flash kernels do not compute in)."""
+
+    name: str
+    fallback: str | None = None
+
+
+# FA3 (flash-attention's `hopper/` build, imported as flash_attn_interface) runs on Hopper (sm90) only.
+HOPPER = 9
+
+
 def resolve_attn(requested: str, device_type: str, mixed_precision: str) -> str:
-    """`auto`: flash_attention_2 when we run on CUDA in a half dtype and flash-attn really imports, else sdpa.
+    return choose_attn(requested, device_type, mixed_precision).name
+
+
+def choose_attn(
+    requested: str, device_type: str, mixed_precision: str, *, packing: bool = False
+) -> AttnChoice:
+    """`auto`: on CUDA in a half dtype, flash_attention_3 on Hopper where FA3 imports or the `kernels`
+    package can fetch it, else flash_attention_2 where flash-attn really imports, else sdpa, with the
+    reason in `fallback` (the trainer makes it a job.warning: with packing, sdpa builds a dense
+    block-diagonal mask, so each packed row pays attention quadratic in its whole length).
 
     An installed flash-attn can still fail to import (a wheel built for another torch or CUDA raises an
     undefined-symbol OSError or ImportError, some builds a RuntimeError), and its kernels have no float32
-    path: `auto` must never pick what would crash the first forward.
+    path: `auto` must never pick what would crash the first forward. An explicit choice is kept:
+    transformers refuses one that cannot load, which is not silent.
     """
     if requested != "auto":
-        return requested
-    if device_type == "cuda" and mixed_precision in ("bf16", "fp16") and flash_attn_importable():
-        return "flash_attention_2"
-    return "sdpa"
+        return AttnChoice(requested)
+    if device_type != "cuda" or mixed_precision not in ("bf16", "fp16"):
+        return AttnChoice("sdpa")
+    hopper = cuda_capability_major() == HOPPER
+    if hopper and (module_importable("flash_attn_interface") or module_importable("kernels")):
+        return AttnChoice("flash_attention_3")
+    if flash_attn_importable():
+        return AttnChoice("flash_attention_2")
+    why = (
+        "flash-attn is not installed"
+        if importlib.util.find_spec("flash_attn") is None
+        else "flash-attn is installed but does not import (built for another torch or CUDA?)"
+    )
+    if hopper:
+        why += ", nor FA3 (flash_attn_interface) or the kernels package"
+    cost = (
+        "; with packing, sdpa attends over a dense block-diagonal mask: each packed row pays attention "
+        "quadratic in its whole length"
+        if packing
+        else ""
+    )
+    return AttnChoice(
+        "sdpa",
+        f"model.attn_implementation auto: {why}, so attention falls back to sdpa{cost}; install "
+        "flash-attn (pip install -e '.[flash]') or set attn_implementation: sdpa to silence this",
+    )
 
 
-def flash_attn_importable() -> bool:
-    if importlib.util.find_spec("flash_attn") is None:
+def cuda_capability_major() -> int | None:
+    """The first GPU's compute capability major (9: Hopper); None without CUDA."""
+    try:
+        import torch
+
+        return int(torch.cuda.get_device_capability()[0]) if torch.cuda.is_available() else None
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def module_importable(name: str) -> bool:
+    if importlib.util.find_spec(name) is None:
         return False
     try:
-        importlib.import_module("flash_attn")
+        importlib.import_module(name)
     except (ImportError, OSError, RuntimeError):
         return False
     return True
+
+
+def flash_attn_importable() -> bool:
+    return module_importable("flash_attn")
 
 
 def load_dtype(spec: JobSpec, strategy: str) -> torch.dtype:
     import torch
 
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(spec.training.mixed_precision))
-    if half is None or strategy == "fsdp":
+    if half is None:
         return torch.float32
+    if strategy == "fsdp":
+        fsdp2 = os.environ.get("FSDP_VERSION", "1") == "2"
+        return half if fsdp2 and spec.lora is not None else torch.float32
     if strategy == "deepspeed" or spec.lora is not None:
         return half
     return torch.float32
@@ -177,9 +245,15 @@ def load_model(
     return model
 
 
-def load_adapter(model: Any, adapter: str) -> Any:
+def load_adapter(model: Any, adapter: str, *, keep_model_dtype: bool = False) -> Any:
     """The model with a LoRA adapter loaded onto it (a job's final/), its weights trainable: a job that
-    goes on from a LoRA fine-tune trains the same adapter further rather than a new one on top."""
+    goes on from a LoRA fine-tune trains the same adapter further rather than a new one on top.
+
+    `keep_model_dtype` (ZeRO-3 on a half-precision base that is not quantized): the adapter in the
+    base's dtype, as TRL makes the adapters it creates there (autocast_adapter_dtype=False). PEFT's
+    default upcasts it to float32, and ZeRO-3 allocates its coalesced all-gather buffers in the dtype of
+    the first persistent parameter: a bf16 base with a float32 adapter fails at the first optimizer step
+    (TRL issue 6089, DeepSpeed issue 8072)."""
     from peft import PeftModel
 
     if getattr(model.config, "use_cache", True) is False:  # gradient checkpointing (load_model)
@@ -187,7 +261,9 @@ def load_adapter(model: Any, adapter: str) -> Any:
         # adapter; TRL does this only for the adapters it creates itself.
         model.enable_input_require_grads()
     try:
-        return PeftModel.from_pretrained(model, adapter, is_trainable=True)
+        return PeftModel.from_pretrained(
+            model, adapter, is_trainable=True, autocast_adapter_dtype=not keep_model_dtype
+        )
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot load the adapter {adapter}: {_first_line(err)}") from err
 

@@ -45,12 +45,12 @@ from .memory import peak_rss, return_freed_blocks_to_os
 from .model import (
     check_model_path,
     check_target_modules,
+    choose_attn,
     load_adapter,
     load_dtype,
     load_model,
     load_tokenizer,
     lora_config,
-    resolve_attn,
 )
 from .preempt import StopOnSignal, exit_if_stopped, stop_callback
 from .preempt import start as listen_for_stop
@@ -86,7 +86,7 @@ def run(args: TrainerArgs) -> None:
         trackers.check_reachable(spec.integrations, out)
         launch = set_up_launch(args, splits)
     data = prepare_data(spec, splits, launch)
-    model, peft_config = load_policy(spec, launch, splits.format)
+    model, peft_config = load_policy(spec, launch, splits.format, out)
     job = build_job(spec, out, launch, data, model, peft_config, stop)
     train(job, spec, out, args.resume_from_checkpoint, stop)
     evaluate_and_sample_last_step(job, spec)
@@ -151,6 +151,7 @@ def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
 
     _quiet_progress_bars(heavy=True)
     out.mkdir(parents=True, exist_ok=True)
+    nccl_dump_on_timeout(out)  # before the process group exists: NCCL reads these when it is made
     # The training arguments come first: creating them starts torch.distributed and registers
     # DeepSpeed's config, which from_pretrained needs for FSDP RAM-efficient loading and ZeRO-3 init.
     report_to = trackers.configure(spec.integrations, out)
@@ -211,22 +212,44 @@ def prepare_data(spec: JobSpec, splits: Splits, launch: Launch) -> Data:
     return Data(splits, tokenizer, train_ds, eval_ds)
 
 
-def load_policy(spec: JobSpec, launch: Launch, fmt: str) -> tuple[Any, Any]:
-    """The model to train, and its LoRA config (None: full fine-tuning); logs the `model` line."""
+def load_policy(spec: JobSpec, launch: Launch, fmt: str, out: Path) -> tuple[Any, Any]:
+    """The model to train, and its LoRA config (None: full fine-tuning); logs the `model` line, and an
+    `attention_fallback` warning (a job.warning) where `auto` could not take a flash kernel."""
     method = str(spec.training.method)
     state = launch.state
-    attn = resolve_attn(
-        str(spec.model.attn_implementation), state.device.type, str(spec.training.mixed_precision)
+    requested = str(spec.model.attn_implementation)
+    choice = choose_attn(
+        requested,
+        state.device.type,
+        str(spec.training.mixed_precision),
+        packing=bool(spec.training.packing),
     )
+    attn, fallback = choice.name, choice.fallback
     # Only rank 0 reads the weights; FSDP hands every other rank its shard of them when it wraps.
     placeholders = None
     if launch.ram_efficient and state.process_index != 0:
         placeholders = "cpu" if os.environ.get("FSDP_VERSION", "1") == "2" else "meta"
+    dtype = load_dtype(spec, launch.strategy)
     with peak_rss("loading" if placeholders is None else f"loading ({placeholders} placeholders)"):
-        model = load_model(spec, load_dtype(spec, launch.strategy), attn, placeholders=placeholders)
+        try:
+            model = load_model(spec, dtype, attn, placeholders=placeholders)
+        except ModelError as err:
+            if requested != "auto" or attn == "sdpa":
+                raise
+            # `auto` took a flash kernel that then did not load (FA3 through `kernels` needs the Hub or
+            # its cache): the job still runs, on sdpa, and says so.
+            fallback = (
+                f"model.attn_implementation auto: {attn} did not load ({err}); attention falls back to sdpa"
+            )
+            attn = "sdpa"
+            model = load_model(spec, dtype, attn, placeholders=placeholders)
+    if fallback is not None:
+        attention_fell_back(fallback, out)
     peft_config = None
     if spec.model.adapter is not None:
-        model = load_adapter(model, spec.model.adapter)
+        quantized = spec.lora is not None and spec.lora.quantization is not None
+        keep = launch.strategy == "deepspeed" and _zero3_from_env() and not quantized and dtype != _float32()
+        model = load_adapter(model, spec.model.adapter, keep_model_dtype=keep)
     elif spec.lora is not None:
         check_target_modules(model, spec.lora)
         peft_config = lora_config(spec.lora, task_type="SEQ_CLS" if method == "reward" else "CAUSAL_LM")
@@ -253,6 +276,23 @@ def _lora_words(spec: JobSpec, model: Any) -> str:
         return "LoRA"
     four_bit = sum(1 for m in model.modules() if type(m).__name__ == "Linear4bit")
     return f"QLoRA: {four_bit} Linear layers in 4-bit {quant.type}, computing in {quant.compute_dtype}"
+
+
+def attention_fell_back(message: str, out: Path) -> None:
+    """The attention `auto` fell back to, as a warning every rank logs and rank 0 writes once to
+    warnings.jsonl (a job.warning of kind `attention_fallback`): transformers says it at INFO at most."""
+    if os.environ.get("RANK", "0") != "0":
+        log.warning("%s", message)
+        return
+    from .watch import write_warnings
+
+    write_warnings(out / runs.WARNINGS, [{"kind": "attention_fallback", "step": None, "message": message}])
+
+
+def _float32() -> Any:
+    import torch
+
+    return torch.float32
 
 
 def build_job(
@@ -285,6 +325,9 @@ def build_job(
     )
     if sampler is not None:
         sampler.attach(trainer)
+    if str(spec.training.method) == "grpo":
+        generate_in_lockstep(trainer, launch.strategy, launch.state.num_processes)
+        truncate_prompts(trainer, spec.training.max_seq_len)
     if str(spec.training.method) in ("dpo", "kto") or (
         str(spec.training.method) == "grpo" and getattr(trainer, "beta", 0) > 0
     ):
@@ -299,6 +342,61 @@ def build_job(
     ) != trainer.is_deepspeed_enabled:
         raise RuntimeError(f"launch environment says {strategy}, but the trainer did not set it up")
     return Job(trainer, launch, data, watch, sampler)
+
+
+def generate_in_lockstep(trainer: Any, strategy: str, processes: int) -> bool:
+    """Keep every rank generating until all ranks' completions have ended (transformers' `synced_gpus`)
+    where the weights are sharded over several processes; True where that applies.
+
+    Under FSDP each forward all-gathers the layers' shards: a rank whose completions all stopped early
+    must go on running forwards while another still generates, or the ranks' collectives pair up across
+    different forwards (gloo aborts on the size mismatch; NCCL may hang or pair them silently).
+    transformers syncs when ZeRO-3 is on or the model it generates with carries `_is_fsdp_managed_module`;
+    TRL passes no `synced_gpus`. torch 2.13 sets that flag on every module FSDP1 wraps and on those
+    `fully_shard` (FSDP2) manages, but as an annotation for Dynamo: set here on every module of the
+    policy (the same objects FSDP wraps or converts in place), the rule no longer rests on it.
+    transformers' continuous batching ignores `synced_gpus` altogether, so it is turned off here."""
+    if processes < 2 or strategy not in ("fsdp", "deepspeed"):
+        return False
+    if strategy == "deepspeed" and not _zero3_from_env():
+        return False  # ZeRO-1/2: every rank holds the whole model, its forwards need no collectives
+    if strategy == "fsdp":
+        for module in trainer.model.modules():
+            module._is_fsdp_managed_module = True
+    if getattr(trainer.args, "use_transformers_continuous_batching", False):
+        log.warning(
+            "GRPO: transformers' continuous batching cannot keep sharded ranks generating in step; "
+            "generating with padded generate() instead"
+        )
+        trainer.args.use_transformers_continuous_batching = False
+        if hasattr(trainer, "use_transformers_continuous_batching"):
+            trainer.use_transformers_continuous_batching = False
+    log.info("GRPO generation: ranks generate in lockstep (weights sharded by %s)", strategy)
+    return True
+
+
+def truncate_prompts(trainer: Any, max_tokens: int) -> None:
+    """GRPO prompts longer than `training.max_seq_len` tokens keep their last `max_tokens` (TRL 1.x's
+    GRPOTrainer truncates nothing and has no max_prompt_length; its predecessor cut from the left, where
+    the instructions sit least often). Counted once a step in train.log when any was cut."""
+    tokenize = trainer._tokenize_prompts
+
+    def cut(prompts: list[Any]) -> Any:
+        prompt_ids, *rest = tokenize(prompts)
+        long = [len(ids) for ids in prompt_ids if len(ids) > max_tokens]
+        if long:
+            log.warning(
+                "GRPO: %d of %d prompt(s) over training.max_seq_len %d tokens (longest %d) keep the last %d",
+                len(long),
+                len(prompt_ids),
+                max_tokens,
+                max(long),
+                max_tokens,
+            )
+            prompt_ids = [list(ids)[-max_tokens:] for ids in prompt_ids]
+        return (prompt_ids, *rest)
+
+    trainer._tokenize_prompts = cut
 
 
 def reward_functions(spec: JobSpec, out: Path, is_main: bool) -> list[Any] | None:
@@ -366,6 +464,69 @@ def last_step_logger() -> Any:
     return LogLastStep()
 
 
+def train_begin_callback() -> Any:
+    """A TrainerCallback for the moment the model is loaded and prepared (FSDP's broadcast of rank 0's
+    weights done, a resumed checkpoint read): the process group's timeout comes down to the run's, and
+    under FSDP the dtypes of the sharded parameters are logged."""
+    from transformers import TrainerCallback
+
+    class TrainBegin(TrainerCallback):
+        def on_train_begin(
+            self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
+        ) -> None:
+            lower_process_group_timeout(float(args.ddp_timeout))
+            if model is not None and _env_flag("ACCELERATE_USE_FSDP"):
+                log.info("sharded parameters: %s", parameter_dtypes(model))
+
+    return TrainBegin()
+
+
+def parameter_dtypes(model: Any) -> str:
+    """`frozen bfloat16 (N), trainable float32 (M)`: parameter counts by dtype, frozen and trainable."""
+    counts: dict[tuple[bool, str], int] = {}
+    for p in model.parameters():
+        key = (bool(p.requires_grad), str(p.dtype).removeprefix("torch."))
+        counts[key] = counts.get(key, 0) + p.numel()
+    parts = [f"{'trainable' if t else 'frozen'} {dtype} ({n:,})" for (t, dtype), n in sorted(counts.items())]
+    return ", ".join(parts)
+
+
+# NCCL's flight recorder: the last collectives of every rank, dumped to the run directory when a
+# collective times out, so a hang says which rank waited in which collective.
+NCCL_TRACE_ENTRIES = "2000"
+
+
+def nccl_dump_on_timeout(out: Path) -> None:
+    """TORCH_NCCL_DUMP_ON_TIMEOUT with a trace buffer and a dump file in the run directory (a value the
+    run's environment already has wins). Read when NCCL's process group is made; gloo ignores them."""
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", NCCL_TRACE_ENTRIES)
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(out / "nccl_trace_rank_"))
+
+
+def lower_process_group_timeout(loading_s: float, run_s: int | None = None) -> bool:
+    """Bring the default process group's timeout from `loading_s` (ddp_timeout) down to `run_s` once the
+    model is loaded; True when it was lowered.
+
+    The plan's `--process_group_timeout` is sized for the first collective, where the other ranks wait
+    while rank 0 reads the weights: 2 h for 180B. Left in place for the whole run, a real hang would hold
+    every GPU that long (32 GPU-hours on 16 GPUs) before NCCL's watchdog ends it. The final save waits in
+    a gloo group of its own with its own bound (wait_for_main_process_write), so 30 min suffices here."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    run_s = PROCESS_GROUP_TIMEOUT_MIN_S if run_s is None else run_s
+    if loading_s <= run_s or not (dist.is_available() and dist.is_initialized()):
+        return False
+    if dist.get_world_size() == 1:
+        return False
+    c10d._set_pg_timeout(datetime.timedelta(seconds=run_s))
+    log.info(
+        "process group timeout: %d s from the first step (%d s while the model loaded)", run_s, loading_s
+    )
+    return True
+
+
 def run_callbacks(
     spec: JobSpec, out: Path, watch: Watch, sampler: Any | None, stop: StopOnSignal, trackers_on: bool
 ) -> list[Any]:
@@ -374,6 +535,7 @@ def run_callbacks(
     # The watch after the metrics writer: it reads the throughput of the point just written.
     callbacks = [
         last_step_logger(),
+        train_begin_callback(),
         metrics_writer,
         watch_callback(watch, out, metrics_writer),
         stop_callback(stop),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,7 @@ def openai_preference(tiny_dir: Path, out: Path) -> Path:
 
 def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
     # On a file in OpenAI's preference format (format: auto finds it), read as conversational pairs.
-    # In bf16: FSDP2's mixed-precision policy (float32 shards, bf16 compute) on two processes.
+    # In bf16: FSDP2's mixed-precision policy (bf16 compute) on two processes.
     spec = method_spec(
         tiny_dir, "dpo", "preference/train.jsonl", strategy="fsdp", max_steps=3, mixed_precision="bf16"
     )
@@ -204,6 +205,14 @@ def test_dpo_with_lora_under_fsdp2(tiny_dir: Path, tmp_path: Path) -> None:
     assert "method dpo (trl.DPOTrainer) on openai_preference data" in log
     assert "engaged fsdp" in log  # FSDP really ran, not accelerate's DDP fallback on CPU
     assert "FSDP computes in bfloat16" in log
+    # The frozen base loaded and sharded in bf16 (half of float32's shards, host RAM and broadcast); only
+    # the adapter, which the optimizer updates, is upcast to float32 by accelerate's prepare.
+    assert "dtype torch.bfloat16, LoRA" in log
+    (dtypes,) = [line for line in log.splitlines() if "sharded parameters:" in line]
+    # (measured: frozen bfloat16 (131,392), trainable float32 (16,384))
+    assert re.search(
+        r"sharded parameters: frozen bfloat16 \([\d,]+\), trainable float32 \([\d,]+\)$", dtypes
+    ), dtypes
     assert "no second copy loaded" in log
     pts = train_points(out)
     assert [p["step"] for p in pts] == [1, 2, 3] and all(math.isfinite(p["loss"]) for p in pts)
