@@ -38,7 +38,18 @@ from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.models import DeploymentQueue, EvaluationQueue, ExportQueue, Job, JobQueue
-from worker import deployments, evaluations, exports, failures, ingest, lifecycle, locks, recovery, scheduling
+from worker import (
+    deployments,
+    evaluations,
+    exports,
+    failures,
+    ingest,
+    lifecycle,
+    locks,
+    recovery,
+    scheduling,
+    training_clients,
+)
 from worker.files import FileUnavailable, PathChanged, check_local_paths, spec_for_run
 from worker.launchers import make_launcher
 from worker.launchers.base import Launcher, LaunchRequest, RunPhase, RunState
@@ -283,6 +294,13 @@ def deployments_changed(deployment_id: str) -> None:
     start_claimed(schedule())
 
 
+def training_clients_changed(model_id: str) -> None:
+    """The `ftq.training_clients` task (a Tinker training client was asked for or stopped): stop the
+    `cancelling` ones, then schedule and launch what fits."""
+    training_clients.TRAINING_CLIENTS_KIND.cancel_requested(get_launcher)
+    start_claimed(schedule())
+
+
 def exports_changed(job_id: str) -> None:
     """The `ftq.exports` task (an export of this job was requested or cancelled): cancel its `cancelling`
     exports, then schedule and launch what fits."""
@@ -325,6 +343,10 @@ def reconcile() -> bool:
             deployments.DEPLOYMENTS_KIND.sweep(get_launcher)
         except Exception:
             log.exception("the deployment sweep failed; trying again next sweep")
+        try:
+            training_clients.TRAINING_CLIENTS_KIND.sweep(get_launcher)
+        except Exception:
+            log.exception("the training client sweep failed; trying again next sweep")
         start_claimed(schedule())
     return True
 
@@ -534,4 +556,5 @@ KINDS: dict[str, lifecycle.Kind[Any, Any]] = {
     exports.EXPORTS.name: exports.EXPORTS,
     evaluations.EVALUATIONS_KIND.name: evaluations.EVALUATIONS_KIND,
     deployments.DEPLOYMENTS_KIND.name: deployments.DEPLOYMENTS_KIND,
+    training_clients.TRAINING_CLIENTS_KIND.name: training_clients.TRAINING_CLIENTS_KIND,
 }

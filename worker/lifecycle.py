@@ -29,7 +29,7 @@ from ftq.contract.errors import ErrorCode
 from ftq.contract.status import JobStatus
 from ftq.runtime import logs
 from ftq.store.db import session_scope
-from ftq.store.models import Deployment, Evaluation, Export, Job
+from ftq.store.models import Deployment, Evaluation, Export, Job, TrainingClient
 from ftq.store.transitions import RunTable
 from worker import locks, recovery
 from worker.failures import Failure
@@ -44,7 +44,7 @@ STARTING_GRACE_SECONDS = 15.0
 LauncherFor = Callable[[str], Launcher]
 
 
-RunRow = Job | Export | Evaluation | Deployment  # a row of any kind of run
+RunRow = Job | Export | Evaluation | Deployment | TrainingClient  # a row of any kind of run
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,7 @@ class RunView:
     run_dir: Path
 
     @classmethod
-    def of(
-        cls, row: Job | Export | Evaluation | Deployment, *, launcher: str, run_dir: Path, **more: Any
-    ) -> Self:
+    def of(cls, row: RunRow, *, launcher: str, run_dir: Path, **more: Any) -> Self:
         """The view of a row, with what the row does not hold itself (and a subclass's `more`)."""
         handle = (row.external_id, row.pid, row.pid_start_ticks)
         return cls(row.id, row.status, launcher, *handle, row.updated_at, run_dir, **more)

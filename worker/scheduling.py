@@ -59,6 +59,7 @@ JOB = "job"
 EXPORT = "export"
 EVALUATION = "evaluation"
 DEPLOYMENT = "deployment"
+TRAINING_CLIENT = "training_client"
 
 # Why a queued run waits (its `queue.reason`).
 NO_FREE_DEVICES = "no_free_devices"

@@ -14,6 +14,7 @@ from ftq.runtime.queue import (
     TASK_RECONCILE,
     TASK_RELAY,
     TASK_SUBMIT,
+    TASK_TRAINING_CLIENTS,
     TASK_VALIDATE_FILE,
     TASK_WEBHOOKS,
 )
@@ -47,6 +48,11 @@ def evaluation(job_id: str) -> None:
 @celery_app.task(name=TASK_DEPLOYMENTS)
 def deployment(deployment_id: str) -> None:
     controller.deployments_changed(deployment_id)
+
+
+@celery_app.task(name=TASK_TRAINING_CLIENTS)
+def training_client(model_id: str) -> None:
+    controller.training_clients_changed(model_id)
 
 
 @celery_app.task(name=TASK_RECONCILE)

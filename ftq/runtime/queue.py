@@ -31,6 +31,8 @@ TASK_EVALUATIONS = "ftq.evaluations"
 # Start or stop deployments (serving engines) now: its argument is the deployment's id (the outbox's
 # dispatches are about jobs; a lost one is done by the next reconcile sweep).
 TASK_DEPLOYMENTS = "ftq.deployments"
+# Start or stop Tinker training clients now: its argument is the model id.
+TASK_TRAINING_CLIENTS = "ftq.training_clients"
 TASK_WEBHOOKS = "ftq.webhooks"
 # The queues: every task on Celery's default one but the webhook sender's, which has its own so that
 # its own worker process (`ftq up` starts one; `ftq worker --queues`) sends webhooks: a slow receiver

@@ -30,7 +30,18 @@ _USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 # (service/paths.py) knows every one of them, today's and any added later. Anything else there is the
 # operator's (models, datasets placed beside ftq's state).
 DATA_DIR_STATE = frozenset(
-    {"runs", "files", "artifact-hashes", "locks", "broker", "ftq.db", "celerybeat-schedule", "hub", "engines"}
+    {
+        "runs",
+        "files",
+        "artifact-hashes",
+        "locks",
+        "broker",
+        "ftq.db",
+        "celerybeat-schedule",
+        "hub",
+        "engines",
+        "tinker",
+    }
 )
 
 

@@ -500,3 +500,70 @@ class OpenAIUploadPart(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 
     __table_args__ = (Index("ix_upload_parts_upload_seq", "upload_id", "seq"),)
+
+
+class TrainingClient(RunState, Base):
+    """A Tinker training client (issue 52): a LoRA on a catalog base, resident in its own process between
+    calls (`python -m trainer.tinker_host`), a run the one scheduler places like a deployment (`devices` of
+    `launcher`'s pool) and the worker launches through the launchers. `id` is the Tinker model id
+    (`<session_id>:train:<n>`); `config` what the host loads (the base folder, the LoRA, the seed, a
+    state to start from); `api_key` the host's own key, which the API sends with each call to it."""
+
+    __tablename__ = "training_clients"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(160), unique=True, nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    session_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    base: Mapped[str] = mapped_column(String(512), nullable=False)  # the catalog alias the caller named
+    launcher: Mapped[str] = mapped_column(String(16), nullable=False)
+    device: Mapped[str] = mapped_column(String(8), nullable=False)
+    devices: Mapped[int] = mapped_column(Integer, nullable=False)
+    priority: Mapped[str] = mapped_column(String(8), nullable=False, default="normal")
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    lora_rank: Mapped[int] = mapped_column(Integer, nullable=False)
+    user_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    api_key: Mapped[str] = mapped_column(String(128), nullable=False)
+    endpoint: Mapped[str | None] = mapped_column(String(256))
+    last_used_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+    __table_args__ = (
+        Index("ix_training_clients_owner", "owner"),
+        Index("ix_training_clients_status", "status"),
+    )
+
+
+class TinkerSession(Base):
+    """A Tinker SDK session (`create_session`): the owner's, kept alive by its heartbeats."""
+
+    __tablename__ = "tinker_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    user_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    models: Mapped[int] = mapped_column(Integer, nullable=False, default=0)  # model_seq_ids handed out
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_tinker_sessions_owner", "owner"),)
+
+
+class TinkerCheckpoint(Base):
+    """A saved state (`weights`) or sampler weights (`sampler_weights`) of a training client: its
+    `tinker://<model_id>/<kind>/<name>` path, and the folder the server chose for it under the data dir."""
+
+    __tablename__ = "tinker_checkpoints"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    path: Mapped[str] = mapped_column(String(512), unique=True, nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    model_id: Mapped[str] = mapped_column(String(160), nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # weights | sampler_weights
+    name: Mapped[str] = mapped_column(String(256), nullable=False)
+    folder: Mapped[str] = mapped_column(Text, nullable=False)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_tinker_checkpoints_owner_model", "owner", "model_id"),)

@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, TERMINAL, JobStatus, can_move, sources_of
 from ftq.runtime.redact import redact
-from ftq.store.models import Deployment, Dispatch, Evaluation, Export, Job
+from ftq.store.models import Deployment, Dispatch, Evaluation, Export, Job, TrainingClient
 
 # The tables whose rows go through ftq.contract.status's states.
-Tracked = type[Job] | type[Export] | type[Evaluation] | type[Deployment]
+Tracked = type[Job] | type[Export] | type[Evaluation] | type[Deployment] | type[TrainingClient]
 # What a row claimed but never launched gives back: its claim and any launch handle.
 UNCLAIMED: dict[str, Any] = {"resources": None, "pid": None, "pid_start_ticks": None, "external_id": None}
 
