@@ -325,6 +325,10 @@ def build_job(
     )
     if sampler is not None:
         sampler.attach(trainer)
+    if trainer.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False):
+        log.info(
+            "gradient accumulation: gradients reduced at every micro-batch (sync_each_batch; no no_sync)"
+        )
     if str(spec.training.method) == "grpo":
         generate_in_lockstep(trainer, launch.strategy, launch.state.num_processes)
         truncate_prompts(trainer, spec.training.max_seq_len)
@@ -673,6 +677,21 @@ def training_config(
 ) -> Any:
     """The job spec as the TRL config of its method (SFTConfig, DPOConfig, KTOConfig, RewardConfig);
     `report_to`: the trackers (trainer.trackers.configure), none by default."""
+    config = _method_config(spec, out, has_eval, fmt, report_to, process_group_timeout)
+    hpz = apply_zero_hpz(config)
+    if hpz:
+        log.info("ZeRO++ hpZ: a 16-bit copy of the weights sharded over %d GPUs a node for the gathers", hpz)
+    return config
+
+
+def _method_config(
+    spec: JobSpec,
+    out: Path,
+    has_eval: bool,
+    fmt: str,
+    report_to: list[str] | None,
+    process_group_timeout: int | None,
+) -> Any:
     method = str(spec.training.method)
     if method == "sft":
         return sft_config(
@@ -781,11 +800,47 @@ def common_config_args(
         include_num_input_tokens_seen="all" if packing else "non_padding",
         ddp_find_unused_parameters=False,
         ddp_timeout=max(PROCESS_GROUP_TIMEOUT_MIN_S, process_group_timeout or 0),
+        accelerator_config=plan_accelerator_config(),
         report_to=report_to or "none",
         run_name=out.name,  # the job id: the trackers' run name
         disable_tqdm=True,  # no progress bars in train.log: the metrics callback logs one line per step
         log_level="warning",  # transformers' info level dumps the model config into train.log at every save
     )
+
+
+# What the plan decided and only the trainer can apply (ftq.planning.render.plan_env_lines exports them).
+SYNC_EACH_BATCH_ENV = "FTQ_SYNC_EACH_BATCH"
+ZERO_HPZ_ENV = "FTQ_ZERO_HPZ_PARTITION_SIZE"
+
+
+def plan_accelerator_config() -> dict[str, Any] | None:
+    """TrainingArguments' `accelerator_config` for the plan's FTQ_SYNC_EACH_BATCH=1 (FSDP full fine-tuning
+    with gradient accumulation): accelerate's GradientAccumulationPlugin `sync_each_batch`, so that
+    transformers runs no micro-batch under `no_sync` and FSDP2 reduce-scatters the gradients at every one
+    instead of keeping full-size gradients on every GPU until the last. None (transformers' defaults)
+    otherwise."""
+    if not _env_flag(SYNC_EACH_BATCH_ENV):
+        return None
+    return {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+
+
+def apply_zero_hpz(config: Any) -> int | None:
+    """The plan's FTQ_ZERO_HPZ_PARTITION_SIZE (ZeRO++ hpZ under multi-node ZeRO-3) written into the
+    DeepSpeed config the training arguments made from the launch (`zero_optimization.
+    zero_hpz_partition_size`): the plugin's dict is the one the Trainer's Accelerator hands DeepSpeed
+    (transformers' propagate_args_to_deepspeed starts from it), and the copy ZeRO-3 init reads in
+    from_pretrained is made again from it. The size set, or None where the plan exported none or the
+    launch is not DeepSpeed."""
+    raw = os.environ.get(ZERO_HPZ_ENV, "").strip()
+    plugin = getattr(config, "deepspeed_plugin", None)
+    if not raw or plugin is None:
+        return None
+    size = int(raw)
+    if size <= 1:
+        return None
+    plugin.deepspeed_config.setdefault("zero_optimization", {})["zero_hpz_partition_size"] = size
+    plugin.set_deepspeed_weakref()  # the copy transformers' ZeRO-3 init (from_pretrained) reads
+    return size
 
 
 def sft_config(

@@ -136,8 +136,12 @@ def test_lora_final_save_gathers_only_the_adapter(
     assert generated.shape[1] == inputs["input_ids"].shape[1] + 3
 
 
-def test_fsdp1_full_fine_tune_on_cpu_saves_a_model_that_loads(tiny_dir: Path, tmp_path: Path) -> None:
-    """FSDP1 on CPU (sync_module_states over gloo) gathers a full model for final/ without crashing."""
+def test_fsdp1_full_fine_tune_on_cpu_saves_a_model_that_loads(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FSDP1 on CPU (sync_module_states over gloo) gathers a full model for final/ without crashing; with
+    gradient accumulation and the plan's FTQ_SYNC_EACH_BATCH=1 (launch.sh exports it for this spec), the
+    trainer's Accelerator reduces the gradients at every micro-batch (sync_each_batch)."""
     spec = {
         "model": {"name_or_path": str(tiny_dir / "model")},
         "dataset": {"name_or_path": str(tiny_dir / "data" / "train.jsonl")},
@@ -147,6 +151,7 @@ def test_fsdp1_full_fine_tune_on_cpu_saves_a_model_that_loads(tiny_dir: Path, tm
             "logging_steps": 1,
             "learning_rate": 1e-3,
             "mixed_precision": "no",
+            "gradient_accumulation_steps": 2,
         },
         "distributed": {"strategy": "fsdp", "fsdp": {"version": 1}},
         "resources": {"device": "cpu", "processes_per_node": 2},
@@ -154,9 +159,15 @@ def test_fsdp1_full_fine_tune_on_cpu_saves_a_model_that_loads(tiny_dir: Path, tm
     # The config ftq renders for this spec: a CPU rehearsal of FSDP1 loads as the GPU job would.
     rendered = rendered_config(spec)
     assert "fsdp_sync_module_states: true" in rendered and "fsdp_cpu_ram_efficient_loading: true" in rendered
+    from ftq.contract.spec import JobSpec
+    from ftq.planning.estimate import fsdp_sync_each_batch
+
+    assert fsdp_sync_each_batch(JobSpec.model_validate(spec))  # what the plan exports for this job
+    monkeypatch.setenv("FTQ_SYNC_EACH_BATCH", "1")
     proc = launch_spec(spec, tmp_path, rendered)
     assert proc.returncode == 0, explain(proc)
     assert "engaged fsdp" in proc.stderr
+    assert "gradients reduced at every micro-batch (sync_each_batch" in proc.stderr
     assert [p["step"] for p in points(tmp_path / "run") if p["loss"] is not None] == [1, 2]
 
     import torch

@@ -156,3 +156,51 @@ def test_nccl_dumps_its_flight_recorder_into_the_run_directory_on_a_timeout(
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
+
+
+def test_the_plans_sync_each_batch_reaches_the_training_arguments(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FTQ_SYNC_EACH_BATCH=1 (the plan's, for FSDP full fine-tuning with gradient accumulation) becomes
+    accelerate's GradientAccumulationPlugin sync_each_batch: no micro-batch under no_sync, so FSDP2 keeps
+    no full-size gradients between them. Without it, transformers' default."""
+    spec = job(tiny_dir, lora=False, mixed_precision="no")
+    monkeypatch.delenv(train.SYNC_EACH_BATCH_ENV, raising=False)
+    plain = train.training_config(spec, tmp_path / "a", has_eval=False)
+    assert not (plain.accelerator_config.gradient_accumulation_kwargs or {}).get("sync_each_batch")
+    monkeypatch.setenv(train.SYNC_EACH_BATCH_ENV, "1")
+    synced = train.training_config(spec, tmp_path / "b", has_eval=False)
+    assert synced.accelerator_config.gradient_accumulation_kwargs == {"sync_each_batch": True}
+
+
+def test_the_plans_hpz_partition_size_reaches_the_deepspeed_config(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FTQ_ZERO_HPZ_PARTITION_SIZE (the plan's ZeRO++ hpZ for multi-node ZeRO-3) is written into the
+    DeepSpeed config the training arguments made from the launch's ACCELERATE_DEEPSPEED_* variables: the
+    plugin's, which the Trainer's Accelerator hands DeepSpeed, and the copy ZeRO-3 init reads."""
+    from transformers.integrations.deepspeed import deepspeed_config, unset_hf_deepspeed_config
+
+    body = tiny_spec(tiny_dir, processes=2)
+    body["distributed"] = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}}
+    spec = JobSpec.model_validate(body)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    monkeypatch.delenv(train.ZERO_HPZ_ENV, raising=False)
+    try:
+        plain = train.training_config(spec, tmp_path / "a", has_eval=False)
+        assert "zero_hpz_partition_size" not in plain.deepspeed_plugin.deepspeed_config["zero_optimization"]
+        monkeypatch.setenv(train.ZERO_HPZ_ENV, "8")
+        config = train.training_config(spec, tmp_path / "b", has_eval=False)
+        assert config.deepspeed_plugin.deepspeed_config["zero_optimization"]["zero_hpz_partition_size"] == 8
+        assert deepspeed_config()["zero_optimization"]["zero_hpz_partition_size"] == 8
+        # DeepSpeed's own config model takes it as ZeRO++'s secondary partition.
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        zero = DeepSpeedZeroConfig(**config.deepspeed_plugin.deepspeed_config["zero_optimization"])
+        assert zero.zero_hpz_partition_size == 8
+        # No DeepSpeed launch (FSDP, DDP): nothing to write, whatever the environment says.
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
+        assert train.apply_zero_hpz(SimpleNamespace(deepspeed_plugin=None)) is None
+    finally:
+        unset_hf_deepspeed_config()
