@@ -53,6 +53,8 @@ from service.serving.engines import EngineManager
 from service.serving.proxy import Transport
 from service.serving.router import router as deployments_router
 from service.serving.router import v1_router as serving_v1_router
+from service.tinker.router import router as tinker_router
+from service.tinker.runtime import Runtime as TinkerRuntime
 from service.ui.router import router as ui_router
 from service.usage.router import router as usage_router
 from service.webhooks.router import add_webhook_docs
@@ -128,6 +130,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.read_pool = None
         # The serving engines this process started (service.serving.engines) go with it.
         app.state.engines.close()
+        app.state.tinker.close()
 
 
 def create_app() -> FastAPI:
@@ -146,6 +149,7 @@ def create_app() -> FastAPI:
     app.state.rate_limiter = RateLimiter()
     app.state.engines = EngineManager(settings)
     app.state.engine_transport = Transport()
+    app.state.tinker = TinkerRuntime()
     _add_error_handlers(app)
     _add_routes(app)
     app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
@@ -283,6 +287,7 @@ def _add_routes(app: FastAPI) -> None:
     )
     app.include_router(openai_router)
     app.include_router(serving_v1_router)
+    app.include_router(tinker_router)
     app.include_router(ui_router)
     app.include_router(metrics_router)
 

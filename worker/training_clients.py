@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
 from ftq.contract.status import LAUNCHED, JobStatus
-from ftq.contract.tinker import ENDPOINT, HOST_MODULE, KEY, REQUEST
+from ftq.contract.tinker import ENDPOINT, HOST_MODULE, KEY, REQUEST, client_folder
 from ftq.planning.render import ENGINE_MODULE, EXPORT_LAUNCHER, launch_script, render_engine_plan
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store import training_clients
@@ -50,14 +50,13 @@ class TrainingClientView(RunView):
     last_used_at: datetime
 
 
-def folder_of(settings: Settings, row_id: str) -> Path:
-    """`<data dir>/tinker/clients/<seq>/`: the host's request, key, endpoint and log (by the row's number:
-    a model id holds colons)."""
-    return settings.state_path("tinker") / "clients" / row_id
+def folder_of(settings: Settings, row: TrainingClient) -> Path:
+    """`<data dir>/tinker/clients/tc_<seq>/`: the host's request, key, endpoint and log."""
+    return client_folder(settings.state_path("tinker"), row.seq)
 
 
 def _folder(row: TrainingClient) -> Path:
-    return folder_of(get_settings(), f"tc_{row.seq}")
+    return folder_of(get_settings(), row)
 
 
 class TrainingClientKind:

@@ -156,6 +156,11 @@ class UsageRow(BaseModel):
         description="Serving engines that ran and ended (stopped) in the range: their devices x the time "
         "they held them are in device_seconds.",
     )
+    training_clients: int = Field(
+        0,
+        description="Tinker training clients that ran and ended in the range: their devices x the time "
+        "they held them are in device_seconds.",
+    )
     prompt_tokens: int = Field(0, description="Tokens in: the prompts those engines answered.")
     completion_tokens: int = Field(0, description="Tokens out: what those engines generated.")
 

@@ -74,6 +74,17 @@ def valid_name(name: str) -> bool:
     )
 
 
+def client_folder(tinker_dir: Path, seq: int) -> Path:
+    """A training client's folder under the data dir's `tinker/` (by the row's number: a model id holds
+    colons)."""
+    return tinker_dir / "clients" / f"tc_{seq}"
+
+
+def checkpoint_folder(tinker_dir: Path, seq: int, kind: str, name: str) -> Path:
+    """Where a training client's saved state or sampler weights `name` lie (the server's choice)."""
+    return tinker_dir / "checkpoints" / f"tc_{seq}" / kind / name
+
+
 def write_endpoint(folder: Path, url: str) -> None:
     tmp = folder / f".{ENDPOINT}.tmp"
     tmp.write_text(json.dumps({"url": url}))

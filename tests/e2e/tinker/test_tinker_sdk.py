@@ -1,0 +1,173 @@
+"""The Tinker API from outside (issue 52), with the official `tinker` SDK (0.38) against one live `ftq up`:
+only `base_url` and an ftq token of the `tml-` form change. A LoRA training client on the catalog's
+`ftq-tiny` (a run the scheduler places: `python -m trainer.tinker_host`) trains on a fixed batch until its
+NLL falls, saves sampler weights, samples from them and computes logprobs (equal to forward's on the same
+weights), saves its state, and the REST client lists its run and checkpoints. Another owner's key sees
+none of it (404), an unknown key is refused (401), an unsupported loss is a 400 naming it, and closing the
+session stops the run, whose device time is then in the owner's /usage.
+
+Call latencies (create, a forward_backward + optim_step round trip, a sample) are printed and recorded as
+JUnit properties."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import tinker
+from tinker import types
+
+from tests.harness import QUICK_SETTINGS, Deployment, tiny_assets
+
+pytestmark = pytest.mark.slow
+
+# An operator issues Tinker users ftq tokens of the SDK's form (`tml-...`): FTQ_API_TOKENS as any other.
+TOKENS = {"alice": "tml-alice-tinker-key", "bob": "tml-bob-tinker-key"}
+ALICE, BOB = TOKENS["alice"], TOKENS["bob"]
+TEXTS = [
+    "alice has a red ball and bob has a blue cup.",
+    "count from one: one, two, three, four, five.",
+]
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tiny_assets()
+    d = Deployment(tmp_path_factory.mktemp("tinker"), mode="up", tokens=TOKENS, settings=QUICK_SETTINGS)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.close(cancel_active=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
+
+
+def nll(result: types.ForwardBackwardOutput, data: list[types.Datum]) -> float:
+    total = weight = 0.0
+    for out, datum in zip(result.loss_fn_outputs, data, strict=True):
+        lp = out["logprobs"].tolist()
+        w = datum.loss_fn_inputs["weights"].tolist()
+        total -= sum(a * b for a, b in zip(lp, w, strict=True))
+        weight += sum(w)
+    return total / weight
+
+
+def test_train_sample_save_and_list_with_the_official_sdk(
+    dep: Deployment, record_property: Callable[[str, object], None]
+) -> None:
+    sc = tinker.ServiceClient(base_url=dep.url, api_key=ALICE)
+    caps = tinker.RestClient(base_url=dep.url, api_key=ALICE).get_server_capabilities().result()
+    assert {m.model_name for m in caps.supported_models} >= {"ftq-tiny", "ftq-tiny-serve"}
+
+    tc, create_s = timed(
+        lambda: sc.create_lora_training_client(base_model="ftq-tiny", rank=8, seed=0).result()
+    )
+    tokenizer = tc.get_tokenizer()  # from get_info's tokenizer_id: the base's folder on this machine
+    data = []
+    for text in TEXTS:
+        ids = tokenizer.encode(text)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": types.TensorData(data=ids[1:], dtype="int64", shape=[len(ids) - 1]),
+                    "weights": types.TensorData(
+                        data=[1.0] * (len(ids) - 1), dtype="float32", shape=[len(ids) - 1]
+                    ),
+                },
+            )
+        )
+    nlls, rounds = [], []
+    for _ in range(STEPS):
+        started = time.perf_counter()
+        fwd = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(types.AdamParams(learning_rate=1e-2))
+        nlls.append(nll(fwd.result(), data))
+        assert opt.result().metrics is not None
+        rounds.append(time.perf_counter() - started)
+    assert nlls[-1] < nlls[0] * 0.8, nlls
+
+    # Sampler weights of the trained adapter: sampled, and scored as forward scores them.
+    saved = tc.save_weights_for_sampler("s1").result()
+    assert saved.path == f"tinker://{tc.model_id}/sampler_weights/s1"
+    sampler = sc.create_sampling_client(model_path=saved.path).result()
+    prompt = types.ModelInput.from_ints(tokenizer.encode("alice has"))
+    sample, sample_s = timed(
+        lambda: sampler.sample(
+            prompt=prompt,
+            num_samples=2,
+            sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0, seed=1),
+        ).result()
+    )
+    assert len(sample.sequences) == 2
+    for seq in sample.sequences:
+        assert 1 <= len(seq.tokens) <= 8 and seq.logprobs is not None and len(seq.logprobs) == len(seq.tokens)
+        assert all(lp <= 0 for lp in seq.logprobs)
+    ids = tokenizer.encode(TEXTS[0])
+    logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
+    assert logprobs[0] is None and len(logprobs) == len(ids)
+    forward = tc.forward([data[0]], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert logprobs[1:] == pytest.approx(forward, abs=1e-4)
+
+    state = tc.save_state("st1").result()
+    assert state.path == f"tinker://{tc.model_id}/weights/st1"
+
+    rest = tinker.RestClient(base_url=dep.url, api_key=ALICE)
+    runs = rest.list_training_runs().result()
+    assert [r.training_run_id for r in runs.training_runs] == [tc.model_id]
+    assert runs.training_runs[0].base_model == "ftq-tiny" and runs.training_runs[0].lora_rank == 8
+    checkpoints = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert {c.tinker_path for c in checkpoints} == {saved.path, state.path}
+
+    # Another owner: none of it exists for them.
+    bob = tinker.RestClient(base_url=dep.url, api_key=BOB)
+    assert bob.list_training_runs().result().training_runs == []
+    with pytest.raises(tinker.NotFoundError):
+        bob.get_training_run(tc.model_id).result()
+    with pytest.raises(tinker.NotFoundError):
+        bob.list_checkpoints(tc.model_id).result()
+    headers = {"X-API-Key": BOB, "Content-Type": "application/json"}
+    refused = httpx.post(f"{dep.url}/api/v1/get_info", json={"model_id": tc.model_id}, headers=headers)
+    assert refused.status_code == 404, refused.text
+    unknown = httpx.post(f"{dep.url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-nobody"})
+    assert unknown.status_code == 401 and unknown.content
+
+    # An unsupported loss: a 400 that names it (last: the SDK may poison the client after it).
+    with pytest.raises(tinker.BadRequestError, match="cispo"):
+        tc.forward_backward(data, "cispo").result()
+
+    # The session's end stops the run; its device time is in the owner's usage.
+    sc.close("success").result()
+    deadline = time.monotonic() + 60
+    auth = {"Authorization": f"Bearer {ALICE}"}
+    while True:
+        rows = httpx.get(f"{dep.url}/usage", headers=auth).json()["data"]
+        if rows and rows[0]["training_clients"] == 1:
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.5)
+    assert rows[0]["owner"] == "alice" and rows[0]["device_seconds"] > 0
+
+    round_trip = statistics.median(rounds)
+    print(
+        f"\ntinker: create {create_s:.1f} s, forward_backward + optim_step {round_trip:.3f} s (median of "
+        f"{STEPS}), sample x2 {sample_s:.3f} s; NLL {nlls[0]:.3f} -> {nlls[-1]:.3f}"
+    )
+    record_property("tinker_create_seconds", round(create_s, 2))
+    record_property("tinker_round_trip_seconds", round(round_trip, 3))
+    record_property("tinker_nll", f"{nlls[0]:.3f} -> {nlls[-1]:.3f}")
