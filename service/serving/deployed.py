@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session
 
+from ftq.contract.errors import ErrorCode
 from ftq.contract.serving import Deployment, DeploymentAdapter, DeploymentList, ServingUsage
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.engine import INSTALL_COMMAND, EngineConfig, EngineError, EngineNotInstalled, adapter_rank
@@ -55,6 +56,11 @@ def wake(deployment_id: str) -> None:
         log.warning(
             "deployment %s: the worker was not woken now (%s); its sweep will act", deployment_id, exc
         )
+
+
+class EngineRefused(EngineError):
+    """The scheduler refused the engine for a reason its owner can act on (their quota): the message is
+    the scheduler's, safe to show them."""
 
 
 class ScheduledEngine:
@@ -138,11 +144,14 @@ class ScheduledEngine:
                 row = get_deployment(session, self.id)
                 status = row.status if row is not None else None
                 error = (row.error_message or row.error_code or "") if row is not None else "it is gone"
+                code = row.error_code if row is not None else None
                 if row is not None and row.status == JobStatus.running and row.ready_at is not None:
                     self._url = row.endpoint
             if status is None or status in TERMINAL or status == JobStatus.cancelling:
                 if INSTALL_COMMAND in error:
                     raise EngineNotInstalled(error)
+                if code == ErrorCode.quota_exceeded:
+                    raise EngineRefused(error)
                 raise EngineError(f"the engine's run ended ({status}) before it answered: {error}")
             if status == JobStatus.running:
                 url = self._url or read_endpoint(self.folder)

@@ -31,7 +31,7 @@ from ftq.planning.serving import TooLarge, engine_size
 from ftq.runtime.settings import Settings
 from service.errors import ServiceUnavailable, TooManyRequests
 from service.openai.errors import OpenAIError
-from service.serving.deployed import EngineRun, ScheduledEngine, record_use
+from service.serving.deployed import EngineRefused, EngineRun, ScheduledEngine, record_use
 from service.serving.service import Target, not_servable
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class _Entry:
     ready_at: float | None = None
     error: str | None = None
     not_installed: bool = False
+    refused: str | None = None  # the scheduler's refusal, for its owner to read (their quota)
     in_flight: int = 0
     requests: int = 0
     prompt_tokens: int = 0
@@ -274,6 +275,7 @@ class EngineManager:
         try:
             entry.engine.wait_ready(timeout=max(self.settings.serve_start_seconds, 60.0))
         except Exception as exc:
+            entry.refused = str(exc) if isinstance(exc, EngineRefused) else None
             self._fail(entry, exc)
             return
         with self._lock:
@@ -440,6 +442,12 @@ def _idlest(entries: list[_Entry]) -> _Entry | None:
 def _start_failed(entry: _Entry, target: Target) -> Exception:
     """What a call waiting for an engine that failed to start is told: for a missing engine, the command
     that installs it; otherwise that it failed (the reason, with the engine's log, is in the API's log)."""
+    if entry.refused is not None:
+        return OpenAIError(
+            f"the engine for {target.label} was refused: {entry.refused}",
+            code="quota_exceeded",
+            status=429,
+        )
     if entry.not_installed:
         return OpenAIError(
             f"vLLM, the generation engine, is not installed on this server: `{INSTALL_COMMAND}` installs it "

@@ -133,9 +133,7 @@ def test_without_vllm_a_deployment_fails_naming_the_command(
     assert d.error_code == "launch_error" and "make vllm" in (d.error_message or "")
 
 
-def test_an_engine_no_call_has_used_for_long_is_stopped_by_the_worker(
-    store: Path, fake_venv: Path
-) -> None:
+def test_an_engine_no_call_has_used_for_long_is_stopped_by_the_worker(store: Path, fake_venv: Path) -> None:
     """The API stops its idle engines; one whose API is gone is stopped by the worker, well past
     FTQ_SERVE_IDLE_SECONDS (the default 600 s here: 2 x idle + 60 s)."""
     from ftq.store.transitions import utcnow
@@ -157,3 +155,35 @@ def test_an_engine_no_call_has_used_for_long_is_stopped_by_the_worker(
     assert settle("dep_abandoned", {"cancelled"}).error_code == "cancelled"
     with session_scope() as s:
         assert not DEPLOYMENTS.mark_starting(s, "dep_abandoned", resources={"cpu_slots": 1})
+
+
+def test_a_deployment_waits_for_its_owners_quota_like_a_job(
+    store: Path, fake_venv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two slots, the owner's quota one, and their job holds one: the engine waits though a slot is free
+    (reason `quota`), while another owner's engine starts; once the job ends, the engine gets the slot."""
+    from ftq.store.transitions import utcnow
+    from tests.harness.inprocess import use_settings
+    from worker import controller
+
+    use_settings(monkeypatch, data_dir=store.parent, cpu_slots=2, quota_cpu_slots=f"{rows.OWNER}:1")
+    monkeypatch.setenv("FTQ_VLLM_VENV", str(fake_venv))
+    add_job("j_holds", SCRIPT_SLEEP, status="running", resources={"cpu_slots": 1}, started_at=utcnow())
+    add_deployment("dep_quota")
+    controller.deployments_changed("dep_quota")
+    assert dep("dep_quota").status == "queued"
+    with session_scope() as s:
+        assert DeploymentRepository(s, rows.OWNER).queue_of(["dep_quota"])["dep_quota"].reason == "quota"
+    # Over the quota alone: refused with the scheduler's words, not left waiting.
+    add_deployment("dep_too_big", devices=2)
+    controller.deployments_changed("dep_too_big")
+    refused = dep("dep_too_big")
+    assert refused.status == "failed" and refused.error_code == "quota_exceeded", refused.error_message
+    with session_scope() as s:
+        assert repository.JOBS.mark_finished(s, "j_holds", JobStatus.succeeded, exit_code=0)
+        s.commit()
+    assert settle("dep_quota", {"running"}).resources == {"cpu_slots": 1}
+    with session_scope() as s:
+        DeploymentRepository(s, rows.OWNER).request_cancel("dep_quota")
+        s.commit()
+    settle("dep_quota", {"cancelled"})

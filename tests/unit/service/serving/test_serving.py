@@ -28,7 +28,7 @@ from ftq.runtime.settings import get_settings
 from ftq.store import repository
 from ftq.store.db import session_scope
 from ftq.store.deployments import DEPLOYMENTS, DeploymentRepository
-from service.serving.deployed import EngineRun, ScheduledEngine
+from service.serving.deployed import EngineRefused, EngineRun, ScheduledEngine
 from service.serving.engines import EngineManager
 from service.serving.proxy import Transport
 from tests.harness import EXAMPLES
@@ -57,6 +57,7 @@ class FakeEngine(ScheduledEngine):
         self.loaded: dict[str, Path] = {}
         self.requests: list[dict[str, Any]] = []
         self._key = f"key-of-engine-{number}"
+        self.refuse: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -75,6 +76,8 @@ class FakeEngine(ScheduledEngine):
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         assert self.gate.wait(timeout)
+        if self.refuse is not None:  # the scheduler's refusal, as ScheduledEngine reads it from the row
+            raise EngineRefused(self.refuse)
         with session_scope() as session:
             DeploymentRepository(session, self.run.owner).mark_ready(self.id, self.base_url)
             session.commit()
@@ -157,9 +160,11 @@ class Engines:
         self.gate = threading.Event()
         self.gate.set()
         self.fail_start: Exception | None = None
+        self.refuse: str | None = None
 
     def factory(self, run: EngineRun) -> FakeEngine:
         engine = FakeEngine(run, len(self.made), self.gate, self.fail_start)
+        engine.refuse = self.refuse
         self.made.append(engine)
         return engine
 
@@ -595,3 +600,12 @@ def test_a_second_api_process_adopts_the_running_engine(served: Served) -> None:
         assert served.engines.made[2].id != first.id
     finally:
         other.close()
+
+
+def test_an_engine_past_its_owners_quota_is_a_429_saying_so(served: Served) -> None:
+    served.engines.refuse = "alice's cpu_slots quota is 0 and this run needs 1 (FTQ_QUOTA_CPU_SLOTS)"
+    r = _chat(served.client, "ftq-tiny-serve")
+    assert r.status_code == 429, r.text
+    assert _error(r)["code"] == "quota_exceeded" and "FTQ_QUOTA_CPU_SLOTS" in _error(r)["message"]
+    served.engines.refuse = None
+    assert _chat(served.client, "ftq-tiny-serve").status_code == 200  # a refusal is not kept
