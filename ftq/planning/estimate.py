@@ -514,9 +514,10 @@ def _frozen_base_bytes(job: _Job, base_bytes: int) -> float:
 def _model_states(job: _Job) -> _States:
     """Weights, gradients and Adam state before sharding (ZeRO-3: DeepSpeed's own, already per device)."""
     spec, dist, cb, total, trainable = job.spec, job.spec.distributed, job.cb, job.total, job.trainable
-    # Load dtypes as the trainer chooses them (trainer.model.load_dtype): FSDP and full fine-tuning
-    # outside DeepSpeed keep fp32 weights (the compute dtype comes from FSDP's policy or autocast);
-    # DeepSpeed and LoRA elsewhere load in the half dtype.
+    # Load dtypes as the trainer chooses them (trainer.model.load_dtype): full fine-tuning outside
+    # DeepSpeed, and FSDP1, keep fp32 weights (the compute dtype comes from FSDP's policy or autocast);
+    # DeepSpeed, LoRA elsewhere and FSDP2's LoRA (accelerate upcasts the adapter alone) load in the half
+    # dtype.
     if job.zero3:
         # DeepSpeed's own arithmetic (deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs):
         # 18 bytes per parameter over the world (16-bit weight, and 16 bytes of gradient, fp32 master
@@ -538,9 +539,10 @@ def _model_states(job: _Job) -> _States:
         else:
             p_bytes, g_bytes, o_bytes = 4, 4, ADAM_MOMENTS
         return _States(total * p_bytes, trainable * g_bytes, trainable * o_bytes)
-    # Frozen base weights; adapters in fp32 (PEFT keeps them so) with fp32 grads and Adam moments.
-    base_bytes = 4 if job.strategy == "fsdp" else cb
-    base = int(_frozen_base_bytes(job, base_bytes))
+    # Frozen base weights in their load dtype (FSDP1: fp32, its flat parameters hold one dtype; FSDP2
+    # and the others: the compute dtype); adapters in fp32 (PEFT keeps them so, accelerate's FSDP2 path
+    # upcasts them) with fp32 grads and Adam moments.
+    base = int(_frozen_base_bytes(job, _load_bytes(spec)))
     return _States(base + trainable * 4, trainable * 4, trainable * ADAM_MOMENTS)
 
 
@@ -640,8 +642,9 @@ def _generation_bytes(spec: JobSpec, arch: Arch, cb: int, device_memory_bytes: i
 
     Each process generates its share of a generation batch, per_device_train_batch_size x
     steps_per_generation sequences (each of its prompts num_generations times: TRL spreads a prompt's
-    group over the batch), each up to max_seq_len tokens (the prompt and its completion; at least
-    max_completion_length): keys and values of every layer, in the compute dtype. With vLLM (TRL's
+    group over the batch), each up to max_seq_len + max_completion_length tokens (the trainer keeps a
+    prompt's last max_seq_len tokens, and the completion comes on top): keys and values of every layer,
+    in the compute dtype. With vLLM (TRL's
     colocate mode) vLLM reserves vllm_gpu_memory_utilization of each device for its own copy of the
     weights and its KV cache, whatever the training needs: that share is counted (`vllm_reserved`).
     Empty for the other methods."""
@@ -652,7 +655,7 @@ def _generation_bytes(spec: JobSpec, arch: Arch, cb: int, device_memory_bytes: i
     if grpo.use_vllm:
         return {"vllm_reserved": int(grpo.vllm_gpu_memory_utilization * device_memory_bytes)}
     sequences = tr.per_device_train_batch_size * grpo.steps_per_generation_or(tr.gradient_accumulation_steps)
-    seq = max(tr.max_seq_len, grpo.max_completion_length)
+    seq = tr.max_seq_len + grpo.max_completion_length
     kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * seq * sequences * cb
     # The sampling step's logits: one row of the vocabulary per sequence, in float32.
     logits = sequences * arch.vocab * 4
@@ -688,10 +691,15 @@ def _adapters(spec: JobSpec, arch: Arch) -> int:
 
 
 def _load_bytes(spec: JobSpec) -> int:
-    """Bytes per parameter of the weights as from_pretrained returns them (trainer.model.load_dtype)."""
+    """Bytes per parameter of the weights as from_pretrained returns them (trainer.model.load_dtype): the
+    half dtype under DeepSpeed, for LoRA, and for FSDP2's LoRA (its frozen base: Llama-3.1-70B is 16.5 GiB a
+    GPU on 8, and 131 GiB of rank 0's host RAM with RAM-efficient loading, not 33 and 263); float32 for
+    full fine-tuning elsewhere, for FSDP1 and without mixed precision."""
     strategy = str(spec.distributed.strategy)
-    if _compute_bytes(spec) == 4 or strategy == "fsdp":
+    if _compute_bytes(spec) == 4:
         return 4
+    if strategy == "fsdp":
+        return 2 if spec.distributed.fsdp.version == 2 and spec.lora is not None else 4
     return 2 if strategy == "deepspeed" or spec.lora is not None else 4
 
 

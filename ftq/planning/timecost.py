@@ -250,7 +250,8 @@ def generation_seconds(
     batch = tr.per_device_train_batch_size * spg
     steps = grpo.max_completion_length
     kv_token = estimate.kv_cache_bytes_per_token if estimate is not None else None
-    prompt = max(0, tr.max_seq_len - steps)
+    # Prompts keep their last max_seq_len tokens (the trainer's truncation), the completion comes on top.
+    prompt = tr.max_seq_len
     # The KV cache read at a token step: every sequence's prompt and its completion so far (on average
     # half of it).
     kv = (kv_token or 0) * batch * (prompt + steps / 2)

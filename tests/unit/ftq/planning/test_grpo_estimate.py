@@ -34,7 +34,8 @@ def test_the_kv_cache_of_the_generation_batch_is_counted() -> None:
     assert arch is not None
     spec = grpo()
     est = estimate_memory(spec, llama, device_memory_bytes=A100)
-    seq = max(spec.training.max_seq_len, 1024)
+    # The trainer keeps a prompt's last max_seq_len tokens; its completion (up to 1,024) comes on top.
+    seq = spec.training.max_seq_len + 1024
     # 2 sequences a process, keys and values of 80 layers x 8 kv heads x 128 dims, bf16; plus the logits row.
     kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * seq * 2 * 2 + 2 * arch.vocab * 4
     assert est.breakdown["generation_kv_cache"] == kv

@@ -89,6 +89,12 @@ def test_grpo_generation_is_at_or_above_the_hbm_floor_of_decoding() -> None:
     # plan said when generation was charged at the training MFU.
     assert te.seconds / 3600 > 5
     assert any("re-gathers every layer at every token step" in a for a in te.assumptions)
+    # A token step also reads the KV cache: each of the 8 sequences' prompt (up to max_seq_len 1,024: the
+    # trainer keeps its last tokens) and on average half its completion; 0.70 GB, not the 0.23 GB of
+    # the completion alone.
+    kv = p.estimate.kv_cache_bytes_per_token * 8 * (1024 + 1024 / 2)
+    assert any(f"{kv / 1e9:.2f} GB of KV cache" in a for a in te.assumptions), te.assumptions
+    assert f"{kv / 1e9:.2f}" == "0.70"
     # vLLM holds its own full copy: the HBM floor, and its reserved share of every GPU is in the memory.
     vllm = plan(grpo_qwen(use_vllm=True, vllm_gpu_memory_utilization=0.3), QWEN25_7B)
     assert floor <= vllm.time_estimate.generation_seconds < 1.5 * floor
@@ -163,6 +169,29 @@ def test_a_70b_full_fine_tune_shards_over_every_gpu() -> None:
     assert (par.dp_replicate_size, par.dp_shard_size) == (1, 16)
     assert "would not fit" in par.why
     assert "parallelism_config" not in p.accelerate_config
+
+
+def test_fsdp2_lora_counts_the_frozen_base_in_bf16_as_the_trainer_loads_it() -> None:
+    """trainer.model.load_dtype loads FSDP2 LoRA's frozen base in the compute dtype (accelerate upcasts the
+    adapter alone): Llama-3.1-70B on one node of 8 is 16.5 GiB of base weights a GPU and 131 GiB of rank
+    0's host RAM at load (RAM-efficient loading), not the 33 and 263 GiB of float32. FSDP1's flat
+    parameters hold one dtype: float32 there, and under `mixed_precision: no`."""
+    spec = llama70_lora().model_copy(deep=True)
+    spec.resources.num_nodes = 1
+    assert spec.distributed.fsdp.version == 2 and spec.distributed.fsdp.cpu_ram_efficient_loading
+    est = estimate_memory(spec, LLAMA31_70B, device_memory_bytes=H100)
+    params = est.num_parameters
+    trainable = est.trainable_parameters
+    assert est.breakdown["params"] == (params * 2 + trainable * 4) // 8
+    assert est.breakdown["params"] / GiB == pytest.approx(16.5, abs=0.1)
+    assert est.host_breakdown["loading"] == params * 2
+    assert est.host_breakdown["loading"] / GiB == pytest.approx(131.4, abs=0.1)
+    assert est.per_device_bytes / GiB == pytest.approx(29.8, abs=0.1)  # 46.2 GiB when counted in float32
+    fsdp1 = spec.model_copy(deep=True)
+    fsdp1.distributed.fsdp.version = 1
+    est1 = estimate_memory(fsdp1, LLAMA31_70B, device_memory_bytes=H100)
+    assert est1.breakdown["params"] == (params * 4 + trainable * 4) // 8
+    assert est1.host_breakdown["loading"] == params * 4
 
 
 def test_fsdp1_spells_hsdp_as_hybrid_shard() -> None:
