@@ -12,6 +12,8 @@ JUnit properties."""
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.harness import QUICK_SETTINGS, Deployment, tiny_assets
+from tests.harness import QUICK_SETTINGS, REPO, Deployment, clean_env, tiny_assets
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +173,19 @@ def test_train_sample_save_and_list_with_the_official_sdk(
     record_property("tinker_create_seconds", round(create_s, 2))
     record_property("tinker_round_trip_seconds", round(round_trip, 3))
     record_property("tinker_nll", f"{nlls[0]:.3f} -> {nlls[-1]:.3f}")
+
+
+def test_the_shipped_example_runs(dep: Deployment) -> None:
+    """examples/tinker/train_tiny.py, as docs/tinker.md runs it: only FTQ_URL and the key change."""
+    env = {**clean_env(), "FTQ_URL": dep.url, "TINKER_API_KEY": BOB, "TINKER_TELEMETRY": "0"}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "tinker" / "train_tiny.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = [float(line.rsplit(" ", 1)[1]) for line in out.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 5 and losses[-1] < losses[0], out.stdout
+    assert "saved: tinker://" in out.stdout
