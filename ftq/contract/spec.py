@@ -518,7 +518,9 @@ class GrpoSpec(_Strict):
     use_transformers_continuous_batching: bool | None = Field(
         None,
         description="Generate with transformers' continuous batching (paged KV cache, the batch refilled as "
-        "completions end) instead of padded generate(). Unset: on for a cuda job without use_vllm.",
+        "completions end) instead of padded generate(). Unset: on for a cuda job without use_vllm whose "
+        "weights are not sharded over several processes. Refused (true) under FSDP or ZeRO-3 on more than "
+        "one process: continuous batching ignores synced_gpus, and sharded ranks must generate in lockstep.",
     )
     rollouts_per_log: int = Field(
         4,
@@ -1079,11 +1081,29 @@ class JobSpec(_Strict):
             )
         if tr.method == Method.grpo:
             grpo = tr.grpo or GrpoSpec()
+            # Weights sharded over several processes: every rank must run as many generation forwards as
+            # the slowest (synced_gpus; each forward gathers the layers), which continuous batching ignores.
+            sharded = res.world_size > 1 and (
+                dist.strategy == Strategy.fsdp
+                or (dist.strategy == Strategy.deepspeed and dist.deepspeed.zero_stage == 3)
+            )
+            if grpo.use_transformers_continuous_batching and sharded and not grpo.use_vllm:
+                how = "FSDP" if dist.strategy == Strategy.fsdp else "ZeRO-3"
+                raise _field_error(
+                    ("training", "grpo", "use_transformers_continuous_batching"),
+                    f"transformers' continuous batching ignores synced_gpus, and under {how} on "
+                    f"{res.world_size} processes each generation forward gathers the sharded weights: the "
+                    "ranks must generate in lockstep (padded generate()), or their collectives pair up "
+                    "across different forwards; set it false (or leave it unset), or use_vllm: true",
+                )
             if grpo.use_transformers_continuous_batching is None:
                 # Unset: transformers' continuous batching (paged KV cache, the batch refilled as
-                # completions end) on a GPU without vLLM, instead of padded generate(); TRL 1.x's
-                # GRPOConfig reads the field by this name. Resolved here so the stored spec says it.
-                grpo.use_transformers_continuous_batching = res.device == Device.cuda and not grpo.use_vllm
+                # completions end) on a GPU without vLLM and without sharded weights, instead of padded
+                # generate(); TRL 1.x's GRPOConfig reads the field by this name. Resolved here so the
+                # stored spec says it.
+                grpo.use_transformers_continuous_batching = (
+                    res.device == Device.cuda and not grpo.use_vllm and not sharded
+                )
                 tr.grpo = grpo
         cp = dist.fsdp.context_parallel_size
         if cp > 1 and dist.strategy == Strategy.fsdp:

@@ -83,3 +83,34 @@ def test_grpo_refusals_name_their_field(make_client: MakeClient, grpo_job: dict[
     r = client.post("/jobs?dry_run=true", json=vllm)
     assert r.status_code == 200, r.text
     assert "use_vllm needs vllm" in r.json()["launch_script"]
+
+
+def test_continuous_batching_under_sharded_weights_is_refused_naming_the_field(
+    make_client: MakeClient, grpo_job: dict[str, Any]
+) -> None:
+    """transformers' continuous batching ignores synced_gpus, so under FSDP or ZeRO-3 on several processes
+    the trainer would have to turn it off: asked for there, it is a 422 naming the field and why; unset, the
+    job is planned (resolved to off: padded generate() in lockstep)."""
+    client = make_client()
+    for distributed in (
+        {"strategy": "fsdp", "fsdp": {"version": 2}},
+        {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3}},
+    ):
+        sharded = copy.deepcopy(grpo_job)
+        sharded["distributed"] = distributed
+        sharded["resources"].update(device="cuda", processes_per_node=2)
+        sharded["training"]["mixed_precision"] = "bf16"
+        sharded["training"]["grpo"]["use_transformers_continuous_batching"] = True
+        r = client.post("/jobs?dry_run=true", json=sharded)
+        assert _loc(r) == ["body", "training", "grpo", "use_transformers_continuous_batching"]
+        assert "synced_gpus" in r.text and "lockstep" in r.text
+        del sharded["training"]["grpo"]["use_transformers_continuous_batching"]
+        r = client.post("/jobs?dry_run=true", json=sharded)
+        assert r.status_code == 200, r.text  # unset: resolved to off (test_real_scale_plans)
+    # One process holds the whole model: continuous batching may be asked for.
+    alone = copy.deepcopy(grpo_job)
+    alone["resources"].update(device="cuda", processes_per_node=1)
+    alone["training"]["mixed_precision"] = "bf16"
+    alone["training"]["grpo"]["use_transformers_continuous_batching"] = True
+    r = client.post("/jobs?dry_run=true", json=alone)
+    assert r.status_code == 200, r.text

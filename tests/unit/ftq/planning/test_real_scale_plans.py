@@ -101,8 +101,19 @@ def test_grpo_generation_is_at_or_above_the_hbm_floor_of_decoding() -> None:
     assert vllm.estimate.breakdown["vllm_reserved"] == int(0.3 * H100)
 
 
-def test_grpo_uses_transformers_continuous_batching_on_cuda_without_vllm() -> None:
-    assert grpo_qwen().training.grpo.use_transformers_continuous_batching is True
+def test_grpo_uses_transformers_continuous_batching_on_cuda_without_vllm_or_sharded_weights() -> None:
+    one_gpu = job(
+        training={"method": "grpo", "grader": GRADER, "max_seq_len": 256, "per_device_train_batch_size": 8},
+        resources={"launcher": "local", "num_nodes": 1, "processes_per_node": 1},
+        distributed={"strategy": "none"},
+        dataset={"format": "auto"},
+    )
+    assert one_gpu.training.grpo.use_transformers_continuous_batching is True
+    # Under FSDP on 8 processes the ranks generate in lockstep (synced_gpus), which continuous batching
+    # ignores: off when unset, refused when asked for.
+    assert grpo_qwen().training.grpo.use_transformers_continuous_batching is False
+    with pytest.raises(ValueError, match="continuous batching ignores synced_gpus"):
+        grpo_qwen(use_transformers_continuous_batching=True)
     assert grpo_qwen(use_vllm=True).training.grpo.use_transformers_continuous_batching is False
     cpu = job(
         training={"method": "grpo", "grader": GRADER, "max_seq_len": 256, "per_device_train_batch_size": 8},
