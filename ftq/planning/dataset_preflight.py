@@ -21,14 +21,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ftq.contract.plans import DatasetPreflight, TokenStats
 from ftq.contract.spec import JobSpec, looks_local
+from ftq.runtime.lru import LRU
 
 # A rendered chat template or text longer than this (characters) is cut before tokenizing: a preflight
 # never spends seconds on one row.
@@ -40,8 +39,7 @@ _MAX_SAMPLE_CHARS = 4_000_000
 # tokenizer's files and the fields the rows are read by, so it is kept per API process, keyed by those
 # (each file by device, inode, size and modification time: an edited or replaced file is read again).
 _SAMPLES_KEPT = 64
-_samples: OrderedDict[tuple[Any, ...], _Sample] = OrderedDict()
-_samples_lock = threading.Lock()
+_samples: LRU[tuple[Any, ...], _Sample] = LRU(_SAMPLES_KEPT)
 
 
 @dataclass(frozen=True)
@@ -248,11 +246,9 @@ def _sample(path: Path, spec: JobSpec, sample_rows: int) -> _Sample:
     file, tokenizer and fields (see _samples), or read and counted now."""
     key = _sample_key(path, spec, sample_rows) if looks_local(spec.model.name_or_path) else None
     if key is not None:
-        with _samples_lock:
-            kept = _samples.get(key)
-            if kept is not None:
-                _samples.move_to_end(key)
-                return kept
+        kept = _samples.get(key)
+        if kept is not None:
+            return kept
     rows, ended, read, size = read_sample(path, sample_rows)
     tok, why, where = local_tokenizer(spec)
     if tok is None:
@@ -260,10 +256,7 @@ def _sample(path: Path, spec: JobSpec, sample_rows: int) -> _Sample:
     lengths = [n for n in (sample_length(r, spec, tok) for r in rows) if n is not None]
     sample = _Sample(len(rows), ended, read, size, where, lengths)
     if key is not None:
-        with _samples_lock:
-            _samples[key] = sample
-            while len(_samples) > _SAMPLES_KEPT:
-                _samples.popitem(last=False)
+        _samples.put(key, sample)
     return sample
 
 

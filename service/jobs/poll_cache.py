@@ -9,47 +9,21 @@ the owner whose request filled it.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import OrderedDict
+from ftq.runtime.lru import LRU
 
 RUNNING_TTL_SECONDS = 0.5
 MAX_BYTES = 64 * 1024 * 1024
+MAX_PAGES = 65_536
 
 Key = tuple[str, str, int, int]  # owner, job id, after_step, limit
 
 
 class PollCache:
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
-        self._entries: OrderedDict[Key, tuple[float, bytes]] = OrderedDict()
-        self._bytes = 0
-        self._max = max_bytes
-        self._lock = threading.Lock()
+        self._pages: LRU[Key, bytes] = LRU(MAX_PAGES, max_cost=max_bytes, cost=len)
 
     def get(self, key: Key) -> bytes | None:
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is None:
-                return None
-            expires, body = hit
-            if expires < time.monotonic():
-                self._drop(key)
-                return None
-            self._entries.move_to_end(key)
-            return body
+        return self._pages.get(key)
 
     def put(self, key: Key, body: bytes, *, final: bool) -> None:
-        if len(body) > self._max // 8:
-            return
-        expires = float("inf") if final else time.monotonic() + RUNNING_TTL_SECONDS
-        with self._lock:
-            if key in self._entries:
-                self._drop(key)
-            self._entries[key] = (expires, body)
-            self._bytes += len(body)
-            while self._bytes > self._max and self._entries:
-                self._drop(next(iter(self._entries)))
-
-    def _drop(self, key: Key) -> None:
-        _, body = self._entries.pop(key)
-        self._bytes -= len(body)
+        self._pages.put(key, body, ttl=None if final else RUNNING_TTL_SECONDS)

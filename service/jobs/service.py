@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,6 +35,7 @@ from ftq.contract.schemas import (
 from ftq.contract.spec import JobSpec, SpecFieldError
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.runtime import limits
+from ftq.runtime.lru import LRU
 from ftq.runtime.redact import redact
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store import repository
@@ -253,21 +252,13 @@ class _SpecCache:
     for every job of every list poll would be a large share of what `GET /jobs` costs."""
 
     def __init__(self, size: int = 4096):
-        self._size = size
-        self._specs: OrderedDict[str, JobSpec] = OrderedDict()
-        self._lock = threading.Lock()
+        self._specs: LRU[str, JobSpec] = LRU(size)
 
     def get(self, job: Job) -> JobSpec:
-        with self._lock:
-            spec = self._specs.get(job.id)
-            if spec is not None:
-                self._specs.move_to_end(job.id)
-                return spec
-        spec = JobSpec.model_validate(job.spec)
-        with self._lock:
-            self._specs[job.id] = spec
-            while len(self._specs) > self._size:
-                self._specs.popitem(last=False)
+        spec = self._specs.get(job.id)
+        if spec is None:
+            spec = JobSpec.model_validate(job.spec)
+            self._specs.put(job.id, spec)
         return spec
 
 

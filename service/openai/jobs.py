@@ -9,9 +9,7 @@ import copy
 import csv
 import io
 import math
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +29,7 @@ from ftq.contract.openai import (
 )
 from ftq.contract.spec import JobSpec
 from ftq.contract.status import TERMINAL, FileStatus, JobStatus
+from ftq.runtime.lru import LRU
 from ftq.runtime.settings import Settings
 from ftq.store import evaluations
 from ftq.store.files_repository import FileRepository
@@ -638,23 +637,17 @@ class _EventsCache:
     polling `list_events` costs a page of a list, not a read and merge of every point."""
 
     def __init__(self, size: int = 256, fresh_seconds: float = 0.5):
-        self._size = size
         self._fresh = fresh_seconds
-        self._lists: OrderedDict[str, tuple[bool, float, list[FineTuningJobEvent]]] = OrderedDict()
-        self._lock = threading.Lock()
+        # Keyed by whether the job had ended when built: a list built while it ran is not its final one.
+        self._lists: LRU[tuple[str, bool], list[FineTuningJobEvent]] = LRU(size)
 
     def get(self, repo: OpenAIRepository, job: Job) -> list[FineTuningJobEvent]:
         ended = job.status in TERMINAL
-        with self._lock:
-            held = self._lists.get(job.id)
-            if held is not None and (held[0] or (not ended and time.monotonic() - held[1] < self._fresh)):
-                self._lists.move_to_end(job.id)
-                return held[2]
+        held = self._lists.get((job.id, ended))
+        if held is not None:
+            return held
         built = _merged_events(repo, job)
-        with self._lock:
-            self._lists[job.id] = (ended, time.monotonic(), built)
-            while len(self._lists) > self._size:
-                self._lists.popitem(last=False)
+        self._lists.put((job.id, ended), built, ttl=None if ended else self._fresh)
         return built
 
 
