@@ -9,7 +9,9 @@ holds the API's threads past the deadline.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import itertools
 import json
 import os
 import shutil
@@ -108,14 +110,106 @@ def resolve_paths(spec: JobSpec, settings: Settings, repo: JobRepository, deadli
             rule.run_ids.clear()
             try:
                 setattr(part, key, deadline.run(functools.partial(resolve_local, original, roots, rule)))
-            except PathRefused:
+            except PathRefused as refused:
                 rule.check_owners(original, own_run)  # the same answer whether the path exists or not
-                raise
+                raise _with_suggestion(refused, original, roots, settings, deadline) from None
             if looks_local(original):
                 rule.check_owners(original, own_run, getattr(part, key))
         except PathRefused as exc:
             raise spec_field_error(loc, str(exc), "path_refused") from None
     return resolved
+
+
+# What resolve_local says of a path that is not there (not a refusal by the state rule, which must not
+# be answered with a path that exists).
+_NOT_THERE = (
+    "was not found under the allowed local roots",
+    "is outside the allowed local roots",
+    "does not exist",
+)
+
+
+def _with_suggestion(
+    refused: PathRefused, original: str, roots: list[Path], settings: Settings, deadline: Deadline
+) -> PathRefused:
+    """The refusal of a path that is not there, with `did you mean ./x?` when a path under the allowed
+    roots is likely the one meant (`examples/tiny/data/train.jsonl` written from the checkout, where
+    examples/ is a root: `./tiny/data/train.jsonl`)."""
+    if not any(words in str(refused) for words in _NOT_THERE):
+        return refused
+    rule = StateRule(settings.data_path, settings.runs_dir)
+    try:
+        meant = deadline.run(functools.partial(suggest_path, original, roots, rule))
+    except SpecError:  # out of time: the refusal alone
+        return refused
+    return PathRefused(f"{refused}; did you mean `{meant}`?") if meant else refused
+
+
+def suggest_path(name: str, roots: list[Path], rule: StateRule) -> str | None:
+    """`./x` for the existing path under the allowed roots that `name` most likely meant: the longest tail
+    of `name` that is there (`examples/tiny/data/x.jsonl` -> `./tiny/data/x.jsonl`, an absolute path
+    from another checkout likewise), else a close spelling of its last part in the folder that is there
+    (`./tiny/data/trian.jsonl` -> `./tiny/data/train.jsonl`). Never a path the state rule refuses, nor
+    one in a run directory (it may be another owner's), nor one outside the roots: what it names is
+    something the spec may name anyway."""
+    parts = [p for p in Path(name).parts if p not in ("/", ".")]
+    if not parts or ".." in parts:
+        return None
+
+    def allowed(root: Path, tail: list[str]) -> Path | None:
+        candidate = root.joinpath(*tail).resolve()
+        if not candidate.is_relative_to(root) or candidate == root:
+            return None
+        try:
+            rule(candidate, name)
+        except PathRefused:
+            return None
+        if rule.run_of(str(candidate)) is not None:
+            return None
+        return candidate
+
+    roots = [r.resolve() for r in roots]
+    for start in range(len(parts)):
+        for root in roots:
+            found = allowed(root, parts[start:])
+            if found is not None and found.exists():
+                return "./" + "/".join(parts[start:])
+    for start in range(len(parts)):
+        for root in roots:
+            folder = allowed(root, parts[start:-1]) if parts[start:-1] else root
+            if folder is None or not folder.is_dir():
+                continue
+            try:
+                entries = sorted(e.name for e in itertools.islice(os.scandir(folder), 1000))
+            except OSError:
+                continue
+            close = difflib.get_close_matches(parts[-1], entries, n=1, cutoff=0.8)
+            if close and allowed(root, [*parts[start:-1], close[0]]) is not None:
+                return "./" + "/".join([*parts[start:-1], close[0]])
+    return None
+
+
+def hub_offline_problems(spec: JobSpec, offline: bool | None = None) -> list[dict[str, Any]]:
+    """Refusals for the hub models and dataset a spec names when the service is offline (HF_HUB_OFFLINE=1
+    in its environment, which the runs inherit): the run's fetch step asks the Hub for each repo's files
+    before training, and fails at once when it may not (trainer.fetch), even for a repo in the cache."""
+    if offline is None:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if not offline:
+        return []
+    found = [(["model", "name_or_path"], spec.model.name_or_path), (["model", "adapter"], spec.model.adapter)]
+    found.append((["dataset", "name_or_path"], spec.dataset.name_or_path))
+    return [
+        {
+            "loc": ["body", *loc],
+            "msg": f"{name} is a Hugging Face Hub id, and this server is offline (HF_HUB_OFFLINE=1 in its "
+            "environment): the run's fetch step could not download it; name a local path (./folder) "
+            "under the allowed roots, or ask the operator",
+            "type": "hub_offline",
+        }
+        for loc, name in found
+        if name is not None and not looks_local(name)
+    ]
 
 
 def _owned(rule: StateRule, path: str, own_run: Callable[[str], bool]) -> bool:
@@ -396,7 +490,7 @@ def preflight(
 ) -> tuple[Estimate, list[dict[str, Any]]]:
     """The memory and disk estimate for the plan, and the refusals it implies (empty when it fits)."""
     files = deadline.run(functools.partial(_look_at_files, spec, settings))
-    refusals = pool_refusals(spec, settings) + files.refusals
+    refusals = pool_refusals(spec, settings) + hub_offline_problems(spec) + files.refusals
     memory = _device_memory(spec, settings)
     if files.config is None:
         return Estimate(device_memory_bytes=memory, reason=files.reason), refusals

@@ -117,3 +117,72 @@ def test_a_local_path_without_dot_slash_is_not_sent_to_the_hub(
     # A hub id that names no folder under the roots is still a hub id.
     spec[section]["name_or_path"] = "some-owner/some-model"
     assert make_client().post(DRY, json=spec).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        # From the checkout's folder, where examples/ is the server's root (issue 50).
+        ("examples/tiny/data/train.jsonl", "./tiny/data/train.jsonl"),
+        ("./examples/tiny/data/train.jsonl", "./tiny/data/train.jsonl"),
+        # An absolute path from another checkout, outside the roots.
+        ("/home/someone/ftq/examples/tiny/data/train.jsonl", "./tiny/data/train.jsonl"),
+        # A typo in the file's name.
+        ("./tiny/data/trian.jsonl", "./tiny/data/train.jsonl"),
+    ],
+)
+def test_a_path_not_under_the_roots_is_answered_with_the_one_meant(
+    make_client: MakeClient, tiny_job: dict[str, Any], written: str, meant: str
+) -> None:
+    spec = copy.deepcopy(tiny_job)
+    spec["dataset"]["name_or_path"] = written
+    r = make_client().post(DRY, json=spec)
+    assert r.status_code == 422, r.text
+    [err] = r.json()["detail"]
+    assert err["loc"] == ["body", "dataset", "name_or_path"]
+    assert err["msg"].endswith(f"; did you mean `{meant}`?"), err["msg"]
+    # The suggestion is a path the spec may name: it is accepted as written.
+    spec["dataset"]["name_or_path"] = meant
+    assert make_client().post(DRY, json=spec).status_code == 200
+
+
+def test_no_suggestion_names_what_is_outside_the_roots_or_in_a_run_directory(
+    make_client: MakeClient, tiny_job: dict[str, Any], ftq_env: dict[str, str]
+) -> None:
+    from pathlib import Path
+
+    # A file in some job's run directory (in the data dir, a root): never suggested, whoever's it is.
+    run = Path(ftq_env["FTQ_DATA_DIR"]) / "runs" / "job_0123456789abcdef"
+    run.mkdir(parents=True)
+    (run / "secret.jsonl").write_text('{"text": "x"}\n')
+    spec = copy.deepcopy(tiny_job)
+    for written in (
+        "./elsewhere/runs/job_0123456789abcdef/secret.jsonl",
+        "./nowhere/at/all.jsonl",
+        "/etc/passwd.jsonl",
+    ):
+        spec["dataset"]["name_or_path"] = written
+        r = make_client().post(DRY, json=spec)
+        assert r.status_code == 422, r.text
+        assert "did you mean" not in r.text, r.text
+
+
+def test_a_hub_model_on_an_offline_server_is_refused_before_launch(
+    make_client: MakeClient, tiny_job: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = copy.deepcopy(tiny_job)
+    spec["model"]["name_or_path"] = "some-owner/some-model"
+    client = make_client()
+    # Online: a hub model is the fetch step's, and the dry run has nothing to refuse.
+    r = client.post(DRY, json=spec)
+    assert r.status_code == 200 and r.json()["warnings"] == [], r.text
+    assert "trainer.fetch" in r.json()["launch_script"]
+    # Offline (HF_HUB_OFFLINE=1 in the service's environment, which its runs inherit): the fetch would fail.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = client.post(DRY, json=spec)
+    assert r.status_code == 200, r.text
+    [warning] = r.json()["warnings"]
+    assert warning.startswith("model.name_or_path: some-owner/some-model is a Hugging Face Hub id"), warning
+    assert "HF_HUB_OFFLINE=1" in warning
+    r = client.post("/jobs", json=spec)
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "hub_offline", r.text
