@@ -75,6 +75,8 @@ def _argv(line: str) -> list[str]:
     return line.split()
 
 
+_SAMPLES_ACCELERATE = _argv("-m bench.samples_bench --launch accelerate")
+
 # The smoke runs' wall seconds: from one run of tests/integration/bench/test_smoke_*.py on the 2-core machine
 # (load average 2 to 6); those the suite leaves out, timed alone with /usr/bin/time (load average 8 to 12).
 BENCHES = [
@@ -167,6 +169,27 @@ BENCHES = [
         suite_skip="two processes that import torch and transformers (about 20 CPU-s); the batched loop is "
         "tested in tests/unit/trainer/test_samples.py and under FSDP and ZeRO-3 in "
         "tests/integration/trainer/test_samples.py",
+    ),
+    # Issue 49: the same two loops under `accelerate launch --num_processes 2` with an FSDP2 config (the
+    # model wrapped by Accelerator.prepare, as a training run's), on a random Llama of 116M parameters.
+    Bench(
+        "samples_accelerate",
+        [*_SAMPLES_ACCELERATE, *_argv("--hidden 768 --layers 12 --prompts 4 --tokens 16")],
+        [*_SAMPLES_ACCELERATE, *_argv("--hidden 768 --layers 12 --prompts 2 --tokens 8 --rounds 1")],
+        1200,
+        # `accelerate launch`, two ranks importing torch, transformers and the trainer: 15 CPU-s, 18 s.
+        smoke_argv=[*_SAMPLES_ACCELERATE, *_argv("--prompts 2 --tokens 2 --rounds 1 --hidden 64 --layers 1")],
+    ),
+    # Issue 49: serving through ftq's /v1/chat/completions against a bare vLLM engine on the same model.
+    Bench(
+        "serving",
+        ["-m", "bench.serving_bench"],
+        ["-m", "bench.serving_bench", "--rounds", "1"],
+        1200,
+        smoke_argv=_argv("-m bench.serving_bench --smoke"),
+        suite_skip="`ftq up` and two vLLM engines started at once on the CPU (67 to 90 s, ~57 of them the "
+        "engines' start with both cores busy: well over the smoke runs' 40 CPU-s); the engine is tested in "
+        "tests/integration/ftq/engine, the proxy against transformers in tests/e2e/serving",
     ),
     # Issue 29: a GRPO job's tokens/s through ftq's trainer against a plain TRL GRPOTrainer script.
     Bench(

@@ -6,6 +6,14 @@ cache), alternated in the same processes, as a ratio. Both paths run the same nu
 rank, so the ranks' all-gathers stay paired; the count of forwards is printed beside the times.
 
     python -m bench.samples_bench [--prompts 8] [--tokens 32] [--rounds 3] [--hidden 256] [--layers 4]
+
+`--launch accelerate` runs the same comparison the way a training run shards: `accelerate launch
+--num_processes 2` with an FSDP2 config on the CPU (gloo), accelerate's state engaged for FSDP as the
+trainer does it (trainer.train.engage_sharding_on_cpu), and the model wrapped by `Accelerator.prepare`
+(each decoder layer by the transformer-based wrap policy, resharded after each forward), so both loops run
+on the very model `trainer.model_wrapped` is in a run, in float32:
+
+    python -m bench.samples_bench --launch accelerate --hidden 768 --layers 12 --prompts 4 --tokens 16
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
-from bench import log, note, result
+from bench import REPO, log, note, result, scratch
 
 
 def _whole_sequence(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -40,15 +50,25 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from trainer.samples import greedy_in_step
+    from transformers import LlamaForCausalLM
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    config = LlamaConfig(
+    model = LlamaForCausalLM(_config(args)).eval()
+    params = sum(p.numel() for p in model.parameters())
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    _measure(model, params, rank, args, "fsdp2", "2 processes of FSDP2 (`fully_shard`, gloo, CPU")
+    dist.destroy_process_group()
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=2048,
         hidden_size=args.hidden,
         intermediate_size=args.hidden * 4,
@@ -57,10 +77,15 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
         num_key_value_heads=max(1, args.hidden // 64),
         max_position_embeddings=1024,
     )
-    model = LlamaForCausalLM(config).eval()
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+
+
+def _measure(model: Any, params: int, rank: int, args: argparse.Namespace, label: str, where: str) -> None:
+    """Both loops on the sharded `model`, alternated, on every rank; rank 0 prints the figures."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer.samples import greedy_in_step
+
     prompts = [[1 + (7 * i + j) % 2000 for j in range(4 + 3 * i)] for i in range(args.prompts)]
     forwards = [0]
     model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
@@ -79,20 +104,84 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
                 dist.barrier()
                 times[name].append(time.perf_counter() - started)
                 counts[name] = forwards[0]
+                if rank == 0:
+                    log(f"{name}: {times[name][-1]:.2f} s, {forwards[0]} forwards")
                 assert len(got) == len(prompts) and all(len(t) == args.tokens for t in got)
     if rank == 0:
         whole, batched = statistics.median(times["whole"]), statistics.median(times["batched"])
         log(f"forwards a rank: whole sequence {counts['whole']}, batched {counts['batched']}")
-        result("samples_fsdp2_whole_sequence", whole, "s", forwards=counts["whole"])
-        result("samples_fsdp2_batched_kv", batched, "s", baseline="samples_fsdp2_whole_sequence",
-               forwards=counts["batched"])  # fmt: skip
+        rounds = ",".join(f"{w / b:.3f}" for w, b in zip(times["whole"], times["batched"], strict=True))
+        result(f"samples_{label}_whole_sequence", whole, "s", forwards=counts["whole"])
+        result(f"samples_{label}_batched_kv", batched, "s", baseline=f"samples_{label}_whole_sequence",
+               forwards=counts["batched"], speedups=rounds)  # fmt: skip
         note(
-            f"samples: {args.prompts} prompts x {args.tokens} tokens on 2 processes of FSDP2 (gloo, CPU, a "
-            f"random Llama of hidden {args.hidden}, {args.layers} layers): the prompts batched with the KV "
-            f"cache ({counts['batched']} forwards a rank) against one whole-sequence forward per prompt "
-            f"and token ({counts['whole']}), medians of {args.rounds} alternated rounds"
+            f"{args.prompts} prompts x {args.tokens} tokens on {where}, a random Llama of "
+            f"{params / 1e6:.1f}M parameters: hidden {args.hidden}, {args.layers} layers, float32): the "
+            f"prompts batched with the KV cache ({counts['batched']} forwards a rank) against one "
+            f"whole-sequence forward per prompt and token ({counts['whole']}), medians of {args.rounds} "
+            "alternated rounds"
         )
-    dist.destroy_process_group()
+
+
+def _in_launch(args: argparse.Namespace) -> None:
+    """One rank of `accelerate launch` (FSDP2 on the CPU): the model wrapped as a training run's is."""
+    import torch
+    from accelerate import Accelerator
+    from transformers import LlamaForCausalLM
+
+    from trainer.train import engage_sharding_on_cpu
+
+    torch.set_num_threads(1)
+    engage_sharding_on_cpu("fsdp", None)
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config(args)).eval()
+    params = sum(p.numel() for p in model.parameters())
+    # FSDP2's prepare takes the model with an optimizer (as a run's does); this one never steps.
+    model, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    name = type(model).__name__
+    assert name.startswith("FSDP"), f"accelerate did not shard the model: {name}"  # not DDP's fallback
+    assert torch.distributed.get_world_size() == 2, torch.distributed.get_world_size()
+    _measure(
+        model,
+        params,
+        torch.distributed.get_rank(),
+        args,
+        "accelerate_fsdp2",
+        "`accelerate launch --num_processes 2`, FSDP2 (Accelerator.prepare, gloo, CPU",
+    )
+    accelerator.wait_for_everyone()
+
+
+# accelerate's config for the launch: two CPU processes, FSDP2, full float32, the decoder layers wrapped.
+ACCELERATE_FSDP2_CPU = """\
+compute_environment: LOCAL_MACHINE
+use_cpu: true
+num_processes: 2
+num_machines: 1
+machine_rank: 0
+mixed_precision: 'no'
+rdzv_backend: static
+same_network: true
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_offload_params: false
+  fsdp_activation_checkpointing: false
+"""
+
+
+def _launch(args: argparse.Namespace) -> None:
+    config = scratch("samples-accelerate-") / "accelerate.yaml"
+    config.write_text(ACCELERATE_FSDP2_CPU)
+    argv = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("launch",)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    subprocess.run([*cmd, "-m", "bench.samples_bench", "--in-launch", *argv], cwd=REPO, env=env, check=True)
 
 
 def main() -> None:
@@ -102,7 +191,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument(
+        "--launch",
+        choices=["spawn", "accelerate"],
+        default="spawn",
+        help="spawn: two processes of torch.multiprocessing, `fully_shard` by hand; accelerate: "
+        "`accelerate launch --num_processes 2` with an FSDP2 config, Accelerator.prepare",
+    )
+    parser.add_argument("--in-launch", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.in_launch:
+        del args.in_launch
+        _in_launch(args)
+        return
+    del args.in_launch
+    if args.launch == "accelerate":
+        _launch(args)
+        return
     import socket
 
     import torch.multiprocessing as mp

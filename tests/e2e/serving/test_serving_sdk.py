@@ -2,7 +2,9 @@
 retries) against one live `ftq up`: fine-tune the catalog's `ftq-tiny-serve` through /v1 (a few steps),
 then call `job.fine_tuned_model` and a checkpoint's model, streamed and not, cold then warm. The greedy
 answers equal transformers + PEFT's on the adapters downloaded from the job (float32, the tokenizer and
-chat template saved with them); another owner can neither call nor list them; /deployments shows one
+chat template saved with them); the same job's merged export (`POST /jobs/{id}/exports`, kind merged,
+fp32, downloaded through the artifacts API) loaded by plain transformers answers the same, with the chat
+template the job trained with; another owner can neither call nor list them; /deployments shows one
 engine holding both adapters. One engine (vLLM from .venv-vllm, on the CPU) serves every call.
 
 Cold start (the first call, engine start included), warm latency and the warm stream's first token are
@@ -11,6 +13,7 @@ printed and recorded as JUnit properties (`make test`'s build/test-results.xml).
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import json
 import statistics
@@ -64,14 +67,14 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
 
 
 def _engines_of(dep: Deployment) -> list[int]:
-    """Live vLLM servers started by this deployment's API (their environment holds its data dir)."""
-    marker = f"FTQ_DATA_DIR={dep.data_dir}".encode()
+    """Live vLLM servers of this deployment: engines the worker launched run in their folders under its
+    data dir (`engines/<id>/`)."""
     found = []
     for pid in live_pids():
         try:
-            if b"vllm" in Path(f"/proc/{pid}/cmdline").read_bytes() and marker in Path(
-                f"/proc/{pid}/environ"
-            ).read_bytes().split(b"\0"):
+            if b"vllm" in Path(f"/proc/{pid}/cmdline").read_bytes() and Path(
+                f"/proc/{pid}/cwd"
+            ).resolve().is_relative_to(Path(dep.data_dir).resolve()):
                 found.append(pid)
         except OSError:
             continue
@@ -85,6 +88,7 @@ def sdk(dep: Deployment, owner: str = "alice") -> openai.OpenAI:
 
 @dataclass(frozen=True)
 class Trained:
+    job: str  # the native job id (job_...)
     model: str  # job.fine_tuned_model
     checkpoint: str  # the first checkpoint's model
     final: Path  # final/ as downloaded
@@ -125,6 +129,7 @@ def trained(dep: Deployment, tiny_dir: Path, tmp_path_factory: pytest.TempPathFa
         ftq.jobs.download(native, "final", out)
         ftq.jobs.download(native, f"checkpoints/checkpoint-{first.step_number}", out)
     return Trained(
+        native,
         job.fine_tuned_model,
         first.fine_tuned_model_checkpoint,
         out / "final",
@@ -138,14 +143,16 @@ def _whole(text: str | None) -> str:
     return (text or "").rstrip("\ufffd")
 
 
-def _reference(adapter: Path | None, tokenizer_dir: Path) -> dict[str, str]:
-    """transformers (+ PEFT on `adapter`) greedy, float32, `tokenizer_dir`'s chat template: per prompt."""
+@functools.cache
+def _reference(adapter: Path | None, tokenizer_dir: Path, model_dir: Path = SERVE_MODEL) -> dict[str, str]:
+    """transformers (+ PEFT on `adapter`) greedy on `model_dir` (the base, or a merged export), float32,
+    `tokenizer_dir`'s chat template: per prompt. Cached: the tests share the downloaded folders."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok: Any = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model: Any = AutoModelForCausalLM.from_pretrained(SERVE_MODEL, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if adapter is not None:
         model = PeftModel.from_pretrained(model, adapter)
     model.eval()
@@ -248,6 +255,37 @@ def test_the_fine_tuned_model_and_its_checkpoint_answer_as_transformers_and_peft
     for name, value in figures.items():
         record_property(name, value)
     print(f"\nserving figures: {figures}")
+
+
+def test_the_merged_export_answers_as_the_adapter_and_the_engine(
+    dep: Deployment, trained: Trained, tmp_path: Path
+) -> None:
+    """The same job exported merged (the adapter folded into the base by PEFT's merge_and_unload, fp32),
+    downloaded through the artifacts API and loaded by plain transformers without PEFT, greedily gives the
+    text transformers + PEFT gives on the downloaded adapter, and the text the served ft: model gives;
+    the prompts rendered with the chat template the job trained with (final/'s), which the export carries."""
+    from transformers import AutoTokenizer
+
+    with Client(dep.url, TOKENS["alice"]) as ftq:
+        export = ftq.jobs.export(trained.job, "merged", "fp32")
+        export = ftq.jobs.wait_export(trained.job, export.id, timeout=600)
+        assert export.status == "succeeded", (export.error, dep.report(trained.job))
+        assert (export.kind, export.dtype, export.checkpoint) == ("merged", "fp32", "final")
+        ftq.jobs.download(trained.job, export.path, tmp_path)
+    merged = tmp_path / Path(export.path).name
+    assert not (merged / "adapter_config.json").exists()  # a whole model, not an adapter
+    job_template = AutoTokenizer.from_pretrained(trained.final).chat_template
+    assert job_template and AutoTokenizer.from_pretrained(merged).chat_template == job_template
+
+    merged_ref = _reference(None, trained.final, merged)
+    final_ref = _reference(trained.final, trained.final)
+    print(f"\nanswers: merged export {merged_ref}")
+    assert merged_ref == final_ref
+    # The merged weights are the adapter's, not the base's.
+    assert merged_ref != _reference(None, trained.final)
+    alice = sdk(dep)
+    for prompt in PROMPTS:
+        assert _chat(alice, trained.model, prompt) == merged_ref[prompt], prompt
 
 
 def test_another_owner_can_neither_call_nor_list_them(dep: Deployment, trained: Trained) -> None:

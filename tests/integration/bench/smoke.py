@@ -2,8 +2,8 @@
 runs the same, and those the suite leaves out): each bench's smallest run, once, exits 0 and prints its
 RESULT lines. Not timings: no figure is compared with anything. Two modules, so that two xdist workers can
 share them (a module is a group, tests/harness/groups.py): the benches on PostgreSQL, and those on `ftq
-up` or no server. The benches that train (trainer, grpo, dispatch, startup, evaluate, fault_campaign) are
-left out; run_all.BENCHES says why each (`suite_skip`)."""
+up` or no server. The benches that train (trainer, grpo, dispatch, startup, evaluate, fault_campaign) or
+start vLLM engines (serving) are left out; run_all.BENCHES says why each (`suite_skip`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from bench.run_all import BENCHES, Bench, run_bench
 
 POSTGRES = frozenset({"poll", "ingest", "load", "scheduler"})
-EMBEDDED = frozenset({"up", "openai", "artifacts", "graders", "submit", "beat"})
+EMBEDDED = frozenset({"up", "openai", "artifacts", "graders", "submit", "beat", "samples_accelerate"})
 
 
 def benches(keys: frozenset[str]) -> list[object]:
