@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TextIO, TypeVar
 
 import typer
+import yaml
 from rich.cells import cell_len
 from rich.console import Console, JustifyMethod
 from rich.markup import escape
@@ -81,6 +82,7 @@ from ftq.client import (
     PlanPublic,
     Point,
 )
+from ftq.contract import specyaml
 
 client_app = typer.Typer(add_completion=False)
 
@@ -130,7 +132,7 @@ def submit(
             spec = upload_spec_files(client, file)
         if dry_run:
             plan = client.jobs.create(spec, idempotency_key=idempotency_key, dry_run=True)
-            print_plan(plan)
+            print_plan(plan, spec)
             if plan.warnings:
                 # Scripts that gate a submit on the dry run see what submit would refuse.
                 raise typer.Exit(EXIT_REFUSED)
@@ -147,15 +149,57 @@ def submit(
     out.print(f"follow it with: ftq status {job.id}  |  ftq logs {job.id} --follow")
 
 
-def print_plan(plan: PlanPublic) -> None:
+def print_plan(plan: PlanPublic, spec: Path | dict[str, Any] | None = None) -> None:
     _print_rendered(plan)
     if plan.dataset is not None:
         out.rule("dataset")
         print_dataset(plan.dataset)
+    _print_fetch(plan, spec)
     if plan.warnings:
         out.rule("[red]submit would refuse this job[/]")
         for warning in plan.warnings:
             out.print(f"[red]✗[/] {escape(warning)}", soft_wrap=True)
+
+
+FETCH_STEP = (
+    "-m trainer.fetch"  # what launch.sh and job.sbatch run before the ranks when the spec names a hub repo
+)
+
+
+def _print_fetch(plan: PlanPublic, spec: Path | dict[str, Any] | None) -> None:
+    """A plan with a fetch step (a hub model or dataset): what it downloads, and that it does so only when
+    the run starts, where it can still fail (gated, private, not found, no network)."""
+    if FETCH_STEP not in plan.launch_script and FETCH_STEP not in (plan.sbatch_script or ""):
+        return
+    names = hub_names(spec)
+    what = ", ".join(names) if names else "the spec's hub model or dataset"
+    out.rule("[yellow]fetched at run time[/]")
+    out.print(
+        f"[yellow]![/] {escape(what)}: not checked here; the run's first step downloads it from the Hugging "
+        "Face Hub (into the server's hub cache) before training, and the job fails there if it cannot "
+        "(gated, private, not found, or the server offline)",
+        soft_wrap=True,
+    )
+
+
+def hub_names(spec: Path | dict[str, Any] | None) -> list[str]:
+    """The hub ids a spec names as its model, adapter or dataset (names not written as local paths)."""
+    from ftq.contract.spec import looks_local
+
+    body: Any = spec
+    if isinstance(spec, Path):
+        try:
+            body = specyaml.load(spec.read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError):
+            return []
+    if not isinstance(body, dict):
+        return []
+    found = []
+    for section, key in (("model", "name_or_path"), ("model", "adapter"), ("dataset", "name_or_path")):
+        value = (body.get(section) or {}).get(key) if isinstance(body.get(section), dict) else None
+        if isinstance(value, str) and value and not looks_local(value):
+            found.append(value)
+    return found
 
 
 def _print_rendered(plan: PlanPublic) -> None:
@@ -718,20 +762,52 @@ def logs(
         bool,
         typer.Option("--events/--no-events", help="With --follow, also print the job's events on stderr."),
     ] = True,
+    raw: Annotated[
+        bool,
+        typer.Option("--raw", help="The file as it is, on a terminal too (piped, it always is)."),
+    ] = False,
 ) -> None:
-    """Print the job's train.log; with --follow, its events too (on stderr)."""
+    """Print the job's train.log; with --follow, its events too (on stderr). On a terminal each line has a
+    short prefix, as `submit --follow` prints it (the time, the level when not INFO); piped, or with
+    --raw, the file as it is."""
+    write = LogWriter(sys.stdout, short=not raw and sys.stdout.isatty())
     with api() as client:
         printer = EventPrinter(client, job_id) if follow and show_events else None
         if printer is not None:
             printer.start()
         try:
             for chunk in client.jobs.log_chunks(job_id, follow=follow, poll=POLL_SECONDS):
-                if chunk.text:
-                    sys.stdout.write(chunk.text)
-                    sys.stdout.flush()
+                write(chunk.text)
+            write.end()
         finally:
             if printer is not None:
                 printer.stop()
+
+
+class LogWriter:
+    """Writes a log's chunks as they come: as they are, or (`short`) in whole lines, each with the short
+    prefix of `LogLines` (a line not yet ended waits for its end, or for `end()`)."""
+
+    def __init__(self, stream: TextIO, *, short: bool) -> None:
+        self.stream, self.short = stream, short
+        self.lines = LogLines()
+        self.partial = ""
+
+    def __call__(self, text: str) -> None:
+        if not text:
+            return
+        if self.short:
+            lines = (self.partial + text).split("\n")
+            self.partial = lines.pop()
+            text = "".join(self.lines.short(line) + "\n" for line in lines)
+        self.stream.write(text)
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.partial:
+            self.stream.write(self.lines.short(self.partial))
+            self.stream.flush()
+            self.partial = ""
 
 
 @_command("events")

@@ -472,3 +472,49 @@ def test_artifacts_fit_80_columns_with_a_short_hash(monkeypatch: pytest.MonkeyPa
     ]
     as_json = runner.invoke(app, ["artifacts", "job_1", "--json"], env={"COLUMNS": "80"})
     assert json.loads(as_json.output)[0]["sha256"] == sha
+
+
+def test_logs_on_a_terminal_have_the_short_prefix_and_piped_the_file_as_it_is() -> None:
+    stamp = "2026-12-07 20:59:42,346 trainer INFO "
+    text = f"{stamp}step 1/40  loss 6.4728  lr 1.00e-03  grad norm 0.598  2,037 tokens/s  eta 0:00:23\n"
+    text += "2026-12-07 20:59:43,001 trainer.memory WARNING rank 0 low\nTraceback (most recent call last):"
+    chunks = [text[:30], text[30:100], text[100:]]  # lines split across chunks, the last one not ended
+    screen, pipe = io.StringIO(), io.StringIO()
+    short, raw = client_cli.LogWriter(screen, short=True), client_cli.LogWriter(pipe, short=False)
+    for chunk in chunks:
+        short(chunk)
+        raw(chunk)
+    short.end()
+    raw.end()
+    assert pipe.getvalue() == text
+    assert screen.getvalue().splitlines() == [
+        "20:59:42 step 1/40  loss 6.4728  lr 1.00e-03  grad norm 0.598  2,037 tokens/s",
+        "20:59:43 WARNING trainer.memory rank 0 low",
+        "Traceback (most recent call last):",
+    ]
+    assert all(len(line) <= 80 for line in screen.getvalue().splitlines())
+
+
+def test_a_dry_run_says_a_hub_model_is_fetched_at_run_time_and_offline_refuses_it(
+    make_client: MakeClient, tiny_job: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import yaml
+
+    api = make_client()
+    monkeypatch.setattr(client_cli, "api", lambda: Client("http://testserver", "", transport=InProcess(api)))
+    runner = CliRunner()
+    local, hub = tmp_path / "local.yaml", tmp_path / "hub.yaml"
+    local.write_text(yaml.safe_dump(tiny_job))
+    hub.write_text(yaml.safe_dump({**tiny_job, "model": {"name_or_path": "some-owner/some-model"}}))
+
+    plain = runner.invoke(app, ["submit", str(local), "--dry-run"], env={"COLUMNS": "200"})
+    assert plain.exit_code == 0, plain.output
+    assert "fetched at run time" not in plain.output
+    fetched = runner.invoke(app, ["submit", str(hub), "--dry-run"], env={"COLUMNS": "200"})
+    assert fetched.exit_code == 0, fetched.output  # a warning, not a refusal: the Hub may well have it
+    assert "fetched at run time" in fetched.output
+    assert "some-owner/some-model: not checked here; the run's first step downloads it" in fetched.output
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the server's environment (the app runs in this process)
+    offline = runner.invoke(app, ["submit", str(hub), "--dry-run"], env={"COLUMNS": "200"})
+    assert offline.exit_code == 1, offline.output
+    assert "submit would refuse this job" in offline.output and "HF_HUB_OFFLINE=1" in offline.output
