@@ -93,14 +93,15 @@ class SideRunKind(ABC):
                     out.append(self.view(row, job))
             return out
 
-    def run_request(self, row: Any) -> scheduling.RunRequest:
-        """A queued row as the scheduler weighs it: one process on its job's launcher and device, its job's
-        owner and priority, submitted when it was asked for."""
+    def run_request(self, row: Any, devices: int = 1) -> scheduling.RunRequest:
+        """A queued row as the scheduler weighs it: one process on `devices` of its job's launcher and
+        device (one unless the kind says otherwise: `devices_of`), its job's owner and priority, submitted
+        when it was asked for."""
         pool = scheduling.pool_of(row.launcher, row.device)
         return scheduling.RunRequest(
             id=row.id,
             owner=row.owner,
-            need=scheduling.Need(pool, 1 if pool else 0),
+            need=scheduling.Need(pool, max(1, devices) if pool else 0),
             priority=row.priority or "normal",
             seq=row.seq,
             estimate_seconds=ESTIMATE_SECONDS,
@@ -139,7 +140,16 @@ class SideRunKind(ABC):
         return (row, job), self.view(row, job)
 
     def queued(self, session: Session) -> list[scheduling.RunRequest]:
-        return [self.run_request(r) for r in side_runs.queued_for_scheduling(session, self.table)]
+        rows = side_runs.queued_for_scheduling(session, self.table)
+        return [self.run_request(r, self.devices_of(session, r)) for r in rows]
+
+    def devices_of(self, session: Session, row: Any) -> int:
+        """The devices (GPUs of one node, or CPU slots) a queued row of this kind takes: one."""
+        return 1
+
+    def devices_for(self, job: Job, spec: JobSpec) -> int:
+        """The same for a row of `job` being launched (what its SLURM script asks for)."""
+        return 1
 
     def holding(self, session: Session) -> list[scheduling.Running]:
         held = side_runs.holding_devices(session, self.table)
@@ -178,6 +188,7 @@ class SideRunKind(ABC):
             settings=get_settings(),
             module=self.module,
             request=self.request_file,
+            devices=self.devices_for(job, spec),
         )
         files = {
             self.request_file: json.dumps(self.request_of(row, job, folder.parent.parent), indent=2) + "\n",

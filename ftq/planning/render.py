@@ -792,13 +792,20 @@ def export_argv(
 
 
 def export_sbatch_script(
-    spec: JobSpec, *, export_id: str, export_dir: Path, settings: Settings, argv: list[str] | None = None
+    spec: JobSpec,
+    *,
+    export_id: str,
+    export_dir: Path,
+    settings: Settings,
+    argv: list[str] | None = None,
+    devices: int = 1,
 ) -> str:
-    """`job.sbatch` of an export (templates/export.sbatch): one task on one node (one GPU for a cuda
-    job), under the job's partition, account and time limit, recording its exit status as a job's does."""
+    """`job.sbatch` of an export (templates/export.sbatch): one task on one node (`devices` GPUs of it for
+    a cuda job: one for an export, what the base needs for an evaluation), under the job's partition,
+    account and time limit, recording its exit status as a job's does."""
     return _fill(
         "export.sbatch",
-        sbatch_header=_sbatch_header(_export_sbatch_args(spec, export_id, export_dir, settings)),
+        sbatch_header=_sbatch_header(_export_sbatch_args(spec, export_id, export_dir, settings, devices)),
         run_dir=shlex.quote(str(export_dir)),
         exit_status=runs.EXIT_STATUS,
         site_setup=_site_setup(settings),
@@ -806,13 +813,16 @@ def export_sbatch_script(
     )
 
 
-def _export_sbatch_args(spec: JobSpec, export_id: str, export_dir: Path, settings: Settings) -> list[str]:
+def _export_sbatch_args(
+    spec: JobSpec, export_id: str, export_dir: Path, settings: Settings, devices: int = 1
+) -> list[str]:
     args = [f"--job-name={_sbatch_value('ftq-' + export_id)}", "--nodes=1", "--ntasks=1"]
+    gpus = max(1, devices)
     if spec.resources.device == "cuda":
-        args.append("--gres=gpu:1")
-    # As a one-process job of this spec asks: a GPU's share of CPUs on cuda, one CPU on cpu.
+        args.append(f"--gres=gpu:{gpus}")
+    # As a one-process job of this spec asks: each GPU's share of CPUs on cuda, one CPU on cpu.
     cpus = settings.slurm_cpus_per_task or (
-        settings.slurm_cpus_per_gpu if spec.resources.device == "cuda" else 1
+        settings.slurm_cpus_per_gpu * gpus if spec.resources.device == "cuda" else 1
     )
     args.append(f"--cpus-per-task={cpus}")
     if settings.slurm_mem:
@@ -830,14 +840,16 @@ def render_export_plan(
     settings: Settings,
     module: str = EXPORT_MODULE,
     request: str = runs.EXPORT_REQUEST,
+    devices: int = 1,
 ) -> Plan:
     """The launch of one export, as a Plan the launchers take (no accelerate config: one process). An
-    evaluation is launched the same way (`module` trainer.evaluate, `request` evaluation.json)."""
+    evaluation is launched the same way (`module` trainer.evaluate, `request` evaluation.json), on the
+    `devices` GPUs of one node its base needs (worker.evaluations.evaluation_gpus)."""
     argv = export_argv(export_dir, settings, module, request)
     sbatch = None
     if spec.resources.launcher == "slurm":
         sbatch = export_sbatch_script(
-            spec, export_id=export_id, export_dir=export_dir, settings=settings, argv=argv
+            spec, export_id=export_id, export_dir=export_dir, settings=settings, argv=argv, devices=devices
         )
     return Plan(
         accelerate_config={},
