@@ -5,11 +5,13 @@ folder of the run directory, from the request it wrote there:
 
     python -m trainer.evaluate --request RUN_DIR/evaluations/<evaluation id>/evaluation.json
 
-It loads the checkpoint (`checkpoints/checkpoint-<step>/` or `final/`) in one process: a LoRA adapter on
-its base model (the common case: every checkpoint of a LoRA job holds its adapter), whole weights, or
-the shards FSDP (torch.distributed.checkpoint) and DeepSpeed ZeRO wrote, consolidated in memory. Then each
+It loads the checkpoint (`checkpoints/checkpoint-<step>/` or `final/`) in one process, on the GPUs the
+worker sized it for (device_map="auto" over several, straight onto one): a LoRA adapter on its base model
+(a QLoRA job's base in 4 bits, as it trained), whole weights, FSDP's torch.distributed.checkpoint read
+straight into the model's tensors, or DeepSpeed ZeRO's partitions gathered in memory. Then each
 suite runs and `results.json` is written beside the request:
-`{"checkpoint": "final" | "<step>", "step", "metrics": {name: value}, "suites": {name: details}}`.
+`{"checkpoint": "final" | "<step>", "step", "metrics": {name: value}, "suites": {name: details},
+"load": how the model was loaded}`.
 
 Why a run of its own rather than inside training: it works the same whatever sharded the training
 (no sharded generate under FSDP or ZeRO-3), it never holds up the ranks' collectives (a rank that
@@ -24,7 +26,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,7 @@ def evaluate(args: EvaluationArgs) -> dict[str, Any]:
     if not folder.is_dir():
         raise ModelError(f"{folder.relative_to(args.run_dir)} is not there (rotated away, or never saved)")
     loaded: tuple[Any, Any] | None = None
+    load: dict[str, Any] | None = None
     backend: LmEvalBackend | None = None  # chosen at the first lm_eval suite, kept for the others
     metrics: dict[str, float] = {}
     details: dict[str, Any] = {}
@@ -117,7 +119,8 @@ def evaluate(args: EvaluationArgs) -> dict[str, Any]:
                 details[suite.name] = {**ran[1], "backend": backend.name, "backend_reason": backend.reason}
                 continue
         if loaded is None:  # loaded once, and only for the suites that run in this process
-            loaded = load_checkpoint(spec, folder)
+            model, tokenizer, load = load_checkpoint_as(spec, folder)
+            loaded = (model, tokenizer)
         model, tokenizer = loaded
         if isinstance(suite, GradersSuite):
             found, detail = run_graders(suite, model, tokenizer)
@@ -128,13 +131,15 @@ def evaluate(args: EvaluationArgs) -> dict[str, Any]:
         else:
             found, detail = run_loss(suite, model, tokenizer)
         metrics.update(found)
-        details[suite.name] = detail
+        details[suite.name] = {**detail, **_base_words(load)}
     out = {
         "evaluation_id": args.evaluation_id,
         "checkpoint": "final" if args.step is None else str(args.step),
         "step": args.step,
         "metrics": metrics,
         "suites": details,
+        # How this process loaded the model (None: every suite ran in a child that loads it itself).
+        "load": load,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     tmp = args.out_dir / f".{RESULTS}.tmp"
@@ -145,17 +150,110 @@ def evaluate(args: EvaluationArgs) -> dict[str, Any]:
 
 
 # Loading a checkpoint ------------------------------------------------------------------------------------
+#
+# What the job trained, on the devices this run was given: the scheduler sizes an evaluation of a cuda job
+# from the base's weights in the dtype loaded here (worker.evaluations.evaluation_gpus, with
+# ftq.planning.serving.engine_size), so a 70B base gets the GPUs of one node that hold it. Over several
+# visible GPUs the weights go straight to them (accelerate's big-model dispatch, device_map="auto"); on one
+# GPU straight to it; never the whole model in this process's RAM first. A QLoRA job's base is loaded in 4
+# bits as training loaded it (trainer.model.quantization_config), and its adapter on top.
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """How load_checkpoint loads the model here; results.json's `load` records it with the layout."""
+
+    device: str  # cpu or cuda
+    gpus: int  # the GPUs the weights are spread over (0 on the CPU)
+    dtype: str  # the weights' dtype (of a 4-bit base: the modules bitsandbytes does not hold in 4 bits)
+    quantization: dict[str, Any] | None = None  # QLoRA's 4-bit base, as the spec's lora.quantization
+    note: str | None = None  # why the base is not loaded as the job trained it (bitsandbytes missing)
+
+    @property
+    def device_map(self) -> str | dict[str, int] | None:
+        if self.device != "cuda":
+            return None  # today's CPU path: from_pretrained on the host
+        return "auto" if self.gpus > 1 else {"": 0}
+
+    def record(self, layout: str) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "gpus": self.gpus,
+            "device_map": self.device_map,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "layout": layout,
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+def plan_load(spec: JobSpec, *, device: str, gpus: int, bitsandbytes: bool) -> LoadPlan:
+    """Where and in what dtype this evaluation loads the model: float32 on the CPU and bfloat16 on GPUs
+    (as before), and a QLoRA job's base in 4 bits wherever bitsandbytes is (on the CPU too, where the spec
+    lets QLoRA train on one process or DDP and bitsandbytes has 4-bit kernels)."""
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    gpus = max(1, gpus) if device == "cuda" else 0
+    quant = spec.lora.quantization if spec.lora is not None else None
+    if quant is None:
+        return LoadPlan(device, gpus, dtype)
+    if not bitsandbytes:
+        note = (
+            "the job trained on a 4-bit base (lora.quantization) but bitsandbytes is not installed here: "
+            f"the adapter is scored on the {dtype} base"
+        )
+        return LoadPlan(device, gpus, dtype, note=note)
+    return LoadPlan(device, gpus, dtype, quantization=quant.model_dump(mode="json"))
+
+
+def base_kwargs(spec: JobSpec, plan: LoadPlan, *, quantized: bool = True) -> dict[str, Any]:
+    """from_pretrained's arguments under `plan`: dtype, device_map, and for the base of a QLoRA adapter
+    (`quantized`) the job's BitsAndBytesConfig."""
+    import torch
+
+    kwargs: dict[str, Any] = {
+        "trust_remote_code": spec.model.trust_remote_code,
+        "dtype": getattr(torch, plan.dtype),
+    }
+    if plan.device_map is not None:
+        kwargs["device_map"] = plan.device_map
+    if quantized and plan.quantization is not None:
+        from .model import quantization_config
+
+        kwargs["quantization_config"] = quantization_config(spec)
+    return kwargs
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _bitsandbytes() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def current_plan(spec: JobSpec) -> LoadPlan:
+    device = _device(spec)
+    return plan_load(
+        spec, device=device, gpus=_visible_gpus() if device == "cuda" else 0, bitsandbytes=_bitsandbytes()
+    )
 
 
 def load_checkpoint(spec: JobSpec, folder: Path) -> tuple[Any, Any]:
-    """The model in `folder` in eval mode on this process's device, and its tokenizer."""
-    import torch
+    """The model in `folder` in eval mode on this process's devices, and its tokenizer."""
+    model, tokenizer, _ = load_checkpoint_as(spec, folder)
+    return model, tokenizer
+
+
+def load_checkpoint_as(spec: JobSpec, folder: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """load_checkpoint, and how it loaded the model (results.json's `load`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     m = spec.model
-    kwargs: dict[str, Any] = {"trust_remote_code": m.trust_remote_code, "dtype": torch.float32}
-    if spec.resources.device == "cuda" and torch.cuda.is_available():
-        kwargs["dtype"] = torch.bfloat16
+    plan = current_plan(spec)
     model: Any
     tok_source = str(folder) if (folder / "tokenizer_config.json").is_file() else m.name_or_path
     try:
@@ -163,58 +261,88 @@ def load_checkpoint(spec: JobSpec, folder: Path) -> tuple[Any, Any]:
         if (folder / "adapter_config.json").is_file():
             from peft import PeftModel
 
-            base = AutoModelForCausalLM.from_pretrained(m.name_or_path, revision=m.revision, **kwargs)
+            layout = "adapter"
+            base = AutoModelForCausalLM.from_pretrained(
+                m.name_or_path, revision=m.revision, **base_kwargs(spec, plan)
+            )
             if m.adapter:  # the adapter training started from, merged under the one trained here
                 base = PeftModel.from_pretrained(base, m.adapter).merge_and_unload()
             model = PeftModel.from_pretrained(base, str(folder))
         elif runs.has_weights(folder):
-            model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+            layout = "weights"
+            model = AutoModelForCausalLM.from_pretrained(
+                str(folder), **base_kwargs(spec, plan, quantized=False)
+            )
         else:
-            model = _from_shards(spec, folder, kwargs)
+            layout = runs.checkpoint_layout(folder).kind
+            model = _from_shards(spec, folder, plan)
     except (OSError, ValueError, ImportError, RuntimeError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ModelError(f"cannot load {folder.name}: {first}") from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(_device(spec)).eval()
+    if plan.device_map is None and not getattr(model, "is_loaded_in_4bit", False):
+        model.to(plan.device)  # the CPU: where from_pretrained put it (a 4-bit model is not moved)
+    model.eval()
     model.config.use_cache = True
-    return model, tokenizer
+    record = plan.record(layout)
+    log.info("loaded %s: %s", folder.name, record)
+    return model, tokenizer, record
 
 
-def _from_shards(spec: JobSpec, folder: Path, kwargs: dict[str, Any]) -> Any:
-    """A checkpoint of sharded states (FSDP's torch.distributed.checkpoint, DeepSpeed ZeRO's partitions)
-    gathered into one state dict in this process, and loaded into the model (with a fresh LoRA
-    wrapper for a LoRA job's full PEFT state)."""
+def _base_words(load: dict[str, Any] | None) -> dict[str, Any]:
+    """What an in-process suite's details say the weights were (`base_dtype`: `nf4 4-bit` for a QLoRA
+    base, else the dtype), and why where that is not what the job trained on (`base_note`)."""
+    if load is None:
+        return {}
+    quant = load.get("quantization")
+    out: dict[str, Any] = {"base_dtype": f"{quant['type']} 4-bit" if quant else str(load["dtype"])}
+    if load.get("note"):
+        out["base_note"] = load["note"]
+    return out
+
+
+def _from_shards(spec: JobSpec, folder: Path, plan: LoadPlan) -> Any:
+    """A checkpoint of sharded states loaded into the model in this process (with a fresh LoRA wrapper
+    for a LoRA job): FSDP's torch.distributed.checkpoint read straight into the model's own parameters
+    (a LoRA job's adapter tensors alone are read); DeepSpeed ZeRO's partitions gathered to one fp32 state
+    dict first (zero_to_fp32)."""
     from transformers import AutoModelForCausalLM
 
     layout = runs.checkpoint_layout(folder)
-    if layout.kind == "fsdp":
-        from accelerate.utils import merge_fsdp_weights
-
-        shard_dir = next(p for p in sorted(folder.glob("pytorch_model_fsdp*")) if p.is_dir())
-        with tempfile.TemporaryDirectory() as tmp:
-            merge_fsdp_weights(str(shard_dir), tmp, safe_serialization=True)
-            from safetensors.torch import load_file
-
-            state = load_file(str(Path(tmp) / "model.safetensors"))
-    elif layout.kind == "deepspeed":
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(folder))
-    else:
+    if layout.kind not in ("fsdp", "deepspeed"):
         raise ModelError(f"{folder.name} holds no weights this evaluation can load")
     m = spec.model
-    model = AutoModelForCausalLM.from_pretrained(m.name_or_path, revision=m.revision, **kwargs)
-    state = _strip_wrappers(state)
+    model = AutoModelForCausalLM.from_pretrained(
+        m.name_or_path, revision=m.revision, **base_kwargs(spec, plan)
+    )
     if spec.lora is not None:
-        from peft import get_peft_model, set_peft_model_state_dict
+        from peft import get_peft_model
 
         from .model import lora_config
 
         model = get_peft_model(model, lora_config(spec.lora))
-        # FSDP's checkpoint of a PEFT model holds the adapter's tensors alone, named as
-        # get_peft_model_state_dict names them (no adapter name): peft's own loader maps them.
-        # (ZeRO's gathered state names the adapter, `lora_A.default.weight`: the same tensors.)
+    shard_dirs = [p for p in sorted(folder.glob("pytorch_model_fsdp*")) if p.is_dir()]
+    if layout.kind == "fsdp" and shard_dirs:
+        _read_dcp_into(model, shard_dirs[0], lora=spec.lora is not None, name=folder.name)
+        return model
+    if layout.kind == "fsdp":  # FSDP's full state dict, one file
+        import torch
+
+        file = next(iter(sorted(folder.glob("pytorch_model_fsdp*.bin"))), None)
+        if file is None:
+            raise ModelError(f"{folder.name} holds no weights this evaluation can load")
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(folder))
+    state = _strip_wrappers(state)
+    if spec.lora is not None:
+        from peft import set_peft_model_state_dict
+
+        # ZeRO's gathered state names the adapter (`lora_A.default.weight`); peft's loader takes the names
+        # get_peft_model_state_dict gives (no adapter name).
         adapter = {k.replace(".default.", "."): v for k, v in state.items() if "lora_" in k}
         if not adapter:
             raise ModelError(f"{folder.name}: the consolidated state holds no LoRA tensors")
@@ -229,15 +357,68 @@ def _from_shards(spec: JobSpec, folder: Path, kwargs: dict[str, Any]) -> Any:
     return model
 
 
-def _strip_wrappers(state: dict[str, Any]) -> dict[str, Any]:
+# The adapter's name in a PEFT model's parameter names, which FSDP's checkpoint of it leaves out.
+_ADAPTER = "default"
+
+
+def _read_dcp_into(model: Any, shard_dir: Path, *, lora: bool, name: str) -> None:
+    """Read FSDP's torch.distributed.checkpoint folder straight into `model`'s own tensors, in this one
+    process (no process group, no merged copy on disk or in RAM): each tensor is read from the shards into
+    the parameter it belongs to, on whatever device that parameter is. Of a LoRA job only the adapter's
+    tensors are read (its checkpoint holds those alone; a checkpoint that holds the base too is read no
+    further). The checkpoint's names are accelerate's: `model.` + the state dict's own, FSDP1's wrappers
+    inside them, and no adapter name in a PEFT model's."""
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(shard_dir))
+    metadata = reader.read_metadata()
+    planner_data = metadata.planner_data or {}
+    by_name: dict[str, str] = {}
+    for key in metadata.state_dict_metadata:
+        path = planner_data.get(key)
+        inner = ".".join(str(p) for p in path[1:]) if path and len(path) > 1 and path[0] == "model" else key
+        by_name[_strip_name(inner)] = key
+    targets: dict[str, Any] = {}
+    missing: list[str] = []
+    loaded_ptrs: set[int] = set()
+    tensors = model.state_dict(keep_vars=True)
+    for pname, tensor in tensors.items():
+        if lora and "lora_" not in pname and "modules_to_save" not in pname:
+            continue
+        candidates = [pname.replace(f".{_ADAPTER}", ""), pname] if lora else [pname]
+        found = next((by_name[c] for c in candidates if c in by_name), None)
+        if found is None:
+            missing.append(pname)
+            continue
+        targets[found] = tensor.data
+        loaded_ptrs.add(tensor.data_ptr())
+    if lora and not targets:
+        raise ModelError(f"{name}: the sharded checkpoint holds no LoRA tensors of this model")
+    # A tensor tied to one read (the LM head to the embeddings) has its values already.
+    missing = [p for p in missing if tensors[p].data_ptr() not in loaded_ptrs]
+    if missing:
+        what = "LoRA tensors" if lora else "tensors"
+        raise ModelError(
+            f"{name}: the sharded checkpoint lacks {len(missing)} {what} of the model ({missing[0]})"
+        )
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load(targets, storage_reader=reader, no_dist=True)
+    log.info("read %d tensors of %s straight into the model", len(targets), shard_dir.name)
+
+
+def _strip_name(name: str) -> str:
     from .train import WRAPPERS
 
-    out = {}
-    for k, v in state.items():
-        for w in WRAPPERS:
-            k = k.replace(f"{w}.", "")
-        out[k] = v
-    return out
+    for w in WRAPPERS:
+        name = name.replace(f"{w}.", "")
+    return name
+
+
+def _strip_wrappers(state: dict[str, Any]) -> dict[str, Any]:
+    return {_strip_name(k): v for k, v in state.items()}
 
 
 # The suites --------------------------------------------------------------------------------------------
@@ -565,6 +746,10 @@ def lm_eval_backend(spec: JobSpec, folder: Path) -> LmEvalBackend:
     if not own_tokenizer and m.revision:
         lm["tokenizer_revision"] = m.revision
     if (folder / "adapter_config.json").is_file():
+        if spec.lora is not None and spec.lora.quantization is not None:
+            return _hf(
+                "the adapter was trained on a 4-bit base (QLoRA), which this process loads as training did"
+            )
         if m.adapter:
             return _hf(
                 "the adapter was trained over another one (model.adapter), and vLLM serves one at a time"

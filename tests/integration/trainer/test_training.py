@@ -82,7 +82,7 @@ def train_py_argv(tiny_dir: Path, out: Path) -> list[str]:
 
 
 def test_train_py_command_line_under_fsdp2_on_two_cpu_processes_then_resume_on_one(
-    tiny_dir: Path, tmp_path: Path
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The acceptance check, in bf16 on two processes; then its sharded checkpoint resumed by one process
     (another world size: torch's distributed checkpoint reshards as it loads)."""
@@ -134,11 +134,26 @@ def test_train_py_command_line_under_fsdp2_on_two_cpu_processes_then_resume_on_o
     }
     write_spec(out / "spec.json", spec)
 
-    def held_loss(step: int | None) -> float:
-        args = EvaluationArgs(f"e{step}", "j", out, out / "evaluations" / f"e{step}", step=step)
-        return float(evaluate(args)["metrics"]["held/loss"])
+    # The shards are read straight into the model (torch.distributed.checkpoint, no process group): no
+    # merged copy in a temp folder, as accelerate's merge_fsdp_weights made.
+    import tempfile
 
-    at_40, at_final, at_20 = held_loss(40), held_loss(None), held_loss(20)
+    from accelerate import utils
+
+    def no_copy(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a sharded checkpoint is read into the model, not merged into a temp folder")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tempfile, "TemporaryDirectory", no_copy)
+        patched.setattr(utils, "merge_fsdp_weights", no_copy)
+
+        def held_loss(step: int | None) -> float:
+            args = EvaluationArgs(f"e{step}", "j", out, out / "evaluations" / f"e{step}", step=step)
+            result = evaluate(args)
+            assert result["load"]["layout"] == ("adapter" if step is None else "fsdp")
+            return float(result["metrics"]["held/loss"])
+
+        at_40, at_final, at_20 = held_loss(40), held_loss(None), held_loss(20)
     assert at_40 == pytest.approx(at_final, rel=1e-5) and at_20 != pytest.approx(at_40, rel=1e-5)
 
     # One process goes on from checkpoint-20 to step 40, accumulating two micro-batches a step: the rows of
