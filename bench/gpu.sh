@@ -3,7 +3,9 @@
 # through the real trainer (bench/gpu_jobs.py): a Llama-3-8B-shaped model with LoRA and a ~1B model fully
 # fine-tuned, with sdpa (and flash attention when flash_attn imports), packed and padded: tokens/s, MFU
 # and peak GPU memory next to ftq's estimate; QLoRA when bitsandbytes imports; then the 8B FSDP2 LoRA on
-# two CPU ranks (CUDA_VISIBLE_DEVICES=""): peak PSS and RSS per rank, an adapter-only final save. Models
+# two CPU ranks (CUDA_VISIBLE_DEVICES=""): peak PSS and RSS per rank, an adapter-only final save; the 1B
+# model under FSDP2 on one CUDA process (prepare, bf16 policy, full final save). Estimates use the card's own
+# memory; a job cut at its time share keeps what it logged. Models
 # are random, built from configs and saved in bf16 once under /tmp/ftq-gpu-bench (no hub, never $OUT).
 #
 # On the device tool (docs/benchmarks.md): `make gpu-wheels` here first, then

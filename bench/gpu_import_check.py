@@ -1,6 +1,8 @@
 """Import every module bench/gpu.sh needs, as the lent GPU machine would (`make gpu-import-check`).
 
     python -m bench.gpu_import_check    # exit 0 when every module imports, else 1 naming each that fails
+    python -m bench.gpu_import_check --device-versions   # also 1 unless Python, torch and transformers
+                                                         # are the GPU machine's (DEVICE_VERSIONS)
 
 What gpu.sh runs: `python -m bench.gpu_jobs` (and, with GPU_MICRO=1, bench.gpu_bench and bench.estimate_gpu),
 which launches `accelerate launch -m trainer`. The modules are found by reading those files (an ast scan,
@@ -29,6 +31,20 @@ ENTRY_FILES = (
 EXTRA = ("accelerate.commands.launch", "accelerate.commands.accelerate_cli")
 OWN = ("bench", "ftq", "trainer")
 OPTIONAL = frozenset({"flash_attn", "bitsandbytes", "deepspeed", "mlflow", "wandb", "liger_kernel"})
+# The lent GPU machine's versions (/work/.library/device/KINDS.md: Python 3.12.3, torch 2.11.0+cu130,
+# transformers 5.17.0): what the check must run with to say anything of that machine.
+DEVICE_VERSIONS = {"python": "3.12", "torch": "2.11", "transformers": "5.17"}
+
+
+def version_mismatches(found: dict[str, str]) -> list[str]:
+    """Each of DEVICE_VERSIONS that `found` (name -> version, e.g. "2.11.0+cu130") does not match to its
+    major.minor, as `name X, the GPU machine's Y`."""
+    out = []
+    for name, want in DEVICE_VERSIONS.items():
+        have = found.get(name, "")
+        if ".".join(have.split("+")[0].split(".")[:2]) != want:
+            out.append(f"{name} {have or 'absent'}, the GPU machine's {want}")
+    return out
 
 
 def module_file(name: str) -> Path | None:
@@ -108,14 +124,23 @@ def check() -> list[str]:
     return failures
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
     sys.path.insert(0, str(REPO))
     import torch
     import transformers
 
-    print(
-        f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}"
-    )
+    found = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    print(", ".join(f"{k} {v}" for k, v in found.items()))
+    mismatches = version_mismatches(found)
+    for line in mismatches:
+        print(f"gpu-import-check: not the GPU machine's versions: {line}", file=sys.stderr)
+    if mismatches and "--device-versions" in args:
+        return 1
     failures = check()
     count = len(required_imports())
     if failures:

@@ -30,7 +30,14 @@ Jobs (`--dry-run` shrinks the models, the steps and the matrix; every step is st
    must be a small fraction of rank 0's, and `final/` must hold the adapter alone;
 2. the 8B model with LoRA and a ~1B model fully fine-tuned, each with flash attention (when flash_attn
    imports) and sdpa, packed and padded: tokens/s, MFU and peak memory against the estimate;
-3. QLoRA (4-bit nf4 base weights) of the 8B model when bitsandbytes imports (else a line saying skipped).
+3. QLoRA (4-bit nf4 base weights) of the 8B model when bitsandbytes imports (else a line saying skipped);
+4. the ~1B model fully fine-tuned under FSDP2 on one CUDA process (world size 1): accelerate's real FSDP2
+   prepare (fully_shard), its bf16 mixed-precision policy over float32 parameters, and the final save's
+   full state dict gathered into a `final/` that loads (`fsdp` in the JSON: what train.log said of each).
+
+A job stopped at its share of the budget keeps what it measured: the trainer's points up to then (tokens/s,
+the steps done), the sampled peaks and the log lines. The estimate column is made for the card in the machine
+(torch.cuda.get_device_properties: an H100's 80 GB, an H200's 141), host RAM for a CPU job.
 
 Results: DIR/gpu_jobs.json and a printed table (also DIR/gpu_jobs.md).
 """
@@ -108,6 +115,7 @@ class Job:
     strategy: str = "none"
     timeout_s: float = 60.0
     qlora: bool = False
+    mixed_precision: str | None = None  # None: bf16 on cuda, no on cpu
 
 
 @dataclass
@@ -125,6 +133,9 @@ class Result:
     peak_pss_by_rank: dict[str, int] = field(default_factory=dict)
     phase_rss_mib: dict[str, int] = field(default_factory=dict)
     final_files: dict[str, int] = field(default_factory=dict)
+    device_memory_bytes: int | None = None  # what the estimate was made for: the card's, or host RAM
+    steps_done: int | None = None  # the last step the trainer logged (a job cut short: how far it got)
+    fsdp: dict[str, str] = field(default_factory=dict)  # what train.log said of FSDP (FSDP_LINES)
     error: str | None = None
 
 
@@ -182,7 +193,7 @@ def job_spec(job: Job, model_dir: Path, data: Path) -> JobSpec:
             "save_steps": None,
             "packing": job.packing,
             "gradient_checkpointing": True,
-            "mixed_precision": "bf16" if job.device == "cuda" else "no",
+            "mixed_precision": job.mixed_precision or ("bf16" if job.device == "cuda" else "no"),
         },
         "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"} if job.lora else None,
         "distributed": {"strategy": job.strategy},
@@ -323,13 +334,31 @@ class Sampler(threading.Thread):
             self.done.wait(self.every)
 
 
-def run_job(job: Job, model_dir: Path, data: Path, runs: Path, peak_tflops: float | None) -> Result:
+def card_memory_bytes(device: str) -> int:
+    """The memory the estimate is made for: the CUDA card's own (an H100's 80 GB, an H200's 141), or for a
+    CPU job the host's RAM."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def run_job(
+    job: Job,
+    model_dir: Path,
+    data: Path,
+    runs: Path,
+    peak_tflops: float | None,
+    device_memory_bytes: int | None = None,
+) -> Result:
     spec = job_spec(job, model_dir, data)
     run_dir = runs / job.name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     config = json.loads((model_dir / "config.json").read_text())
-    est = estimate_memory(spec, config, device_memory_bytes=141 * 10**9)
+    memory = device_memory_bytes or card_memory_bytes(job.device)
+    est = estimate_memory(spec, config, device_memory_bytes=memory)
     plan = render_plan(
         spec, job_id=job.name, run_dir=run_dir, settings=Settings(python=sys.executable),
         main_process_port=free_port(),
@@ -339,6 +368,7 @@ def run_job(job: Job, model_dir: Path, data: Path, runs: Path, peak_tflops: floa
     env = job_env(job)
     result = Result(job=job, estimate_bytes=est.per_device_bytes, usable_bytes=est.usable_device_bytes)
     result.estimate_host_bytes = est.host_bytes_per_node
+    result.device_memory_bytes = memory
     started = time.monotonic()
     with (run_dir / "train.log").open("wb") as log:
         proc = subprocess.Popen(
@@ -359,30 +389,73 @@ def run_job(job: Job, model_dir: Path, data: Path, runs: Path, peak_tflops: floa
     result.peak_rss_by_rank = dict(sorted(sampler.rss.items()))
     result.peak_pss_by_rank = dict(sorted(sampler.pss.items()))
     result.peak_gpu_bytes = sampler.gpu_peak
-    text = (run_dir / "train.log").read_text(errors="replace")
+    return read_back(result, run_dir, config, data, model_dir, peak_tflops)
+
+
+# What train.log says of FSDP: the launch's strategy line, the dtypes of the parameters once prepared, and on
+# CPU the mixed-precision policy's compute dtype (trainer/train.py logs each).
+FSDP_LINES = {
+    "strategy": re.compile(r"strategy (fsdp \([^)]*\)[^\n]*)"),
+    "sharded_parameters": re.compile(r"sharded parameters: ([^\n]+)"),
+    "computes_in": re.compile(r"FSDP computes in ([^\n;]+)"),
+}
+
+
+def read_back(
+    result: Result,
+    run_dir: Path,
+    config: dict[str, Any],
+    data: Path,
+    model_dir: Path,
+    peak_tflops: float | None,
+) -> Result:
+    """What the run left behind, whether it ended, failed or was cut at its time share: the trainer's
+    points so far (tokens/s, MFU, the last step), the log's peak-RSS and FSDP lines, final/'s files, and on
+    a non-zero exit the log's last lines as the error."""
+    log_file = run_dir / "train.log"
+    text = log_file.read_text(errors="replace") if log_file.is_file() else ""
     for rank, phase, mib in PEAK_LINE.findall(text):
         result.phase_rss_mib[f"rank {rank} {phase}"] = int(mib)
+    for key, pattern in FSDP_LINES.items():
+        if found := pattern.search(text):
+            result.fsdp[key] = found.group(1).strip()
     final = run_dir / "final"
     if final.is_dir():
         result.final_files = {p.name: p.stat().st_size for p in sorted(final.iterdir()) if p.is_file()}
-    if result.exit_code != 0:
-        result.error = (result.error or "") + " | ".join(text.strip().splitlines()[-5:])[-800:]
-        return result
-    tps = tokens_per_second(run_dir / "metrics.jsonl")
+    metrics = run_dir / "metrics.jsonl"
+    result.steps_done = last_step(metrics)
+    tps = tokens_per_second(metrics)
     result.tokens_per_second = tps
     if tps is not None and peak_tflops:
         result.mfu = (
-            tps * flops_per_token(config, job, mean_doc_tokens(data, model_dir)) / (peak_tflops * 1e12)
+            tps * flops_per_token(config, result.job, mean_doc_tokens(data, model_dir)) / (peak_tflops * 1e12)
         )
+    if result.exit_code != 0:
+        result.error = (result.error or "") + " | ".join(text.strip().splitlines()[-5:])[-800:]
     return result
+
+
+def _points(metrics: Path) -> list[dict[str, Any]]:
+    """The trainer's points; a line cut mid-write by a stopped job is skipped."""
+    if not metrics.is_file():
+        return []
+    points = []
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return points
+
+
+def last_step(metrics: Path) -> int | None:
+    steps = [int(p["step"]) for p in _points(metrics) if p.get("step") is not None]
+    return max(steps) if steps else None
 
 
 def tokens_per_second(metrics: Path) -> float | None:
     """The median of the trainer's own points after the first (which holds the warm-up)."""
-    if not metrics.is_file():
-        return None
-    points = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    values = [p["tokens_per_second"] for p in points if p.get("tokens_per_second")]
+    values = [p["tokens_per_second"] for p in _points(metrics) if p.get("tokens_per_second")]
     return statistics.median(values[1:] or values) if values else None
 
 
@@ -431,7 +504,11 @@ def plan_jobs(dry_run: bool, attns: list[str], steps_big: int, steps_small: int,
             jobs += [big, small]
     rss = Job("rss-fsdp2-lora-8b", "big", True, "sdpa", True, 2 if dry_run else 1, 64, 1, "cpu", 2, "fsdp")
     rss.timeout_s = 120
-    extra = [rss]
+    # FSDP2 on one CUDA process: accelerate's fully_shard prepare, its bf16 mixed-precision policy (bf16 on
+    # the CPU of a dry run too) and the full final save, which the single-device jobs never reach.
+    fsdp = Job("1b-fsdp2-full-ws1", "small", False, "sdpa", True, steps_small, seq, 4, device, 1, "fsdp")
+    fsdp.mixed_precision, fsdp.timeout_s = "bf16", 50
+    extra = [rss, fsdp]
     if qlora:
         q = Job("8b-qlora-sdpa-packed", "big", True, "sdpa", True, steps_big, seq, 2, device, qlora=True)
         q.timeout_s = 60
@@ -439,7 +516,7 @@ def plan_jobs(dry_run: bool, attns: list[str], steps_big: int, steps_small: int,
     if dry_run:
         # The suite runs the dry mode: one launch of each kind (LoRA packed, full padded, the two-rank
         # RAM check) keeps it short and still crosses every code path of the matrix.
-        return [jobs[0], rss, jobs[3]]
+        return [jobs[0], rss, fsdp, jobs[3]]
     return [*jobs[:2], *extra, *jobs[2:]]
 
 
@@ -477,8 +554,8 @@ def flash_attn_importable() -> bool:
 
 def table(results: list[Result]) -> str:
     head = (
-        "| job | exit | s | tokens/s | MFU | peak GPU GiB | estimate GiB (usable) | peak RSS GiB by rank "
-        "| peak PSS GiB by rank | notes |"
+        "| job | exit | s | tokens/s | MFU | peak GPU GiB | estimate GiB (usable of card) "
+        "| peak RSS GiB by rank | peak PSS GiB by rank | notes |"
     )
     lines = [head, "|" + " --- |" * 10]
 
@@ -491,13 +568,18 @@ def table(results: list[Result]) -> str:
         notes = "; ".join(f"{k} +{v} MiB" for k, v in r.phase_rss_mib.items())
         if r.final_files:
             notes += ("; " if notes else "") + "final/: " + ", ".join(r.final_files)
+        if r.fsdp.get("sharded_parameters"):
+            notes += ("; " if notes else "") + "FSDP params: " + r.fsdp["sharded_parameters"]
+        if r.exit_code != 0 and r.steps_done is not None:
+            notes += ("; " if notes else "") + f"{r.steps_done}/{r.job.steps} steps before it ended"
         if r.error:
             notes += ("; " if notes else "") + r.error[:200]
         lines.append(
             f"| {r.job.name} | {r.exit_code} | {r.seconds:.0f} | "
             + (f"{r.tokens_per_second:.0f}" if r.tokens_per_second else "-")
             + f" | {f'{r.mfu:.1%}' if r.mfu is not None else '-'} | {gib(r.peak_gpu_bytes)} | "
-            + f"{gib(r.estimate_bytes)} ({gib(r.usable_bytes)}) | {rss} | {pss} | {notes} |"
+            + f"{gib(r.estimate_bytes)} ({gib(r.usable_bytes)} of {gib(r.device_memory_bytes)}) | {rss} "
+            + f"| {pss} | {notes} |"
         )
     return "\n".join(lines)
 
@@ -569,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         device, big_cfg, small_cfg = "cuda", LLAMA3_8B, LLAMA_1B
         steps_big, steps_small = args.steps_8b, args.steps_1b
         name = torch.cuda.get_device_name()
+        memory = card_memory_bytes("cuda") / GiB
+        print(f"gpu_jobs: {name}, {memory:.1f} GiB: the memory the estimates are made for", flush=True)
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
         if flash_attn_importable():
             attns.insert(0, "flash_attention_2")
@@ -597,14 +681,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_jobs: {job.name} skipped, past the {args.budget_s:.0f} s budget", flush=True)
             continue
         job.timeout_s = min(job.timeout_s, left)
-        r = run_job(job, models[job.model], data, work / "runs", peak)
+        r = run_job(job, models[job.model], data, work / "runs", peak, card_memory_bytes(job.device))
         results.append(r)
         write_report(out, args.dry_run, device, results, skipped)
         summary = {
             "job": job.name, "exit": r.exit_code, "tokens_per_second": r.tokens_per_second, "mfu": r.mfu,
             "peak_gpu_bytes": r.peak_gpu_bytes, "estimate_bytes": r.estimate_bytes,
             "peak_rss_by_rank": r.peak_rss_by_rank, "peak_pss_by_rank": r.peak_pss_by_rank,
-            "seconds": round(r.seconds),
+            "seconds": round(r.seconds), "steps_done": r.steps_done, "fsdp": r.fsdp,
         }  # fmt: skip
         print(json.dumps(summary), flush=True)
     text = write_report(out, args.dry_run, device, results, skipped)

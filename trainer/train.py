@@ -481,8 +481,19 @@ def train_begin_callback() -> Any:
             lower_process_group_timeout(float(args.ddp_timeout))
             if model is not None and _env_flag("ACCELERATE_USE_FSDP"):
                 log.info("sharded parameters: %s", parameter_dtypes(model))
+                log.info("FSDP computes in %s (its mixed-precision policy)", fsdp_compute_dtype())
 
     return TrainBegin()
+
+
+def fsdp_compute_dtype() -> str:
+    """The dtype FSDP's mixed-precision policy gathers the parameters in for compute (the accelerator
+    state's plugin), or `the load dtype` where the policy sets none."""
+    from accelerate.state import AcceleratorState
+
+    plugin = getattr(AcceleratorState(), "fsdp_plugin", None)
+    dtype = getattr(getattr(plugin, "mixed_precision_policy", None), "param_dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype else "the load dtype"
 
 
 def parameter_dtypes(model: Any) -> str:

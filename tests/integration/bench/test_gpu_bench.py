@@ -1,6 +1,7 @@
 """bench/gpu.sh is ready for a GPU: the script parses, and its Python part runs end to end on CPU with
 tiny shapes (`--dry-run`): real launches through the rendered accelerate command, metrics read back,
-per-rank peak RSS sampled, an adapter-only final save seen under FSDP2."""
+per-rank peak RSS sampled, an adapter-only final save seen under FSDP2, and FSDP2 on one process in bf16
+with its full final save."""
 
 from __future__ import annotations
 
@@ -46,5 +47,15 @@ def test_dry_run_measures_real_jobs(tmp_path: Path) -> None:
     assert set(rss["peak_rss_by_rank"]) == {"0", "1"} and set(rss["peak_pss_by_rank"]) == {"0", "1"}
     assert {"rank 0 loading", "rank 1 loading", "rank 0 final save"} <= set(rss["phase_rss_mib"])
     assert report["ram_check"]["adapter_only_final"] is True
+    # FSDP2 on one process (CUDA on the GPU machine, the CPU here): fully_shard's prepare, the bf16
+    # mixed-precision policy over float32 parameters, and a full final/ gathered from the sharded model.
+    ws1 = by_name["1b-fsdp2-full-ws1"]
+    assert ws1["exit_code"] == 0 and ws1["tokens_per_second"] > 0 and ws1["steps_done"] == 4
+    assert ws1["fsdp"]["strategy"].startswith("fsdp (DistributedType.FSDP), 1 process(es)")
+    assert ws1["fsdp"]["computes_in"].startswith("bfloat16")
+    assert "trainable float32" in ws1["fsdp"]["sharded_parameters"]
+    assert "model.safetensors" in ws1["final_files"] and "config.json" in ws1["final_files"]
+    # The estimate was made for this machine's memory (host RAM for a CPU job), not an H200's.
+    assert lora["device_memory_bytes"] == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert any("QLoRA" in line for line in report["skipped"])
     assert "| 8b-lora-sdpa-packed | 0 |" in (tmp_path / "out" / "gpu_jobs.md").read_text()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from bench import REPO
-from bench.gpu_import_check import required_imports
+from bench.gpu_import_check import DEVICE_VERSIONS, required_imports, version_mismatches
 from bench.gpu_jobs import (
     BUDGET_S,
     LLAMA3_8B,
@@ -16,17 +19,20 @@ from bench.gpu_jobs import (
     WORK,
     Job,
     Result,
+    card_memory_bytes,
     fit_timeouts,
     flops_per_token,
     job_env,
     job_spec,
     plan_jobs,
     ram_check,
+    read_back,
     table,
 )
 from ftq.planning.estimate import estimate_memory, parse_arch
 
 H200 = 141 * 10**9
+H100 = 80 * 2**30
 
 
 def test_the_matrix_on_a_gpu_covers_both_models_attentions_and_batches() -> None:
@@ -59,12 +65,67 @@ def test_the_matrix_on_a_gpu_covers_both_models_attentions_and_batches() -> None
 @pytest.mark.parametrize(
     "job", plan_jobs(False, ["flash_attention_2", "sdpa"], 50, 100, qlora=True), ids=lambda j: j.name
 )
-def test_every_gpu_job_is_a_valid_spec_that_the_estimate_says_fits_an_h200(job: Job) -> None:
+@pytest.mark.parametrize("card", [H100, H200], ids=["h100", "h200"])
+def test_every_gpu_job_is_a_valid_spec_that_the_estimate_says_fits_the_lent_cards(
+    job: Job, card: int
+) -> None:
     spec = job_spec(job, Path("/models/x"), Path("/data/train.jsonl"))
     if job.device != "cuda":
         return
-    est = estimate_memory(spec, LLAMA3_8B if job.model == "big" else LLAMA_1B, device_memory_bytes=H200)
+    est = estimate_memory(spec, LLAMA3_8B if job.model == "big" else LLAMA_1B, device_memory_bytes=card)
     assert est.fits is True, (job.name, est.per_device_bytes)
+
+
+def test_fsdp2_runs_on_one_cuda_process_in_bf16() -> None:
+    """Issue 51 (10): FSDP2 on CUDA, world size 1: accelerate's fully_shard prepare, the bf16 mixed-precision
+    policy and the full final save, in the GPU matrix and in the dry run (on CPU, bf16 too)."""
+    for dry in (False, True):
+        (fsdp,) = [j for j in plan_jobs(dry, ["sdpa"], 50, 100, qlora=False) if j.name == "1b-fsdp2-full-ws1"]
+        spec = job_spec(fsdp, Path("/m"), Path("/d.jsonl"))
+        assert (spec.distributed.strategy, spec.distributed.fsdp.version, spec.resources.world_size) == (
+            "fsdp",
+            2,
+            1,
+        )
+        assert spec.lora is None and spec.training.mixed_precision == "bf16"
+        assert fsdp.device == ("cpu" if dry else "cuda")
+
+
+def test_the_estimate_is_made_for_the_cards_own_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 51 (10): not an H200's 141 GB on any card: torch's device properties (an H100: 80 GiB)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=H100))
+    assert card_memory_bytes("cuda") == H100
+    assert card_memory_bytes("cpu") == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_a_job_cut_at_its_share_keeps_what_it_measured(tmp_path: Path) -> None:
+    """Issue 51 (10): a job stopped at its time share (SIGKILL: exit -9) reports the trainer's points so far,
+    the steps it did and the log's lines, not nothing; a point cut mid-write is skipped."""
+    run = tmp_path / "run"
+    run.mkdir()
+    points = [
+        {"step": s, "loss": 1.0, "tokens_per_second": tps} for s, tps in ((1, 100.0), (2, 900.0), (3, 1100.0))
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points) + '{"step": 4, "lo')
+    (run / "train.log").write_text(
+        "strategy fsdp (DistributedType.FSDP), 1 process(es), device cuda:0; eval: none\n"
+        "sharded parameters: trainable float32 (1,000)\n"
+        "FSDP computes in bfloat16 (its mixed-precision policy)\n"
+    )
+    job = Job("1b-fsdp2-full-ws1", "small", False, "sdpa", True, 100, 2048, 4, "cuda", 1, "fsdp")
+    cut = Result(job=job, exit_code=-9, error="stopped after 30 s (its share of the bench's time)")
+    read_back(cut, run, LLAMA_1B, tmp_path / "d.jsonl", tmp_path, peak_tflops=None)
+    assert cut.tokens_per_second == 1000.0 and cut.steps_done == 3  # the median after the warm-up point
+    assert cut.fsdp == {
+        "strategy": "fsdp (DistributedType.FSDP), 1 process(es), device cuda:0; eval: none",
+        "sharded_parameters": "trainable float32 (1,000)",
+        "computes_in": "bfloat16 (its mixed-precision policy)",
+    }
+    assert cut.error is not None and cut.error.startswith("stopped after 30 s")
+    text = table([cut])
+    assert "| 1000 |" in text and "3/100 steps before it ended" in text
 
 
 def test_flops_per_token_is_palms_accounting() -> None:
@@ -146,3 +207,20 @@ def test_the_import_check_covers_what_the_gpu_bench_imports() -> None:
     roots = {m.split(".")[0] for m in needed}
     assert {"trl", "datasets", "peft", "pydantic", "pydantic_settings", "torch", "transformers"} <= roots
     assert not roots & {"tests", "psycopg", "httpx", "sqlalchemy", "service", "worker", "celery", "fastapi"}
+
+
+def test_the_import_check_names_versions_that_are_not_the_gpu_machines() -> None:
+    """Issue 51 (10): the import check says (and with --device-versions fails) when it did not run with the
+    GPU machine's Python 3.12, torch 2.11 and transformers 5.17; gpu_import_venv.sh builds that venv."""
+    assert DEVICE_VERSIONS == {"python": "3.12", "torch": "2.11", "transformers": "5.17"}
+    device = {"python": "3.12.3", "torch": "2.11.0+cu130", "transformers": "5.17.0"}
+    assert version_mismatches(device) == []
+    here = {"python": "3.11.7", "torch": "2.13.0+cpu", "transformers": "5.24.0"}
+    assert version_mismatches(here) == [
+        "python 3.11.7, the GPU machine's 3.12",
+        "torch 2.13.0+cpu, the GPU machine's 2.11",
+        "transformers 5.24.0, the GPU machine's 5.17",
+    ]
+    script = (REPO / "bench" / "gpu_import_venv.sh").read_text()
+    assert 'GPU_TORCH="${GPU_TORCH:-torch==2.11.0}"' in script and "transformers==5.17.0" in script
+    assert "sys.version_info[:2] != (3, 12)" in script and "--device-versions" in script
