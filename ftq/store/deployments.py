@@ -14,11 +14,12 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from ftq.contract.status import LAUNCHED, TERMINAL, JobStatus
 from ftq.store.models import Deployment, DeploymentQueue
+from ftq.store.owned import OwnedRepository
 from ftq.store.repository import account_other_run
 from ftq.store.transitions import RunTable, utcnow
 
@@ -62,15 +63,10 @@ def _ended(
 DEPLOYMENTS = RunTable(Deployment, cancel_dispatch=None, on_ended=_ended)
 
 
-class DeploymentRepository:
+class DeploymentRepository(OwnedRepository):
     """An owner's deployments (see the module's docstring)."""
 
-    def __init__(self, session: Session, owner: str):
-        self.session = session
-        self.owner = owner
-
-    def _readable(self) -> Select[Any]:
-        return select(Deployment).where(Deployment.owner == self.owner)
+    model = Deployment
 
     def get(self, deployment_id: str) -> Deployment | None:
         row: Deployment | None = self.session.scalars(

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, exists, func, insert, select, update
+from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from ftq.contract.events import EventType
 from ftq.store.db import lock_for_transaction
 from ftq.store.models import Job, JobEvent, Webhook, WebhookDelivery
+from ftq.store.owned import OwnedRepository
 
 PENDING, SUCCEEDED, FAILED = "pending", "succeeded", "failed"
 
@@ -110,13 +111,8 @@ def keys_with_prefix(session: Session, job_id: str, prefix: str) -> set[str]:
 # What the API reads ------------------------------------------------------------------------------------
 
 
-class EventRepository:
-    def __init__(self, session: Session, owner: str):
-        self.session = session
-        self.owner = owner
-
-    def _readable(self) -> Select[Any]:
-        return select(JobEvent).where(JobEvent.owner == self.owner)
+class EventRepository(OwnedRepository):
+    model = JobEvent
 
     def page(self, *, after: int, limit: int, job_id: str | None = None) -> list[JobEvent]:
         stmt = self._readable().where(JobEvent.id > after)
@@ -125,13 +121,8 @@ class EventRepository:
         return list(self.session.scalars(stmt.order_by(JobEvent.id).limit(limit)))
 
 
-class WebhookRepository:
-    def __init__(self, session: Session, owner: str):
-        self.session = session
-        self.owner = owner
-
-    def _readable(self) -> Select[Any]:
-        return select(Webhook).where(Webhook.owner == self.owner)
+class WebhookRepository(OwnedRepository):
+    model = Webhook
 
     def get(self, webhook_id: str) -> Webhook | None:
         return self.session.scalars(self._readable().where(Webhook.id == webhook_id)).first()

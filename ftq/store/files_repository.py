@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, false, func, or_, select, update
+from sqlalchemy import delete, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ftq.contract.status import ACTIVE, FileStatus
 from ftq.runtime.files import Validation
 from ftq.store.db import lock_for_transaction
 from ftq.store.models import Evaluation, Job, UploadedFile
+from ftq.store.owned import OwnedRepository
 
 
 def utcnow() -> datetime:
@@ -43,13 +44,8 @@ def file_ids_of(value: Any) -> set[str]:
     return found
 
 
-class FileRepository:
-    def __init__(self, session: Session, owner: str):
-        self.session = session
-        self.owner = owner
-
-    def _readable(self) -> Select[Any]:
-        return select(UploadedFile).where(UploadedFile.owner == self.owner)
+class FileRepository(OwnedRepository):
+    model = UploadedFile
 
     def get(self, file_id: str) -> UploadedFile | None:
         return self.session.scalars(self._readable().where(UploadedFile.id == file_id)).first()

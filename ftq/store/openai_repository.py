@@ -8,25 +8,21 @@ and a job's metric points for its events, checkpoints and result file.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, cast
 
 from sqlalchemy import Select, select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import defer
 
 from ftq.store.events import EventRepository
 from ftq.store.models import Job, JobEvent, MetricPoint, OpenAIJob
+from ftq.store.owned import OwnedRepository
 
 
-class OpenAIRepository:
-    def __init__(self, session: Session, owner: str):
-        self.session = session
-        self.owner = owner
+class OpenAIRepository(OwnedRepository):
+    model = Job
 
-    def _readable(self) -> Select[Job, OpenAIJob]:
-        return (
-            select(Job, OpenAIJob)
-            .outerjoin(OpenAIJob, OpenAIJob.job_id == Job.id)
-            .where(Job.owner == self.owner)
-        )
+    def _select(self) -> Select[Any]:
+        return cast(Select[Any], select(Job, OpenAIJob).outerjoin(OpenAIJob, OpenAIJob.job_id == Job.id))
 
     def get(self, job_id: str) -> tuple[Job, OpenAIJob | None] | None:
         row = self.session.execute(self._readable().where(Job.id == job_id)).first()

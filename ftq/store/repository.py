@@ -18,7 +18,6 @@ from sqlalchemy import (
     JSON,
     Engine,
     Integer,
-    Select,
     bindparam,
     case,
     cast,
@@ -51,6 +50,7 @@ from ftq.store.models import (
     OwnerUsage,
     Sample,
 )
+from ftq.store.owned import OwnedRepository
 from ftq.store.transitions import RunTable, rowcount, utcnow
 
 # The metrics poll, built once: building a statement and matching its result columns to the cached
@@ -156,13 +156,8 @@ def _status_and_points(rows: Sequence[Any]) -> tuple[str, list[Any]] | None:
     return status, [r[1:] for r in rows]
 
 
-class JobRepository:
-    def __init__(self, session: Session, owner: str):
-        self.session = session
-        self.owner = owner
-
-    def _readable(self) -> Select[Any]:
-        return select(Job).where(Job.owner == self.owner)
+class JobRepository(OwnedRepository):
+    model = Job
 
     def get(self, job_id: str) -> Job | None:
         return self.session.scalars(self._readable().where(Job.id == job_id)).first()

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from ftq.contract.status import LAUNCHED, JobStatus
 from ftq.store.db import lock_for_transaction
 from ftq.store.models import Dispatch, Evaluation, EvaluationQueue, Export, ExportQueue, Job
+from ftq.store.owned import OwnedRepository
 from ftq.store.repository import account_other_run
 from ftq.store.transitions import RunTable, utcnow
 
@@ -27,7 +28,7 @@ Row = TypeVar("Row", Export, Evaluation)
 Queue = TypeVar("Queue", ExportQueue, EvaluationQueue)
 
 
-class SideRunRepository(Generic[Row, Queue]):
+class SideRunRepository(OwnedRepository, Generic[Row, Queue]):
     """An owner's side runs of one table (its `transitions`' table), the scheduler's rows for them (`queue`,
     keyed by `<noun>_id`); `noun` also names the owner's queue lock. A kind names them in its class line:
     `class ExportRepository(SideRunRepository[...], queue=ExportQueue, noun="export", transitions=...)`."""
@@ -45,12 +46,11 @@ class SideRunRepository(Generic[Row, Queue]):
         cls.table, cls.queue_table, cls.noun, cls.transitions = transitions.table, queue, noun, transitions
         cls.queue_key = f"{noun}_id"
 
-    def __init__(self, session: Session, owner: str):
-        self.session = session
-        self.owner = owner
+    def _select(self) -> Select[Any]:
+        return select(self.table).join(Job, Job.id == self.table.job_id)
 
-    def _readable(self) -> Select[Any]:
-        return select(self.table).join(Job, Job.id == self.table.job_id).where(Job.owner == self.owner)
+    def _owner_column(self) -> Any:
+        return Job.owner
 
     def get(self, job_id: str, row_id: str) -> Row | None:
         stmt = self._readable().where(self.table.job_id == job_id, self.table.id == row_id)

@@ -84,6 +84,7 @@ def test_queue_usage_and_estimate_vs_actual(
             "exports": 0,
             "evaluations": 0,
             "deployments": 0,
+            "training_clients": 0,
             "prompt_tokens": 0,
             "completion_tokens": 0,
         }
