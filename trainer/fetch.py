@@ -9,9 +9,11 @@ into one shared cache; trainer.data loads the dataset's snapshot folder from it)
 launcher's HF_HUB_CACHE (FTQ_HUB_CACHE: a folder every node sees, default data_dir/hub); the token is the
 launcher's HF_TOKEN (FTQ_HF_TOKEN), read from the environment by huggingface_hub and written nowhere.
 
-Progress goes to train.log as `fetching <repo>: <done> of <total> bytes`, which the service shows as
-`progress.phase: fetching`. A gated, private or missing repo (or revision) ends the run here, before
-any rank starts, with `model_error` (a model) or `dataset_error` (the dataset) naming the repo and the fix.
+Progress goes to progress.jsonl (runs.PROGRESS) as a `fetching` record after each file (the repo, bytes
+done and total), which the service shows as `progress.phase: fetching` with the bytes in its message;
+train.log gets the same as `fetching <repo>: <done> of <total> bytes`, for people. A gated, private or
+missing repo (or revision) ends the run here, before any rank starts, with `model_error` (a model) or
+`dataset_error` (the dataset) naming the repo and the fix.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from ftq.contract import runs
+from ftq.contract import progress, runs
 from ftq.contract.spec import JobSpec, hub_datasets, hub_models
 
 from . import hub
@@ -72,9 +74,12 @@ def _explain(repo: str, exc: Exception, repo_type: str = "model") -> str:
     return f"could not fetch {repo_type} {repo} from the Hugging Face Hub: {type(exc).__name__}: {exc}"
 
 
-def fetch_repo(repo: str, revision: str | None, repo_type: str = "model") -> int:
+def fetch_repo(
+    repo: str, revision: str | None, repo_type: str = "model", progress_file: Path | None = None
+) -> int:
     """Download `repo` (a model or dataset repo) at `revision` into the cache (HF_HUB_CACHE), logging bytes
-    done after each file; the bytes. A failure is a ModelError for a model, a DatasetError for a dataset.
+    done after each file and appending them to `progress_file` as a `fetching` record; the bytes. A
+    failure is a ModelError for a model, a DatasetError for a dataset.
 
     One file at a time rather than snapshot_download, for the progress lines; the cache ends up the same
     (blobs, the snapshot and refs/<revision>), which is what the ranks' offline loads look up."""
@@ -91,12 +96,14 @@ def fetch_repo(repo: str, revision: str | None, repo_type: str = "model") -> int
         # A dataset repo's files are all data (or its card): only a model's second weight format is left.
         files = wanted(sorted(sizes)) if repo_type == "model" else sorted(sizes)
         total, done = sum(sizes[f] for f in files), 0
+        _report(progress_file, repo, done, total)
         print(f"fetching {repo}: {done} of {total} bytes ({len(files)} files)", flush=True)
         for name in files:
             # The spec's revision (None: main), not the commit: the cache then maps it to that commit
             # (refs/main), which is how the ranks' offline from_pretrained finds the files.
             hf_hub_download(repo, name, repo_type=repo_type, revision=revision)
             done += sizes[name]
+            _report(progress_file, repo, done, total)
             print(f"fetching {repo}: {done} of {total} bytes", flush=True)
     except FtqError:
         raise
@@ -106,16 +113,22 @@ def fetch_repo(repo: str, revision: str | None, repo_type: str = "model") -> int
     return total
 
 
+def _report(progress_file: Path | None, repo: str, done: int, total: int) -> None:
+    if progress_file is not None:
+        progress.append(progress_file, progress.fetching(repo, done, total))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", type=Path, default=Path(runs.SPEC))
     args = ap.parse_args(argv)
     spec = JobSpec.model_validate_json(args.spec.read_text())
+    progress_file = args.spec.parent / runs.PROGRESS  # the run directory, beside spec.json
     try:
         for repo, revision in hub_models(spec):
-            fetch_repo(repo, revision, "model")
+            fetch_repo(repo, revision, "model", progress_file)
         for repo, revision in hub_datasets(spec):
-            fetch_repo(repo, revision, "dataset")
+            fetch_repo(repo, revision, "dataset", progress_file)
     except FtqError as err:
         report_and_exit(err)
     sys.stdout.flush()

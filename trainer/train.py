@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ftq.contract import runs
+from ftq.contract import progress, runs
 from ftq.contract.modelcard import RunFacts, render_model_card
 from ftq.contract.spec import LOSS_ON_FORMATS, METHOD_TRAINERS, Device, JobSpec, resolved_save_dtype
 
@@ -69,9 +69,9 @@ def main(args: TrainerArgs) -> None:
 
 
 def run(args: TrainerArgs) -> None:
-    """One run, step by step. Some lines the steps log are the markers the service reads back from
-    train.log for a job's phase (service/jobs/phase.py `_MARKERS`): a change to their wording or order
-    is a change to that parser too."""
+    """One run, step by step. Where the run is before its first step and after its last goes to
+    progress.jsonl as records (`report_progress`, ftq.contract.progress), which the service shows as
+    the job's phase; the log lines the steps write are for people."""
     spec, out = args.spec, args.output_dir
     run_started = time.time()
     with start_up(spec):  # first: before anything imports transformers
@@ -180,6 +180,7 @@ def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
         state.device,
         splits.eval_note,
     )
+    report_progress(out, progress.RunPhase.loading, progress.LOADING_INPUTS)
     return Launch(state, strategy, config, report_to, ram_efficient)
 
 
@@ -265,6 +266,7 @@ def load_policy(spec: JobSpec, launch: Launch, fmt: str, out: Path) -> tuple[Any
         METHOD_TRAINERS[method],
         fmt,
     )
+    report_progress(out, progress.RunPhase.loading, progress.PREPARING_TRAINER)
     return model, peft_config
 
 
@@ -569,8 +571,9 @@ def train(job: Job, spec: JobSpec, out: Path, resume_from: str | None, stop: Sto
     started = time.time()
     resume = resume_path(resume_from, out)
     if resume is not None:
-        # Said once per run so the log shows where a continued run picked up (the service greps it).
+        # Said once per run so the log shows where a continued run picked up.
         log.info("resuming from %s", resume)
+        report_progress(out, progress.RunPhase.loading, progress.RESUMING)
     trackers.start(spec.integrations, out, is_main=job.launch.state.is_main_process)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
@@ -578,6 +581,31 @@ def train(job: Job, spec: JobSpec, out: Path, resume_from: str | None, stop: Sto
         _leave_process_group(trainer)
         raise_if_diverged(job.watch, out)  # the loss became NaN: no final save; ends as `diverged`
     log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
+    report_progress(
+        out,
+        progress.RunPhase.saving,
+        progress.SAVING_FINAL,
+        step=trainer.state.global_step,
+        max_steps=trainer.state.max_steps,
+    )
+
+
+def report_progress(
+    out: Path,
+    phase: progress.RunPhase,
+    message: str,
+    *,
+    step: int | None = None,
+    max_steps: int | None = None,
+) -> None:
+    """Rank 0 appends a record to progress.jsonl: where the run is, for the job's `progress.phase`. A
+    record that cannot be written costs the job its phase message, never its run."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        progress.append(out / runs.PROGRESS, progress.record(phase, message, step=step, max_steps=max_steps))
+    except OSError as err:
+        log.warning("could not write %s: %s", runs.PROGRESS, err)
 
 
 def evaluate_and_sample_last_step(job: Job, spec: JobSpec) -> None:

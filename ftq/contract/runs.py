@@ -20,6 +20,10 @@ LAUNCH_SCRIPT = "launch.sh"
 SBATCH_SCRIPT = "job.sbatch"
 TRAIN_LOG = "train.log"
 METRICS = "metrics.jsonl"
+# What the run is doing before its first step and after its last (fetching, loading, saving): one
+# ftq.contract.progress.ProgressRecord per line, written by the fetch step and the trainer's rank 0; the
+# service shows the newest as the job's progress.phase and progress.message. train.log is for people.
+PROGRESS = "progress.jsonl"
 # One JSON object per line: {step, index, prompt, completion, time}, one line per sample prompt each time
 # the trainer samples (spec `eval.sample_prompts`); main process only, flushed as written.
 SAMPLES = "samples.jsonl"

@@ -1,5 +1,6 @@
 """The progress phase of a real job through a real `ftq up` (service/jobs/phase.py): a job says what it
-is doing before its first step, read from the markers its train.log already holds."""
+is doing before its first step, read from the records the trainer writes to progress.jsonl
+(ftq.contract.progress), not from the wording of its train.log."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ftq.contract import progress, runs
 from tests.harness import QUICK_SETTINGS, Deployment, run_ftq, tiny_spec
 
 ORDER = ["queued", "starting", "loading", "training", "saving"]
@@ -48,3 +50,17 @@ def test_a_job_says_what_it_does_before_its_first_step(tmp_path: Path, tiny_dir:
     assert shown and re.search(rf"progress\s+(\S+ \(({messages})\)|\d+/3 )", shown), shown
     phases = [s[1] for s in seen if s[1] is not None]
     assert phases == sorted(phases, key=ORDER.index), seen  # forward only
+
+    # What the API said the run was doing is what the run wrote as records, in the order it wrote them.
+    lines = (dep.run_dir(job_id) / runs.PROGRESS).read_text().splitlines()
+    records = [progress.parse(line) for line in lines]
+    assert [(r.phase, r.message) for r in records if r is not None] == [
+        ("loading", progress.LOADING_INPUTS),
+        ("loading", progress.PREPARING_TRAINER),
+        ("saving", progress.SAVING_FINAL),
+    ], lines
+    assert records[-1] is not None and records[-1].step == records[-1].max_steps == 3, lines
+    from_records = {(str(r.phase), r.message) for r in records if r is not None}
+    for _, phase, message, _ in seen:
+        if message is not None and phase in ("loading", "saving"):
+            assert (phase, message) in from_records, seen

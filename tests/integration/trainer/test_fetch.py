@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ftq.contract import runs
+from ftq.contract import progress, runs
 from ftq.contract.spec import JobSpec
 from ftq.planning.render import render_plan
 from ftq.runtime.settings import Settings
@@ -88,6 +88,10 @@ def test_a_hub_model_is_fetched_once_then_trained_offline(tiny_dir: Path, tmp_pa
     assert (snapshot / "config.json").is_file() and (snapshot / "model.safetensors").is_file()
     data_total = sum(p.stat().st_size for p in rows.rglob("*") if p.is_file())
     assert f"fetching owner/rows: {data_total} of {data_total} bytes" in log
+    # The service reads the fetch's progress from its records (progress.jsonl), not from those lines.
+    fetched = [progress.parse(line) for line in (run_dir / runs.PROGRESS).read_text().splitlines()]
+    ends = {r.repo: (r.done_bytes, r.total_bytes) for r in fetched if r is not None and r.phase == "fetching"}
+    assert ends == {"owner/tiny": (total, total), "owner/rows": (data_total, data_total)}, fetched
     data_snapshot = tmp_path / "shared-cache" / "datasets--owner--rows" / "snapshots" / SHA
     assert (data_snapshot / "data" / "train-00000-of-00001.jsonl").is_file()
     # The fetch asked with the operator's token; the ranks asked nothing (HF_HUB_OFFLINE=1): each file

@@ -80,3 +80,25 @@ def test_the_plans_process_group_timeout_becomes_ddp_timeout_never_under_30_minu
     config = sft_config(job(lora=False), tmp_path, has_eval=False, process_group_timeout=2760)
     assert config.ddp_timeout == 2760
     assert sft_config(job(lora=False), tmp_path, has_eval=False, process_group_timeout=60).ddp_timeout == 1800
+
+
+def test_rank_0_alone_reports_progress_and_a_failed_write_never_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ftq.contract import progress, runs
+    from trainer.train import report_progress
+
+    monkeypatch.setenv("RANK", "1")
+    report_progress(tmp_path, progress.RunPhase.loading, progress.LOADING_INPUTS)
+    assert not (tmp_path / runs.PROGRESS).exists()
+    monkeypatch.setenv("RANK", "0")
+    report_progress(tmp_path, progress.RunPhase.saving, progress.SAVING_FINAL, step=4, max_steps=4)
+    rec = progress.latest(tmp_path / runs.PROGRESS)
+    assert rec is not None and (rec.phase, rec.message, rec.step, rec.max_steps) == (
+        "saving",
+        "saving the final model",
+        4,
+        4,
+    )
+    report_progress(tmp_path / "gone", progress.RunPhase.loading, progress.RESUMING)  # no such folder
+    assert "could not write progress.jsonl" in caplog.text
