@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ftq.contract.tinker import KEY, KEY_HEADER, LOSS_FNS, OPS, REQUEST, write_endpoint
+from ftq.contract.tinker import GRADS_FILE, KEY, KEY_HEADER, LOSS_FNS, OPS, REQUEST, write_endpoint
 
 log = logging.getLogger("ftq.tinker_host")
 
@@ -134,7 +134,9 @@ class Host:
         self.steps = 0
         load = config.get("load")
         if load:
-            self.load_state({"folder": load["folder"], "optimizer": bool(load.get("optimizer"))})
+            flags = {k: bool(load.get(k)) for k in ("optimizer", "grads")}
+            self.load_state({"folder": load["folder"], **flags})
+            self.steps = int(load.get("steps") or _saved_steps(Path(load["folder"])))
 
     # forward_backward --------------------------------------------------------------------------------
 
@@ -224,6 +226,11 @@ class Host:
         self.model.save_pretrained(str(folder), save_embedding_layers=False)
         if body.get("optimizer", True):
             torch.save(self._optimizer().state_dict(), folder / OPTIMIZER_FILE)
+        (folder / GRADS_FILE).unlink(missing_ok=True)
+        if body.get("grads"):  # an idle save: the gradients no optim_step has used yet go with it
+            grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
+            if grads:
+                torch.save(grads, folder / GRADS_FILE)
         meta = {"lora": self.config["lora"], "base": self.config.get("base"), "steps": self.steps}
         (folder / META_FILE).write_text(json.dumps(meta))
         return {"size_bytes": _size(folder)}
@@ -242,6 +249,11 @@ class Host:
             if not saved.is_file():
                 raise UserError("the state was saved without its optimizer")
             self._optimizer().load_state_dict(torch.load(saved, map_location=self.device, weights_only=True))
+        if body.get("grads") and (folder / GRADS_FILE).is_file():
+            grads = torch.load(folder / GRADS_FILE, map_location=self.device, weights_only=True)
+            for name, p in self.model.named_parameters():
+                if name in grads:
+                    p.grad = grads[name]
         return {}
 
     def save_sampler(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -380,6 +392,13 @@ def _pick(
         logits = torch.full_like(logits, -math.inf).scatter(-1, order, sorted_logits)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _saved_steps(folder: Path) -> int:
+    try:
+        return int(json.loads((folder / META_FILE).read_text()).get("steps") or 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 def _size(folder: Path) -> int:

@@ -5,9 +5,12 @@ trainer.tinker_host <folder>` and driven through `worker.lifecycle` with its tab
 (`ftq.store.training_clients.TRAINING_CLIENTS`), the way a serving engine is (`worker.deployments`).
 
 The API asks for one (a queued row) on `create_model`, reads where its host answers (`endpoint.json`)
-and relays each call to it. The worker stops one no call has used for FTQ_TINKER_IDLE_SECONDS (its
-state is the caller's to save first: this slice does not save and restore it by itself). Its end
-counts its devices x the time it held them in the owner's usage."""
+and relays each call to it. When no call has used one for FTQ_TINKER_IDLE_SECONDS the API saves its
+state (weights, optimizer, pending gradients) and marks it saved idle (`idle_state`): the worker then
+stops its run and records the row `paused`, its devices back and that run's devices x time in the
+owner's usage (`held`); the client's next call queues a new run of the row that loads the state. One
+whose API is gone (no save) is stopped after twice the idle time plus 60 s, as a serving engine is. Each
+run's end counts its devices x the time it held them in the owner's usage."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from ftq.contract.errors import ErrorCode
 from ftq.contract.status import LAUNCHED, JobStatus
 from ftq.contract.tinker import ENDPOINT, HOST_MODULE, KEY, REQUEST, client_folder
 from ftq.planning.render import ENGINE_MODULE, EXPORT_LAUNCHER, launch_script, render_engine_plan
+from ftq.runtime import logs
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store import training_clients
 from ftq.store.db import session_scope
@@ -40,14 +44,19 @@ log = logging.getLogger(__name__)
 # What the scheduler expects a training client to hold its devices for: it has no time limit and ends
 # when its session stops or it is idle, so it only backfills onto devices a reservation leaves spare.
 ESTIMATE_SECONDS = 3600.0
-# A training client no call has used for this long is stopped by the worker (its devices go back).
-IDLE_SECONDS = 1800.0
+
+
+def backstop_seconds(settings: Settings) -> float:
+    """A training client no call has used for this long is stopped by the worker without a save: the API
+    that saves idle ones (after FTQ_TINKER_IDLE_SECONDS) is gone."""
+    return 2 * settings.tinker_idle_seconds + 60
 
 
 @dataclass(frozen=True)
 class TrainingClientView(RunView):
     owner: str
     last_used_at: datetime
+    idle_saved: bool = False  # its state was saved idle: its run is to stop, the row to wait paused
 
 
 def folder_of(settings: Settings, row: TrainingClient) -> Path:
@@ -68,8 +77,9 @@ class TrainingClientKind:
 
     def view(self, row: TrainingClient) -> TrainingClientView:
         return TrainingClientView.of(
-            row, launcher=row.launcher, run_dir=_folder(row), owner=row.owner, last_used_at=row.last_used_at
-        )
+            row, launcher=row.launcher, run_dir=_folder(row), owner=row.owner, last_used_at=row.last_used_at,
+            idle_saved=row.idle_state is not None,
+        )  # fmt: skip
 
     def views(self, statuses: list[str]) -> list[TrainingClientView]:
         with session_scope() as session:
@@ -83,12 +93,17 @@ class TrainingClientKind:
         lifecycle.sweep(self.views(list(LAUNCHED)), launcher_for, self.reconcile_one, self.run_noun)
 
     def cancel_requested(self, launcher_for: LauncherFor) -> None:
-        """SIGTERM (or scancel) the `cancelling` ones now; the sweep escalates and records the end."""
+        """SIGTERM (or scancel) the `cancelling` ones now, and those saved idle; the sweep escalates and
+        records the end (cancelled, or paused for the ones saved idle)."""
         for v in self.views([JobStatus.cancelling]):
             lifecycle.cancel(self, v.id, launcher_for)
+        for v in self.views([JobStatus.running]):
+            if v.idle_saved and v.launched:
+                with logs.job_context(v.id):
+                    launcher_for(v.launcher).cancel(v.ref())
 
     def stop_idle(self, launcher_for: LauncherFor) -> None:
-        before = datetime.now(UTC) - timedelta(seconds=IDLE_SECONDS)
+        before = datetime.now(UTC) - timedelta(seconds=backstop_seconds(get_settings()))
         with session_scope() as session:
             stale = training_clients.unused_since(session, before)
             for row_id in stale:
@@ -205,7 +220,8 @@ class TrainingClientKind:
         )
 
     def while_running(self, v: TrainingClientView, launcher: Launcher, state: RunState) -> None:
-        return None
+        if v.idle_saved and v.status == JobStatus.running:
+            launcher.cancel(v.ref())  # its state is saved: the run stops, the row waits paused (`held`)
 
     def before_end(self, v: TrainingClientView) -> None:
         (v.run_dir / ENDPOINT).unlink(missing_ok=True)
@@ -220,7 +236,14 @@ class TrainingClientKind:
         return None
 
     def held(self, session: Session, row: TrainingClient, v: TrainingClientView, state: RunState) -> bool:
-        return False
+        if row.idle_state is None:
+            return False
+        if not training_clients.mark_paused_idle(session, row.id, run_ended=lifecycle.utc(state.ended_at)):
+            return False
+        for stale in runs.ATTEMPT_RECORDS:  # the next run is a new launch, never this one adopted again
+            (v.run_dir / stale).unlink(missing_ok=True)
+        log.info("training client %s: saved idle in %s; its run ended, it waits", row.id, row.idle_state)
+        return True
 
 
 TRAINING_CLIENTS_KIND = TrainingClientKind()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 HOST_MODULE = "trainer.tinker_host"
@@ -31,6 +32,23 @@ OPS = (
 )
 # Loss functions the host computes (the SDK names more: cispo, dro, gspo, stable_reinforce, custom).
 LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo")
+
+# Where the API saves an idle training client's state (FTQ_TINKER_IDLE_SECONDS): a checkpoint folder of
+# this kind and name, overwritten at each idle save, loaded by the client's next run.
+IDLE_KIND, IDLE_NAME = "idle", "state"
+GRADS_FILE = "grads.pt"  # gradients a forward_backward added and no optim_step used yet, saved idle
+
+
+class TrainingClientEventType(StrEnum):
+    """A training client's events (`GET /training_clients/{id}/events`), as a job's are named."""
+
+    created = "training_client.created"  # data: base, rank
+    started = "training_client.started"  # its run is up (the first, or one brought back from idle)
+    idle_saved = "training_client.idle_saved"  # its state saved, its run stopped, its devices freed
+    resumed = "training_client.resumed"  # a call came: a new run is queued that loads the saved state
+    stopped = "training_client.stopped"  # its session closed (or it was stopped): data.error says why
+    failed = "training_client.failed"  # data: error {code, message}
+
 
 SCHEME = "tinker://"
 KINDS = ("weights", "sampler_weights")

@@ -396,6 +396,14 @@ class Settings(BaseSettings):
         description="The longest prompt + completion an engine takes, in tokens (at most the base's own "
         "max_position_embeddings).",
     )
+    # Tinker (service.tinker, worker.training_clients): training clients, each a run the scheduler places.
+    tinker_idle_seconds: float = Field(
+        1800.0,
+        gt=0,
+        description="A Tinker training client no call has used for this long has its state (weights, "
+        "optimizer, pending gradients) saved and its run stopped (its devices freed); its next call brings "
+        "it back from that state in a new run, and waits for it.",
+    )
 
     # Operator policy on what a job may do and who may reach the API
     allow_remote_code: str = Field(

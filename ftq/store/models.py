@@ -526,11 +526,31 @@ class TrainingClient(RunState, Base):
     api_key: Mapped[str] = mapped_column(String(128), nullable=False)
     endpoint: Mapped[str | None] = mapped_column(String(256))
     last_used_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    # Saved when idle (FTQ_TINKER_IDLE_SECONDS): the state's folder, while its run stops and it waits
+    # paused for its next call (which queues a new run of the row that loads it).
+    idle_state: Mapped[str | None] = mapped_column(Text)
+    earlier_device_seconds: Mapped[float | None] = mapped_column(Float)  # its runs before this one
 
     __table_args__ = (
         Index("ix_training_clients_owner", "owner"),
         Index("ix_training_clients_status", "status"),
     )
+
+
+class TrainingClientEvent(Base):
+    """A training client's event log (`training_client.created`, `.started`, `.idle_saved`, `.resumed`,
+    `.stopped`, `.failed`: ftq.contract.tinker.EVENT_TYPES), written in the transaction of the change."""
+
+    __tablename__ = "training_client_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(String(160), nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    type: Mapped[str] = mapped_column(String(40), nullable=False)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+
+    __table_args__ = (Index("ix_training_client_events_model", "model_id", "id"),)
 
 
 class TinkerSession(Base):

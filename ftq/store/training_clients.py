@@ -15,11 +15,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import Select, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from ftq.contract.status import LAUNCHED, JobStatus
-from ftq.store.models import TinkerCheckpoint, TinkerSession, TrainingClient
+from ftq.contract.status import LAUNCHED, TERMINAL, JobStatus
+from ftq.contract.tinker import TrainingClientEventType as Ev
+from ftq.store.models import TinkerCheckpoint, TinkerSession, TrainingClient, TrainingClientEvent
 from ftq.store.repository import account_other_run
 from ftq.store.transitions import RunTable, utcnow
 
@@ -32,11 +33,59 @@ def new_session_id() -> str:
 
 
 def device_seconds(row: Any, until: datetime | None = None) -> float:
-    """Its devices x the time it has held them (launch to end, or to `until` while it runs)."""
-    if row.started_at is None:
-        return 0.0
+    """Its devices x the time it has held them: its earlier runs (each ended when it was saved idle), and
+    this one's launch to end (or to `until` while it runs; nothing while it waits paused or queued)."""
+    earlier = float(getattr(row, "earlier_device_seconds", None) or 0.0)
+    if row.started_at is None or row.status in (JobStatus.paused, JobStatus.queued):
+        return earlier
     end = row.finished_at or until or utcnow()
-    return float(max(0.0, (end - row.started_at).total_seconds()) * max(1, int(row.devices)))
+    return earlier + float(max(0.0, (end - row.started_at).total_seconds()) * max(1, int(row.devices)))
+
+
+def record_event(
+    session: Session,
+    model_id: str,
+    type_: str,
+    data: dict[str, Any] | None = None,
+    *,
+    owner: str | None = None,
+) -> None:
+    """One event of a training client's log, in the caller's transaction."""
+    if owner is None:
+        owner = session.scalar(select(TrainingClient.owner).where(TrainingClient.id == model_id))
+        if owner is None:
+            return
+    session.execute(
+        insert(TrainingClientEvent).values(
+            model_id=model_id, owner=owner, type=str(type_), time=utcnow(), data=data or {}
+        )
+    )
+
+
+_EVENT_OF = {
+    JobStatus.running: Ev.started,
+    JobStatus.paused: Ev.idle_saved,
+    JobStatus.cancelled: Ev.stopped,
+    JobStatus.succeeded: Ev.stopped,
+    JobStatus.failed: Ev.failed,
+}
+
+
+def _moved(
+    session: Session, row_id: str, to: JobStatus, values: dict[str, Any], /, *, reason: str | None
+) -> None:
+    """A training client's status events, written with the move (ftq.contract.tinker's event types)."""
+    type_ = _EVENT_OF.get(to)
+    if to == JobStatus.queued and reason == RESUMED:
+        type_ = Ev.resumed
+    if type_ is None:
+        return
+    data: dict[str, Any] = {"status": str(to)}
+    if to in TERMINAL and values.get("error_code"):
+        data["error"] = {"code": values.get("error_code"), "message": values.get("error_message")}
+    if reason:
+        data["reason"] = reason
+    record_event(session, row_id, type_, data)
 
 
 def _ended(
@@ -46,6 +95,7 @@ def _ended(
     row = get_training_client(session, row_id)
     if row is None:
         return
+    # A row cancelled while it waited saved idle has no start: its runs were counted as they ended.
     # The row may be the session's copy from before the move (no finished_at yet): its end is now.
     start, end = run_started or row.started_at, run_ended or row.finished_at or utcnow()
     if start is None:
@@ -56,7 +106,9 @@ def _ended(
 
 # Its queue and cancel wake the worker through the broker directly (`ftq.runtime.queue`), as a
 # deployment's do; the worker's sweep every few seconds catches a lost one.
-TRAINING_CLIENTS = RunTable(TrainingClient, cancel_dispatch=None, on_ended=_ended)
+TRAINING_CLIENTS = RunTable(TrainingClient, cancel_dispatch=None, on_moved=_moved, on_ended=_ended)
+RESUMED = "its next call came after it was saved idle"
+IDLE = "idle: its state was saved and its devices freed"
 
 
 class TinkerRepository:
@@ -164,7 +216,41 @@ class TinkerRepository:
         )
         self.session.add(row)
         self.session.flush()
+        created = {"base": row.base, "rank": row.lora_rank}
+        record_event(self.session, model_id, Ev.created, created, owner=self.owner)
         return row
+
+    def events(self, model_id: str, after: int = 0, limit: int = 200) -> list[TrainingClientEvent]:
+        stmt = (
+            select(TrainingClientEvent)
+            .where(
+                TrainingClientEvent.owner == self.owner,
+                TrainingClientEvent.model_id == model_id,
+                TrainingClientEvent.id > after,
+            )
+            .order_by(TrainingClientEvent.id)
+            .limit(limit)
+        )
+        return list(self.session.scalars(stmt))
+
+    def all_clients(self, statuses: Iterable[str] | None = None, limit: int = 200) -> list[TrainingClient]:
+        stmt = self._clients()
+        if statuses is not None:
+            stmt = stmt.where(TrainingClient.status.in_([str(s) for s in statuses]))
+        return list(self.session.scalars(stmt.order_by(TrainingClient.seq.desc()).limit(limit)))
+
+    def resume_idle(self, model_id: str) -> bool:
+        """paused (saved idle) -> queued: a new run of the row that loads the saved state (the caller wakes
+        the worker after the commit). False when it is not waiting so."""
+        row = self.client(model_id)
+        if row is None or row.status != JobStatus.paused or not row.idle_state:
+            return False
+        config = dict(row.config)
+        config["load"] = {"folder": row.idle_state, "optimizer": True, "grads": True, "path": None}
+        return TRAINING_CLIENTS.move(
+            self.session, model_id, [JobStatus.paused], JobStatus.queued, reason=RESUMED, config=config,
+            idle_state=None, endpoint=None,
+        )  # fmt: skip
 
     def used(self, model_id: str, endpoint: str | None = None) -> None:
         values: dict[str, Any] = {"last_used_at": utcnow()}
@@ -200,7 +286,8 @@ class TinkerRepository:
         """(owner, finished_at, device_seconds, device) of this owner's training clients that ran and
         ended in [since, until)."""
         stmt = self._clients().where(
-            TrainingClient.started_at.is_not(None), TrainingClient.finished_at.is_not(None)
+            (TrainingClient.started_at.is_not(None)) | (TrainingClient.earlier_device_seconds.is_not(None)),
+            TrainingClient.finished_at.is_not(None),
         )
         if since is not None:
             stmt = stmt.where(TrainingClient.finished_at >= since)
@@ -250,9 +337,51 @@ def holding_devices(session: Session) -> list[Any]:
     return [r for r in session.execute(stmt) if r.resources]
 
 
-def unused_since(session: Session, before: datetime) -> list[str]:
-    """Running training clients no call has used since `before`."""
+def unused_since(session: Session, before: datetime, *, answered: bool = False) -> list[str]:
+    """Running training clients no call has used since `before` (and not being saved idle already).
+    `answered`: only those whose host has answered the API (not still loading its base)."""
     stmt = select(TrainingClient.id).where(
-        TrainingClient.status == JobStatus.running, TrainingClient.last_used_at < before
+        TrainingClient.status == JobStatus.running,
+        TrainingClient.last_used_at < before,
+        TrainingClient.started_at < before,  # its run (a new one, after an idle save) started before that
+        TrainingClient.idle_state.is_(None),
+    )
+    if answered:
+        stmt = stmt.where(TrainingClient.endpoint.is_not(None))
+    return list(session.scalars(stmt))
+
+
+def mark_idle_saved(session: Session, model_id: str, folder: str) -> bool:
+    """Its state is saved in `folder`: the worker stops its run and records it paused (`held`)."""
+    stmt = (
+        update(TrainingClient)
+        .where(TrainingClient.id == model_id, TrainingClient.status == JobStatus.running)
+        .values(idle_state=folder, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(session.execute(stmt), "rowcount", 0))
+
+
+def idle_saved_running(session: Session) -> list[str]:
+    """Running ones whose state was saved idle: their runs are to stop."""
+    stmt = select(TrainingClient.id).where(
+        TrainingClient.status.in_([str(s) for s in LAUNCHED]), TrainingClient.idle_state.is_not(None)
     )
     return list(session.scalars(stmt))
+
+
+def mark_paused_idle(session: Session, model_id: str, *, run_ended: datetime | None) -> bool:
+    """running -> paused once the run of one saved idle has ended: its devices go back, this run's
+    devices x time count in its owner's usage now (and in the row's `earlier_device_seconds`)."""
+    row = get_training_client(session, model_id)
+    if row is None or row.idle_state is None:
+        return False
+    start, end = row.started_at, run_ended or utcnow()
+    seconds = max(0.0, (end - start).total_seconds()) * max(1, row.devices) if start is not None else 0.0
+    moved = TRAINING_CLIENTS.mark_paused(
+        session, model_id, reason=IDLE,
+        earlier_device_seconds=float(row.earlier_device_seconds or 0.0) + seconds, started_at=None,
+    )  # fmt: skip
+    if moved and seconds:
+        account_other_run(session, row.owner, device_seconds=seconds, cuda=row.device == "cuda")
+    return moved

@@ -89,6 +89,9 @@ class ModelQueue:
         self.next_seq = next_seq
         self.pending: dict[int, tuple[Future, Callable[[], Any]]] = {}
         self.cond = threading.Condition()
+        # Held while one of its calls reaches its host (a training call, or a sample): the idle save
+        # takes it, so no call runs on a host whose state is being saved and whose run is about to stop.
+        self.running = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"tinker-{model_id}", daemon=True)
         self.thread.start()
 
@@ -127,7 +130,8 @@ class ModelQueue:
     def _run(self) -> None:
         while True:
             _, future, fn = self._next()
-            future.resolve(fn)
+            with self.running:
+                future.resolve(fn)
 
 
 class Runtime:
@@ -142,10 +146,29 @@ class Runtime:
         self.samplers: dict[str, Sampler] = {}
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tinker")
         self.http = httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0), trust_env=False)
+        self.closed = threading.Event()
+        self.sweeper: threading.Thread | None = None
 
     def close(self) -> None:
+        self.closed.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
+
+    def start_sweeper(self, every: float, sweep: Callable[[], Any]) -> None:
+        """The idle sweep's thread (from the first training client on): `sweep` every `every` seconds."""
+        with self.lock:
+            if self.sweeper is not None:
+                return
+
+            def run() -> None:
+                while not self.closed.wait(every):
+                    try:
+                        sweep()
+                    except Exception:  # a sweep that fails must not end the thread
+                        log.exception("tinker idle sweep failed")
+
+            self.sweeper = threading.Thread(target=run, name="tinker-idle-sweep", daemon=True)
+            self.sweeper.start()
 
     # Futures ------------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from sqlalchemy.orm import Session
 from ftq.contract.spec import looks_local
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.contract.tinker import (
+    IDLE_KIND,
+    IDLE_NAME,
     LOSS_FNS,
     TinkerPath,
     checkpoint_folder,
@@ -33,7 +35,15 @@ from ftq.runtime import queue
 from ftq.runtime.settings import Settings
 from ftq.store.db import session_scope
 from ftq.store.models import TinkerCheckpoint, TrainingClient
-from ftq.store.training_clients import ACTIVE, TinkerRepository, get_training_client, next_model_seq
+from ftq.store.training_clients import (
+    ACTIVE,
+    TinkerRepository,
+    get_training_client,
+    mark_idle_saved,
+    next_model_seq,
+    unused_since,
+)
+from ftq.store.transitions import utcnow
 from service.errors import BadRequest, NotFound
 from service.openai.models import catalog
 from service.paths import PathRefused, resolve_local
@@ -57,6 +67,11 @@ def wake(model_id: str) -> None:
 
 def unsupported(what: str) -> BadRequest:
     return BadRequest(f"{what} is not supported by this server (ftq's Tinker API; see docs/tinker.md)")
+
+
+def _saved_idle(row: TrainingClient) -> bool:
+    """Saved idle, its run stopping or stopped: its next call brings it back."""
+    return row.idle_state is not None and row.status in (JobStatus.running, JobStatus.paused)
 
 
 def _iso(ts: datetime | None) -> str | None:
@@ -183,6 +198,7 @@ class TinkerService:
         load: dict[str, Any] | None,
     ) -> dict[str, Any]:
         repo = TinkerRepository(session, owner)
+        self.start_idle_sweep()
         seq = int(body.get("model_seq_id") or 0)
         model_id = f"{body['session_id']}:train:{seq}"
         future, new = self.rt.once(owner, body["session_id"], -1 - seq)
@@ -229,12 +245,22 @@ class TinkerService:
                     raise CallFailed("no such model", "user")
                 status, key, seq = row.status, row.api_key, row.seq
                 error = row.error_message or row.error_code or ""
-            if status in TERMINAL or status == JobStatus.cancelling:
+                idle = row.idle_state is not None
+            if status == JobStatus.paused and idle:
+                # Saved idle: this call brings it back, a new run (queued like any) that loads the state.
+                with session_scope() as session:
+                    resumed = TinkerRepository(session, owner).resume_idle(model_id)
+                    session.commit()
+                if resumed:
+                    log.info("training client %s: a call came after its idle save; queued again", model_id)
+                    wake(model_id)
+                continue
+            if status in TERMINAL or status == JobStatus.cancelling or status == JobStatus.paused:
                 raise CallFailed(
                     f"the training client's run is {status}{': ' + error if error else ''}; create another",
                     "user",
                 )
-            if status == JobStatus.running:
+            if status == JobStatus.running and not idle:
                 url = read_endpoint(client_folder(self.tinker_dir, seq))
                 if url is not None and self._answers(url):
                     host = Host(url, key)
@@ -288,7 +314,7 @@ class TinkerService:
     ) -> dict[str, Any]:
         """Queue one training call on the owner's model at its seq_id; the SDK's future for it."""
         row = self._client(session, owner, model_id)
-        if row.status not in ACTIVE:
+        if row.status not in ACTIVE and not _saved_idle(row):
             raise BadRequest(f"the training client is {row.status}: create another, or load a saved state")
         return self.enqueue(owner, row.id, int(seq_id or 0), op, body, **how)
 
@@ -457,7 +483,7 @@ class TinkerService:
             live = [
                 r
                 for r in repo.clients_of_session(body["session_id"])
-                if r.base == alias and r.status in ACTIVE
+                if r.base == alias and (r.status in ACTIVE or _saved_idle(r))
             ]
             if not live:
                 raise unsupported(
@@ -515,13 +541,75 @@ class TinkerService:
         if new:
 
             def run() -> bytes:
-                started = time.monotonic()
-                result = self.rt.call(self._host(owner, s.model_id), "sample", op)
-                log.info("tinker %s sample x%d: %.3f s", s.model_id, n, time.monotonic() - started)
+                # A sample is a use of the model's host like a training call: never during its idle save.
+                with self.rt.queue(s.model_id).running:
+                    started = time.monotonic()
+                    result = self.rt.call(self._host(owner, s.model_id), "sample", op)
+                    log.info("tinker %s sample x%d: %.3f s", s.model_id, n, time.monotonic() - started)
+                    with session_scope() as session:
+                        TinkerRepository(session, owner).used(s.model_id)
+                        session.commit()
                 return proto.sample_output(result)
 
             self.rt.in_background(future, run)
         return {"request_id": future.id, "sample_sequence_ids": [f"{future.id}:{i}" for i in range(n)]}
+
+    # Idle save ---------------------------------------------------------------------------------------
+
+    def start_idle_sweep(self) -> None:
+        every = max(0.5, min(30.0, self.settings.tinker_idle_seconds / 4))
+        self.rt.start_sweeper(every, self.idle_sweep)
+
+    def idle_sweep(self) -> list[str]:
+        """Save the state of the training clients no call has used for FTQ_TINKER_IDLE_SECONDS and have
+        the worker stop their runs (their devices go back; each waits `paused` for its next call, which
+        brings it back from that state). The ids saved."""
+        before = utcnow() - timedelta(seconds=self.settings.tinker_idle_seconds)
+        with session_scope() as session:
+            stale = unused_since(session, before, answered=True)
+        saved = []
+        for model_id in stale:
+            q = self.rt.queue(model_id)
+            if not q.running.acquire(blocking=False):
+                continue  # a call is on its host now
+            try:
+                if q.pending or not self._save_idle(model_id, before):
+                    continue
+                saved.append(model_id)
+            finally:
+                q.running.release()
+            wake(model_id)
+        return saved
+
+    def _save_idle(self, model_id: str, before: datetime) -> bool:
+        """Under the model's `running` lock: its state into the server's idle folder, then the mark that
+        the worker stops its run on. False when it was used meanwhile, or its host did not save."""
+        with session_scope() as session:
+            row = get_training_client(session, model_id)
+            if row is None or row.status != JobStatus.running or row.idle_state is not None:
+                return False
+            last = row.last_used_at
+            last = last if last.tzinfo else last.replace(tzinfo=before.tzinfo)
+            if last >= before:
+                return False
+            owner, seq = row.owner, row.seq
+        folder = checkpoint_folder(self.tinker_dir, seq, IDLE_KIND, IDLE_NAME)
+        started = time.monotonic()
+        try:
+            host = self._host(owner, model_id, timeout=2.0)
+            self.rt.call(host, "save_state", {"folder": str(folder), "optimizer": True, "grads": True})
+        except CallFailed as exc:
+            log.warning("training client %s: idle, its state not saved (%s); kept running", model_id, exc)
+            return False
+        with session_scope() as session:
+            marked = mark_idle_saved(session, model_id, str(folder))
+            session.commit()
+        self.rt.hosts.pop(model_id, None)
+        log.info(
+            "training client %s: idle since %s; state saved in %.2f s to %s, its run stops",
+            model_id, last.isoformat(), time.monotonic() - started, folder,
+        )  # fmt: skip
+        return marked
 
     # REST ----------------------------------------------------------------------------------------------
 

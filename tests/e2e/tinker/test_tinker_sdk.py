@@ -35,12 +35,16 @@ TEXTS = [
     "count from one: one, two, three, four, five.",
 ]
 STEPS = 5
+# The module's ftq up saves an idle training client after this long (FTQ_TINKER_IDLE_SECONDS, tiny here so
+# a test can wait it out); every other test's calls keep working across such a save, transparently.
+IDLE_SECONDS = 8
 
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tiny_assets()
-    d = Deployment(tmp_path_factory.mktemp("tinker"), mode="up", tokens=TOKENS, settings=QUICK_SETTINGS)
+    settings = {**QUICK_SETTINGS, "tinker_idle_seconds": IDLE_SECONDS}
+    d = Deployment(tmp_path_factory.mktemp("tinker"), mode="up", tokens=TOKENS, settings=settings)
     d.start()
     try:
         yield d
@@ -69,17 +73,7 @@ def nll(result: types.ForwardBackwardOutput, data: list[types.Datum]) -> float:
     return total / weight
 
 
-def test_train_sample_save_and_list_with_the_official_sdk(
-    dep: Deployment, record_property: Callable[[str, object], None]
-) -> None:
-    sc = tinker.ServiceClient(base_url=dep.url, api_key=ALICE)
-    caps = tinker.RestClient(base_url=dep.url, api_key=ALICE).get_server_capabilities().result()
-    assert {m.model_name for m in caps.supported_models} >= {"ftq-tiny", "ftq-tiny-serve"}
-
-    tc, create_s = timed(
-        lambda: sc.create_lora_training_client(base_model="ftq-tiny", rank=8, seed=0).result()
-    )
-    tokenizer = tc.get_tokenizer()  # from get_info's tokenizer_id: the base's folder on this machine
+def batch(tokenizer: Any) -> list[types.Datum]:
     data = []
     for text in TEXTS:
         ids = tokenizer.encode(text)
@@ -94,6 +88,27 @@ def test_train_sample_save_and_list_with_the_official_sdk(
                 },
             )
         )
+    return data
+
+
+def run_status(dep: Deployment, model_id: str, key: str = ALICE) -> str:
+    r = httpx.get(f"{dep.url}/api/v1/training_runs/{model_id}", headers={"X-API-Key": key})
+    assert r.status_code == 200, r.text
+    return str(r.json()["status"])
+
+
+def test_train_sample_save_and_list_with_the_official_sdk(
+    dep: Deployment, record_property: Callable[[str, object], None]
+) -> None:
+    sc = tinker.ServiceClient(base_url=dep.url, api_key=ALICE)
+    caps = tinker.RestClient(base_url=dep.url, api_key=ALICE).get_server_capabilities().result()
+    assert {m.model_name for m in caps.supported_models} >= {"ftq-tiny", "ftq-tiny-serve"}
+
+    tc, create_s = timed(
+        lambda: sc.create_lora_training_client(base_model="ftq-tiny", rank=8, seed=0).result()
+    )
+    tokenizer = tc.get_tokenizer()  # from get_info's tokenizer_id: the base's folder on this machine
+    data = batch(tokenizer)
     nlls, rounds = [], []
     for _ in range(STEPS):
         started = time.perf_counter()
@@ -189,3 +204,52 @@ def test_the_shipped_example_runs(dep: Deployment) -> None:
     losses = [float(line.rsplit(" ", 1)[1]) for line in out.stdout.splitlines() if line.startswith("step ")]
     assert len(losses) == 5 and losses[-1] < losses[0], out.stdout
     assert "saved: tinker://" in out.stdout
+
+
+def test_an_idle_client_is_saved_stopped_and_brought_back_by_its_next_call(
+    dep: Deployment, record_property: Callable[[str, object], None]
+) -> None:
+    """FTQ_TINKER_IDLE_SECONDS: the idle client's state (weights, Adam's moments, the gradients of a
+    forward_backward no optim_step used yet) is saved, its run stops (`paused`, its CPU slot back); the next
+    call waits for a new run that loads it, and training goes on from where it was."""
+    sc = tinker.ServiceClient(base_url=dep.url, api_key=ALICE)
+    tc = sc.create_lora_training_client(base_model="ftq-tiny", rank=8, seed=0).result()
+    data = batch(tc.get_tokenizer())
+    nlls = []
+    for _ in range(2):
+        fwd = tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        nlls.append(nll(fwd.result(), data))
+    before = [o["logprobs"].tolist() for o in tc.forward(data, "cross_entropy").result().loss_fn_outputs]
+    nlls.append(nll(tc.forward_backward(data, "cross_entropy").result(), data))  # gradients, no step yet
+    assert run_status(dep, tc.model_id) == "running"
+
+    deadline = time.monotonic() + IDLE_SECONDS + 60
+    while (status := run_status(dep, tc.model_id)) != "paused":
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+    auth = {"Authorization": f"Bearer {ALICE}"}
+
+    # The next call brings it back from the saved state (the SDK just waits for its future).
+    after, back_s = timed(
+        lambda: [o["logprobs"].tolist() for o in tc.forward(data, "cross_entropy").result().loss_fn_outputs]
+    )
+    assert run_status(dep, tc.model_id) == "running"
+    for a, b in zip(after, before, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)  # the same weights
+    step = tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert step.metrics is not None and step.metrics["grad_norm:mean"] > 0  # the saved gradients, stepped
+    for _ in range(2):
+        fwd = tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        nlls.append(nll(fwd.result(), data))
+    assert nlls[-1] < nlls[2] < nlls[0], nlls  # it goes on falling from where it was, not from the start
+
+    events = httpx.get(f"{dep.url}/training_clients/{tc.model_id}/events", headers=auth)
+    if events.status_code == 200:
+        types_ = [e["type"] for e in events.json()["data"]]
+        assert types_[:2] == ["training_client.created", "training_client.started"], types_
+        assert "training_client.idle_saved" in types_ and "training_client.resumed" in types_, types_
+    sc.close("success").result()
+    print(f"\ntinker idle: brought back in {back_s:.1f} s; NLL {[round(x, 3) for x in nlls]}")
+    record_property("tinker_idle_restore_seconds", round(back_s, 2))
