@@ -172,6 +172,8 @@ def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
     ram_efficient = strategy == "fsdp" and _env_flag("FSDP_CPU_RAM_EFFICIENT_LOADING")
     if state.device.type == "cpu" and strategy in ("fsdp", "deepspeed"):
         ram_efficient &= engage_sharding_on_cpu(strategy, config)
+    # The record before the log line, as everywhere: a run whose log says it also has its records.
+    report_progress(out, progress.RunPhase.loading, progress.LOADING_INPUTS)
     log.info(
         "strategy %s (%s), %d process(es), device %s; eval: %s",
         strategy,
@@ -180,7 +182,6 @@ def set_up_launch(args: TrainerArgs, splits: Splits) -> Launch:
         state.device,
         splits.eval_note,
     )
-    report_progress(out, progress.RunPhase.loading, progress.LOADING_INPUTS)
     return Launch(state, strategy, config, report_to, ram_efficient)
 
 
@@ -254,6 +255,7 @@ def load_policy(spec: JobSpec, launch: Launch, fmt: str, out: Path) -> tuple[Any
     elif spec.lora is not None:
         check_target_modules(model, spec.lora)
         peft_config = lora_config(spec.lora, task_type="SEQ_CLS" if method == "reward" else "CAUSAL_LM")
+    report_progress(out, progress.RunPhase.loading, progress.PREPARING_TRAINER)
     log.info(
         "model %s: attention %s, dtype %s, %s; method %s (%s) on %s data",
         spec.model.name_or_path,
@@ -266,7 +268,6 @@ def load_policy(spec: JobSpec, launch: Launch, fmt: str, out: Path) -> tuple[Any
         METHOD_TRAINERS[method],
         fmt,
     )
-    report_progress(out, progress.RunPhase.loading, progress.PREPARING_TRAINER)
     return model, peft_config
 
 
@@ -571,16 +572,15 @@ def train(job: Job, spec: JobSpec, out: Path, resume_from: str | None, stop: Sto
     started = time.time()
     resume = resume_path(resume_from, out)
     if resume is not None:
+        report_progress(out, progress.RunPhase.loading, progress.RESUMING)
         # Said once per run so the log shows where a continued run picked up.
         log.info("resuming from %s", resume)
-        report_progress(out, progress.RunPhase.loading, progress.RESUMING)
     trackers.start(spec.integrations, out, is_main=job.launch.state.is_main_process)
     trainer.train(resume_from_checkpoint=resume)
     exit_if_stopped(stop, trainer, out)  # stopped early by a signal: checkpointed, exits here
     if job.watch.diverged_at is not None:
         _leave_process_group(trainer)
         raise_if_diverged(job.watch, out)  # the loss became NaN: no final save; ends as `diverged`
-    log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
     report_progress(
         out,
         progress.RunPhase.saving,
@@ -588,6 +588,7 @@ def train(job: Job, spec: JobSpec, out: Path, resume_from: str | None, stop: Sto
         step=trainer.state.global_step,
         max_steps=trainer.state.max_steps,
     )
+    log.info("trained to step %d in %.1fs", trainer.state.global_step, time.time() - started)
 
 
 def report_progress(

@@ -70,8 +70,9 @@ def run_phase(run_dir: Path) -> Phase | None:
 
 
 # For runs without progress.jsonl only: the markers their train.log held, read by its wording. ---------------
-# A trainer from before the records wrote these lines (trainer/fetch.py, trainer/train.py); nothing reads
-# them for a run that writes records. To be removed once no such run can still be running.
+# A trainer from before the records wrote these lines (trainer/fetch.py, trainer/train.py). Today's writes
+# each record before the line that says the same, so a run whose log holds one has progress.jsonl and is
+# never read here. To be removed once no run from before can still be running.
 
 # What the log's ends hold: the markers come early (head) or late (tail), never in a long middle.
 _READ = 16 * 1024
