@@ -188,8 +188,8 @@ BENCHES = [
         1200,
         smoke_argv=_argv("-m bench.serving_bench --smoke"),
         suite_skip="`ftq up` and two vLLM engines started at once on the CPU (67 to 90 s, ~57 of them the "
-        "engines' start with both cores busy: well over the smoke runs' 40 CPU-s); the engine is tested in "
-        "tests/integration/ftq/engine, the proxy against transformers in tests/e2e/serving",
+        "engines' start with both cores busy: well over the smoke runs' 40 CPU-s); the engine, as the worker "
+        "launches it, and the proxy are tested against transformers in tests/e2e/serving",
     ),
     # Issue 29: a GRPO job's tokens/s through ftq's trainer against a plain TRL GRPOTrainer script.
     Bench(
@@ -230,7 +230,10 @@ BENCHES = [
         ["-m", "bench.evaluate_bench"],
         ["-m", "bench.evaluate_bench", "--rounds", "1"],
         600,
-        suite_skip="a tiny training run and two lm-eval evaluations: about 35 CPU-s, 49 s",
+        smoke_argv=_argv("-m bench.evaluate_bench --smoke"),
+        suite_skip="tiny training runs and lm-eval evaluations on vLLM and on HF (a vLLM engine's start in "
+        "the sandbox): over the smoke runs' 40 CPU-s; both backends' accuracy is tested in "
+        "tests/integration/trainer/test_lm_eval_vllm.py",
     ),
     # Issue 28: kills during uploads, exports and webhook deliveries, a full disk, a deleted run dir.
     Bench(

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import anyio
 
-from ftq.engine import INSTALL_COMMAND, Engine, EngineConfig, EngineError, EngineNotInstalled, LocalEngine
+from ftq.engine import INSTALL_COMMAND, Engine, EngineConfig, EngineError, EngineNotInstalled
 from ftq.planning.serving import TooLarge, engine_size
 from ftq.runtime.settings import Settings
 from service.errors import ServiceUnavailable, TooManyRequests
@@ -36,15 +36,9 @@ from service.serving.service import Target, not_servable
 
 log = logging.getLogger(__name__)
 
-# Makes the engine a manager asks for: a deployment (ScheduledEngine) here; an engine of the API's own
-# (LocalEngine) or a fake in tests.
+# Makes the engine a manager asks for: a deployment (ScheduledEngine) here; a fake in tests.
 EngineFactory = Callable[[EngineRun], Engine]
 _POLL_SECONDS = 0.2  # how often a waiting call looks at a starting engine
-
-
-def local_engine(run: EngineRun) -> Engine:
-    """An engine the API process runs itself (tests of the manager alone)."""
-    return LocalEngine(run.config, log_path=run.log_path, die_with_parent=True)
 
 
 @dataclass(eq=False)

@@ -307,3 +307,43 @@ def test_another_owner_can_neither_call_nor_list_them(dep: Deployment, trained: 
         dep.http.get("/deployments", headers={"Authorization": f"Bearer {TOKENS['bob']}"}).json()["data"]
         == []
     )
+
+
+def test_the_engine_answers_only_ftq_and_its_time_and_tokens_are_in_usage(
+    dep: Deployment, trained: Trained
+) -> None:
+    """The engine is a run the scheduler placed (a CPU slot, in the owner's usage once it ends). Any
+    process on the host reaches its port, but without the engine's own key vLLM answers 401 to a
+    completion and to loading an adapter (which would put another owner's adapter in reach). Stopped
+    (DELETE /deployments/{id}), its devices x time and its tokens in and out are in the owner's /usage;
+    the next call asks for a new engine."""
+    import httpx
+
+    alice = {"Authorization": f"Bearer {TOKENS['alice']}"}
+    (live,) = dep.http.get("/deployments", headers=alice).json()["data"]
+    assert (live["status"], live["launcher"], live["devices"]) == ("ready", "local", 1)
+    folder = Path(dep.data_dir) / "engines" / live["id"]
+    url = json.loads((folder / "endpoint.json").read_text())["url"]
+    body = {"model": TINY_SERVE_ALIAS, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    assert httpx.post(f"{url}/chat/completions", json=body, timeout=30).status_code == 401
+    load = {"lora_name": "intruder", "lora_path": str(trained.final)}
+    assert httpx.post(f"{url}/load_lora_adapter", json=load, timeout=30).status_code == 401
+
+    r = dep.http.delete(f"/deployments/{live['id']}", headers=alice)
+    assert r.status_code == 202 and r.json()["status"] in ("stopping", "stopped"), r.text
+    deadline = time.monotonic() + 120
+    while (d := dep.http.get("/deployments", headers=alice).json()["data"][0])["status"] != "stopped":
+        assert time.monotonic() < deadline, d
+        time.sleep(0.5)
+    assert not _engines_of(dep)
+    (usage,) = dep.http.get("/usage", headers=alice).json()["data"]
+    assert usage["deployments"] == 1 and usage["device_seconds"] >= d["device_seconds"] > 0
+    tokens = (d["prompt_tokens"], d["completion_tokens"])
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == tokens
+    assert d["completion_tokens"] > 0 and d["requests"] >= 20
+    # Cold again: a new engine answers the next call.
+    assert _chat(sdk(dep), TINY_SERVE_ALIAS, PROMPTS[0]) is not None
+    assert [x["status"] for x in dep.http.get("/deployments", headers=alice).json()["data"]] == [
+        "stopped",
+        "ready",
+    ]
