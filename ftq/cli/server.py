@@ -26,7 +26,7 @@ LogLevelOpt = Annotated[
     typer.Option(
         "--log-level",
         help="DEBUG, INFO, WARNING or ERROR (FTQ_LOG_LEVEL). INFO shows what happens to jobs; DEBUG adds "
-        "every periodic sweep (reconcile, ingest, relay) and its task lines.",
+        "Celery's task lines (every periodic sweep's: reconcile, ingest, relay; and each job's).",
     ),
 ]
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -153,7 +153,10 @@ class WorkerSupervisor:
         return proc
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
+        # A process group of its own: the terminal's Ctrl-C (SIGINT to the foreground group) reaches
+        # `ftq up` alone, which then stops the worker once (SIGTERM, Celery's warm shutdown), instead of
+        # the worker ending by itself first and being taken for a crash to restart.
+        return subprocess.Popen(self.argv, preexec_fn=_die_with_parent, process_group=0)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -170,13 +173,25 @@ class WorkerSupervisor:
                 self.proc = self._spawn()
 
     def stop(self) -> None:
+        stop_all(self)
+
+    def _terminate(self) -> subprocess.Popen[bytes] | None:
         self._stopping.set()
         proc = self.proc
         if proc is None or proc.poll() is not None:
-            return
+            return None
         proc.terminate()
+        return proc
+
+
+def stop_all(*supervisors: WorkerSupervisor, timeout: float = 20) -> None:
+    """Stop the supervisors' workers together: each is told first (none is restarted from then on) and
+    sent SIGTERM (Celery's warm shutdown), then all are waited for, and SIGKILLed after `timeout` s."""
+    procs = [p for p in (s._terminate() for s in supervisors) if p is not None]
+    deadline = time.monotonic() + timeout
+    for proc in procs:
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -291,8 +306,18 @@ def up(host: HostOpt = None, port: PortOpt = None, log_level: LogLevelOpt = None
         f"ftq: API on http://{host}:{port}  data in {get_settings().data_path}  worker pid {worker_proc.pid}"
         f"  webhook sender pid {sender_proc.pid}"
     )
+    # uvicorn handles SIGINT and SIGTERM while it serves, then raises the signal again with the handler it
+    # found: this one, so Ctrl-C (or a SIGTERM) is a clean stop with exit 0, not a KeyboardInterrupt.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_cleanly)
     try:
         _serve(host, port, level)
     finally:
-        sender.stop()
-        supervisor.stop()
+        # Ignored from here: a second Ctrl-C must not cut the workers' stop short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop_all(sender, supervisor)
+        typer.echo("ftq: stopped", err=True)
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)

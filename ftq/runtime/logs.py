@@ -1,7 +1,7 @@
 """Logging for the API and the worker: one format, and the job a record is about on every record.
 
 `configure(level)` is called once per process, by the API at startup and by the Celery worker from
-its `setup_logging` signal. It puts one handler on the root logger (the periodic sweeps' Celery lines
+its `setup_logging` signal. It puts one handler on the root logger (Celery's task lines
 shown at DEBUG only, see RoutineToDebug) whose lines read
 
     2026-01-02 03:04:05,678 INFO worker.controller [job=job_0123456789abcdef] job ... launched: ...
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,12 +24,13 @@ from typing import IO, ParamSpec, TypeVar
 FORMAT = "%(asctime)s %(levelname)s %(name)s [job=%(job_id)s] %(message)s"
 NO_JOB = "-"
 
-# The periodic sweeps (ftq.runtime.queue's TASK_INGEST, TASK_RECONCILE, TASK_RELAY) run every second or two:
-# at
-# INFO, Celery's three lines for each (sent, received, succeeded) would bury what happens to jobs.
-SWEEP_TASKS = ("ftq.ingest", "ftq.reconcile", "ftq.relay", "ftq.webhooks")
-_SWEEP = re.compile("|".join(rf"\b{re.escape(t)}\b" for t in SWEEP_TASKS))
-_SWEEP_LOGGERS = frozenset({"celery.beat", "celery.worker.strategy", "celery.app.trace"})
+# Celery's lines for each task (beat's `Sending due task`, `received`, `succeeded in 0.87s: None`): the
+# periodic sweeps run every second or two and would bury what happens to jobs, and a job's own tasks say
+# nothing the worker's line does not (`job ... launched: pid 23781`). DEBUG, as are beat's start and the
+# consumer's connection to the broker; a task that fails is Celery's ERROR, which stays.
+_ROUTINE_LOGGERS = frozenset(
+    {"celery.beat", "celery.worker.strategy", "celery.app.trace", "celery.worker.consumer.connection"}
+)
 # kombu says this of every connection to the embedded (filesystem) broker, which has no host to supply.
 _NO_HOSTNAME = "No hostname was supplied"
 
@@ -77,17 +77,16 @@ class JobIdFilter(logging.Filter):
 
 
 class RoutineToDebug(logging.Filter):
-    """Demotes the sweeps' task lines and kombu's hostname notice to DEBUG: shown with `--log-level
-    DEBUG`, not at INFO. A sweep's failure (ERROR) and its lines about a job (ftq's loggers) stay."""
+    """Demotes Celery's task lines (the sweeps' and every other task's), its broker connection line and
+    kombu's hostname notice to DEBUG: shown with `--log-level DEBUG`, not at INFO. A task's failure
+    (ERROR) and the lines about a job (ftq's loggers) stay."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.WARNING:
             return True
-        routine = (
-            record.name in _SWEEP_LOGGERS
-            and record.levelno == logging.INFO
-            and bool(_SWEEP.search(record.getMessage()))
-        ) or (record.name == "kombu.connection" and _NO_HOSTNAME in record.getMessage())
+        routine = (record.name in _ROUTINE_LOGGERS and record.levelno == logging.INFO) or (
+            record.name == "kombu.connection" and _NO_HOSTNAME in record.getMessage()
+        )
         if not routine:
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"

@@ -41,6 +41,12 @@ class LaunchHandle:
     pid: int | None = None  # local: leader of the run's process group
     pid_start_ticks: int | None = None
 
+    def __str__(self) -> str:
+        """As the worker's log says it: `pid 23781`, `SLURM job 812`."""
+        parts = [f"SLURM job {self.external_id}"] if self.external_id else []
+        parts += [f"pid {self.pid}"] if self.pid is not None else []
+        return ", ".join(parts) or "no process yet"
+
 
 @dataclass(frozen=True)
 class RunRef:
@@ -69,6 +75,16 @@ class RunState:
     expected_start: float | None = None  # while pending: the scheduler's expected start (unix time)
     started_at: float | None = None  # the run's start and end by the scheduler's clock, where known
     ended_at: float | None = None
+
+    def __str__(self) -> str:
+        """As the worker's log says it: `exited, exit code 0`, `exited, signal 9`, `exited, TIMEOUT,
+        requeued`, `pending (Priority)`; what is not known is left out (the repr has every field)."""
+        parts = [str(self.phase) + (f" ({self.pending_reason})" if self.pending_reason else "")]
+        parts += [f"exit code {self.exit_code}"] if self.exit_code is not None else []
+        parts += [f"signal {self.signal}"] if self.signal is not None else []
+        parts += [self.reason] if self.reason else []
+        parts += ["requeued"] if self.requeued else []
+        return ", ".join(parts)
 
 
 class Launcher(Protocol):

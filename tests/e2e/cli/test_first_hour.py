@@ -4,14 +4,16 @@ train.log stay readable while a job trains and when it is cancelled."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ftq.contract import runs
-from tests.harness import REPO, Deployment, clean_env, free_port, run_ftq, tiny_spec
+from tests.harness import REPO, Deployment, clean_env, free_port, pid_alive, run_ftq, tiny_spec
 from trainer.callbacks import read_points
 
 
@@ -59,6 +61,11 @@ def test_ftq_up_is_quiet_and_a_cancelled_runs_log_ends_with_one_line(tmp_path: P
         train_log = dep.train_log(job_id)
     # The whole of `ftq up`'s output, start-up included, over a job of several seconds (sweeps every 2 s).
     assert len(up_lines) < 20, "\n".join(up_lines)
+    # The worker's lines about the job in words, without Celery's two task lines beside each (issue 50).
+    assert any(f"job {job_id} launched: pid " in line for line in up_lines), up_lines
+    assert any(f"job {job_id} ended: " in line for line in up_lines), up_lines
+    assert not any("RunState(" in line or "LaunchHandle(" in line for line in up_lines), up_lines
+    assert not any("Task ftq." in line for line in up_lines), up_lines
     steps = [int(m) for m in re.findall(r" trainer INFO step (\d+)/100000  loss ", train_log)]
     points = [p["step"] for p in read_points(metrics) if p["loss"] is not None]
     assert steps == points, train_log[-4000:]  # one line per logging step, from rank 0 alone
@@ -72,3 +79,22 @@ def test_ftq_up_is_quiet_and_a_cancelled_runs_log_ends_with_one_line(tmp_path: P
     assert "Traceback" not in train_log and "death signal" not in train_log, train_log[-4000:]
     assert (dep.run_dir(job_id) / stopped.group(2) / "trainer_state.json").is_file()
     assert int(stopped.group(1)) >= 10
+
+
+def test_ctrl_c_stops_ftq_up_and_its_workers_cleanly(tmp_path: Path) -> None:
+    dep = Deployment(tmp_path, mode="up").start()
+    try:
+        proc = dep.procs["up"]
+        found = re.search(r"worker pid (\d+)  webhook sender pid (\d+)", dep.log("up"))
+        assert found, dep.log("up")
+        workers = [int(pid) for pid in found.groups()]
+        # What a terminal's Ctrl-C does: SIGINT to the foreground process group (ftq up's).
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=30)
+        log = dep.log("up")
+    finally:
+        dep.close()
+    assert code == 0, log[-3000:]
+    assert "starting it again" not in log and "Traceback" not in log, log[-3000:]
+    assert log.rstrip().endswith("ftq: stopped"), log[-3000:]
+    assert not [pid for pid in workers if pid_alive(pid)], log[-3000:]
