@@ -181,6 +181,7 @@ class SideRunKind(ABC):
     def write_folder(self, row: Any, job: Job, folder: Path) -> LaunchRequest:
         """Write this attempt's request file and launch script into the row's folder; what to launch."""
         spec = JobSpec.model_validate(job.spec)
+        devices = self.devices_for(job, spec)
         plan = render_export_plan(
             spec,
             export_id=row.id,
@@ -188,8 +189,11 @@ class SideRunKind(ABC):
             settings=get_settings(),
             module=self.module,
             request=self.request_file,
-            devices=self.devices_for(job, spec),
+            devices=devices,
         )
+        with session_scope() as session:  # its usage at its end counts these (SLURM's as asked for)
+            side_runs.record_devices(session, self.table, row.id, devices)
+            session.commit()
         files = {
             self.request_file: json.dumps(self.request_of(row, job, folder.parent.parent), indent=2) + "\n",
             runs.LAUNCH_SCRIPT: plan.launch_script,

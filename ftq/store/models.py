@@ -294,6 +294,7 @@ class Export(RunState, Base):
     max_shard_size: Mapped[str] = mapped_column(String(16), nullable=False)
     push_to_hub: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # {repo_id, private}
     step: Mapped[int | None] = mapped_column(Integer)  # the checkpoint exported; None: final/
+    devices: Mapped[int | None] = mapped_column(Integer)  # what its launch ran on (None: one, before 0017)
 
     __table_args__ = (
         Index("ix_exports_job_seq", "job_id", "seq"),
@@ -317,6 +318,7 @@ class Evaluation(RunState, Base):
     suites: Mapped[list[str] | None] = mapped_column(JSON)
     trigger: Mapped[str] = mapped_column(String(16), nullable=False)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    devices: Mapped[int | None] = mapped_column(Integer)  # what its launch ran on (None: one, before 0017)
 
     __table_args__ = (
         Index("ix_evaluations_job_seq", "job_id", "seq"),

@@ -152,9 +152,9 @@ def side_usage_rows(
     session: Session, owner: str, table: SideRun, since: datetime | None, until: datetime | None
 ) -> list[tuple[str, datetime, float, str]]:
     """(owner, finished_at, device_seconds, device) of an owner's side runs of `table` that ran and ended
-    in [since, until): one device each, from launch to end."""
+    in [since, until): their devices (one where not recorded) from launch to end."""
     stmt = (
-        select(Job.owner, table.started_at, table.finished_at, Job.device)
+        select(Job.owner, table.started_at, table.finished_at, Job.device, table.devices)
         .join(Job, Job.id == table.job_id)
         .where(Job.owner == owner, table.started_at.is_not(None), table.finished_at.is_not(None))
     )
@@ -163,15 +163,20 @@ def side_usage_rows(
     if until is not None:
         stmt = stmt.where(table.finished_at < until)
     return [
-        (o, f, device_seconds(s, f), dev)
-        for o, s, f, dev in session.execute(stmt)
+        (o, f, device_seconds(s, f, n), dev)
+        for o, s, f, dev, n in session.execute(stmt)
         if s is not None and f is not None
     ]
 
 
-def device_seconds(started: datetime, finished: datetime) -> float:
-    """A side run holds one device from its launch to its end."""
-    return max(0.0, (finished - started).total_seconds())
+def device_seconds(started: datetime, finished: datetime, devices: int | None = None) -> float:
+    """A side run holds its devices (one where not recorded) from its launch to its end."""
+    return max(0.0, (finished - started).total_seconds()) * max(1, devices or 1)
+
+
+def record_devices(session: Session, table: SideRun, row_id: str, devices: int) -> None:
+    """The devices a side run's launch runs on (written as it is launched), for its usage at its end."""
+    session.execute(update(table).where(table.id == row_id).values(devices=devices))
 
 
 def account_side_run(
@@ -185,7 +190,7 @@ def account_side_run(
     """A side-run table's `on_ended`: a run that ran counts in its owner's usage (fair share, the
     period's GPU seconds), as a job's run does."""
     row = session.execute(
-        select(Job.owner, Job.device, table.started_at, table.finished_at)
+        select(Job.owner, Job.device, table.started_at, table.finished_at, table.devices)
         .join(Job, Job.id == table.job_id)
         .where(table.id == row_id)
     ).one_or_none()
@@ -195,5 +200,8 @@ def account_side_run(
     if start is None or end is None:
         return
     account_other_run(
-        session, row.owner, device_seconds=device_seconds(start, end), cuda=row.device == "cuda"
+        session,
+        row.owner,
+        device_seconds=device_seconds(start, end, row.devices),
+        cuda=row.device == "cuda",
     )

@@ -137,3 +137,28 @@ def test_an_export_waits_for_its_owners_quota_and_is_claimed_by_the_one_schedule
     assert e.status == "starting" and e.resources == {"cpu_slots": 1}
     with session_scope() as s:
         assert with_queue(s, rows.OWNER, [e])[0].queue is None
+
+
+def test_a_side_run_on_several_devices_counts_each_in_its_owners_usage(store: Path) -> None:
+    """An evaluation of a large base runs on several GPUs of a node (worker.evaluations.evaluation_gpus):
+    its launch records them, and its end counts devices x time in /usage and in fair share."""
+    from datetime import timedelta
+
+    from ftq.contract.status import JobStatus
+    from ftq.store import repository, side_runs
+    from ftq.store.db import session_scope
+    from ftq.store.exports import EXPORTS, ExportRepository
+    from ftq.store.transitions import utcnow
+
+    add_job("j_big", "exit 0\n", status="succeeded")
+    started = utcnow() - timedelta(seconds=100)
+    add_export("exp_wide", "j_big", status="running", resources={"cpu_slots": 1}, started_at=started)
+    with session_scope() as s:
+        side_runs.record_devices(s, Export, "exp_wide", 4)
+        assert EXPORTS.mark_finished(s, "exp_wide", JobStatus.succeeded, exit_code=0)
+        s.commit()
+    with session_scope() as s:
+        ((_, _, seconds, _),) = ExportRepository(s, rows.OWNER).usage_rows(None, None)
+        assert 400 <= seconds < 420  # 4 devices x ~100 s
+        usage = {u.owner: u for u in repository.owner_usage(s)}
+        assert usage[rows.OWNER].total_device_seconds >= 400

@@ -31,6 +31,8 @@ def test_every_owner_repository_reads_through_the_one_filter() -> None:
     repos = _repositories()
     assert len(repos) >= 7, repos
     for cls in repos:
+        if cls is OwnedRepository:
+            continue
         if cls.__name__ in ("UploadRepository", "TinkerRepository"):
             # Their reads and writes are compare-and-set statements that each carry the owner in
             # their own condition (`_owned(...)`); moving them onto the base is left for a later round.
