@@ -497,6 +497,10 @@ class LocalLauncher:
         With several processes torch's agent starts each rank in a session of its own (found by the
         run's marker); with one, accelerate runs the trainer as a child in the run's group. Either way
         the launch script (the group leader) and its direct child (the launcher) are left out.
+
+        A run whose ranks have not started yet (the fetch step, accelerate or torch's agent starting up)
+        has nothing to checkpoint: its whole group gets the signal at once, rather than nothing until the
+        grace period's SIGKILL (a cancel right after the start took 22 s).
         """
         procs = scan_proc()
         if not _group_is_ours(run, procs):
@@ -504,6 +508,10 @@ class LocalLauncher:
         launchers = {p.pid for p in procs if p.ppid == run.pid} | {run.pid}
         targets = [p.pid for p in procs if p.pgid == run.pid and p.pid not in launchers]
         targets += [pid for pid in marked(run.job_id, procs, run_uid(run.run_dir)) if pid not in launchers]
+        if not targets:
+            log.info("job %s has no ranks yet: %s to its process group", run.job_id, sig.name)
+            self._signal_group(run, sig)
+            return
         log.info("sending %s to the ranks of job %s: %s", sig.name, run.job_id, sorted(set(targets)))
         for pid in set(targets):
             with contextlib.suppress(ProcessLookupError, PermissionError):

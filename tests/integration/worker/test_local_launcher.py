@@ -148,6 +148,25 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(tmp_path: Path) -> N
     assert marked("job_stubborn") == []
 
 
+def test_a_cancel_before_the_ranks_start_signals_the_group_at_once(tmp_path: Path) -> None:
+    # The launcher is still starting (or the fetch step runs): no rank to SIGTERM, and nothing to save.
+    launcher = LocalLauncher(Settings(data_dir=tmp_path, cancel_grace_seconds=60))
+    script = (
+        "python3 -c \"import time; open('launcher_up', 'w').close(); time.sleep(300)\"\n"
+        'printf "%s\\n" "$?" > exit_status\n'
+    )
+    req = _request(tmp_path, "job_early", script)
+    handle = launcher.submit(req)
+    ref = RunRef("job_early", req.run_dir, None, handle.pid, handle.pid_start_ticks)
+    assert _wait(lambda: (req.run_dir / "launcher_up").exists())
+    cancelled = time.monotonic()
+    launcher.cancel(ref)
+    # Before, SIGTERM went to no process, and only a call after the grace (60 s here) ended the run.
+    assert _wait(lambda: launcher.poll([ref])["job_early"].phase != RunPhase.running, timeout=5)
+    assert time.monotonic() - cancelled < 5
+    assert group_members(ref.pid) == []  # type: ignore[arg-type]
+
+
 def test_find_adopts_a_launch_whose_record_was_never_written(tmp_path: Path) -> None:
     launcher = LocalLauncher(Settings(data_dir=tmp_path))
     req = _request(tmp_path, "job_orphan", STAND_IN.format(child="pass"))
@@ -166,19 +185,20 @@ def test_a_cancelled_training_run_saves_a_checkpoint_within_the_grace(tiny_dir: 
     have the launcher SIGKILL them."""
     settings = Settings(data_dir=tmp_path, cancel_grace_seconds=120, python=sys.executable)
     launcher = LocalLauncher(settings)
-    body = tiny_spec(tiny_dir, max_steps=100_000, processes=2)  # only the cancel ends it
-    spec = JobSpec.model_validate(body)
-    run_dir = tmp_path / "runs" / "job_cancel"
-    (run_dir / runs.CHECKPOINTS).mkdir(parents=True)
-    plan = render_plan(spec, job_id="job_cancel", run_dir=run_dir, settings=settings)
-    (run_dir / runs.SPEC).write_text(json.dumps(body))
-    (run_dir / runs.ACCELERATE_CONFIG).write_text(plan.accelerate_config_yaml)
-    (run_dir / runs.LAUNCH_SCRIPT).write_text(plan.launch_script)
-    req = LaunchRequest(
-        job_id="job_cancel", run_dir=run_dir, spec=spec, plan=plan, resources={"cpu_slots": 2}
-    )
-    handle = launcher.submit(req)
-    ref = RunRef("job_cancel", run_dir, None, handle.pid, handle.pid_start_ticks)
+    # Cancelled right after its start, before any rank is up: the run ends within seconds, not after the
+    # grace period's SIGKILL (issue 50: 22 s, the SIGTERM having gone to no rank).
+    early = _real_launch(launcher, settings, tiny_dir, "job_early")
+    try:
+        launcher.cancel(early)
+        cancelled = time.time()
+        assert _wait(lambda: launcher.poll([early])["job_early"].phase != RunPhase.running, timeout=10)
+        assert time.time() - cancelled < 10
+        assert marked("job_early") == [] and group_members(early.pid) == []  # type: ignore[arg-type]
+    finally:
+        launcher.kill_leftovers(early)
+
+    ref = _real_launch(launcher, settings, tiny_dir, "job_cancel")
+    run_dir = ref.run_dir
     try:
         assert _wait(lambda: len(read_points(run_dir / runs.METRICS)) >= 3, timeout=240), (
             run_dir / runs.TRAIN_LOG
@@ -227,3 +247,18 @@ def test_a_run_that_ended_on_a_full_disk_freed_since_is_disk_full_not_a_kill(tmp
         assert state.phase == RunPhase.lost, state
         failure = why_it_failed(req.run_dir, state)
         assert failure.code == "disk_full" and "SIGKILL" not in failure.message, failure
+
+
+def _real_launch(launcher: LocalLauncher, settings: Settings, tiny_dir: Path, job_id: str) -> RunRef:
+    """The rendered launch.sh of a two-process tiny run that only a cancel ends, started."""
+    body = tiny_spec(tiny_dir, max_steps=100_000, processes=2)
+    spec = JobSpec.model_validate(body)
+    run_dir = settings.data_dir / "runs" / job_id
+    (run_dir / runs.CHECKPOINTS).mkdir(parents=True)
+    plan = render_plan(spec, job_id=job_id, run_dir=run_dir, settings=settings)
+    (run_dir / runs.SPEC).write_text(json.dumps(body))
+    (run_dir / runs.ACCELERATE_CONFIG).write_text(plan.accelerate_config_yaml)
+    (run_dir / runs.LAUNCH_SCRIPT).write_text(plan.launch_script)
+    req = LaunchRequest(job_id=job_id, run_dir=run_dir, spec=spec, plan=plan, resources={"cpu_slots": 2})
+    handle = launcher.submit(req)
+    return RunRef(job_id, run_dir, None, handle.pid, handle.pid_start_ticks)
