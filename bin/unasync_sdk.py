@@ -40,6 +40,7 @@ REPLACEMENTS = {
     "AsyncFiles": "Files",
     "AsyncGraders": "Graders",
     "AsyncDeployments": "Deployments",
+    "AsyncTrainingClients": "TrainingClients",
     "AsyncExitStack": "ExitStack",
     "AsyncBaseTransport": "BaseTransport",
     "enter_async_context": "enter_context",

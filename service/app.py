@@ -53,6 +53,7 @@ from service.serving.engines import EngineManager
 from service.serving.proxy import Transport
 from service.serving.router import router as deployments_router
 from service.serving.router import v1_router as serving_v1_router
+from service.tinker.native import router as training_clients_router
 from service.tinker.router import router as tinker_router
 from service.tinker.runtime import Runtime as TinkerRuntime
 from service.ui.router import router as ui_router
@@ -276,6 +277,7 @@ def _add_routes(app: FastAPI) -> None:
     add_webhook_docs(app)
     for router in (usage_router, artifacts_router, files_router, graders_router, deployments_router):
         app.include_router(router)
+    app.include_router(training_clients_router)
     app.add_api_route("/healthz", healthz, response_model=Health, tags=["health"], summary="Liveness")
     app.add_api_route(
         "/readyz",

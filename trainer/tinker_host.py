@@ -451,7 +451,8 @@ def make_handler(host: Host, key: str) -> type[BaseHTTPRequestHandler]:
                     500, {"error": f"{op} failed: {type(exc).__name__}: {exc}", "category": "server"}
                 )
                 return
-            print(f"tinker_host: {op} {time.monotonic() - started:.3f} s", flush=True)
+            label = "forward" if op == "forward_backward" and body.get("forward_only") else op
+            print(f"tinker_host: {label} {time.monotonic() - started:.3f} s", flush=True)
             self._answer(200, result)
 
     return Handler

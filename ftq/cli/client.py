@@ -83,6 +83,7 @@ from ftq.client import (
     Point,
 )
 from ftq.contract import specyaml
+from ftq.contract.tinker import TrainingClientInfo
 
 client_app = typer.Typer(add_completion=False)
 
@@ -406,18 +407,50 @@ def ls(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="Most jobs to show.")] = 20,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first; then your Tinker training clients that have not ended (or those of
+    `--status`)."""
     with api() as client:
         page = client.jobs.list_page(status, limit=limit)
+        try:
+            tcs = client.training_clients.list(limit=limit).data
+        except FtqClientError:  # a server without Tinker's routes
+            tcs = []
+    wanted = set(status.split(",")) if status else {"queued", "starting", "running", "paused", "cancelling"}
+    tcs = [t for t in tcs if t.status in wanted]
     if not page.data:
         out.print("no jobs" + (f" with status {status}" if status else ""))
-        return
-    table, beneath = jobs_table(page.data, out.width)
-    out.print(table)
-    for line in beneath:
-        out.print(line, soft_wrap=True)
-    if page.next_cursor:
-        out.print(f"(more than {limit}; use --limit)")
+    else:
+        table, beneath = jobs_table(page.data, out.width)
+        out.print(table)
+        for line in beneath:
+            out.print(line, soft_wrap=True)
+        if page.next_cursor:
+            out.print(f"(more than {limit}; use --limit)")
+    if tcs:
+        out.print("")
+        out.print("training clients (Tinker):")
+        out.print(training_clients_table(tcs))
+
+
+def training_clients_table(found: list[TrainingClientInfo]) -> Table:
+    """`ftq ls`'s section of Tinker training clients: each a run (paused: saved idle, its next call brings
+    it back), its devices, device time, the last forward_backward's time on its host and when last used."""
+    table = Table(box=None, header_style="bold", pad_edge=False, collapse_padding=True)
+    for header in ("ID", "BASE", "STATUS", "DEVICES", "DEV-TIME", "STEP", "USED"):
+        justify: JustifyMethod = "right" if header in ("DEV-TIME", "STEP", "USED") else "left"
+        table.add_column(header, no_wrap=True, overflow="ellipsis", justify=justify)
+    for t in found:
+        step = "-" if t.last_step_seconds is None else f"{t.last_step_seconds:.3f}s"
+        table.add_row(
+            Text(t.id),  # plain text: rich would read `:train:` in a Tinker model id as an emoji's name
+            Text(t.base),
+            fmt_status(t.status),
+            f"{t.device} x{t.devices}",
+            fmt_duration(t.device_seconds),
+            step,
+            fmt_duration(_age_seconds(t.last_used_at)) + " ago",
+        )
+    return table
 
 
 # `ftq ls` fits the terminal without cutting what a user copies or reads: the id, status, progress, loss and

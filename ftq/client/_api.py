@@ -32,7 +32,7 @@ from ftq.client._plan import (
     sleep,
 )
 from ftq.client.errors import ConnectionLost, Unavailable, WaitTimeout
-from ftq.contract import graders, schemas, serving
+from ftq.contract import graders, schemas, serving, tinker
 
 X = TypeVar("X")
 X_co = TypeVar("X_co", covariant=True)
@@ -97,6 +97,10 @@ def validate_grader(grader: Mapping[str, Any]) -> Call[graders.GraderValidateRes
 
 def deployments() -> Call[serving.DeploymentList]:
     return get("/deployments", serving.DeploymentList)
+
+
+def training_clients(limit: int) -> Call[tinker.TrainingClientList]:
+    return get("/training_clients", tinker.TrainingClientList, limit=limit)
 
 
 # Jobs --------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import httpx
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._plan import A, Progress, R, T
-from ftq.contract import graders, schemas, serving
+from ftq.contract import graders, schemas, serving, tinker
 from ftq.contract.schemas import FileList, FilePublic
 
 
@@ -50,6 +50,7 @@ class AsyncClient:
         self.files = AsyncFiles(self)
         self.graders = AsyncGraders(self)
         self.deployments = AsyncDeployments(self)
+        self.training_clients = AsyncTrainingClients(self)
 
     async def events(self, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
@@ -456,3 +457,15 @@ class AsyncDeployments:
         adapters loaded, requests, tokens in and out, device-seconds), and `usage`, your calls' sums since
         the API process started."""
         return await self._client._call(_api.deployments())
+
+
+class AsyncTrainingClients:
+    """The /training_clients route (your Tinker training clients, each a run); `client.training_clients`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self, *, limit: int = 50) -> tinker.TrainingClientList:
+        """GET /training_clients: yours, newest first (`data`: base, rank, status, paused while saved idle,
+        devices, device-seconds, last used, the last forward_backward's time)."""
+        return await self._client._call(_api.training_clients(limit))

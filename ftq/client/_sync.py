@@ -20,7 +20,7 @@ import httpx
 from ftq.client import _api, _core, _plan
 from ftq.client._core import SpecInput, StatusFilter
 from ftq.client._plan import A, Progress, R, T
-from ftq.contract import graders, schemas, serving
+from ftq.contract import graders, schemas, serving, tinker
 from ftq.contract.schemas import FileList, FilePublic
 
 
@@ -52,6 +52,7 @@ class Client:
         self.files = Files(self)
         self.graders = Graders(self)
         self.deployments = Deployments(self)
+        self.training_clients = TrainingClients(self)
 
     def events(self, *, after: int = 0, limit: int = 100) -> schemas.EventPage:
         """GET /events: one page of the events of all this owner's jobs, after the cursor `after`."""
@@ -450,3 +451,15 @@ class Deployments:
         adapters loaded, requests, tokens in and out, device-seconds), and `usage`, your calls' sums since
         the API process started."""
         return self._client._call(_api.deployments())
+
+
+class TrainingClients:
+    """The /training_clients route (your Tinker training clients, each a run); `client.training_clients`."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list(self, *, limit: int = 50) -> tinker.TrainingClientList:
+        """GET /training_clients: yours, newest first (`data`: base, rank, status, paused while saved idle,
+        devices, device-seconds, last used, the last forward_backward's time)."""
+        return self._client._call(_api.training_clients(limit))

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
 
 HOST_MODULE = "trainer.tinker_host"
 REQUEST = "host.json"
@@ -115,3 +119,54 @@ def read_endpoint(folder: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return url if isinstance(url, str) else None
+
+
+# ftq's own view of training clients (`GET /training_clients`, `ftq ls`, the dashboard) ----------------------
+
+
+class TrainingClientInfo(BaseModel):
+    """One Tinker training client of the caller's: a run the scheduler places (its status is a run's:
+    `paused` while it waits saved idle for its next call)."""
+
+    id: str = Field(description="The Tinker model id (`<session>:train:<n>`).")
+    base: str = Field(description="The catalog alias it trains a LoRA on.")
+    lora_rank: int
+    status: str = Field(
+        description="queued, starting, running, paused (saved idle: its next call brings it back), "
+        "cancelling, cancelled (its session closed), failed (`error` says why)"
+    )
+    device: str
+    devices: int
+    launcher: str
+    error: str | None = None
+    created_at: datetime
+    started_at: datetime | None = Field(None, description="When its current run started.")
+    finished_at: datetime | None = None
+    last_used_at: datetime = Field(description="When a call last used it (the idle time counts from it).")
+    device_seconds: float = Field(description="Its devices x the time its runs held them.")
+    calls: int = Field(0, description="Calls its host answered (from its log).")
+    last_step_seconds: float | None = Field(
+        None, description="The last forward_backward's time on its host, in seconds (from its log)."
+    )
+
+
+class TrainingClientList(BaseModel):
+    data: list[TrainingClientInfo]
+
+
+class TrainingClientEvent(BaseModel):
+    id: int
+    model_id: str
+    type: str = Field(description="One of ftq.contract.tinker.TrainingClientEventType.")
+    time: datetime
+    data: dict[str, Any]
+
+
+class TrainingClientEvents(BaseModel):
+    data: list[TrainingClientEvent]
+    next_after: int = Field(description="The cursor for `?after=`: the last event's id (or the one given).")
+
+
+class TrainingClientLog(BaseModel):
+    text: str = Field(description="The end of its host's log: a line per call with its time.")
+    size: int = Field(description="The log's size in bytes.")

@@ -1,6 +1,8 @@
 /* ftq dashboard, `/ui/deployments`: the caller's serving engines (GET /deployments), refreshed by polling:
 base, status (why it waits or failed), devices, the adapters loaded, requests, tokens in and out, device
-time; and what every engine of theirs answered since the API process started. */
+time; and what every engine of theirs answered since the API process started. Under them, the caller's
+Tinker training clients (GET /training_clients), runs too: status (paused: saved idle), devices, rank,
+device time, the last step's time on the host, when last used. */
 "use strict";
 
 (() => {
@@ -74,5 +76,33 @@ time; and what every engine of theirs answered since the API process started. */
     FTQ.setRefreshState(`updated ${new Date().toLocaleTimeString()}`);
   }
 
+  const tcBody = document.getElementById("training-clients-body");
+
+  function tcRow(t) {
+    const used = Date.parse(t.last_used_at) / 1000;
+    return h("tr", { dataset: { trainingClientId: t.id, status: t.status } },
+      h("td", {}, h("span", { class: "job-id" }, t.id)),
+      h("td", { class: "paths" }, h("span", { class: "base", title: t.base }, t.base)),
+      h("td", { dataset: { field: "status" } }, FTQ.badge(t.status),
+        t.status === "paused" ? h("div", { class: "why muted" }, "saved idle: its next call brings it back")
+          : t.error ? h("div", { class: "why muted bad" }, t.error) : null),
+      h("td", { dataset: { field: "devices" } }, h("span", { class: "devices" }, `${t.device} × ${t.devices}`)),
+      h("td", { class: "num" }, String(t.lora_rank)),
+      h("td", { class: "num", title: `${Math.round(t.device_seconds)} device-seconds`, dataset: { field: "device-time" } },
+        FTQ.duration(t.device_seconds)),
+      h("td", { class: "num", dataset: { field: "step" } },
+        t.last_step_seconds === null || t.last_step_seconds === undefined ? "–" : `${t.last_step_seconds.toFixed(3)} s`),
+      h("td", { title: `created ${t.created_at}, last used ${t.last_used_at}` }, since(used)),
+    );
+  }
+
+  async function refreshTrainingClients() {
+    const listing = await FTQ.api("/training_clients");
+    tcBody.replaceChildren(...listing.data.map(tcRow));
+    document.getElementById("tc-empty").hidden = listing.data.length > 0;
+    document.getElementById("training-clients").dataset.count = String(listing.data.length);
+  }
+
   FTQ.every(REFRESH_MS, refresh);
+  FTQ.every(REFRESH_MS, refreshTrainingClients);
 })();

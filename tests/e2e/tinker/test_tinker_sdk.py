@@ -11,6 +11,7 @@ JUnit properties."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import subprocess
 import sys
@@ -229,6 +230,17 @@ def test_an_idle_client_is_saved_stopped_and_brought_back_by_its_next_call(
         assert time.monotonic() < deadline, status
         time.sleep(0.5)
     auth = {"Authorization": f"Bearer {ALICE}"}
+    # Seen like any run: GET /training_clients and `ftq ls` show it paused, its devices back.
+    listed = httpx.get(f"{dep.url}/training_clients", headers=auth).json()["data"]
+    mine = next(t for t in listed if t["id"] == tc.model_id)
+    assert mine["status"] == "paused" and mine["device_seconds"] > 0 and mine["last_step_seconds"] > 0
+    env = {**clean_env(), "FTQ_URL": dep.url, "FTQ_TOKEN": ALICE, "COLUMNS": "160"}
+    ls = subprocess.run(
+        [str(REPO / "bin" / "ftq"), "ls"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert ls.returncode == 0, ls.stderr
+    assert "training clients" in ls.stdout
+    assert any(tc.model_id in line and "paused" in line for line in ls.stdout.splitlines()), ls.stdout
 
     # The next call brings it back from the saved state (the SDK just waits for its future).
     after, back_s = timed(
@@ -246,10 +258,18 @@ def test_an_idle_client_is_saved_stopped_and_brought_back_by_its_next_call(
     assert nlls[-1] < nlls[2] < nlls[0], nlls  # it goes on falling from where it was, not from the start
 
     events = httpx.get(f"{dep.url}/training_clients/{tc.model_id}/events", headers=auth)
-    if events.status_code == 200:
-        types_ = [e["type"] for e in events.json()["data"]]
-        assert types_[:2] == ["training_client.created", "training_client.started"], types_
-        assert "training_client.idle_saved" in types_ and "training_client.resumed" in types_, types_
+    assert events.status_code == 200, events.text
+    assert [e["type"].removeprefix("training_client.") for e in events.json()["data"]] == [
+        "created", "started", "idle_saved", "resumed", "started",
+    ]  # fmt: skip
+    # Each call's time on its host, both runs' calls in one log.
+    log = httpx.get(f"{dep.url}/training_clients/{tc.model_id}/logs", headers=auth).json()["text"]
+    steps = re.findall(r"^tinker_host: forward_backward ([0-9.]+) s$", log, re.MULTILINE)
+    assert len(steps) == 5 and log.count("tinker_host: forward ") == 2 and log.count(" loaded in ") == 2, log
+    bob = httpx.get(
+        f"{dep.url}/training_clients/{tc.model_id}/logs", headers={"Authorization": f"Bearer {BOB}"}
+    )
+    assert bob.status_code == 404
     sc.close("success").result()
     print(f"\ntinker idle: brought back in {back_s:.1f} s; NLL {[round(x, 3) for x in nlls]}")
     record_property("tinker_idle_restore_seconds", round(back_s, 2))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -253,7 +254,49 @@ def test_deployments_page_is_linked_from_the_jobs_page_and_lists_the_engines(
     expect(failed.locator(".why.bad")).to_contain_text("exited with code 1")
     expect(page.locator("#summary .count")).to_have_count(3)
     expect(page.locator("#usage")).to_contain_text("123470 requests, 99M tokens in, 1.2M out")
+
+    # The Tinker training clients under them (GET /training_clients): the server's empty list, then a
+    # constructed one (a running client and one saved idle) answered in the browser.
+    clients = page.locator("#training-clients")
+    expect(clients).to_have_attribute("data-count", "0", timeout=15_000)
+    expect(page.locator("#tc-empty")).to_be_visible()
+    page.route(
+        lambda url: urlparse(url).path == "/training_clients",
+        lambda route: route.fulfill(json=_training_clients().model_dump(mode="json")),
+    )
+    expect(clients).to_have_attribute("data-count", "2", timeout=15_000)
+    running = page.locator('tr[data-training-client-id="ses_00000000000000a1:train:0"]')
+    expect(running.locator(".badge")).to_have_text("running")
+    expect(running.locator('td[data-field="step"]')).to_have_text("0.031 s")
+    expect(running.locator('td[data-field="device-time"]')).to_have_text("2m05s")
+    paused = page.locator('tr[data-training-client-id="ses_00000000000000a1:train:1"]')
+    expect(paused.locator(".why")).to_contain_text("saved idle")
     page.screenshot(path=str(ARTIFACTS / "dashboard-deployments.png"), full_page=True)
+
+
+def _training_clients() -> Any:
+    from ftq.contract.tinker import TrainingClientInfo, TrainingClientList
+
+    now = datetime.now(UTC)
+    common: dict[str, Any] = {
+        "base": "ftq-tiny",
+        "lora_rank": 8,
+        "device": "cpu",
+        "devices": 1,
+        "launcher": "local",
+    }
+    return TrainingClientList(
+        data=[
+            TrainingClientInfo(
+                id="ses_00000000000000a1:train:0", status="running", created_at=now, started_at=now,
+                last_used_at=now, device_seconds=125.0, last_step_seconds=0.031, **common,
+            ),
+            TrainingClientInfo(
+                id="ses_00000000000000a1:train:1", status="paused", created_at=now, last_used_at=now,
+                device_seconds=40.0, **common,
+            ),
+        ]
+    )  # fmt: skip
 
 
 def test_pages_are_not_in_the_openapi_document_and_send_a_csp(server: Deployment) -> None:
