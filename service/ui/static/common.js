@@ -116,6 +116,15 @@ const FTQ = (() => {
     return String(Number(v.toPrecision(digits)));
   }
 
+  // A learning rate, one format everywhere (the table, the job's meta, the chart's axis and hover), the
+  // CLI's and train.log's: 2.50e-04.
+  function lr(v) {
+    if (v === null || v === undefined || Number.isNaN(v)) return "–";
+    if (v === 0) return "0";
+    const [mantissa, exp] = v.toExponential(2).split("e");
+    return `${mantissa}e${exp[0] === "-" ? "-" : "+"}${String(Math.abs(Number(exp))).padStart(2, "0")}`;
+  }
+
   // The last two parts of a path or Hub id ("/srv/ftq/examples/tiny/model" -> "…/tiny/model"); the
   // full one goes in a title attribute next to it.
   function shortPath(path) {
@@ -218,7 +227,7 @@ const FTQ = (() => {
   }
 
   return {
-    TERMINAL, ApiError, api, banner, clearBanner, h, num, shortPath, duration, age, took, badge, progressFraction,
+    TERMINAL, ApiError, api, banner, clearBanner, h, num, lr, shortPath, duration, age, took, badge, progressFraction,
     progressText, setRefreshState, every, parseTime,
   };
 })();

@@ -105,7 +105,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
       meta("ran for", FTQ.took(job)),
       meta("usage", job.usage ? `${FTQ.num(job.usage.device_seconds, 4)} device-seconds` : "–"),
       meta("latest loss", FTQ.num(latest.loss)),
-      meta("latest lr", FTQ.num(latest.learning_rate)),
+      meta("latest lr", FTQ.lr(latest.learning_rate)),
       ...trackerMeta(job.trackers),
     );
     const errorBox = document.getElementById("error-box");
@@ -165,7 +165,7 @@ because a step's eval_loss can be stored after its train loss (they share a row)
     });
     Charts.render(document.getElementById("chart-lr"), {
       series: [{ name: "learning rate", key: "learning_rate", color: "#16a34a", points: series("learning_rate") }],
-      yFormat: (v) => (v === 0 ? "0" : v.toExponential(1)),
+      yFormat: FTQ.lr,
       emptyText,
     });
     Charts.render(document.getElementById("chart-grad-norm"), {
@@ -181,7 +181,9 @@ because a step's eval_loss can be stored after its train loss (they share a row)
   }
 
   // Point.extra: a chart per group of names (the part before "/", or the name itself), train and eval
-  // (`eval_` names, as markers) together: `rewards` holds rewards/chosen, rewards/margins, ...
+  // (`eval_` names, as markers) together: `rewards` holds rewards/chosen, rewards/margins, ... Train names
+  // take the palette first, then eval ones, as on the loss chart (train blue, eval orange): sorted
+  // together, eval_ names came first and the colours were swapped between the charts.
   const COLORS = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04", "#475569"];
   function drawMethodCharts(pts, emptyText) {
     const groups = new Map();
@@ -202,7 +204,9 @@ because a step's eval_loss can be stored after its train loss (they share a row)
         chart = h("div", { id, class: "chart", "data-group": group });
         section.append(h("figure", { class: "chart-card" }, h("figcaption", {}, group), chart));
       }
-      const series = [...names].sort().map((name, i) => ({
+      const isEval = (name) => name.startsWith("eval_");
+      const ordered = [...[...names].filter((n) => !isEval(n)).sort(), ...[...names].filter(isEval).sort()];
+      const series = ordered.map((name, i) => ({
         name,
         key: name,
         color: COLORS[i % COLORS.length],

@@ -112,7 +112,7 @@ loss, or a metric their evaluations scored at each checkpoint (?metric=, from GE
     const fill = h("div", { class: `fill ${job.status}` });
     fill.style.width = `${(100 * FTQ.progressFraction(job)).toFixed(1)}%`;
     const link = h("a", { href: `/ui/jobs/${encodeURIComponent(job.id)}` },
-      h("span", { class: "job-name" }, job.name), h("span", { class: "job-id" }, job.id));
+      h("span", { class: "job-name" }, job.name), h("span", { class: "job-id", title: job.id }, job.id));
     const pick = h("input", {
       type: "checkbox", class: "pick", checked: selected.includes(job.id), "aria-label": `compare ${job.id}`,
       dataset: { jobId: job.id },
@@ -123,13 +123,13 @@ loss, or a metric their evaluations scored at each checkpoint (?metric=, from GE
     const data = (spec.dataset || {}).name_or_path || (spec.dataset || {}).file_id;
     return h("tr", { dataset: { jobId: job.id, status: job.status } },
       h("td", { class: "pick-cell" }, pick),
-      h("td", {}, link),
+      h("td", { class: "job-cell" }, link),
       h("td", {}, FTQ.badge(job.status)),
       h("td", {}, h("div", { class: "progress-cell" },
         h("div", { class: "progress" }, fill), h("span", { class: "muted" }, FTQ.progressText(job)))),
       h("td", { class: "num", dataset: { field: "loss" } }, FTQ.num(latest.loss)),
       h("td", { class: "num" }, FTQ.num(latest.eval_loss)),
-      h("td", { class: "num" }, FTQ.num(latest.learning_rate)),
+      h("td", { class: "num", dataset: { field: "lr" } }, FTQ.lr(latest.learning_rate)),
       // Full paths on hover: the cell shows their last parts only.
       h("td", { class: "paths" },
         h("span", { class: "model-path", title: model || null }, FTQ.shortPath(model)),

@@ -22,6 +22,9 @@ from tests.unit.ftq.cli.test_deployments_cli import REASON, _listing
 
 pytestmark = pytest.mark.browser
 
+LR_FORMAT = re.compile(r"\d\.\d\de[-+]\d\d")  # 2.50e-04, as the CLI and train.log write it
+TRAIN_COLOUR, EVAL_COLOUR = "#2563eb", "#ea580c"
+
 
 @pytest.mark.slow  # a real tiny training run
 def test_jobs_page_lists_jobs_and_picks_up_new_ones(
@@ -43,6 +46,24 @@ def test_jobs_page_lists_jobs_and_picks_up_new_ones(
         new_id = created.json()["id"]
         c.post(f"/jobs/{new_id}/cancel")
     expect(page.locator(f'tr[data-job-id="{new_id}"]')).to_be_visible(timeout=15_000)
+    # The learning rate as the CLI and train.log write it (issue 50: three formats on the dashboard).
+    expect(row.locator('td[data-field="lr"]')).to_have_text(LR_FORMAT)
+    # At 1,400 px the table stays in its column, a long job name included (it overflowed: issue 50).
+    with server.client() as c:
+        long_name = "tiny-cpu-lora-with-evaluations-and-a-rather-long-name-for-tables"
+        made = c.post("/jobs", json={**one_process_example(max_steps=100000), "name": long_name})
+        assert made.status_code == 201, made.text
+        c.post(f"/jobs/{made.json()['id']}/cancel")
+    page.set_viewport_size({"width": 1400, "height": 900})
+    expect(page.locator(f'tr[data-job-id="{made.json()["id"]}"]')).to_be_visible(timeout=15_000)
+    widths = page.evaluate(
+        "() => { const m = getComputedStyle(document.querySelector('main'));"
+        " return [document.querySelector('table.jobs').getBoundingClientRect().width,"
+        " document.querySelector('main').clientWidth"
+        " - parseFloat(m.paddingLeft) - parseFloat(m.paddingRight),"
+        " document.documentElement.scrollWidth]; }"
+    )
+    assert widths[0] <= widths[1] + 0.5 and widths[2] <= 1400, widths
     page.screenshot(path=str(ARTIFACTS / "dashboard-jobs.png"), full_page=True)
 
 
@@ -71,6 +92,12 @@ def test_job_page_charts_every_point_and_stops_polling(
     expect(page.locator('#chart-loss g[data-series-markers="eval_loss"] circle')).to_have_count(n_eval)
     rates = page.locator('#chart-lr path[data-series="learning_rate"]')
     expect(rates).to_have_attribute("data-count", str(n_lr))
+    # One learning-rate format: the job's meta and the chart's axis as the jobs table (issue 50).
+    expect(page.locator("#job-meta div", has_text="latest lr").locator("dd")).to_have_text(LR_FORMAT)
+    ticks = page.locator("#chart-lr text.tick").all_text_contents()
+    assert ticks and all(t == "0" or LR_FORMAT.fullmatch(t) for t in ticks), ticks
+    # Train blue, eval orange (the method charts follow this: see test_method_metrics_...).
+    assert train.get_attribute("stroke") == TRAIN_COLOUR and evals.get_attribute("stroke") == EVAL_COLOUR
     for chart, key in (("grad-norm", "grad_norm"), ("tokens", "tokens_per_second")):
         n = sum(p[key] is not None for p in points)
         assert n >= 5, (key, points)
@@ -86,6 +113,12 @@ def test_job_page_charts_every_point_and_stops_polling(
     assert ckpts
     expect(page.locator("#checkpoints tbody tr")).to_have_count(len(ckpts))
     expect(page.locator(f'#checkpoints code[title="{ckpts[-1]["path"]}"]')).to_be_visible()
+    # Its headers apart from each other (they ran together: issue 50).
+    gaps = page.evaluate(
+        "() => [...document.querySelectorAll('#checkpoints th')]"
+        ".map((th) => getComputedStyle(th).paddingRight)"
+    )
+    assert gaps and all(float(g.removesuffix("px")) >= 8 for g in gaps[:-1]), gaps
     # The job's events, one row each, in order, ending with how it ended.
     events = server.get(f"/jobs/{finished_job.job_id}/events", limit=1000)["data"]
     expect(page.locator("#event-list tr")).to_have_count(len(events))
@@ -404,5 +437,11 @@ def test_method_metrics_get_a_chart_per_name_group(server: Deployment, dpo_job: 
         expect(rewards.locator(f'path[data-series="{name}"]')).to_have_attribute("data-count", str(n))
     # Evaluation's values (eval_ names) in the same group, as markers.
     expect(rewards.locator('path[data-series="eval_rewards/margins"]')).to_have_attribute("data-count", "2")
+    # Train names take the loss chart's train colour first, eval names come after (they were swapped).
+    first_train = rewards.locator('path[data-series="rewards/accuracies"]')
+    assert first_train.get_attribute("stroke") == TRAIN_COLOUR
+    assert (
+        rewards.locator('path[data-series="eval_rewards/accuracies"]').get_attribute("stroke") != TRAIN_COLOUR
+    )
     expect(page.locator('#method-charts .chart[data-group="logps"]')).to_have_count(1)
     page.locator("#method-charts").screenshot(path=str(ARTIFACTS / "dashboard-method-charts.png"))
