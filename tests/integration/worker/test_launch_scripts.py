@@ -398,8 +398,10 @@ exit $status
 # ignores SIGUSR1 for the launcher (the real trainer installs its own handler, as this does).
 SIGNALLED_PYTHON = """#!/usr/bin/env python3
 import os, signal, sys, time
-if sys.argv[1:3] == ["-m", "trainer.fetch"]:
-    sys.exit(0)  # the fetch step (the spec names a hub model): done at once
+if sys.argv[1:3] == ["-m", "trainer.fetch"] or "ftq.planning.nccl_check" in sys.argv:
+    sys.exit(0)  # the fetch step (the spec names a hub model), the fabric's check: done at once
+if sys.argv[1:2] == ["-c"]:
+    sys.exit(1)  # the script's probes (`import pynvml`: not installed here)
 node = os.environ.get("SLURM_NODEID", "local")
 def stop(signum, frame):
     print(f"fake launch {node} got SIGUSR1", flush=True)
