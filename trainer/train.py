@@ -516,8 +516,11 @@ NCCL_TRACE_ENTRIES = "2000"
 
 def nccl_dump_on_timeout(out: Path) -> None:
     """TORCH_NCCL_DUMP_ON_TIMEOUT with a trace buffer and a dump file in the run directory (a value the
-    run's environment already has wins). Read when NCCL's process group is made; gloo ignores them."""
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", NCCL_TRACE_ENTRIES)
+    run's environment already has wins, under its current name or the one torch deprecated). Read when
+    NCCL's process group is made; gloo ignores them. The buffer is set under torch's current name: the
+    old one prints a deprecation warning at the top of every rank's log."""
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ:
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", NCCL_TRACE_ENTRIES)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(out / "nccl_trace_rank_"))
 

@@ -147,15 +147,20 @@ def test_train_begin_lowers_the_timeout_from_the_arguments_ddp_timeout(
 def test_nccl_dumps_its_flight_recorder_into_the_run_directory_on_a_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")  # the operator's value wins
-    train.nccl_dump_on_timeout(tmp_path)
     import os
 
+    names = ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
+    for name in (*names, "TORCH_FR_DUMP_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    train.nccl_dump_on_timeout(tmp_path)
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
+    # torch's current name: the deprecated one prints a warning at the top of every rank's log.
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE")
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")  # the operator's value wins, by either name
+    train.nccl_dump_on_timeout(tmp_path)
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ
 
 
 def test_the_plans_sync_each_batch_reaches_the_training_arguments(
