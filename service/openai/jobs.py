@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import csv
 import io
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +28,7 @@ from ftq.contract.openai import (
 )
 from ftq.contract.spec import JobSpec
 from ftq.contract.status import TERMINAL, FileStatus, JobStatus
+from ftq.planning import auto
 from ftq.runtime.lru import LRU
 from ftq.runtime.settings import Settings
 from ftq.store import evaluations
@@ -52,25 +52,6 @@ STATUS = {
     JobStatus.failed.value: "failed",
     JobStatus.cancelled.value: "cancelled",
 }
-
-# "auto" epochs as OpenAI's data-preparation guide computes them: about 3 passes, at least ~100 and at
-# most ~25,000 examples trained on in all, between 1 and 25 epochs.
-TARGET_EPOCHS, MIN_TARGET_EXAMPLES, MAX_TARGET_EXAMPLES, MAX_DEFAULT_EPOCHS = 3, 100, 25_000, 25
-DEFAULT_BETA = 0.1
-
-
-def auto_epochs(n_examples: int) -> int:
-    n = max(1, n_examples)
-    if n * TARGET_EPOCHS < MIN_TARGET_EXAMPLES:
-        return min(MAX_DEFAULT_EPOCHS, max(1, MIN_TARGET_EXAMPLES // n))
-    if n * TARGET_EPOCHS > MAX_TARGET_EXAMPLES:
-        return max(1, MAX_TARGET_EXAMPLES // n)
-    return TARGET_EPOCHS
-
-
-def auto_batch_size(n_examples: int) -> int:
-    """About 0.2% of the examples, between 1 and 256."""
-    return max(1, min(256, round(n_examples * 0.002)))
 
 
 def _unix(value: Any) -> int | None:
@@ -156,24 +137,6 @@ def _check_reinforcement(prefix: str, hyper: dict[str, Any]) -> None:
             f"{prefix}.reasoning_effort",
             "unsupported_parameter",
         )
-
-
-# GRPO's completions per prompt at compute_multiplier 1 (TRL's default num_generations).
-BASE_GENERATIONS = 8
-
-
-def num_generations(multiplier: float) -> int:
-    """compute_multiplier as completions sampled per prompt: 8 at 1.0, never under 2 (GRPO compares them)."""
-    return max(2, round(BASE_GENERATIONS * multiplier))
-
-
-def grpo_batch(prompts: int, generations: int, world: int) -> int:
-    """Per-device completions for `prompts` prompts a step: the smallest count at least
-    prompts x generations / world whose total over the ranks holds whole groups (TRL's rule)."""
-    per_device = max(1, math.ceil(prompts * generations / world))
-    while (per_device * world) % generations:
-        per_device += 1
-    return per_device
 
 
 def _ready_files(
@@ -271,17 +234,16 @@ def _template(body: JobCreate, settings: Settings, fine_tuned: dict[str, Any] | 
 
 def _batches(kind: str, hyper: dict[str, Any], examples: int, world: int) -> tuple[int, int, int]:
     """(the batch an optimizer step takes across the ranks, the per-device batch, GRPO's generations per
-    prompt or 0) for `batch_size` and, for reinforcement, `compute_multiplier`."""
-    batch = hyper.get("batch_size", "auto")
-    batch = auto_batch_size(examples) if batch == "auto" else int(batch)
-    per_device = max(1, math.ceil(batch / world))
-    if kind != "reinforcement":
-        return per_device * world, per_device, 0
-    # batch_size counts prompts; each is completed num_generations times in the same step.
-    compute = hyper.get("compute_multiplier", "auto")
-    generations = num_generations(1.0 if compute == "auto" else float(compute))
-    per_device = grpo_batch(batch, generations, world)
-    return max(1, per_device * world // generations), per_device, generations
+    prompt or 0) for `batch_size` and, for reinforcement, `compute_multiplier` (ftq.planning.auto)."""
+    batch, compute = hyper.get("batch_size", "auto"), hyper.get("compute_multiplier", "auto")
+    b = auto.batches(
+        examples,
+        world,
+        batch_size=None if batch == "auto" else int(batch),
+        grpo=kind == "reinforcement",  # batch_size counts prompts, each completed in the same step
+        compute_multiplier=None if compute == "auto" else float(compute),
+    )
+    return b.step_batch, b.per_device, b.generations
 
 
 def _as_reinforcement(
@@ -342,13 +304,13 @@ def resolve(
     resources = template.setdefault("resources", {})
     world = int(resources.get("num_nodes", 1)) * int(resources.get("processes_per_node", 1))
     epochs = hyper.get("n_epochs", "auto")
-    epochs = auto_epochs(examples) if epochs == "auto" else int(epochs)
+    epochs = auto.auto_epochs(examples) if epochs == "auto" else int(epochs)
     batch, per_device, generations = _batches(kind, hyper, examples, world)
     multiplier = hyper.get("learning_rate_multiplier", "auto")
     multiplier = 1.0 if multiplier == "auto" else float(multiplier)
     training = template.setdefault("training", {})
     base_lr = float(training.get("learning_rate", 5.0e-5))
-    steps_per_epoch = max(1, math.ceil(examples / batch))
+    steps_per_epoch = auto.steps_per_epoch(examples, batch)
     training.update(
         num_train_epochs=epochs,
         per_device_train_batch_size=per_device,
@@ -378,7 +340,7 @@ def resolve(
         _as_reinforcement(training, resolved, body, hyper, valid, per_device, generations)
     if kind == "dpo":
         beta = hyper.get("beta", "auto")
-        beta = DEFAULT_BETA if beta == "auto" else float(beta)
+        beta = auto.DEFAULT_BETA if beta == "auto" else float(beta)
         resolved["beta"] = beta
         # The format stays `auto`: the method picks the preference format the file's rows hold.
         training.update(method="dpo", dpo={"beta": beta})
