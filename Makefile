@@ -9,6 +9,11 @@ VLLM_VENV := .venv-vllm
 VLLM_CONSTRAINTS := constraints-vllm.txt
 VLLM_STAMP := $(VLLM_VENV)/.ftq-installed
 STAMP := $(VENV)/.ftq-installed
+# tinker-cookbook's recipes, which tests/e2e/tinker runs against ftq (issue 52): installed without its
+# declared dependencies (it asks for tml-renderers>=0.4.1, which the index lacks: 0.2.1's renderers serve
+# the recipes; and for a torch, already in), then the ones its recipes import. A test dependency only.
+COOKBOOK := tinker-cookbook==0.6.1 tml-renderers==0.2.1
+COOKBOOK_DEPS := chz pyrage termcolor tiktoken blobfile math-verify pylatexenc
 TORCH_CPU := torch==2.13.0
 CONSTRAINTS := constraints.txt
 LOCK_VENV := build/lock-venv
@@ -81,6 +86,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@# setuptools' editable build prints a 10-line note about package-named folders (ftq, service, ...
 	@# are meant to be imported from the checkout): not for a person installing, so filtered by message.
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[train,trackers,eval,qlora,dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) --no-deps $(COOKBOOK)
+	$(BIN)/pip install -q -c $(CONSTRAINTS) $(COOKBOOK_DEPS)
 	@touch $(STAMP)
 
 # Re-resolve pyproject.toml's dependencies at their newest allowed versions in a throwaway venv (on the
@@ -92,6 +99,8 @@ lock: ## re-pin constraints.txt at the newest allowed versions
 	$(LOCK_VENV)/bin/pip install -q -U pip wheel
 	$(LOCK_VENV)/bin/pip install -q $(TORCH_CPU)
 	$(LOCK_VENV)/bin/pip install -q -e ".[train,trackers,eval,qlora,dev]"
+	$(LOCK_VENV)/bin/pip install -q --no-deps $(COOKBOOK)
+	$(LOCK_VENV)/bin/pip install -q $(COOKBOOK_DEPS)
 	{ echo "# Pins for \`make install\` (pip install -c constraints.txt): written by \`make lock\`, do not edit."; \
 	  echo "# torch is left out on purpose: make install puts in the CPU build ($(TORCH_CPU)) or a CUDA one first."; \
 	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|nvidia-[a-z0-9-]+|triton)=='; \

@@ -11,6 +11,7 @@ JUnit properties."""
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import subprocess
@@ -24,7 +25,8 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.harness import QUICK_SETTINGS, REPO, Deployment, clean_env, tiny_assets
+from service.openai.models import _DEFAULT_TEMPLATE
+from tests.harness import EXAMPLES, QUICK_SETTINGS, REPO, Deployment, clean_env, tiny_assets
 
 pytestmark = pytest.mark.slow
 
@@ -39,13 +41,25 @@ STEPS = 5
 # The module's ftq up saves an idle training client after this long (FTQ_TINKER_IDLE_SECONDS, tiny here so
 # a test can wait it out); every other test's calls keep working across such a save, transparently.
 IDLE_SECONDS = 8
+# The cookbook's recipes name a hub base; the module's catalog maps it to the tiny model.
+COOKBOOK_BASE = "Qwen/Qwen3-8B-Base"
 
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tiny_assets()
-    settings = {**QUICK_SETTINGS, "tinker_idle_seconds": IDLE_SECONDS}
-    d = Deployment(tmp_path_factory.mktemp("tinker"), mode="up", tokens=TOKENS, settings=settings)
+    root = tmp_path_factory.mktemp("tinker")
+    # The built-in catalog's two tiny bases, and the tiny model under the hub name the cookbook's recipes
+    # ask for (their renderer is chosen by that name: role_colon for a base model).
+    catalog = root / "catalog.yaml"
+    template = {**_DEFAULT_TEMPLATE, "model": {"name_or_path": "./tiny/model"}}
+    models = {
+        "ftq-tiny": template,
+        "ftq-tiny-serve": {**template, "model": {"name_or_path": "./tiny/model-serve"}},
+    }
+    catalog.write_text(json.dumps({"default": "ftq-tiny", "models": {**models, COOKBOOK_BASE: template}}))
+    settings = {**QUICK_SETTINGS, "tinker_idle_seconds": IDLE_SECONDS, "openai_models": str(catalog)}
+    d = Deployment(root, mode="up", tokens=TOKENS, settings=settings)
     d.start()
     try:
         yield d
@@ -273,3 +287,113 @@ def test_an_idle_client_is_saved_stopped_and_brought_back_by_its_next_call(
     sc.close("success").result()
     print(f"\ntinker idle: brought back in {back_s:.1f} s; NLL {[round(x, 3) for x in nlls]}")
     record_property("tinker_idle_restore_seconds", round(back_s, 2))
+
+
+# The cookbook's minimal loops (tinker_cookbook/recipes/sl_loop.py and rl_loop.py, 0.6.1), unchanged, run as
+# `python -m` in a folder that stands in for the hub: their base's name is a folder there (a link to the
+# tiny model: the cookbook loads a tokenizer from a local folder of that name first), and the datasets they
+# load by hub name are local folders of those names (`datasets` reads an existing folder as a dataset).
+ARITHMETIC = [(a, 7 - a) for a in range(8)]  # every answer is 7: a format and a number the tiny model learns
+SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."
+STRAWBERRY = [  # rl_loop's own one-shot prefix, so that the SL data's context is the RL prompts'
+    {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
+    {
+        "role": "assistant",
+        "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w 6) b 7) e "
+        "8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}",
+    },
+]
+SL_STEPS, RL_STEPS = 10, 10
+
+
+def hub_folder(root: Any) -> Any:
+    """The run folder: the base by its hub name, no_robots (SL) and gsm8k (RL) as local datasets."""
+    base = root / COOKBOOK_BASE
+    base.parent.mkdir(parents=True)
+    base.symlink_to((EXAMPLES / "tiny" / "model").resolve())
+    rows = [(f"What is {a}+{b}?", a + b) for _ in range(50) for a, b in ARITHMETIC]
+    sl = root / "HuggingFaceH4" / "no_robots"
+    sl.mkdir(parents=True)
+    with (sl / "train.jsonl").open("w") as f:
+        for question, answer in rows:
+            messages = [*STRAWBERRY, {"role": "user", "content": question + SUFFIX}]
+            messages.append({"role": "assistant", "content": f"\\boxed{{{answer}}}"})
+            f.write(json.dumps({"messages": messages}) + "\n")
+    rl = root / "openai" / "gsm8k"
+    (rl / "main").mkdir(parents=True)
+    (rl / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n"
+        "  - split: train\n    path: main/train.jsonl\n---\n"
+    )
+    with (rl / "main" / "train.jsonl").open("w") as f:
+        for question, answer in rows:
+            f.write(
+                json.dumps({"question": question, "answer": f"{question[8:-1]}={answer}\n#### {answer}"})
+                + "\n"
+            )
+    return root
+
+
+def recipe(dep: Deployment, folder: Any, name: str, *args: str) -> list[dict[str, Any]]:
+    """`python -m tinker_cookbook.recipes.<name> ...` in the run folder against the module's ftq up: its
+    metrics.jsonl, one line per step."""
+    env = {
+        **clean_env(),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(folder / ".hf-datasets"),
+        "TINKER_TELEMETRY": "0",
+        "TINKER_API_KEY": ALICE,
+        "OMP_NUM_THREADS": "1",
+    }
+    log_path = folder / f"{name}-log"
+    out = subprocess.run(
+        [sys.executable, "-m", f"tinker_cookbook.recipes.{name}", f"base_url={dep.url}",
+         f"model_name={COOKBOOK_BASE}", f"log_path={log_path}", "batch_size=4", "lora_rank=8", *args],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-5000:])
+    assert "Training completed" in out.stdout + out.stderr
+    return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_cookbook_sl_and_rl_loops_run_against_ftq(
+    dep: Deployment, tmp_path: Any, record_property: Callable[[str, object], None]
+) -> None:
+    """sl_loop's NLL falls on a local chat set (the arithmetic set's answers, in rl_loop's one-shot
+    context); rl_loop (importance_sampling) starts from sl_loop's final state, through its own resume
+    (checkpoints.jsonl in its log_path), and its reward rises."""
+    folder = hub_folder(tmp_path)
+    started = time.perf_counter()
+    sl = recipe(
+        dep, folder, "sl_loop", f"max_steps={SL_STEPS}", "learning_rate=1e-2", "save_every=0",
+        "max_length=512", "train_on_what=last_assistant_message",
+    )  # fmt: skip
+    sl_s = time.perf_counter() - started
+    nlls = [m["train_mean_nll"] for m in sl]
+    assert len(nlls) == SL_STEPS and nlls[-1] < nlls[0] * 0.5, nlls
+
+    final = [
+        json.loads(line) for line in (folder / "sl_loop-log" / "checkpoints.jsonl").read_text().splitlines()
+    ]
+    state = next(c["state_path"] for c in final if c.get("name") == "final")
+    (folder / "rl_loop-log").mkdir()
+    (folder / "rl_loop-log" / "checkpoints.jsonl").write_text(
+        json.dumps({"name": "from-sl", "batch": 0, "state_path": state}) + "\n"
+    )
+    started = time.perf_counter()
+    rl = recipe(
+        dep, folder, "rl_loop", f"max_steps={RL_STEPS}", "learning_rate=1e-2", "save_every=0",
+        "loss_fn=importance_sampling", "group_size=16", "max_tokens=10",
+    )  # fmt: skip
+    rl_s = time.perf_counter() - started
+    rewards = [m["reward/total"] for m in rl]
+    assert len(rewards) == RL_STEPS, rewards
+    first, last = statistics.mean(rewards[:3]), statistics.mean(rewards[-3:])
+    print(
+        f"\ncookbook: sl_loop {SL_STEPS} steps in {sl_s:.1f} s, NLL {nlls[0]:.3f} -> {nlls[-1]:.3f}; "
+        f"rl_loop {RL_STEPS} steps in {rl_s:.1f} s, reward {[round(r, 3) for r in rewards]}"
+    )
+    record_property("cookbook_sl_nll", f"{nlls[0]:.3f} -> {nlls[-1]:.3f}")
+    record_property("cookbook_rl_reward", f"{first:.3f} -> {last:.3f}")
+    assert last > first + 0.1, rewards
