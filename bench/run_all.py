@@ -191,6 +191,15 @@ BENCHES = [
         "engines' start with both cores busy: well over the smoke runs' 40 CPU-s); the engine, as the worker "
         "launches it, and the proxy are tested against transformers in tests/e2e/serving",
     ),
+    # Issue 52: a Tinker forward_backward + optim_step round trip through ftq (the official SDK against
+    # `ftq up`) against the same PEFT step in process; sampling against HF generate on the same weights.
+    Bench(
+        "tinker",
+        ["-m", "bench.tinker_bench"],
+        ["-m", "bench.tinker_bench", "--steps", "10", "--rounds", "1"],
+        900,
+        smoke_argv=_argv("-m bench.tinker_bench --smoke"),  # 19 s: `ftq up`, a training client's start
+    ),
     # Issue 29: a GRPO job's tokens/s through ftq's trainer against a plain TRL GRPOTrainer script.
     Bench(
         "grpo",

@@ -16,7 +16,9 @@ import pytest
 from bench.run_all import BENCHES, Bench, run_bench
 
 POSTGRES = frozenset({"poll", "ingest", "load", "scheduler"})
-EMBEDDED = frozenset({"up", "openai", "artifacts", "graders", "submit", "beat", "samples_accelerate"})
+EMBEDDED = frozenset(
+    {"up", "openai", "artifacts", "graders", "submit", "beat", "samples_accelerate", "tinker"}
+)
 
 
 def benches(keys: frozenset[str]) -> list[object]:
