@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from ftq.contract.status import JobStatus
 from ftq.contract.tinker import KEY_HEADER, read_endpoint
-from ftq.store import repository
+from ftq.store import repository, training_clients
 from ftq.store.db import session_scope
 from ftq.store.models import TrainingClient
 from ftq.store.training_clients import TinkerRepository, get_training_client
@@ -116,3 +117,65 @@ def test_a_training_client_waits_for_the_slot_then_trains_in_its_own_process(sto
         assert TinkerRepository(s, "someone-else").usage_rows(None, None) == []
         usage = {u.owner: u for u in repository.owner_usage(s)}
         assert usage[rows.OWNER].total_device_seconds >= seconds
+
+
+def test_a_client_saved_idle_stops_waits_paused_and_comes_back_in_a_new_run(store: Path) -> None:
+    """The worker's side of FTQ_TINKER_IDLE_SECONDS (the API saves the state, then marks the row): the run
+    stops, the row waits `paused` holding no device with that run's device time counted once; its resume
+    queues a new launch (never the old run adopted from its folder) that loads the saved state."""
+    from worker import controller
+
+    tiny_assets()
+    add_client()
+    controller.training_clients_changed(MODEL_ID)
+    row = settle({"running"})
+    folder = store.parent / "tinker" / "clients" / f"tc_{row.seq}"
+    deadline = time.monotonic() + 90
+    while (url := read_endpoint(folder)) is None:
+        assert time.monotonic() < deadline, (folder / "train.log").read_text()
+        time.sleep(0.2)
+    state = store.parent / "tinker" / "checkpoints" / f"tc_{row.seq}" / "idle" / "state"
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
+        key = {KEY_HEADER: row.api_key}
+        saved = http.post(
+            "/save_state", json={"folder": str(state), "optimizer": True, "grads": True}, headers=key
+        )
+        assert saved.status_code == 200, saved.text
+    first_pid = row.pid
+    with session_scope() as s:
+        assert training_clients.mark_idle_saved(s, MODEL_ID, str(state))
+        s.commit()
+    controller.training_clients_changed(MODEL_ID)  # the task the API sends after its save
+    row = settle({"paused"})
+    assert row.resources is None and row.started_at is None and row.idle_state == str(state)
+    earlier = row.earlier_device_seconds or 0.0
+    assert earlier > 0 and not (folder / "endpoint.json").exists()
+    with session_scope() as s:
+        counted = {u.owner: u for u in repository.owner_usage(s)}[rows.OWNER].total_device_seconds
+        assert counted == pytest.approx(earlier)  # the run's time, counted as it ended
+
+        assert TinkerRepository(s, rows.OWNER).resume_idle(MODEL_ID)
+        s.commit()
+    controller.training_clients_changed(MODEL_ID)
+    row = settle({"running"})
+    assert row.pid != first_pid and row.idle_state is None
+    assert row.config["load"] == {"folder": str(state), "optimizer": True, "grads": True, "path": None}
+    deadline = time.monotonic() + 90
+    while read_endpoint(folder) is None:
+        assert time.monotonic() < deadline, (folder / "train.log").read_text()
+        time.sleep(0.2)
+
+    with session_scope() as s:
+        assert TinkerRepository(s, rows.OWNER).request_cancel(MODEL_ID) == JobStatus.cancelling
+        s.commit()
+    controller.training_clients_changed(MODEL_ID)
+    row = settle({"cancelled"})
+    with session_scope() as s:
+        ((_, _, seconds, _),) = TinkerRepository(s, rows.OWNER).usage_rows(None, None)
+        assert seconds > earlier  # both runs
+        total = {u.owner: u for u in repository.owner_usage(s)}[rows.OWNER].total_device_seconds
+        assert total == pytest.approx(seconds, rel=0.05)  # each run counted once
+        events = [
+            e.type.removeprefix("training_client.") for e in TinkerRepository(s, rows.OWNER).events(MODEL_ID)
+        ]
+    assert events == ["created", "started", "idle_saved", "resumed", "started", "stopped"], events
