@@ -104,8 +104,10 @@ def test_falcon_180b_lora_zero3_over_16_gpus_fits_80gb() -> None:
     assert without.parallelism is not None and without.parallelism.zero_hpz_partition_size is None
     assert without.per_device_bytes is not None and without.per_device_bytes < 80 * GB
     # The frozen base in bf16 is sharded 16 ways; it dominates the LoRA job's memory.
-    assert without.breakdown["params"] == est.breakdown["params"] == pytest.approx(
-        (est.num_parameters + est.trainable_parameters) * 2 / 16, rel=1e-6
+    assert (
+        without.breakdown["params"]
+        == est.breakdown["params"]
+        == pytest.approx((est.num_parameters + est.trainable_parameters) * 2 / 16, rel=1e-6)
     )
     assert est.trainable_parameters < 0.002 * est.num_parameters
 
