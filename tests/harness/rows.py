@@ -12,13 +12,13 @@ from sqlalchemy.orm import Session
 
 from ftq.store import exports, repository
 from ftq.store.db import session_scope
-from ftq.store.models import Export, Job
+from ftq.store.models import Deployment, Export, Job
 from ftq.store.repository import utcnow
 
 # Whose every job here is.
 OWNER = "t"
 
-Row = TypeVar("Row", Job, Export)
+Row = TypeVar("Row", Job, Export, Deployment)
 
 
 def job_row(job_id: str, **columns: Any) -> Job:
