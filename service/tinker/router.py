@@ -78,7 +78,7 @@ OwnerDep = Annotated[str, Depends(tinker_owner)]
 
 def service_of(request: Request) -> TinkerService:
     runtime: Runtime = request.app.state.tinker
-    return TinkerService(get_settings(), runtime)
+    return TinkerService(get_settings(), runtime, getattr(request.app.state, "engines", None))
 
 
 ServiceDep = Annotated[TinkerService, Depends(service_of)]

@@ -148,6 +148,15 @@ class Runtime:
         self.http = httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0), trust_env=False)
         self.closed = threading.Event()
         self.sweeper: threading.Thread | None = None
+        self.routes_noted: set[str] = set()  # samplers whose way of sampling was logged
+
+    def note_route(self, sampler_id: str) -> bool:
+        """True the first time for a sampler: its way of sampling (engine or host) is logged once."""
+        with self.lock:
+            if sampler_id in self.routes_noted:
+                return False
+            self.routes_noted.add(sampler_id)
+            return True
 
     def close(self) -> None:
         self.closed.set()

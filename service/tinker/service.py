@@ -47,6 +47,7 @@ from ftq.store.transitions import utcnow
 from service.errors import BadRequest, NotFound
 from service.openai.models import catalog
 from service.paths import PathRefused, resolve_local
+from service.serving.engines import EngineManager
 from service.tinker.runtime import CallFailed, Host, Runtime, Sampler
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,10 @@ def _iso(ts: datetime | None) -> str | None:
 
 
 class TinkerService:
-    def __init__(self, settings: Settings, runtime: Runtime):
+    def __init__(self, settings: Settings, runtime: Runtime, engines: EngineManager | None = None):
         self.settings = settings
         self.rt = runtime
+        self.engines = engines  # the serving engines (service.serving), where samples go when they can
 
     @property
     def tinker_dir(self) -> Path:
@@ -541,6 +543,9 @@ class TinkerService:
         if new:
 
             def run() -> bytes:
+                on_engine = self._sample_on_engine(owner, s, op)
+                if on_engine is not None:
+                    return proto.sample_output(on_engine)
                 # A sample is a use of the model's host like a training call: never during its idle save.
                 with self.rt.queue(s.model_id).running:
                     started = time.monotonic()
@@ -610,6 +615,36 @@ class TinkerService:
             model_id, last.isoformat(), time.monotonic() - started, folder,
         )  # fmt: skip
         return marked
+
+    def _sample_on_engine(self, owner: str, s: Sampler, op: dict[str, Any]) -> dict[str, Any] | None:
+        """The sample from the owner's serving engine for the base, with the sampler folder as its adapter;
+        None where the engine cannot serve it (the host samples: service.tinker.engine_sampling)."""
+        from service.tinker import engine_sampling
+
+        if self.engines is None:
+            return None
+        adapter = Path(s.adapter) if s.adapter else None
+        try:
+            base = self._base(s.base)[1]
+        except BadRequest:
+            return None
+        why = engine_sampling.why_not(self.settings, s.base, base, adapter, op)
+        if why or adapter is None:
+            if self.rt.note_route(s.id):
+                log.info("tinker sampler %s: sampled in the training client's process: %s", s.id, why)
+            return None
+        started = time.monotonic()
+        try:
+            target = engine_sampling.target(self.settings, s.base, base, adapter)
+            result = engine_sampling.sample(self.engines, self.rt.http, owner, target, op, None)
+        except Exception as exc:  # the engine failed, is refused or is too slow to start: the host samples
+            log.warning("tinker sampler %s: the serving engine did not sample (%s); the host does", s.id, exc)
+            return None
+        n = int(op.get("num_samples") or 1)
+        if self.rt.note_route(s.id):
+            log.info("tinker sampler %s: sampled by the serving engine (%s)", s.id, result.get("engine"))
+        log.info("tinker %s sample x%d on the engine: %.3f s", s.model_id, n, time.monotonic() - started)
+        return result
 
     # REST ----------------------------------------------------------------------------------------------
 

@@ -397,3 +397,76 @@ def test_the_cookbook_sl_and_rl_loops_run_against_ftq(
     record_property("cookbook_sl_nll", f"{nlls[0]:.3f} -> {nlls[-1]:.3f}")
     record_property("cookbook_rl_reward", f"{first:.3f} -> {last:.3f}")
     assert last > first + 0.1, rewards
+
+
+def test_sampler_weights_are_sampled_by_the_serving_engine(
+    dep: Deployment, record_property: Callable[[str, object], None]
+) -> None:
+    """A sampler on a base the engine serves (the catalog's ftq-tiny-serve) and an adapter without the
+    output layer (train_unembed=False) is sampled by the owner's vLLM engine, the sampler folder loaded into
+    it as an adapter: the training client's process samples nothing, the engine is in /deployments with
+    the adapter, and the sampled tokens' logprobs are the trained model's (forward's, within float error)."""
+    from service.tinker.engine_sampling import engine_installed
+
+    if not engine_installed():
+        pytest.skip("vLLM is not installed (make vllm): the host samples, as the other tests check")
+    sc = tinker.ServiceClient(base_url=dep.url, api_key=BOB)
+    tc = sc.create_lora_training_client(
+        base_model="ftq-tiny-serve", rank=8, seed=0, train_unembed=False
+    ).result()
+    data = batch(tc.get_tokenizer())
+    for _ in range(2):
+        fwd = tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        fwd.result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = tc.get_tokenizer().encode("alice has")
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, stop=[], seed=3)
+    sample, cold_s = timed(
+        lambda: sampler.sample(
+            prompt=types.ModelInput.from_ints(prompt), num_samples=3, sampling_params=params
+        ).result()
+    )
+    _, warm_s = timed(
+        lambda: sampler.sample(
+            prompt=types.ModelInput.from_ints(prompt), num_samples=3, sampling_params=params
+        ).result()
+    )
+    auth = {"Authorization": f"Bearer {BOB}"}
+    deadline = time.monotonic() + 15
+    while True:  # the engine's use is written to the store just after its answer
+        engines = httpx.get(f"{dep.url}/deployments", headers=auth).json()["data"]
+        if (engines and engines[0]["requests"] >= 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert [(e["base"], e["status"]) for e in engines] == [("ftq-tiny-serve", "ready")], engines
+    assert len(engines[0]["adapters"]) == 1, engines
+    assert engines[0]["requests"] >= 2 and engines[0]["completion_tokens"] >= 2 * 3 * 8, engines
+    log = httpx.get(f"{dep.url}/training_clients/{tc.model_id}/logs", headers=auth).json()["text"]
+    assert "tinker_host: sample" not in log, log
+    gap = 0.0
+    for seq in sample.sequences:
+        assert len(seq.tokens) == 8 and seq.logprobs is not None and len(seq.logprobs) == 8
+        tokens = prompt + list(seq.tokens)
+        scored = tc.forward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(tokens[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": types.TensorData(
+                            data=tokens[1:], dtype="int64", shape=[len(tokens) - 1]
+                        )
+                    },
+                )
+            ],
+            "cross_entropy",
+        ).result()
+        forward = scored.loss_fn_outputs[0]["logprobs"].tolist()[len(prompt) - 1 :]
+        assert seq.logprobs == pytest.approx(forward, abs=2e-3), (seq.logprobs, forward)
+        gap = max(gap, *(abs(a - b) for a, b in zip(seq.logprobs, forward, strict=True)))
+    sc.close("success").result()
+    print(
+        f"\ntinker on the engine: first sample {cold_s:.1f} s (the engine's start), then {warm_s:.3f} s; "
+        f"sampled logprobs within {gap:.1e} of forward's"
+    )
+    record_property("tinker_engine_first_sample_seconds", round(cold_s, 1))
