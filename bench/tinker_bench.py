@@ -8,14 +8,18 @@ scheduler gives it: one thread) runs a `forward_backward` (cross_entropy on a fi
 directly). The figures are the medians of the round trips, their ratio ftq / in process, and ftq's
 overhead per call (half the difference: a round trip is two calls).
 
-Sampling runs in the training client's process in this slice (a forward pass per token with the KV
-cache), not in the serving engine: it is compared with Hugging Face `generate` in this process on the
-same saved sampler weights (the PEFT adapter folder ftq wrote, loaded with `PeftModel.from_pretrained`),
-N samples of exactly T new tokens each (no stop), tokens/s of each.
+Sampling, N samples of exactly T new tokens each (no stop), tokens/s, two ways:
+- on a base the serving engine cannot serve (`ftq-tiny`: head_dim 16, under vLLM's CPU minimum) ftq samples
+  in the training client's process (a forward pass per token with the KV cache): against Hugging Face
+  `generate` in this process on the same saved sampler weights (the PEFT adapter folder ftq wrote);
+- on one it serves (`ftq-tiny-serve`, a client with train_unembed=False) ftq samples on the owner's vLLM
+  engine with the sampler folder as its adapter: against a bare vLLM engine (ftq.engine.LocalEngine, the
+  same model folder and arguments) with the same adapter folder loaded, called on its /v1/completions with
+  the same token ids, one engine alive at a time. Left out where vLLM is not installed, and by --smoke.
 
     python -m bench.tinker_bench [--steps 20] [--samples 8] [--tokens 32] [--rounds 3] [--smoke]
 
---smoke: 2 round trips and 2 samples of 4 tokens a side, one round.
+--smoke: 2 round trips and 2 samples of 4 tokens a side, one round, no engine.
 """
 
 from __future__ import annotations
@@ -124,12 +128,88 @@ def sample_hf(model: Any, prompt: list[int], n: int, tokens: int) -> float:
     return made / wall
 
 
+def sample_direct(engine: Any, name: str, prompt: list[int], n: int, tokens: int) -> float:
+    """Tokens/s of the same on a bare engine's /v1/completions, the adapter loaded as `name`."""
+    import httpx
+
+    body = {
+        "model": name, "prompt": prompt, "n": n, "max_tokens": tokens, "min_tokens": tokens,
+        "temperature": 1.0, "logprobs": 0, "ignore_eos": True, "return_tokens_as_token_ids": True,
+    }  # fmt: skip
+    started = time.perf_counter()
+    r = httpx.post(f"{engine.base_url}/completions", json=body, headers=engine.headers, timeout=600)
+    wall = time.perf_counter() - started
+    r.raise_for_status()
+    made = sum(len(c["logprobs"]["tokens"]) for c in r.json()["choices"])
+    assert made == n * tokens, made
+    return made / wall
+
+
+def on_engines(sc: Any, dep: Deployment, root: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Sampling through ftq's engine, then on a bare one (see the module's docstring), one engine alive at a
+    time: two vLLM engines on two cores contend (alternated, the ratio swung from 0.24x to 3.1x between
+    runs). None without vLLM."""
+    from ftq.engine import EngineConfig, LocalEngine
+    from service.tinker.engine_sampling import engine_installed
+
+    if not engine_installed():
+        note("tinker engine sampling: left out, vLLM is not installed (make vllm)")
+        return None
+    tc = sc.create_lora_training_client(base_model="ftq-tiny-serve", rank=RANK, seed=0, train_unembed=False)
+    tc = tc.result()
+    sdk_data, _ = batch(tc.get_tokenizer())
+    through_ftq(tc, sdk_data, 1)
+    saved = tc.save_weights_for_sampler("bench-engine").result()
+    sampler = sc.create_sampling_client(model_path=saved.path).result()
+    checkpoints = Path(dep.data_dir) / "tinker" / "checkpoints"
+    (folder,) = checkpoints.glob("tc_*/sampler_weights/bench-engine")
+    prompt = tc.get_tokenizer().encode("alice has")
+    started = time.perf_counter()
+    sample_ftq(sampler, prompt, args.samples, args.tokens)  # cold: ftq starts its engine
+    log(f"ftq: first sample on the engine (its start included) {time.perf_counter() - started:.1f} s")
+    sample_ftq(sampler, prompt, args.samples, args.tokens)  # warm
+    rates: dict[str, list[float]] = {"ftq": [], "direct": []}
+    for _ in range(args.rounds):
+        rates["ftq"].append(sample_ftq(sampler, prompt, args.samples, args.tokens))
+    log(f"engine sampling through ftq: {', '.join(f'{x:.0f}' for x in rates['ftq'])} tok/s")
+    # ftq's engine stops (DELETE /deployments/{id}) before the bare one starts.
+    auth = {"Authorization": f"Bearer {KEY}"}
+    (engine,) = dep.http.get("/deployments", headers=auth).json()["data"]
+    dep.http.delete(f"/deployments/{engine['id']}", headers=auth)
+    deadline = time.monotonic() + 120
+    while dep.http.get("/deployments", headers=auth).json()["data"][0]["status"] != "stopped":
+        assert time.monotonic() < deadline, "ftq's engine did not stop"
+        time.sleep(0.5)
+    model = (EXAMPLES / "tiny" / "model-serve").resolve()
+    bare = LocalEngine(
+        EngineConfig(model=model, name="ftq-tiny-serve", max_lora_rank=64, max_model_len=2048),
+        log_path=root / "vllm-direct.log",
+        die_with_parent=True,
+    )
+    bare.start()
+    try:
+        bare.wait_ready(timeout=600)
+        bare.load_adapter("bench-engine", folder)
+        for _ in range(2):  # warm, as ftq's
+            sample_direct(bare, "bench-engine", prompt, args.samples, args.tokens)
+        for _ in range(args.rounds):
+            rates["direct"].append(sample_direct(bare, "bench-engine", prompt, args.samples, args.tokens))
+        log(f"engine sampling direct: {', '.join(f'{x:.0f}' for x in rates['direct'])} tok/s")
+    finally:
+        bare.close()
+    figures: dict[str, Any] = {side: statistics.median(v) for side, v in rates.items()}
+    figures["ratios"] = (
+        ",".join(f"{x:.0f}" for x in rates["ftq"]) + "/" + ",".join(f"{x:.0f}" for x in rates["direct"])
+    )
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="round trips a side, each round")
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32, help="new tokens a sample")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="2 round trips, 2 samples of 4 tokens, 1 round")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -186,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 fn = sample_ftq if side == "ftq" else sample_hf
                 rates[side].append(fn(sampler if side == "ftq" else model, prompt, args.samples, args.tokens))
                 log(f"round {r + 1}: sampling {side} {rates[side][-1]:.0f} tok/s")
+        engines = None if args.smoke else on_engines(sc, dep, root, args)
         sc.close("success").result()
 
     ftq_s, local_s = statistics.median(trips["ftq"]), statistics.median(trips["in_process"])
@@ -197,6 +278,26 @@ def main(argv: list[str] | None = None) -> int:
     shape = {"samples": args.samples, "tokens": args.tokens}
     result("tinker_sample_hf_generate", hf, "tok/s", **shape)
     result("tinker_sample_ftq", ftq, "tok/s", baseline="tinker_sample_hf_generate", **shape)
+    if engines is not None:
+        result("tinker_sample_engine_direct", engines["direct"], "tok/s", **shape)
+        result(
+            "tinker_sample_ftq_engine",
+            engines["ftq"],
+            "tok/s",
+            baseline="tinker_sample_engine_direct",
+            tok_s=engines["ratios"],
+            **shape,
+        )
+        note(
+            f"tinker engine sampling: {args.samples} samples of exactly {args.tokens} new tokens from "
+            "sampler weights on ftq-tiny-serve (2 layers, hidden 128, head_dim 64; rank 8, "
+            "train_unembed=False), through ftq (the SDK's future, the API's sample on the owner's vLLM "
+            "engine with the sampler folder as its adapter) against a bare vLLM engine (the same model "
+            "folder and arguments, the same adapter folder) called on its /v1/completions with the same "
+            "token ids; both warm, one engine alive at a time (ftq's stopped through DELETE /deployments "
+            "before the bare one starts: two on two cores contend, and alternated the ratio swung from 0.24x "
+            "to 3.1x between runs), medians of the calls (tok_s: each call's, ftq's/direct's)"
+        )
     note(
         f"tinker: a forward_backward (cross_entropy, {len(TEXTS)} texts of about 12 tokens) + optim_step "
         f"(AdamW) round trip on a rank-{RANK} LoRA of the tiny model (2 layers, hidden 64, float32), through "
@@ -208,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     note(
         f"tinker sampling: {args.samples} samples of exactly {args.tokens} new tokens (no stop) from the "
-        "saved sampler weights, through ftq (which samples in the training client's process: a forward "
-        "pass per token with the KV cache; not the serving engine yet) against Hugging Face generate in "
-        "this process on the same adapter folder; medians of the rounds"
+        "saved sampler weights on ftq-tiny, which the engine cannot serve (head_dim 16), so through ftq in "
+        "the training client's process (a forward pass per token with the KV cache) against Hugging Face "
+        "generate in this process on the same adapter folder; medians of the rounds"
     )
     return 0
 
