@@ -78,7 +78,11 @@ OwnerDep = Annotated[str, Depends(tinker_owner)]
 
 def service_of(request: Request) -> TinkerService:
     runtime: Runtime = request.app.state.tinker
-    return TinkerService(get_settings(), runtime, getattr(request.app.state, "engines", None))
+    svc = TinkerService(get_settings(), runtime, getattr(request.app.state, "engines", None))
+    # From the first Tinker call on (a restarted API's too: the SDK's heartbeats come every 10 s), the
+    # API saves idle training clients.
+    svc.start_idle_sweep()
+    return svc
 
 
 ServiceDep = Annotated[TinkerService, Depends(service_of)]
