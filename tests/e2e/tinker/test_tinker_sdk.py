@@ -408,8 +408,8 @@ def test_sampler_weights_are_sampled_by_the_serving_engine(
     the adapter, and the sampled tokens' logprobs are the trained model's (forward's, within float error)."""
     from service.tinker.engine_sampling import engine_installed
 
-    if not engine_installed():
-        pytest.skip("vLLM is not installed (make vllm): the host samples, as the other tests check")
+    # make test builds .venv-vllm: without it this fails, naming the command (a skip would hide it).
+    assert engine_installed(), "vLLM is not installed: `make vllm` builds .venv-vllm"
     sc = tinker.ServiceClient(base_url=dep.url, api_key=BOB)
     tc = sc.create_lora_training_client(
         base_model="ftq-tiny-serve", rank=8, seed=0, train_unembed=False
