@@ -211,11 +211,19 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 25) -> None:
 
 
 def kill_runs(data_dir: Path) -> list[int]:
-    """SIGKILL the process group of every local run under data_dir/runs that is still alive (runs live in
-    sessions of their own: a failed test would leave them training). Returns the groups killed."""
+    """SIGKILL the process group of every local run under data_dir that is still alive: jobs, their exports
+    and evaluations, serving engines and Tinker training clients (runs live in sessions of their own: a
+    failed test, or a stack stopped under them, would leave them running). Returns the groups killed."""
     killed = []
     groups = proc_groups()
-    for record in (data_dir / "runs").glob("*/launch.json"):
+    patterns = (
+        "runs/*/launch.json",
+        "runs/*/*/*/launch.json",
+        "engines/*/launch.json",
+        "tinker/*/*/launch.json",
+    )
+    records = [r for pattern in patterns for r in data_dir.glob(pattern)]
+    for record in records:
         try:
             pgid = int(json.loads(record.read_text())["pgid"])
         except (ValueError, KeyError, TypeError, OSError):
