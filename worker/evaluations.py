@@ -42,7 +42,7 @@ from ftq.planning.estimate import (
 from ftq.planning.serving import TooLarge, engine_size
 from ftq.runtime.settings import Settings, get_settings
 from ftq.store import evaluations as store
-from ftq.store import side_runs
+from ftq.store import repository, side_runs
 from ftq.store.db import session_scope
 from ftq.store.models import Evaluation, Job
 from worker import scheduling
@@ -247,7 +247,9 @@ class EvaluationKind(SideRunKind):
     def devices_of(self, session: Session, row: Any) -> int:
         """A queued evaluation's GPUs: what its job's base needs (evaluation_gpus), counted once a job."""
         ev = side_runs.get_row(session, Evaluation, row.id)
-        job = session.get(Job, ev.job_id) if ev is not None else None
+        # By its id (the table's primary key is its seq): session.get would be None on SQLite, an error on
+        # PostgreSQL.
+        job = repository.get_job(session, ev.job_id) if ev is not None else None
         if job is None:
             return 1
         cached = self._sizes.get(job.id)

@@ -162,3 +162,60 @@ def test_a_side_run_on_several_devices_counts_each_in_its_owners_usage(store: Pa
         assert 400 <= seconds < 420  # 4 devices x ~100 s
         usage = {u.owner: u for u in repository.owner_usage(s)}
         assert usage[rows.OWNER].total_device_seconds >= 400
+
+
+def test_a_queued_evaluation_asks_for_the_gpus_its_jobs_base_needs(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read from the store as the scheduler reads it (the job by its id, not by the table's primary key):
+    a cuda job on Llama 2 70B's shapes gets an evaluation of 4 x 80 GiB GPUs, counted once a job."""
+    import json
+
+    from ftq.store.db import session_scope
+    from ftq.store.models import Evaluation
+    from ftq.store.transitions import utcnow
+    from tests.harness.inprocess import use_settings
+    from worker import evaluations
+
+    use_settings(monkeypatch, data_dir=store.parent, gpu_pool="0,1,2,3,4,5,6,7", cpu_slots=1)
+    model = tmp_path / "llama70b"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 8192,
+                "num_hidden_layers": 80,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "intermediate_size": 28672,
+                "vocab_size": 32000,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    spec = {
+        "model": {"name_or_path": str(model)},
+        "dataset": {"name_or_path": "./tiny/data"},
+        "resources": {"launcher": "local", "device": "cuda", "processes_per_node": 1, "num_nodes": 1},
+        "training": {"max_steps": 1},
+        "lora": {"r": 16},
+    }
+    rows.add_job("j_70b", spec=spec, plan={}, status="succeeded", device="cuda")
+    now = utcnow()
+    with session_scope() as s:
+        s.add(
+            Evaluation(
+                id="ev_70b",
+                job_id="j_70b",
+                trigger="request",
+                status="queued",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        s.commit()
+    kind = evaluations.EvaluationKind()
+    with session_scope() as s:
+        (request,) = kind.queued(s)
+        assert request.need.count == 4 and kind.devices_of(s, request) == 4

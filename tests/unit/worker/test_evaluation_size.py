@@ -94,18 +94,6 @@ def test_the_scheduler_is_asked_for_that_many_gpus_of_the_local_pool(monkeypatch
     slurm = SimpleNamespace(**{**vars(row), "launcher": "slurm"})
     assert kind.run_request(slurm, 4).need == scheduling.Need(None, 0)  # SLURM's, by the script
 
-    class Session:  # what devices_of reads: the evaluation's row, then its job's
-        def scalars(self, _stmt: Any) -> Any:
-            return SimpleNamespace(first=lambda: SimpleNamespace(job_id="job_1"))
-
-        def get(self, _table: Any, job_id: str) -> Any:
-            return SimpleNamespace(id=job_id, spec=spec(LLAMA_70B).model_dump(mode="json"))
-
-    session = Session()
-    monkeypatch.setattr(evaluations, "get_settings", settings)
-    assert kind.devices_of(session, row) == 4  # type: ignore[arg-type]
-    assert kind.devices_of(session, row) == 4  # type: ignore[arg-type]  # counted once a job
-
 
 def test_the_evaluation_sbatch_asks_for_its_gpus_and_their_cpus() -> None:
     s = settings()
