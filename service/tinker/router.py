@@ -26,12 +26,23 @@ from fastapi.responses import JSONResponse, Response
 from ftq.runtime.settings import get_settings
 from service.deps import ANONYMOUS_OWNER, SessionDep, owner_of
 from service.errors import BadRequest, NotFound, Unauthorized
+from service.routes import error
 from service.tinker.runtime import Runtime
 from service.tinker.service import TinkerService
 
 POLL_SECONDS = 20.0
 
-router = APIRouter(prefix="/api/v1", tags=["tinker"])
+# What any call may answer besides its result: every error carries a JSON body naming what it refuses.
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: error("A body this server cannot take, or a call or loss it does not support (the body names it)"),
+    401: error("No X-API-Key, or one that is not an ftq token (`tml-...`)"),
+    404: error("No such session, model, sampler, checkpoint or request of this key's owner"),
+    413: error("A body over FTQ_MAX_BODY_BYTES"),
+    429: error("Too many calls at once (the SDK backs off and retries)"),
+    503: error("The training client or the store cannot answer now (retry)"),
+}
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"], responses=_ERRORS)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
