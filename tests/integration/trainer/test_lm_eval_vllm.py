@@ -68,18 +68,23 @@ def _train_adapter(base: Path, rows: list[dict[str, Any]], out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(base)
     config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), config)
-    pairs = []
+    # One padded batch of every row a step (right-padded, the pads out of the loss and the attention).
+    seqs, targets = [], []
     for row in rows:
         context = tokenizer(row["question"])["input_ids"]
         whole = tokenizer(row["question"] + row["choices"][row["answer"]])["input_ids"]
-        labels = [-100] * len(context) + whole[len(context) :]
-        pairs.append((torch.tensor([whole]), torch.tensor([labels])))
+        seqs.append(whole)
+        targets.append([-100] * len(context) + whole[len(context) :])
+    width = max(len(x) for x in seqs)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.tensor([x + [pad] * (width - len(x)) for x in seqs])
+    labels = torch.tensor([y + [-100] * (width - len(y)) for y in targets])
+    mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in seqs])
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     model.train()
     for _ in range(30):
         optimizer.zero_grad()
-        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in pairs) / len(pairs)
-        loss.backward()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         optimizer.step()
     model.save_pretrained(str(out))
 
