@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from ftq.contract.tinker import GRADS_FILE, KEY, KEY_HEADER, LOSS_FNS, OPS, REQUEST, write_endpoint
+from ftq.contract.runs import write_endpoint
+from ftq.contract.tinker import GRADS_FILE, KEY, KEY_HEADER, LOSS_FNS, OPS, REQUEST
 
 log = logging.getLogger("ftq.tinker_host")
 

@@ -167,7 +167,7 @@ class DeploymentKind:
         }
         if plan.sbatch_script is not None:
             files[runs.SBATCH_SCRIPT] = plan.sbatch_script
-        (folder / serve.ENDPOINT).unlink(missing_ok=True)
+        (folder / runs.ENDPOINT).unlink(missing_ok=True)
         lifecycle.write_attempt_files(folder, files)
         user = run_user(settings, row.owner)
         if user is not None:
@@ -189,7 +189,7 @@ class DeploymentKind:
         return None
 
     def before_end(self, v: DeploymentView) -> None:
-        (v.run_dir / serve.ENDPOINT).unlink(missing_ok=True)
+        (v.run_dir / runs.ENDPOINT).unlink(missing_ok=True)
 
     def stopped_by_worker(self, v: DeploymentView) -> Failure | None:
         return None

@@ -25,8 +25,9 @@ from sqlalchemy.orm import Session
 
 from ftq.contract import runs
 from ftq.contract.errors import ErrorCode
+from ftq.contract.runs import ENDPOINT
 from ftq.contract.status import LAUNCHED, JobStatus
-from ftq.contract.tinker import ENDPOINT, HOST_MODULE, KEY, REQUEST, client_folder
+from ftq.contract.tinker import HOST_MODULE, KEY, REQUEST, client_folder
 from ftq.planning.render import ENGINE_MODULE, EXPORT_LAUNCHER, launch_script, render_engine_plan
 from ftq.runtime import logs
 from ftq.runtime.settings import Settings, get_settings

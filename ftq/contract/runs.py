@@ -482,3 +482,23 @@ def checkpoint_layout(folder: Path) -> CheckpointLayout:
     if any(folder.glob("pytorch_model_fsdp*.bin")) or any(folder.glob("optimizer_*.bin")):
         return CheckpointLayout("fsdp", None)
     return CheckpointLayout("plain", None)
+
+
+# A resident server's address (a serving engine's, a Tinker training client's), written by the server into
+# its folder once it has its port, read by the API.
+ENDPOINT = "endpoint.json"
+
+
+def write_endpoint(folder: Path, url: str) -> None:
+    tmp = folder / f".{ENDPOINT}.tmp"
+    tmp.write_text(json.dumps({"url": url}))
+    tmp.replace(folder / ENDPOINT)
+
+
+def read_endpoint(folder: Path) -> str | None:
+    """The URL a server wrote into its folder; None while there is none (or it is half-written)."""
+    try:
+        url = json.loads((folder / ENDPOINT).read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return url if isinstance(url, str) else None

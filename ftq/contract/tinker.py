@@ -8,7 +8,6 @@ listens, `endpoint.json` (`{"url": ...}` on 127.0.0.1, or the node's name on SLU
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -20,7 +19,6 @@ from pydantic import BaseModel, Field
 HOST_MODULE = "trainer.tinker_host"
 REQUEST = "host.json"
 KEY = "host.key"
-ENDPOINT = "endpoint.json"
 KEY_HEADER = "X-Host-Key"
 
 # The host's operations: POST /<op> with a JSON body, a JSON answer (`{"error": ..., "category":
@@ -105,20 +103,6 @@ def client_folder(tinker_dir: Path, seq: int) -> Path:
 def checkpoint_folder(tinker_dir: Path, seq: int, kind: str, name: str) -> Path:
     """Where a training client's saved state or sampler weights `name` lie (the server's choice)."""
     return tinker_dir / "checkpoints" / f"tc_{seq}" / kind / name
-
-
-def write_endpoint(folder: Path, url: str) -> None:
-    tmp = folder / f".{ENDPOINT}.tmp"
-    tmp.write_text(json.dumps({"url": url}))
-    tmp.replace(folder / ENDPOINT)
-
-
-def read_endpoint(folder: Path) -> str | None:
-    try:
-        url = json.loads((folder / ENDPOINT).read_text())["url"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return url if isinstance(url, str) else None
 
 
 # ftq's own view of training clients (`GET /training_clients`, `ftq ls`, the dashboard) ----------------------

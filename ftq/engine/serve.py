@@ -15,31 +15,17 @@ import sys
 from pathlib import Path
 
 from ftq.contract.errors import EXIT_USER_ERROR, USER_ERROR_PREFIX
+from ftq.contract.runs import ENDPOINT, write_endpoint
 from ftq.engine.base import EngineConfig, EngineNotInstalled
 from ftq.engine.local import LocalEngine, free_port
 
 REQUEST = "engine.json"
 KEY = "engine.key"
-ENDPOINT = "endpoint.json"
 
 
 def advertised_host(bind: str) -> str:
     """The address other hosts reach a server bound to `bind` on: itself, or this node's name."""
     return socket.getfqdn() if bind in ("0.0.0.0", "::") else bind
-
-
-def write_endpoint(folder: Path, url: str) -> None:
-    tmp = folder / f".{ENDPOINT}.tmp"
-    tmp.write_text(json.dumps({"url": url}))
-    tmp.replace(folder / ENDPOINT)
-
-
-def read_endpoint(folder: Path) -> str | None:
-    try:
-        url = json.loads((folder / ENDPOINT).read_text())["url"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return url if isinstance(url, str) else None
 
 
 def main(argv: list[str]) -> int:

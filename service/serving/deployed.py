@@ -20,11 +20,11 @@ import httpx
 from sqlalchemy.orm import Session
 
 from ftq.contract.errors import ErrorCode
+from ftq.contract.runs import read_endpoint
 from ftq.contract.serving import Deployment, DeploymentAdapter, DeploymentList, ServingUsage
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.engine import INSTALL_COMMAND, EngineConfig, EngineError, EngineNotInstalled, adapter_rank
 from ftq.engine.local import default_venv
-from ftq.engine.serve import read_endpoint
 from ftq.runtime import queue
 from ftq.runtime.settings import Settings
 from ftq.store.db import session_scope

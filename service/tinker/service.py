@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ftq.contract.runs import read_endpoint
 from ftq.contract.spec import looks_local
 from ftq.contract.status import TERMINAL, JobStatus
 from ftq.contract.tinker import (
@@ -28,7 +29,6 @@ from ftq.contract.tinker import (
     TinkerPath,
     checkpoint_folder,
     client_folder,
-    read_endpoint,
     valid_name,
 )
 from ftq.runtime import queue

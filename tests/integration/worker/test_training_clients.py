@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ftq.contract.runs import read_endpoint
 from ftq.contract.status import JobStatus
-from ftq.contract.tinker import KEY_HEADER, read_endpoint
+from ftq.contract.tinker import KEY_HEADER
 from ftq.store import repository, training_clients
 from ftq.store.db import session_scope
 from ftq.store.models import TrainingClient
