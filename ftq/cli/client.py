@@ -736,8 +736,9 @@ def serving_usage_line(listing: DeploymentList) -> str:
     if not u.requests:
         return ""
     since = datetime.fromtimestamp(u.since, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    requests = f"{u.requests} request" + ("" if u.requests == 1 else "s")
     return (
-        f"since {since}: {u.requests} requests, {fmt_count(u.prompt_tokens)} tokens in, "
+        f"since {since}: {requests}, {fmt_count(u.prompt_tokens)} tokens in, "
         f"{fmt_count(u.completion_tokens)} out"
     )
 
